@@ -1,0 +1,80 @@
+"""Course tooling: ``python -m attn_course <command>``; ``--help`` on any command says more."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _exercises(args: argparse.Namespace) -> int:
+    from .exercises import generate
+
+    return generate(Path(args.solutions), Path(args.notebooks), check_only=args.check)
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from .grading import main
+
+    return main(args.paths, cell_timeout=args.timeout, json_path=args.json, csv_path=args.csv)
+
+
+def _bench_course(args: argparse.Namespace) -> int:
+    from .budgets import main
+
+    return main(args.paths, repeats=args.repeats, json_path=args.json)
+
+
+def _run_solutions(args: argparse.Namespace) -> int:
+    from .solutions import main
+
+    return main(args.paths)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import main
+
+    return main(args.bench_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m attn_course", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("exercises", help="generate notebooks/ from solutions/ (one source)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 and list what is stale")
+    p.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: solutions)")
+    p.add_argument("--notebooks", default="notebooks", help="folder of exercise notebooks (default: notebooks)")
+    p.set_defaults(run=_exercises)
+
+    p = sub.add_parser("grade", help="run notebooks and print one row per exercise")
+    p.add_argument("paths", nargs="*", help="notebooks or folders (default: notebooks/)")
+    p.add_argument("--timeout", type=int, default=60, help="seconds a cell may run (default: 60)")
+    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    p.set_defaults(run=_grade)
+
+    p = sub.add_parser("bench-course", help="measure each solution notebook's time and peak memory")
+    p.add_argument("paths", nargs="*", help="notebooks or folders (default: solutions/)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per notebook; the worst is reported")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(run=_bench_course)
+
+    p = sub.add_parser("run-solutions", help="re-execute solution notebooks in place (maintainers)")
+    p.add_argument("paths", nargs="*", help="notebooks or folders (default: solutions/)")
+    p.set_defaults(run=_run_solutions)
+
+    p = sub.add_parser("bench", help="time attention implementations on this machine's best device",
+                       add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Figures shared by the notebooks: one consistent look, token-labelled heatmaps, quick line plots.
+
+Every function returns the matplotlib ``Figure`` (the notebooks end a cell with ``plt.show()`` or
+just the figure), so figures can also be saved or embedded in widgets.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+# A sequential colour map that stays readable in grey-scale and for colour-blind readers.
+WEIGHTS_CMAP = "viridis"
+# A diverging one for signed values (scores, differences), centred on zero.
+SIGNED_CMAP = "RdBu_r"
+
+STYLE = {
+    "figure.dpi": 100,
+    "font.size": 11,
+    "axes.titlesize": 12,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": False,
+}
+matplotlib.rcParams.update(STYLE)
+
+
+def _to_numpy(values) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().to(dtype=__import__("torch").float64).numpy()
+    return np.asarray(values, dtype=float)
+
+
+def heatmap(
+    values,
+    *,
+    row_labels: Sequence[str] | None = None,
+    col_labels: Sequence[str] | None = None,
+    title: str = "",
+    xlabel: str = "key",
+    ylabel: str = "query",
+    annotate: bool | None = None,
+    fmt: str = "{:.2f}",
+    signed: bool | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    ax: plt.Axes | None = None,
+    colorbar: bool = True,
+) -> plt.Figure:
+    """Draw a 2-D matrix (e.g. attention weights, shape (queries, keys)) with labelled rows and columns.
+
+    Cells are annotated with their values when the matrix is small enough to read (≤ 12×12);
+    masked entries (``-inf`` or NaN) are drawn in light grey and left blank.
+    """
+    data = _to_numpy(values)
+    if data.ndim != 2:
+        raise ValueError(f"heatmap needs a 2-D matrix, got shape {data.shape}")
+    finite = np.isfinite(data)
+    if signed is None:
+        signed = bool(finite.any() and data[finite].min() < 0)
+    if ax is None:
+        n_rows, n_cols = data.shape
+        fig, ax = plt.subplots(figsize=(min(1.0 + 0.55 * n_cols, 9) + 1.2, min(0.8 + 0.5 * n_rows, 8)))
+    else:
+        fig = ax.figure
+    shown = np.ma.masked_invalid(data)
+    if signed:
+        bound = float(np.abs(data[finite]).max()) if finite.any() else 1.0
+        vmin, vmax = (-bound, bound) if vmin is None and vmax is None else (vmin, vmax)
+        cmap = plt.get_cmap(SIGNED_CMAP).copy()
+    else:
+        cmap = plt.get_cmap(WEIGHTS_CMAP).copy()
+    cmap.set_bad("#e6e6e6")
+    image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    if row_labels is not None:
+        ax.set_yticks(range(len(row_labels)), labels=list(row_labels))
+    if col_labels is not None:
+        ax.set_xticks(range(len(col_labels)), labels=list(col_labels), rotation=45 if max(map(len, col_labels), default=0) > 3 else 0, ha="right" if max(map(len, col_labels), default=0) > 3 else "center")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if annotate is None:
+        annotate = data.shape[0] <= 12 and data.shape[1] <= 12
+    if annotate:
+        lo, hi = image.get_clim()
+        for (i, j), v in np.ndenumerate(data):
+            if not np.isfinite(v):
+                continue
+            level = (v - lo) / (hi - lo) if hi > lo else 0.5
+            dark_cell = level < 0.6 if not signed else abs(level - 0.5) > 0.3
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=9,
+                    color="white" if dark_cell else "black")
+    if colorbar:
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig
+
+
+def line_plot(
+    x,
+    series: dict[str, Sequence[float]],
+    *,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+    logx: bool = False,
+    logy: bool = False,
+    ax: plt.Axes | None = None,
+    markers: bool = True,
+) -> plt.Figure:
+    """Plot several named series against ``x`` with a legend (log axes on request)."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    else:
+        fig = ax.figure
+    for name, ys in series.items():
+        style = "--" if name.lower().startswith(("theory", "expected", "reference")) else "-"
+        ax.plot(_to_numpy(x), _to_numpy(ys), style, marker="o" if markers and style == "-" else None, label=name)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if len(series) > 1:
+        ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,37 @@
+"""Re-execute solution notebooks in place, top to bottom, so their stored outputs are current.
+
+``python -m attn_course run-solutions [PATH...]`` is what a maintainer runs after editing a solution
+(then ``python -m attn_course exercises`` to regenerate the learner copies). A notebook with a failing
+cell is not written: the error is printed and the file on disk stays as it was.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+
+from .runner import execute
+
+
+def run_in_place(path: Path, out=sys.stdout) -> bool:
+    nb = nbformat.read(path, as_version=4)
+    run = execute(nb, cwd=path.parent.resolve(), allow_errors=False)
+    if run.problem or run.errors:
+        print(f"FAILED {path}: {run.problem or 'cell(s) ' + str(run.errors) + ' raised'}; file left unchanged", file=out)
+        return False
+    executed = run.notebook
+    for cell in executed.cells:
+        cell.metadata.pop("execution", None)
+    nbformat.write(executed, path)
+    print(f"ran    {path} in {run.seconds:.1f} s", file=out)
+    return True
+
+
+def main(paths: list[str], out=sys.stdout) -> int:
+    notebooks: list[Path] = []
+    for p in map(Path, paths or ["solutions"]):
+        notebooks.extend(sorted(p.glob("*.ipynb")) if p.is_dir() else [p])
+    ok = [run_in_place(p, out) for p in notebooks]
+    return 0 if ok and all(ok) else 1
