@@ -37,6 +37,12 @@ def _bench(args: argparse.Namespace) -> int:
     return main(args.bench_args)
 
 
+def _schedule(args: argparse.Namespace) -> int:
+    from .schedule import main
+
+    return main(args.schedule_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m attn_course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                        add_help=False)
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(run=_bench)
+
+    p = sub.add_parser("schedule", help="estimate learner time per notebook and build workshop schedules",
+                       add_help=False)
+    p.add_argument("schedule_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_schedule)
     return parser
 
 

@@ -117,7 +117,7 @@ def grade_notebook(path: Path, *, cell_timeout: int = 60, label: str | None = No
             pass  # an unreadable solution should not block grading with the learner's own checks
     checks = check_cells(nb)
     if not checks:
-        return [Row(label, "-", ERROR, "no check cells found in this notebook")]
+        return []  # a notebook without exercises (e.g. 00_setup) has nothing to grade
     with tempfile.TemporaryDirectory(prefix="attn-grade-") as tmp:
         run = execute(nb, cwd=Path(tmp), cell_timeout=cell_timeout)
     rows = []
