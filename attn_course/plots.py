@@ -71,10 +71,10 @@ def heatmap(
     if signed:
         bound = float(np.abs(data[finite]).max()) if finite.any() else 1.0
         vmin, vmax = (-bound, bound) if vmin is None and vmax is None else (vmin, vmax)
-        cmap = plt.get_cmap(SIGNED_CMAP).copy()
+        cmap = plt.get_cmap(SIGNED_CMAP)
     else:
-        cmap = plt.get_cmap(WEIGHTS_CMAP).copy()
-    cmap.set_bad("#e6e6e6")
+        cmap = plt.get_cmap(WEIGHTS_CMAP)
+    cmap = cmap.with_extremes(bad="#e6e6e6")  # masked entries (-inf, NaN) in light grey
     image = ax.imshow(shown, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
     if row_labels is not None:
         ax.set_yticks(range(len(row_labels)), labels=list(row_labels))
