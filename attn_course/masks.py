@@ -1,0 +1,205 @@
+"""Attention masks: causal, padding, decoder (causal AND padding), cross-attention, additive.
+
+Convention (the same as :mod:`attn_course.attention` and ``F.scaled_dot_product_attention``):
+a boolean mask holds ``True`` where a query **may attend** to a key, ``False`` where it is blocked.
+``nn.MultiheadAttention``'s ``attn_mask`` / ``key_padding_mask`` use the opposite polarity
+(``True`` = blocked); :func:`additive_mask` turns a boolean mask into the additive form
+(``0`` = keep, ``-inf`` = block).
+
+Padding blocks **keys** (columns) only. A padding *query* still attends to the real tokens; its
+output is thrown away later (by the loss), and no row of the mask is ever entirely ``False``, so no
+softmax row is all ``-inf``. Masks meant for scores of shape (B, H, n_q, n_k) are returned with a
+heads axis of size 1, (B, 1, n_q, n_k), so that they broadcast over the heads.
+
+The toy data: two short English→Italian sentence pairs, padded with ``<pad>`` into one batch
+(:func:`toy_batch`), deterministic embeddings for them (:func:`toy_qkv`), figures of a mask next to
+the attention weights it produces (:func:`plot_mask_and_weights`) and a mask-builder explorer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import torch
+
+from .attention import attention
+from .plots import heatmap
+from .widgets import explorer
+
+__all__ = [
+    "PAD",
+    "BOS",
+    "TOY_PAIRS",
+    "ToyBatch",
+    "toy_batch",
+    "toy_qkv",
+    "causal_mask",
+    "padding_mask_from_lengths",
+    "padding_mask_from_ids",
+    "encoder_mask",
+    "decoder_mask",
+    "cross_attention_mask",
+    "additive_mask",
+    "plot_mask_and_weights",
+    "mask_builder",
+    "mask_example",
+    "KINDS",
+]
+
+PAD, BOS = "<pad>", "<bos>"
+
+# (English source, Italian target); the target is fed to the decoder after a <bos> token.
+TOY_PAIRS = [
+    ("the cat sleeps", "il gatto dorme"),
+    ("my sister reads a new book", "mia sorella legge un libro nuovo"),
+]
+
+
+# ----------------------------------------------------------------------------- masks
+def causal_mask(n: int, device=None) -> torch.Tensor:
+    """(n, n) bool, True on and below the diagonal: query i may attend to keys j ≤ i."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def padding_mask_from_lengths(lengths, max_len: int | None = None) -> torch.Tensor:
+    """(B, max_len) bool, True for the first ``lengths[b]`` positions of sequence b (real tokens)."""
+    lengths = torch.as_tensor(lengths)
+    max_len = int(lengths.max()) if max_len is None else max_len
+    return torch.arange(max_len, device=lengths.device) < lengths[:, None]  # (B, max_len)
+
+
+def padding_mask_from_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, S) bool, True where ``ids`` (B, S) is a real token, False at ``pad_id``."""
+    return ids != pad_id
+
+
+def encoder_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, 1, S, S) bool for encoder self-attention: every query sees every real source key."""
+    keys = padding_mask_from_ids(src_ids, pad_id)  # (B, S)
+    S = src_ids.shape[-1]
+    return keys[:, None, None, :].expand(-1, 1, S, S)  # (B, 1, S, S)
+
+
+def decoder_mask(tgt_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, 1, T, T) bool for decoder self-attention: causal AND real keys."""
+    keys = padding_mask_from_ids(tgt_ids, pad_id)  # (B, T)
+    T = tgt_ids.shape[-1]
+    return causal_mask(T, tgt_ids.device) & keys[:, None, None, :]  # (T, T) & (B, 1, 1, T) → (B, 1, T, T)
+
+
+def cross_attention_mask(tgt_ids: torch.Tensor, src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """(B, 1, T, S) bool for cross-attention: rows are target queries, columns source keys;
+    only source padding is blocked (no causal constraint: the whole source is known)."""
+    keys = padding_mask_from_ids(src_ids, pad_id)  # (B, S)
+    T = tgt_ids.shape[-1]
+    return keys[:, None, None, :].expand(-1, 1, T, -1)  # (B, 1, T, S)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The additive form of a bool mask: 0 where True (keep), -inf where False (block); same shape."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
+# ----------------------------------------------------------------------------- toy sentences
+@dataclass
+class ToyBatch:
+    """Two sentence pairs padded into one batch.
+
+    ``src_ids`` (B, S) and ``tgt_ids`` (B, T) are long tensors; ``src_tokens`` / ``tgt_tokens`` hold
+    the same sequences as strings (with ``<pad>``), for labelling figures.
+    """
+
+    src_tokens: list[list[str]]
+    tgt_tokens: list[list[str]]
+    src_ids: torch.Tensor
+    tgt_ids: torch.Tensor
+    vocab: dict[str, int]
+    pad_id: int
+
+
+def _pad(sequences: list[list[str]]) -> list[list[str]]:
+    width = max(map(len, sequences))
+    return [s + [PAD] * (width - len(s)) for s in sequences]
+
+
+def toy_batch(pairs: Sequence[tuple[str, str]] = TOY_PAIRS) -> ToyBatch:
+    """Tokenise ``pairs`` by whitespace, prefix targets with ``<bos>``, pad with ``<pad>`` (id 0)."""
+    src = _pad([s.split() for s, _ in pairs])
+    tgt = _pad([[BOS] + t.split() for _, t in pairs])
+    vocab = {PAD: 0, BOS: 1}
+    for sentence in src + tgt:
+        for token in sentence:
+            vocab.setdefault(token, len(vocab))
+    ids = lambda rows: torch.tensor([[vocab[t] for t in row] for row in rows])  # noqa: E731
+    return ToyBatch(src, tgt, ids(src), ids(tgt), vocab, vocab[PAD])
+
+
+def toy_qkv(query_ids: torch.Tensor, key_ids: torch.Tensor, vocab_size: int, d: int = 8, seed: int = 0):
+    """Deterministic toy Q (B, n_q, d), K (B, n_k, d) and V (B, n_k, d) for token ids.
+
+    Each token gets a random embedding; random projections W^Q, W^K, W^V (fixed by ``seed``) turn
+    embeddings into queries, keys and values, so the weights show some structure, not just a diagonal.
+    """
+    g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(vocab_size, d, generator=g)
+    Wq, Wk, Wv = (torch.randn(d, d, generator=g) / math.sqrt(d) for _ in range(3))
+    return embed[query_ids] @ Wq, embed[key_ids] @ Wk, embed[key_ids] @ Wv
+
+
+# ----------------------------------------------------------------------------- figures
+def plot_mask_and_weights(mask2d, weights2d, row_tokens, col_tokens, title: str = "") -> plt.Figure:
+    """The mask (True = may attend) and the attention weights it produces, side by side."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    heatmap(mask2d.to(torch.float32), row_labels=row_tokens, col_labels=col_tokens, ax=left,
+            title="mask (1 = may attend)", fmt="{:.0f}", signed=False, vmin=0, vmax=1, colorbar=False)
+    heatmap(weights2d, row_labels=row_tokens, col_labels=col_tokens, ax=right,
+            title="attention weights", signed=False, vmin=0, vmax=1)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def mask_example(kind: str, batch: ToyBatch, b: int):
+    """One mask kind on the toy batch: ``(mask, weights, query tokens, key tokens)`` for sentence pair ``b``.
+
+    ``kind`` is one of :data:`KINDS`; mask and weights have shape (B, 1, n_q, n_k) (one head).
+    """
+    if kind == "encoder self-attention":
+        q_ids, k_ids, mask = batch.src_ids, batch.src_ids, encoder_mask(batch.src_ids, batch.pad_id)
+        rows, cols = batch.src_tokens[b], batch.src_tokens[b]
+    elif kind == "decoder self-attention":
+        q_ids, k_ids, mask = batch.tgt_ids, batch.tgt_ids, decoder_mask(batch.tgt_ids, batch.pad_id)
+        rows, cols = batch.tgt_tokens[b], batch.tgt_tokens[b]
+    elif kind == "cross-attention":
+        q_ids, k_ids = batch.tgt_ids, batch.src_ids
+        mask = cross_attention_mask(batch.tgt_ids, batch.src_ids, batch.pad_id)
+        rows, cols = batch.tgt_tokens[b], batch.src_tokens[b]
+    else:
+        raise ValueError(f"unknown kind {kind!r}")
+    Q, K, V = toy_qkv(q_ids, k_ids, len(batch.vocab))
+    _, weights = attention(Q[:, None], K[:, None], V[:, None], mask)  # heads axis of size 1
+    return mask, weights, rows, cols
+
+
+KINDS = ("encoder self-attention", "decoder self-attention", "cross-attention")
+
+
+def mask_builder(batch: ToyBatch | None = None):
+    """Explorer: pick a mask kind and a sentence pair, see the mask and the weights it produces."""
+    import ipywidgets as widgets
+
+    batch = batch or toy_batch()
+
+    def draw(kind: str, pair: int) -> plt.Figure:
+        mask, weights, rows, cols = mask_example(kind, batch, pair)
+        return plot_mask_and_weights(mask[pair, 0], weights[pair, 0], rows, cols, title=f"{kind}, pair {pair}")
+
+    controls = {
+        "kind": widgets.Dropdown(options=list(KINDS), value=KINDS[1], description="mask"),
+        "pair": widgets.Dropdown(options=list(range(len(batch.src_tokens))), value=0, description="pair"),
+    }
+    return explorer(draw, controls, title="Mask builder")

@@ -1,0 +1,176 @@
+"""Softmax, stably: the reference versions of what notebook 03 builds, plus its figures.
+
+Every function works along any axis ``dim`` and accepts a ``torch.Tensor`` or a NumPy array,
+returning the same kind it was given (shape unchanged unless stated):
+
+* :func:`softmax` — subtract the maximum of each slice along ``dim``, exponentiate, normalise;
+* :func:`naive_softmax` — the textbook formula without the shift, kept for demonstrations of
+  overflow (e^1000 = inf) and underflow (e^-1000 = 0);
+* :func:`logsumexp` — log Σ e^x computed as m + log Σ e^(x − m), ``dim`` removed (or kept);
+* :func:`log_softmax` — x − logsumexp(x), finite even where softmax underflows to 0;
+* :func:`softmax_with_temperature` — softmax(x / T);
+* :func:`temperature_sweep_figure` and :func:`temperature_explorer` — one score vector at several
+  temperatures, as a static figure and as a slider.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+__all__ = [
+    "softmax",
+    "naive_softmax",
+    "logsumexp",
+    "log_softmax",
+    "softmax_with_temperature",
+    "entropy",
+    "temperature_sweep_figure",
+    "temperature_explorer",
+]
+
+
+def _is_numpy(x) -> bool:
+    return isinstance(x, np.ndarray)
+
+
+def _amax(x, dim: int):
+    """Maximum along ``dim``, kept as a size-1 axis so that it broadcasts against ``x``."""
+    if _is_numpy(x):
+        return x.max(axis=dim, keepdims=True)
+    return x.amax(dim=dim, keepdim=True)
+
+
+def _exp(x):
+    return np.exp(x) if _is_numpy(x) else torch.exp(x)
+
+
+def _log(x):
+    return np.log(x) if _is_numpy(x) else torch.log(x)
+
+
+def _sum(x, dim: int, keepdim: bool = True):
+    if _is_numpy(x):
+        return x.sum(axis=dim, keepdims=keepdim)
+    return x.sum(dim=dim, keepdim=keepdim)
+
+
+def _finite_shift(m):
+    """The shift used by the stable formulas: the maximum, or 0 where a slice is all -inf.
+
+    A fully masked slice (every entry -inf) has maximum -inf, and -inf - (-inf) is NaN; shifting by 0
+    there instead leaves the slice's exponentials at 0, which is the honest answer for its sum.
+    """
+    if _is_numpy(m):
+        return np.where(np.isfinite(m), m, 0.0)
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def softmax(x, dim: int = -1):
+    """Numerically stable softmax along ``dim``.
+
+    Args:
+        x: scores, any shape (…, n, …), a tensor or a NumPy array.
+        dim: the axis that is normalised (each slice along it sums to 1).
+    Returns:
+        weights shaped like ``x``: positive, summing to 1 along ``dim``.
+    """
+    shifted = x - _finite_shift(_amax(x, dim))  # largest entry of each slice becomes 0: exp ≤ 1
+    e = _exp(shifted)
+    return e / _sum(e, dim)
+
+
+def naive_softmax(x, dim: int = -1):
+    """Softmax without the max shift: e^x / Σ e^x. Overflows for x ≳ 88.7 (float32), 709.8 (float64)."""
+    e = _exp(x)
+    return e / _sum(e, dim)
+
+
+def logsumexp(x, dim: int = -1, keepdim: bool = False):
+    """log Σ_j e^{x_j} along ``dim``, computed as m + log Σ e^{x_j − m} (m the slice maximum).
+
+    Returns the shape of ``x`` with ``dim`` removed (kept with size 1 when ``keepdim``).
+    """
+    m = _finite_shift(_amax(x, dim))
+    out = m + _log(_sum(_exp(x - m), dim))
+    if keepdim:
+        return out
+    return out.squeeze(axis=dim) if _is_numpy(out) else out.squeeze(dim)
+
+
+def log_softmax(x, dim: int = -1):
+    """log softmax(x) along ``dim`` as x − logsumexp(x): stays finite where softmax underflows to 0."""
+    return x - logsumexp(x, dim, keepdim=True)
+
+
+def softmax_with_temperature(x, temperature: float, dim: int = -1):
+    """softmax(x / T) along ``dim``: T > 1 flattens the weights, T < 1 sharpens them (T → 0: arg-max)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}")
+    return softmax(x / temperature, dim)
+
+
+def entropy(weights, dim: int = -1):
+    """Shannon entropy −Σ p log p (nats) along ``dim``; 0·log 0 counts as 0."""
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    terms = torch.where(w > 0, w * torch.log(torch.where(w > 0, w, torch.ones_like(w))), torch.zeros_like(w))
+    return -terms.sum(dim)
+
+
+def _bars(ax: plt.Axes, scores: torch.Tensor, temperature: float, labels: Sequence[str]) -> None:
+    weights = softmax_with_temperature(scores, temperature)
+    positions = np.arange(len(labels))
+    ax.bar(positions, weights.numpy(), color="#3b75af")
+    ax.set_xticks(positions, labels=list(labels))
+    ax.set_ylim(0, 1)
+    h = entropy(weights).item() / math.log(len(labels))
+    ax.set_title(f"T = {temperature:g}\nmax {weights.max().item():.2f} · entropy {h:.2f}", fontsize=10)
+
+
+def temperature_sweep_figure(
+    scores,
+    temperatures: Sequence[float] = (0.1, 0.5, 1.0, 2.0, 10.0),
+    labels: Sequence[str] | None = None,
+) -> plt.Figure:
+    """One bar chart of softmax(scores / T) per temperature, side by side.
+
+    ``scores`` has shape (n,); each panel's title gives the largest weight and the entropy
+    normalised by log n (0 = one-hot, 1 = uniform).
+    """
+    scores = torch.as_tensor(scores, dtype=torch.float64)
+    labels = list(labels) if labels is not None else [str(i) for i in range(len(scores))]
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(2.3 * len(temperatures), 3.0), sharey=True)
+    for ax, t in zip(np.atleast_1d(axes), temperatures):
+        _bars(ax, scores, float(t), labels)
+    np.atleast_1d(axes)[0].set_ylabel("weight")
+    fig.suptitle("softmax(scores / T): low T sharpens, high T flattens", fontsize=12)
+    fig.tight_layout()
+    return fig
+
+
+def temperature_explorer(scores, labels: Sequence[str] | None = None, temperature: float = 1.0):
+    """A temperature slider (log scale, 0.05 … 20) over the bar chart of softmax(scores / T).
+
+    Live in a Jupyter kernel; a static figure at ``temperature`` elsewhere (see :mod:`attn_course.widgets`).
+    """
+    import ipywidgets as widgets
+
+    from .widgets import explorer
+
+    scores = torch.as_tensor(scores, dtype=torch.float64)
+    labels = list(labels) if labels is not None else [str(i) for i in range(len(scores))]
+
+    def draw(temperature: float) -> plt.Figure:
+        fig, ax = plt.subplots(figsize=(5.5, 3.2))
+        _bars(ax, scores, temperature, labels)
+        ax.set_ylabel("weight")
+        fig.tight_layout()
+        return fig
+
+    slider = widgets.FloatLogSlider(value=temperature, base=10, min=-1.3, max=1.3, step=0.05,
+                                    description="T", continuous_update=True)
+    return explorer(draw, {"temperature": slider}, title="Softmax temperature")
