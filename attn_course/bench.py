@@ -221,7 +221,7 @@ def _free(device: torch.device) -> None:
 
 def measure(impl: Impl, cfg: Config, device: torch.device, *, reference: torch.Tensor | None,
             inputs: tuple[torch.Tensor, ...], peak: float | None, min_run_time: float,
-            memory_limit: float | None) -> Result:
+            memory_limit: float | None, warmup: int = 2) -> Result:
     """Check one implementation on one configuration, then time it and measure its peak memory."""
     dtype = DTYPES[cfg.dtype]
     res = Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim, cfg.causal,
@@ -275,7 +275,7 @@ def measure(impl: Impl, cfg: Config, device: torch.device, *, reference: torch.T
                 res.note = f"max |error| {res.max_abs_error:.3g} vs float64 > tolerance {tol:g}: not timed"
                 return res
         del out
-        res.ms = timing.time_ms(step, device=device, warmup=2, min_run_time=min_run_time)
+        res.ms = timing.time_ms(step, device=device, warmup=warmup, min_run_time=min_run_time)
         flops = fast.attention_flops(cfg.batch, cfg.heads, cfg.n, cfg.head_dim, causal=cfg.causal,
                                      backward=cfg.mode == "fwd+bwd")
         res.tflops = flops / (res.ms * 1e-3) / 1e12
@@ -313,6 +313,7 @@ class Settings:
     min_run_time: float
     max_memory: float | None
     out: str
+    warmup: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -372,7 +373,7 @@ def run_sweep(s: Settings, *, progress: bool = True, log: Callable[[str], None] 
                              cfg.causal, cfg.mode, "skipped", note=f"already OOM at N={oom_at[key]}")
             else:
                 res = measure(impl, cfg, device, reference=reference, inputs=inputs, peak=peak,
-                              min_run_time=s.min_run_time, memory_limit=s.max_memory)
+                              min_run_time=s.min_run_time, memory_limit=s.max_memory, warmup=s.warmup)
                 if res.status == "OOM":
                     oom_at[key] = cfg.n
                     bar.write(f"{impl.name}: OOM at N={cfg.n} (D={cfg.head_dim}, {cfg.dtype}, "

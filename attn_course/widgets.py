@@ -25,13 +25,18 @@ def _live_kernel() -> bool:
 
 
 def _png(fig: plt.Figure) -> str:
+    """The figure as base64-encoded PNG text."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class Explorer:
-    """A set of controls and an output area that ``draw(**values)`` fills with a figure."""
+    """A set of controls and an image that ``draw(**values)`` redraws whenever a control moves.
+
+    The figure is rendered to PNG into an ``ipywidgets.Image``: it lives in the widget's state, so
+    the live view needs no output capture, and every redraw is one small state update.
+    """
 
     def __init__(self, draw: Callable[..., plt.Figure], controls: dict, title: str = ""):
         import ipywidgets as widgets
@@ -39,12 +44,13 @@ class Explorer:
         self.draw = draw
         self.controls = controls
         self.title = title
-        self.output = widgets.Output(layout=widgets.Layout(min_height="300px"))
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
         header = [widgets.HTML(f"<b>{title}</b>")] if title else []
-        self.widget = widgets.VBox(header + [widgets.HBox(list(controls.values())), self.output])
+        self.widget = widgets.VBox(header + [widgets.HBox(list(controls.values())), self.image])
         self.widget.add_class("attn-course-explorer")
         for control in controls.values():
             control.observe(lambda change: self.refresh(), names="value")
+        self.refresh()
 
     def values(self) -> dict:
         return {name: control.value for name, control in self.controls.items()}
@@ -53,22 +59,13 @@ class Explorer:
         return self.draw(**self.values())
 
     def refresh(self) -> None:
-        from IPython.display import display
-
         fig = self.figure()
-        with self.output:
-            self.output.clear_output(wait=True)
-            display(fig)
+        self.image.value = base64.b64decode(_png(fig))
         plt.close(fig)
 
     def _repr_mimebundle_(self, **kwargs):
-        fig = self.figure()
-        png = _png(fig)
-        plt.close(fig)
-        self.refresh()
-        bundle = self.widget._repr_mimebundle_(**kwargs) or {}
-        bundle = dict(bundle)
-        bundle["image/png"] = png
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        bundle["image/png"] = base64.b64encode(self.image.value).decode("ascii")
         bundle["text/plain"] = f"{self.title or 'Interactive explorer'} (run the cell in JupyterLab to use the controls)"
         return bundle
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._core import as_tensor, call, check, describe, fail
+from ._core import as_tensor, call, check, fail
 
 __all__ = [
     "check_causal_mask",
