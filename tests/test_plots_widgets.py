@@ -81,6 +81,7 @@ def test_explorer_redraws_when_a_control_moves():
 def test_explorer_image_changes_when_a_control_moves():
     slider = widgets.FloatSlider(value=1.0, min=0, max=4)
     live = Explorer(draw_line, {"slope": slider})
-    before = live.image.value
+    before = bytes(live.image.value)
     slider.value = 3.0
-    assert live.image.value.startswith(b"\x89PNG") and live.image.value != before
+    after = bytes(live.image.value)
+    assert after.startswith(b"\x89PNG") and after != before
