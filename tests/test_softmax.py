@@ -350,3 +350,8 @@ def missing_keepdim(x, dim=-1):
 
 def test_missing_keepdim_that_crashes_gets_the_keepdim_hint():
     rejects(check_stable_softmax, missing_keepdim, "keepdim=True")
+
+
+def test_reference_entropy():
+    w = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(ref.entropy(w), torch.tensor([np.log(4.0), 0.0], dtype=torch.float64))

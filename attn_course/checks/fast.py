@@ -89,6 +89,10 @@ NOT_CAUSAL = (
     "the output is the non-causal result: every query also sees future keys. Mask key > query on "
     "the diagonal block and skip the blocks above it."
 )
+OUTPUT_WIDTH = (
+    "the output's last dimension must come from v (Dv = {dv}), not from q (D = {d}): allocate the "
+    "output and the accumulator with v.shape[-1] columns."
+)
 DIAGONAL_SKIPPED = (
     "causal block off-by-one: the diagonal block is skipped (key blocks 0..i-1 instead of 0..i). "
     "The first query block then sees no key at all (NaN or zeros) and every row misses its own "
@@ -339,6 +343,9 @@ def _attention_pitfalls(q, k, v, b, causal):
 def _check_attention_cases(fn, name: str, cases, causal: bool) -> None:
     for label, (q, k, v), b in cases:
         out = as_tensor(call(fn, q, k, v, b), f"{name}(q, k, v, {b})")
+        if out.shape[:-1] == q.shape[:-1] and out.shape[-1] == q.shape[-1] != v.shape[-1]:
+            fail(f"{name}(q, k, v, {b}) ({label}) has shape {tuple(out.shape)}, expected "
+                 f"{tuple(q.shape[:-1]) + (v.shape[-1],)}: " + OUTPUT_WIDTH.format(dv=v.shape[-1], d=q.shape[-1]))
         expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
         tol = dict(atol=1e-6, rtol=1e-5) if q.dtype == torch.float64 else dict(atol=2e-5, rtol=1e-3)
         expect_close(out, expected, f"{name}(q, k, v, {b})", case=label,

@@ -335,7 +335,7 @@ def _resolve_function(obj: Any) -> tuple[Callable, str, type]:
     def applied(x):
         return apply(x)
 
-    applied.__name__ = f"{owner.__name__}.apply"
+    applied.__name__ = f"{owner.__name__}.forward"
     return applied, owner.__name__, owner
 
 
@@ -352,7 +352,7 @@ def _gradient(apply: Callable, name: str, x: torch.Tensor, g: torch.Tensor) -> t
         (grad,) = torch.autograd.grad(y, x_in, g, allow_unused=True)
         return grad
 
-    forward_backward.__name__ = f"{name} backward"
+    forward_backward.__name__ = f"{name}.backward"
     grad = call(forward_backward, x)
     if grad is None:
         fail(f"{name}.backward returned None: it must return ∂L/∂x, a tensor shaped like x.")
