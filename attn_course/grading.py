@@ -240,7 +240,7 @@ def _attn_course_guard(root=_os.path.realpath(_os.getcwd())):
         return any(real == a or real.startswith(a.rstrip("/") + "/") for a in allowed)
 
     def refuse(path):
-        raise PermissionError(f"{GUARD_MARK}: {_os.fsdecode(path)}")
+        raise PermissionError(__GUARD_MARK__ + ": " + _os.fsdecode(path))
 
     def hook(event, args):
         if event == "open":
@@ -261,8 +261,7 @@ def _attn_course_guard(root=_os.path.realpath(_os.getcwd())):
 
 _attn_course_guard()
 del _attn_course_guard
-'''.replace("GUARD_MARK", repr(GUARD_MARK)).replace("{" + repr(GUARD_MARK) + "}", "{GUARD}")
-_GUARD_SOURCE = _GUARD_SOURCE.replace('f"{GUARD}', 'f"' + GUARD_MARK.replace('"', '\\"'))
+'''.replace("__GUARD_MARK__", repr(GUARD_MARK))
 
 
 @dataclass
