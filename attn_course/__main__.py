@@ -82,7 +82,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that parse everything after their name themselves (their own --help included).
+PASS_THROUGH = {"bench": _bench, "schedule": _schedule}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASS_THROUGH:
+        rest = argv[1:]
+        return PASS_THROUGH[argv[0]](argparse.Namespace(bench_args=rest, schedule_args=rest))
     args = build_parser().parse_args(argv)
     return args.run(args)
 
