@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from .dot import SOURCE_RAW_SCORES, worked_example  # the running 4×8 example lives in one place
 from .plots import heatmap
 from .widgets import explorer
 
@@ -57,32 +58,9 @@ __all__ = [
     "STEP_NAMES",
 ]
 
-# The worked example: 4 tokens, d_k = d_v = 8 (rows are tokens). Every intermediate matrix the
-# notebook prints is computed from these twelve rows.
-_WORKED_Q = [
-    [0.5, 0.3, -0.2, 0.1, 0.4, -0.1, 0.2, 0.3],
-    [-0.3, 0.6, 0.2, -0.4, 0.1, 0.5, -0.2, 0.1],
-    [0.2, -0.1, 0.7, 0.3, -0.2, 0.4, 0.1, -0.3],
-    [0.1, 0.4, -0.3, 0.8, 0.2, -0.1, 0.3, 0.2],
-]
-_WORKED_K = [
-    [0.4, 0.2, -0.3, 0.2, 0.5, -0.2, 0.1, 0.4],
-    [-0.2, 0.7, 0.1, -0.3, 0.2, 0.4, -0.1, 0.2],
-    [0.3, -0.2, 0.6, 0.4, -0.1, 0.3, 0.2, -0.4],
-    [0.2, 0.3, -0.4, 0.7, 0.1, -0.2, 0.4, 0.1],
-]
-_WORKED_V = [
-    [0.6, 0.1, -0.4, 0.3, 0.2, -0.3, 0.4, 0.2],
-    [-0.1, 0.8, 0.3, -0.2, 0.4, 0.2, -0.3, 0.1],
-    [0.4, -0.3, 0.5, 0.2, -0.4, 0.6, 0.1, -0.2],
-    [0.3, 0.2, -0.2, 0.9, 0.3, -0.1, 0.2, 0.4],
-]
-
-
 # The four matrices as the article prints them (two decimals), to compare with what we compute.
 PUBLISHED = {
-    "scores": [[0.70, 0.14, -0.14, 0.51], [-0.17, 0.88, -0.19, -0.40],
-               [-0.38, -0.08, 0.90, -0.15], [0.60, -0.00, 0.02, 1.00]],
+    "scores": SOURCE_RAW_SCORES,
     "scaled": [[0.25, 0.05, -0.05, 0.18], [-0.06, 0.31, -0.07, -0.14],
                [-0.13, -0.03, 0.32, -0.05], [0.21, -0.00, 0.01, 0.35]],
     "weights": [[0.29, 0.23, 0.21, 0.27], [0.23, 0.33, 0.23, 0.21],
@@ -105,11 +83,6 @@ def print_matrix(name: str, values, decimals: int = 2) -> None:
     """Print ``name``, the shape, then the matrix rounded to ``decimals``."""
     print(f"{name}  shape {tuple(values.shape)}")
     print(format_matrix(values, decimals))
-
-
-def worked_example(dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The 4×8 worked example: ``(Q, K, V)``, each of shape (4, 8)."""
-    return tuple(torch.tensor(rows, dtype=dtype) for rows in (_WORKED_Q, _WORKED_K, _WORKED_V))
 
 
 def _tensor(x) -> torch.Tensor:
