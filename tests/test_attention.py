@@ -25,8 +25,9 @@ from attn_course.attention import (
     score_matrix_bytes,
     worked_example,
 )
-from attn_course.checks import CheckFailed, NotAttempted
+from attn_course.checks import NotAttempted
 from attn_course.checks.attention import check_attention, check_score_matrix_bytes
+from checking import rejects
 
 
 # ----------------------------------------------------------------------------- reference vs PyTorch
@@ -127,15 +128,6 @@ def test_step_buttons_move_and_clamp():
 # ----------------------------------------------------------------------------- check_attention
 def scaled_scores(Q, K):
     return Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
-
-
-def fails_with(check, fn, *phrases):
-    with pytest.raises(CheckFailed) as info:
-        check(fn)
-    message = str(info.value)
-    for phrase in phrases:
-        assert phrase in message, message
-    return message
 
 
 # correct alternatives ----------------------------------------------------------
@@ -346,7 +338,7 @@ def attn_naive_softmax(Q, K, V, mask=None):
     (attn_softmax_then_renormalise, ["NaN for large scores", "before the softmax"]),
 ])
 def test_check_attention_names_each_pitfall(fn, phrases):
-    fails_with(check_attention, fn, *phrases)
+    rejects(check_attention, fn, *phrases)
 
 
 def test_check_attention_not_attempted():
@@ -358,17 +350,17 @@ def test_check_attention_not_attempted():
 
 
 def test_check_attention_bad_types_and_shapes():
-    fails_with(check_attention, 42, "expected a function")
-    fails_with(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[0], "single tensor", "(output, weights)")
-    fails_with(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[0].tolist(), "expected a tuple")
-    fails_with(check_attention, lambda Q, K, V, mask=None: [x.tolist() for x in attn_matmul(Q, K, V, mask)], "Python list")
-    fails_with(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[::-1], "swapped")
-    fails_with(check_attention, lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0][..., :2], attn_matmul(Q, K, V, mask)[1]),
+    rejects(check_attention, 42, "expected a function")
+    rejects(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[0], "single tensor", "(output, weights)")
+    rejects(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[0].tolist(), "expected a tuple")
+    rejects(check_attention, lambda Q, K, V, mask=None: [x.tolist() for x in attn_matmul(Q, K, V, mask)], "Python list")
+    rejects(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[::-1], "swapped")
+    rejects(check_attention, lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0][..., :2], attn_matmul(Q, K, V, mask)[1]),
                "output", "has shape")
-    fails_with(check_attention, lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0], attn_matmul(Q, K, V, mask)[1][..., 1:]),
+    rejects(check_attention, lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0], attn_matmul(Q, K, V, mask)[1][..., 1:]),
                "weights", "has shape")
-    fails_with(check_attention, lambda Q, K, V, mask=None: tuple(x * float("nan") for x in attn_matmul(Q, K, V, mask)), "NaN")
-    fails_with(check_attention, lambda Q, K, V, mask=None: 1 / 0, "ZeroDivisionError")
+    rejects(check_attention, lambda Q, K, V, mask=None: tuple(x * float("nan") for x in attn_matmul(Q, K, V, mask)), "NaN")
+    rejects(check_attention, lambda Q, K, V, mask=None: 1 / 0, "ZeroDivisionError")
 
 
 # ----------------------------------------------------------------------------- check_score_matrix_bytes
@@ -399,7 +391,7 @@ def test_check_score_matrix_bytes_accepts(fn, capsys):
     (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n, "number of entries"),
 ])
 def test_check_score_matrix_bytes_names_pitfalls(fn, phrase):
-    fails_with(check_score_matrix_bytes, fn, phrase)
+    rejects(check_score_matrix_bytes, fn, phrase)
 
 
 def test_check_score_matrix_bytes_not_attempted_and_bad_values():
@@ -408,8 +400,8 @@ def test_check_score_matrix_bytes_not_attempted_and_bad_values():
 
     with pytest.raises(NotAttempted, match="not attempted"):
         check_score_matrix_bytes(score_matrix_bytes)
-    fails_with(check_score_matrix_bytes, "64", "expected a function")
-    fails_with(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: [n * n], "Python list")
-    fails_with(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: torch.ones(2), "one number")
-    fails_with(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: float("nan"), "NaN")
-    fails_with(check_score_matrix_bytes, lambda n: n, "raised TypeError")
+    rejects(check_score_matrix_bytes, "64", "expected a function")
+    rejects(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: [n * n], "Python list")
+    rejects(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: torch.ones(2), "one number")
+    rejects(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: float("nan"), "NaN")
+    rejects(check_score_matrix_bytes, lambda n: n, "raised TypeError")

@@ -8,21 +8,9 @@ import torch
 from attn_course import jacobian as ref
 from attn_course.checks._core import CheckFailed, NotAttempted
 from attn_course.checks.jacobian import check_softmax_function, check_softmax_jacobian, check_softmax_vjp
+from checking import rejects, accepts
 
 torch.manual_seed(0)
-
-
-def rejects(check, fn, phrase):
-    with pytest.raises(CheckFailed) as info:
-        check(fn)
-    assert not isinstance(info.value, NotAttempted)
-    assert phrase in str(info.value), str(info.value)
-    return str(info.value)
-
-
-def accepts(check, fn, capsys):
-    check(fn)
-    assert "✓" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- reference vs PyTorch

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from attn_course import masks as M
 from attn_course.attention import attention
-from attn_course.checks import CheckFailed, NotAttempted
+from attn_course.checks import NotAttempted
 from attn_course.checks.masks import (
     check_additive_mask,
     check_causal_mask,
@@ -18,22 +18,7 @@ from attn_course.checks.masks import (
     check_padding_mask_from_ids,
     check_padding_mask_from_lengths,
 )
-
-
-def fails_with(check, fn, *phrases):
-    with pytest.raises(CheckFailed) as info:
-        check(fn)
-    message = str(info.value)
-    for phrase in phrases:
-        assert phrase in message, message
-    return message
-
-
-def passes(check, fn, capsys):
-    check(fn)
-    out = capsys.readouterr().out
-    assert out.startswith("✓"), out
-    return out
+from checking import rejects, accepts
 
 
 def not_attempted(check, n_args):
@@ -113,7 +98,7 @@ def test_toy_batch_and_figures():
     lambda n: torch.ones(n, n, dtype=torch.bool).tril()[None, None],  # (1, 1, n, n)
 ])
 def test_causal_accepts(fn, capsys):
-    passes(check_causal_mask, fn, capsys)
+    accepts(check_causal_mask, fn, capsys)
 
 
 @pytest.mark.parametrize("fn,phrase", [
@@ -129,13 +114,13 @@ def test_causal_accepts(fn, capsys):
     (lambda n: torch.ones(n, n, dtype=torch.bool).tril().tolist(), "Python list"),
 ])
 def test_causal_rejects(fn, phrase):
-    fails_with(check_causal_mask, fn, phrase)
+    rejects(check_causal_mask, fn, phrase)
 
 
 def test_causal_not_attempted_and_not_callable():
     not_attempted(check_causal_mask, 1)
-    fails_with(check_causal_mask, torch.ones(3, 3), "expected a function")
-    fails_with(check_causal_mask, lambda n: None, "None")
+    rejects(check_causal_mask, torch.ones(3, 3), "expected a function")
+    rejects(check_causal_mask, lambda n: None, "None")
 
 
 # ----------------------------------------------------------------------------- padding masks
@@ -145,7 +130,7 @@ def test_causal_not_attempted_and_not_callable():
     lambda lengths, max_len=None: (torch.arange(max_len or int(max(lengths)))[None, :] < lengths[:, None]).numpy(),
 ])
 def test_lengths_accepts(fn, capsys):
-    passes(check_padding_mask_from_lengths, fn, capsys)
+    accepts(check_padding_mask_from_lengths, fn, capsys)
 
 
 @pytest.mark.parametrize("fn,phrase", [
@@ -156,13 +141,13 @@ def test_lengths_accepts(fn, capsys):
     (lambda lengths, max_len=None: torch.arange(int(lengths.max())) < lengths[:, None], "max_len was ignored"),
 ])
 def test_lengths_rejects(fn, phrase):
-    fails_with(check_padding_mask_from_lengths, fn, phrase)
+    rejects(check_padding_mask_from_lengths, fn, phrase)
 
 
 def test_lengths_not_attempted_and_bad_results():
     not_attempted(check_padding_mask_from_lengths, 2)
-    fails_with(check_padding_mask_from_lengths, lambda lengths, max_len=None: torch.full((2, 2), float("nan")), "NaN")
-    fails_with(check_padding_mask_from_lengths, lambda lengths: lengths, "raised TypeError")
+    rejects(check_padding_mask_from_lengths, lambda lengths, max_len=None: torch.full((2, 2), float("nan")), "NaN")
+    rejects(check_padding_mask_from_lengths, lambda lengths: lengths, "raised TypeError")
 
 
 @pytest.mark.parametrize("fn", [
@@ -172,7 +157,7 @@ def test_lengths_not_attempted_and_bad_results():
     lambda ids, pad_id: torch.where(ids == pad_id, float("-inf"), 0.0),  # additive
 ])
 def test_ids_accepts(fn, capsys):
-    passes(check_padding_mask_from_ids, fn, capsys)
+    accepts(check_padding_mask_from_ids, fn, capsys)
 
 
 @pytest.mark.parametrize("fn,phrase", [
@@ -183,12 +168,12 @@ def test_ids_accepts(fn, capsys):
     (lambda ids, pad_id: (ids != pad_id).tolist(), "Python list"),
 ])
 def test_ids_rejects(fn, phrase):
-    fails_with(check_padding_mask_from_ids, fn, phrase)
+    rejects(check_padding_mask_from_ids, fn, phrase)
 
 
 def test_ids_not_attempted():
     not_attempted(check_padding_mask_from_ids, 2)
-    fails_with(check_padding_mask_from_ids, "ids != pad_id", "expected a function")
+    rejects(check_padding_mask_from_ids, "ids != pad_id", "expected a function")
 
 
 # ----------------------------------------------------------------------------- decoder mask
@@ -206,7 +191,7 @@ def _causal(T):
     lambda ids, pad: _causal(ids.shape[1]) & (ids != pad)[:, None, None, :] & (ids != pad)[:, None, :, None],
 ])
 def test_decoder_accepts(fn, capsys):
-    passes(check_decoder_mask, fn, capsys)
+    accepts(check_decoder_mask, fn, capsys)
 
 
 @pytest.mark.parametrize("fn,phrase", [
@@ -222,12 +207,12 @@ def test_decoder_accepts(fn, capsys):
         ~(_causal(ids.shape[1]) & (ids != pad)[:, None, None, :]), -1e4), "weak fill value"),
 ])
 def test_decoder_rejects(fn, phrase):
-    fails_with(check_decoder_mask, fn, phrase)
+    rejects(check_decoder_mask, fn, phrase)
 
 
 def test_decoder_not_attempted():
     not_attempted(check_decoder_mask, 2)
-    fails_with(check_decoder_mask, lambda ids, pad: [[True]], "Python list")
+    rejects(check_decoder_mask, lambda ids, pad: [[True]], "Python list")
 
 
 # ----------------------------------------------------------------------------- cross mask
@@ -238,7 +223,7 @@ def test_decoder_not_attempted():
     lambda tgt, src, pad: M.additive_mask(M.cross_attention_mask(tgt, src, pad), torch.float64),
 ])
 def test_cross_accepts(fn, capsys):
-    passes(check_cross_attention_mask, fn, capsys)
+    accepts(check_cross_attention_mask, fn, capsys)
 
 
 @pytest.mark.parametrize("fn,phrase", [
@@ -251,12 +236,12 @@ def test_cross_accepts(fn, capsys):
     (lambda tgt, src, pad: ~M.cross_attention_mask(tgt, src, pad), "polarity inverted"),
 ])
 def test_cross_rejects(fn, phrase):
-    fails_with(check_cross_attention_mask, fn, phrase)
+    rejects(check_cross_attention_mask, fn, phrase)
 
 
 def test_cross_not_attempted():
     not_attempted(check_cross_attention_mask, 3)
-    fails_with(check_cross_attention_mask, lambda tgt, src, pad: torch.ones(2, 2, 2, 2, dtype=torch.bool), "does not broadcast")
+    rejects(check_cross_attention_mask, lambda tgt, src, pad: torch.ones(2, 2, 2, 2, dtype=torch.bool), "does not broadcast")
 
 
 # ----------------------------------------------------------------------------- additive mask
@@ -268,7 +253,7 @@ def test_cross_not_attempted():
     lambda mask, dtype=torch.float32: ((~mask).to(dtype) * -1e9).to(dtype),  # 0·(-1e9) = 0; in float16 -1e9 → -inf
 ])
 def test_additive_accepts(fn, capsys):
-    passes(check_additive_mask, fn, capsys)
+    accepts(check_additive_mask, fn, capsys)
 
 
 @pytest.mark.parametrize("fn,phrase", [
@@ -282,9 +267,9 @@ def test_additive_accepts(fn, capsys):
     (lambda mask, dtype=torch.float32: mask.tolist(), "Python list"),
 ])
 def test_additive_rejects(fn, phrase):
-    fails_with(check_additive_mask, fn, phrase)
+    rejects(check_additive_mask, fn, phrase)
 
 
 def test_additive_not_attempted():
     not_attempted(check_additive_mask, 1)
-    fails_with(check_additive_mask, None, "expected a function")
+    rejects(check_additive_mask, None, "expected a function")

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from attn_course.checks._core import CheckFailed, NotAttempted
+from attn_course.checks._core import NotAttempted
 from attn_course.checks.multihead import check_merge_heads, check_multi_head_attention, check_split_heads
 from attn_course.multihead import (
     MultiHeadAttention,
@@ -21,15 +21,7 @@ from attn_course.multihead import (
     parameter_count,
     split_heads,
 )
-
-
-def fails_with(check, fn, *phrases, kind=CheckFailed):
-    with pytest.raises(kind) as info:
-        check(fn)
-    message = str(info.value)
-    for phrase in phrases:
-        assert phrase in message, message
-    return message
+from checking import rejects
 
 
 # ---- reference implementation vs PyTorch ---------------------------------------------------
@@ -160,29 +152,29 @@ def test_split_check_accepts_alternatives(fn, capsys):
 
 
 def test_split_check_rejects_reshape_without_transpose():
-    fails_with(check_split_heads, lambda x, a: x.reshape(x.shape[0], a, x.shape[1], -1),
+    rejects(check_split_heads, lambda x, a: x.reshape(x.shape[0], a, x.shape[1], -1),
                "without a transpose", "heads mixed with positions")
 
 
 def test_split_check_rejects_strided_split():
-    fails_with(check_split_heads, lambda x, a: x.reshape(*x.shape[:2], -1, a).permute(0, 3, 1, 2),
+    rejects(check_split_heads, lambda x, a: x.reshape(*x.shape[:2], -1, a).permute(0, 3, 1, 2),
                "wrong order", "(A, d_head), not (d_head, A)")
 
 
 def test_split_check_rejects_missing_transpose():
-    fails_with(check_split_heads, lambda x, a: x.reshape(*x.shape[:2], a, -1), "has shape", ".transpose(1, 2)")
+    rejects(check_split_heads, lambda x, a: x.reshape(*x.shape[:2], a, -1), "has shape", ".transpose(1, 2)")
 
 
 def test_split_check_unfinished_and_malformed_answers():
     def unfinished(x, n_heads):
         raise NotImplementedError()
 
-    fails_with(check_split_heads, unfinished, "not attempted", kind=NotAttempted)
-    fails_with(check_split_heads, 42, "expected a function")
-    fails_with(check_split_heads, lambda x, a: [1, 2, 3], "Python list")
-    fails_with(check_split_heads, lambda x, a: x, "has shape (2, 5, 12), expected (2, 3, 5, 4)")
-    fails_with(check_split_heads, lambda x, a: split_heads(x, a) * float("nan"), "does not match")
-    fails_with(check_split_heads, lambda x, a: None, "None")
+    rejects(check_split_heads, unfinished, "not attempted", kind=NotAttempted)
+    rejects(check_split_heads, 42, "expected a function")
+    rejects(check_split_heads, lambda x, a: [1, 2, 3], "Python list")
+    rejects(check_split_heads, lambda x, a: x, "has shape (2, 5, 12), expected (2, 3, 5, 4)")
+    rejects(check_split_heads, lambda x, a: split_heads(x, a) * float("nan"), "does not match")
+    rejects(check_split_heads, lambda x, a: None, "None")
 
 
 # ---- check_merge_heads ---------------------------------------------------------------------
@@ -213,19 +205,19 @@ def test_merge_check_accepts_alternatives(fn, capsys):
 
 
 def test_merge_check_rejects_reshape_without_transpose():
-    fails_with(check_merge_heads, lambda x: x.reshape(x.shape[0], x.shape[2], -1),
+    rejects(check_merge_heads, lambda x: x.reshape(x.shape[0], x.shape[2], -1),
                "without a transpose", "heads mixed with positions")
 
 
 def test_merge_check_rejects_wrong_concat_order():
-    fails_with(check_merge_heads, lambda x: x.permute(0, 2, 3, 1).flatten(-2), "wrong concat order", "interleaved")
-    fails_with(check_merge_heads, lambda x: torch.cat(x.unbind(1)[::-1], dim=-1), "wrong concat order",
+    rejects(check_merge_heads, lambda x: x.permute(0, 2, 3, 1).flatten(-2), "wrong concat order", "interleaved")
+    rejects(check_merge_heads, lambda x: torch.cat(x.unbind(1)[::-1], dim=-1), "wrong concat order",
                "last head first")
 
 
 def test_merge_check_rejects_missing_reshape_and_averaging():
-    fails_with(check_merge_heads, lambda x: x.transpose(1, 2), "reshape the last two axes")
-    fails_with(check_merge_heads, lambda x: x.mean(1), "averaged")
+    rejects(check_merge_heads, lambda x: x.transpose(1, 2), "reshape the last two axes")
+    rejects(check_merge_heads, lambda x: x.mean(1), "averaged")
 
 
 def test_merge_check_explains_view_on_a_transposed_tensor():
@@ -233,17 +225,17 @@ def test_merge_check_explains_view_on_a_transposed_tensor():
         b, a, n, d = x.shape
         return x.transpose(1, 2).view(b, n, a * d)
 
-    fails_with(check_merge_heads, merge_view, "RuntimeError", "use `.reshape(...)`")
+    rejects(check_merge_heads, merge_view, "RuntimeError", "use `.reshape(...)`")
 
 
 def test_merge_check_unfinished_and_malformed_answers():
     def unfinished(x):
         raise NotImplementedError()
 
-    fails_with(check_merge_heads, unfinished, "not attempted", kind=NotAttempted)
-    fails_with(check_merge_heads, "merge", "expected a function")
-    fails_with(check_merge_heads, lambda x: x.tolist(), "Python list")
-    fails_with(check_merge_heads, lambda x: merge_heads(x).log() * float("nan"), "does not match")
+    rejects(check_merge_heads, unfinished, "not attempted", kind=NotAttempted)
+    rejects(check_merge_heads, "merge", "expected a function")
+    rejects(check_merge_heads, lambda x: x.tolist(), "Python list")
+    rejects(check_merge_heads, lambda x: merge_heads(x).log() * float("nan"), "does not match")
 
 
 # ---- check_multi_head_attention ------------------------------------------------------------
@@ -309,33 +301,33 @@ def test_mha_check_accepts_alternatives(cls, capsys):
 
 
 def test_mha_check_rejects_heads_split_without_transpose():
-    fails_with(check_multi_head_attention, make_learner_mha(split="no_transpose"),
+    rejects(check_multi_head_attention, make_learner_mha(split="no_transpose"),
                "split by a reshape", "heads mixed with positions")
 
 
 def test_mha_check_rejects_wrong_merge_and_concat_order():
-    fails_with(check_multi_head_attention, make_learner_mha(merge="no_transpose"), "merged by a reshape")
-    fails_with(check_multi_head_attention, make_learner_mha(merge="interleaved"), "wrong concat order")
+    rejects(check_multi_head_attention, make_learner_mha(merge="no_transpose"), "merged by a reshape")
+    rejects(check_multi_head_attention, make_learner_mha(merge="interleaved"), "wrong concat order")
 
 
 def test_mha_check_rejects_out_proj_sized_for_d_model():
-    fails_with(check_multi_head_attention, make_learner_mha(out_in="d_model"),
+    rejects(check_multi_head_attention, make_learner_mha(out_in="d_model"),
                "W^O (out_proj) has the wrong input size when A·d_head ≠ d_model", "takes 10 = d_model inputs",
                "A·d_head = 3·4 = 12")
 
 
 def test_mha_check_rejects_q_projection_to_d_model():
-    fails_with(check_multi_head_attention, make_learner_mha(q_out="d_model"), "W^Q", "expected A·d_head")
+    rejects(check_multi_head_attention, make_learner_mha(q_out="d_model"), "W^Q", "expected A·d_head")
 
 
 def test_mha_check_rejects_scale_with_d_model_and_no_scale():
-    fails_with(check_multi_head_attention, make_learner_mha(scale="d_model"), "√d_model", "1/√d_head")
-    fails_with(check_multi_head_attention, make_learner_mha(scale="none"), "not scaled")
+    rejects(check_multi_head_attention, make_learner_mha(scale="d_model"), "√d_model", "1/√d_head")
+    rejects(check_multi_head_attention, make_learner_mha(scale="none"), "not scaled")
 
 
 def test_mha_check_rejects_softmax_over_queries_and_missing_out_proj():
-    fails_with(check_multi_head_attention, make_learner_mha(softmax_dim=-2), "dim=-2")
-    fails_with(check_multi_head_attention, make_learner_mha(use_out_proj=False), "W^O was not applied")
+    rejects(check_multi_head_attention, make_learner_mha(softmax_dim=-2), "dim=-2")
+    rejects(check_multi_head_attention, make_learner_mha(use_out_proj=False), "W^O was not applied")
 
 
 def test_mha_check_unfinished_and_malformed_answers():
@@ -353,11 +345,11 @@ def test_mha_check_unfinished_and_malformed_answers():
             super().__init__()
             self.proj = nn.Linear(d_model, d_model)
 
-    fails_with(check_multi_head_attention, Unfinished, "not attempted", kind=NotAttempted)
-    fails_with(check_multi_head_attention, NotAModule, "expected an nn.Module")
-    fails_with(check_multi_head_attention, NoLayers, "q_proj, k_proj, v_proj and out_proj", "['proj']")
-    fails_with(check_multi_head_attention, make_learner_mha(returns="out"), "expected a pair (out, weights)")
-    fails_with(check_multi_head_attention, MultiHeadAttention(12, 3), "pass the class itself")
+    rejects(check_multi_head_attention, Unfinished, "not attempted", kind=NotAttempted)
+    rejects(check_multi_head_attention, NotAModule, "expected an nn.Module")
+    rejects(check_multi_head_attention, NoLayers, "q_proj, k_proj, v_proj and out_proj", "['proj']")
+    rejects(check_multi_head_attention, make_learner_mha(returns="out"), "expected a pair (out, weights)")
+    rejects(check_multi_head_attention, MultiHeadAttention(12, 3), "pass the class itself")
 
 
 def test_mha_check_reports_nan_and_crashes_without_traceback():
@@ -370,5 +362,5 @@ def test_mha_check_reports_nan_and_crashes_without_traceback():
         def forward(self, x):
             raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
-    fails_with(check_multi_head_attention, NaNs, "out", "does not match")
-    fails_with(check_multi_head_attention, Crashes, "raised RuntimeError", "mat1 and mat2")
+    rejects(check_multi_head_attention, NaNs, "out", "does not match")
+    rejects(check_multi_head_attention, Crashes, "raised RuntimeError", "mat1 and mat2")

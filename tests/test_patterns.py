@@ -12,7 +12,7 @@ import torch
 matplotlib.use("Agg")
 
 from attn_course import patterns as ref  # noqa: E402
-from attn_course.checks._core import CheckFailed, NotAttempted  # noqa: E402
+from attn_course.checks._core import NotAttempted  # noqa: E402
 from attn_course.checks.patterns import (  # noqa: E402
     check_effective_positions,
     check_locality,
@@ -20,20 +20,7 @@ from attn_course.checks.patterns import (  # noqa: E402
     check_peak_weight,
     check_self_attention_weight,
 )
-
-
-def fails_with(check, fn, *phrases, kind=CheckFailed):
-    with pytest.raises(kind) as info:
-        check(fn)
-    message = str(info.value)
-    for phrase in phrases:
-        assert phrase in message, message
-    return message
-
-
-def passes(check, fn, capsys):
-    check(fn)
-    assert "✓" in capsys.readouterr().out
+from checking import rejects, accepts
 
 
 def unfinished(weights):
@@ -130,18 +117,18 @@ def test_checks_accept_the_reference(check, capsys):
     fn = {check_normalised_entropy: ref.normalised_entropy, check_peak_weight: ref.peak_weight,
           check_self_attention_weight: ref.self_attention_weight, check_locality: ref.locality,
           check_effective_positions: ref.effective_positions}[check]
-    passes(check, fn, capsys)
+    accepts(check, fn, capsys)
 
 
 @pytest.mark.parametrize("check", ALL_CHECKS)
 def test_checks_handle_unfinished_and_malformed_answers(check):
-    fails_with(check, unfinished, "not attempted", kind=NotAttempted)
-    fails_with(check, 3.0, "expected a function")
-    fails_with(check, lambda w: [0.5] * w.shape[-2], "Python list")
-    fails_with(check, lambda w: w, "has shape", "one value per query")
-    message = fails_with(check, lambda w: w.sum(-1) * float("nan"))
+    rejects(check, unfinished, "not attempted", kind=NotAttempted)
+    rejects(check, 3.0, "expected a function")
+    rejects(check, lambda w: [0.5] * w.shape[-2], "Python list")
+    rejects(check, lambda w: w, "has shape", "one value per query")
+    message = rejects(check, lambda w: w.sum(-1) * float("nan"))
     assert "nan" in message.lower() and "log(0)" not in message
-    fails_with(check, lambda w: 1 / 0, "ZeroDivisionError")
+    rejects(check, lambda w: 1 / 0, "ZeroDivisionError")
 
 
 # ---- normalised entropy ------------------------------------------------------------------
@@ -165,16 +152,16 @@ def entropy_where_log2(w):
 
 @pytest.mark.parametrize("fn", [entropy_eps, entropy_numpy, entropy_where_log2])
 def test_entropy_check_accepts_alternatives(fn, capsys):
-    passes(check_normalised_entropy, fn, capsys)
+    accepts(check_normalised_entropy, fn, capsys)
 
 
 def test_entropy_check_rejects_log_zero_nan():
-    fails_with(check_normalised_entropy, lambda w: -(w * w.log()).sum(-1) / math.log(w.shape[-1]),
+    rejects(check_normalised_entropy, lambda w: -(w * w.log()).sum(-1) / math.log(w.shape[-1]),
                "contains NaN", "entropy with log(0) = NaN", "xlogy")
 
 
 def test_entropy_check_rejects_unnormalised_entropy():
-    fails_with(check_normalised_entropy, lambda w: -torch.special.xlogy(w, w).sum(-1), "entropy not normalised")
+    rejects(check_normalised_entropy, lambda w: -torch.special.xlogy(w, w).sum(-1), "entropy not normalised")
 
 
 def test_entropy_check_rejects_normalising_by_queries():
@@ -182,14 +169,14 @@ def test_entropy_check_rejects_normalising_by_queries():
         h = -torch.special.xlogy(w, w).sum(-1)
         return h / math.log(w.shape[-2]) if w.shape[-2] > 1 else h
 
-    fails_with(check_normalised_entropy, by_queries, "log(n_q)", "number of keys")
+    rejects(check_normalised_entropy, by_queries, "log(n_q)", "number of keys")
 
 
 def test_entropy_check_rejects_sign_axis_and_single_key_nan():
-    fails_with(check_normalised_entropy, lambda w: -ref.normalised_entropy(w), "sign is flipped")
-    fails_with(check_normalised_entropy, lambda w: -torch.special.xlogy(w, w).sum(-2) / math.log(w.shape[-1]),
+    rejects(check_normalised_entropy, lambda w: -ref.normalised_entropy(w), "sign is flipped")
+    rejects(check_normalised_entropy, lambda w: -torch.special.xlogy(w, w).sum(-2) / math.log(w.shape[-1]),
                "over the queries (axis −2)")
-    fails_with(check_normalised_entropy, lambda w: -torch.special.xlogy(w, w).sum(-1) / math.log(w.shape[-1]),
+    rejects(check_normalised_entropy, lambda w: -torch.special.xlogy(w, w).sum(-1) / math.log(w.shape[-1]),
                "single key", "0/0")
 
 
@@ -199,14 +186,14 @@ def test_entropy_check_rejects_sign_axis_and_single_key_nan():
                                 lambda w: torch.max(w, -1, keepdim=True)[0].squeeze(-1),
                                 lambda w: w.double().amax(-1)])
 def test_peak_check_accepts_alternatives(fn, capsys):
-    passes(check_peak_weight, fn, capsys)
+    accepts(check_peak_weight, fn, capsys)
 
 
 def test_peak_check_rejects_its_pitfalls():
-    fails_with(check_peak_weight, lambda w: w.amax(-2), "over the queries (axis −2)")
-    fails_with(check_peak_weight, lambda w: w.argmax(-1), "argmax")
-    fails_with(check_peak_weight, lambda w: w.max(), "whole tensor")
-    fails_with(check_peak_weight, lambda w: w.max(dim=-1), "(values, indices)", ".values")
+    rejects(check_peak_weight, lambda w: w.amax(-2), "over the queries (axis −2)")
+    rejects(check_peak_weight, lambda w: w.argmax(-1), "argmax")
+    rejects(check_peak_weight, lambda w: w.max(), "whole tensor")
+    rejects(check_peak_weight, lambda w: w.max(dim=-1), "(values, indices)", ".values")
 
 
 # ---- self-attention ------------------------------------------------------------------------
@@ -216,14 +203,14 @@ def test_peak_check_rejects_its_pitfalls():
                                 lambda w: torch.einsum("...ii->...i", w),
                                 lambda w: (w * torch.eye(w.shape[-1], dtype=w.dtype)).sum(-1)])
 def test_self_check_accepts_alternatives(fn, capsys):
-    passes(check_self_attention_weight, fn, capsys)
+    accepts(check_self_attention_weight, fn, capsys)
 
 
 def test_self_check_rejects_its_pitfalls():
-    fails_with(check_self_attention_weight, lambda w: torch.diagonal(w), "first two axes", "dim1=-2")
-    fails_with(check_self_attention_weight, lambda w: w.diagonal(-1, -2, -1), "below the main one")
-    fails_with(check_self_attention_weight, lambda w: w.diagonal(dim1=-2, dim2=-1).sum(-1), "trace")
-    fails_with(check_self_attention_weight, lambda w: np.diag(np.asarray(w)), "raised ValueError")
+    rejects(check_self_attention_weight, lambda w: torch.diagonal(w), "first two axes", "dim1=-2")
+    rejects(check_self_attention_weight, lambda w: w.diagonal(-1, -2, -1), "below the main one")
+    rejects(check_self_attention_weight, lambda w: w.diagonal(dim1=-2, dim2=-1).sum(-1), "trace")
+    rejects(check_self_attention_weight, lambda w: np.diag(np.asarray(w)), "raised ValueError")
 
 
 # ---- locality ------------------------------------------------------------------------------
@@ -241,7 +228,7 @@ def locality_einsum(w):
 
 @pytest.mark.parametrize("fn", [locality_numpy, locality_einsum, lambda w: ref.locality(w.double())])
 def test_locality_check_accepts_alternatives(fn, capsys):
-    passes(check_locality, fn, capsys)
+    accepts(check_locality, fn, capsys)
 
 
 def test_locality_check_rejects_the_wrong_axis():
@@ -249,15 +236,15 @@ def test_locality_check_rejects_the_wrong_axis():
         q = torch.arange(w.shape[-2], dtype=w.dtype)
         return ((w * q[:, None]).sum(-2) - torch.arange(w.shape[-1], dtype=w.dtype)).abs()
 
-    fails_with(check_locality, wrong_axis, "locality measured from the wrong axis", "Σ_j w_ij·j")
+    rejects(check_locality, wrong_axis, "locality measured from the wrong axis", "Σ_j w_ij·j")
 
 
 def test_locality_check_rejects_its_other_pitfalls():
     idx = lambda w, axis: torch.arange(w.shape[axis], dtype=w.dtype)  # noqa: E731
-    fails_with(check_locality, lambda w: (w * idx(w, -1)).sum(-1) - idx(w, -2), "signed")
-    fails_with(check_locality, lambda w: (w.argmax(-1) - idx(w, -2)).abs(), "argmax")
-    fails_with(check_locality, lambda w: ((w * (idx(w, -1) + 1)).sum(-1) - idx(w, -2)).abs(), "counted from 1")
-    fails_with(check_locality, lambda w: (w * idx(w, -1)).sum(-1), "subtract the query's own position")
+    rejects(check_locality, lambda w: (w * idx(w, -1)).sum(-1) - idx(w, -2), "signed")
+    rejects(check_locality, lambda w: (w.argmax(-1) - idx(w, -2)).abs(), "argmax")
+    rejects(check_locality, lambda w: ((w * (idx(w, -1) + 1)).sum(-1) - idx(w, -2)).abs(), "counted from 1")
+    rejects(check_locality, lambda w: (w * idx(w, -1)).sum(-1), "subtract the query's own position")
 
 
 # ---- effective positions -------------------------------------------------------------------
@@ -267,14 +254,14 @@ def test_locality_check_rejects_its_other_pitfalls():
                                                          * np.log(np.clip(np.asarray(w, dtype=np.float64), 1e-300, None)), -1)),
                                 lambda w: torch.exp(torch.distributions.Categorical(probs=w.double()).entropy())])
 def test_effective_check_accepts_alternatives(fn, capsys):
-    passes(check_effective_positions, fn, capsys)
+    accepts(check_effective_positions, fn, capsys)
 
 
 def test_effective_check_rejects_its_pitfalls():
     n = lambda w: w.shape[-1]  # noqa: E731
-    fails_with(check_effective_positions, lambda w: ref.normalised_entropy(w).exp(), "normalised entropy")
-    fails_with(check_effective_positions, lambda w: (w > 1 / (2 * n(w))).sum(-1), "threshold")
-    fails_with(check_effective_positions, lambda w: 2 ** ref.entropy(w), "different bases")
-    fails_with(check_effective_positions, lambda w: 1 / (w ** 2).sum(-1), "inverse participation ratio")
-    fails_with(check_effective_positions, lambda w: ref.entropy(w), "exp(H)")
-    fails_with(check_effective_positions, lambda w: torch.exp(-(w * w.log()).sum(-1)), "log(0) = NaN")
+    rejects(check_effective_positions, lambda w: ref.normalised_entropy(w).exp(), "normalised entropy")
+    rejects(check_effective_positions, lambda w: (w > 1 / (2 * n(w))).sum(-1), "threshold")
+    rejects(check_effective_positions, lambda w: 2 ** ref.entropy(w), "different bases")
+    rejects(check_effective_positions, lambda w: 1 / (w ** 2).sum(-1), "inverse participation ratio")
+    rejects(check_effective_positions, lambda w: ref.entropy(w), "exp(H)")
+    rejects(check_effective_positions, lambda w: torch.exp(-(w * w.log()).sum(-1)), "log(0) = NaN")

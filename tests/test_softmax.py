@@ -14,21 +14,9 @@ from attn_course.checks.softmax import (
     check_softmax_temperature,
     check_stable_softmax,
 )
+from checking import rejects, accepts
 
 torch.manual_seed(0)
-
-
-def rejects(check, fn, phrase):
-    with pytest.raises(CheckFailed) as info:
-        check(fn)
-    assert not isinstance(info.value, NotAttempted)
-    assert phrase in str(info.value), str(info.value)
-    return str(info.value)
-
-
-def accepts(check, fn, capsys):
-    check(fn)
-    assert "✓" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- reference vs PyTorch

@@ -12,7 +12,6 @@ import math
 import torch
 import torch.nn as nn
 
-from ..multihead import MultiHeadAttention as ReferenceMHA
 from ..multihead import merge_heads as ref_merge
 from ..multihead import split_heads as ref_split
 from ._core import CheckFailed, as_tensor, call, check, describe, expect_close, expect_shape, fail
