@@ -14,6 +14,15 @@ def _exercises(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    if args.class_folder:
+        from .grading import main_class
+
+        if args.paths:
+            print("grade --class takes one folder of submissions; leave out the other paths.")
+            return 2
+        return main_class(args.class_folder, out_dir=args.out, solutions=args.solutions, cell_timeout=args.timeout,
+                          notebook_timeout=args.notebook_timeout, memory_limit_mb=args.memory_limit,
+                          address_space_mb=args.address_space_limit or None, jobs=args.jobs)
     from .grading import main
 
     return main(args.paths, cell_timeout=args.timeout, json_path=args.json, csv_path=args.csv)
@@ -58,6 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=int, default=60, help="seconds a cell may run (default: 60)")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     p.add_argument("--csv", metavar="FILE", help="also write the table as CSV")
+    g = p.add_argument_group("grading a class (--class)")
+    g.add_argument("--class", dest="class_folder", metavar="FOLDER",
+                   help="a folder with one sub-folder or one notebook per learner; writes one class table")
+    g.add_argument("--out", metavar="FOLDER",
+                   help="where grades.csv, table.csv and summary.md go (default: ./grades-<class folder name>)")
+    g.add_argument("--solutions", metavar="FOLDER", help="the course's solution notebooks (default: the course's)")
+    g.add_argument("--notebook-timeout", type=int, default=600, metavar="S",
+                   help="seconds one notebook may take in all before its kernel is killed (default: 600)")
+    g.add_argument("--memory-limit", type=int, default=2048, metavar="MB",
+                   help="resident memory one kernel may use before it is killed (default: 2048, Binder's limit)")
+    g.add_argument("--address-space-limit", type=int, default=8192, metavar="MB",
+                   help="Linux/macOS: address-space limit (RLIMIT_AS) of the kernel; 0 for none (default: 8192)")
+    g.add_argument("--jobs", type=int, default=1, metavar="N", help="notebooks graded at the same time (default: 1)")
     p.set_defaults(run=_grade)
 
     p = sub.add_parser("bench-course", help="measure each solution notebook's time and peak memory")

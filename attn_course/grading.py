@@ -397,16 +397,20 @@ def run_submission(
             out.append(ClassRow(sub.learner, label, name, status, message, **extra))
         return out
 
+    data = b""
     try:
         data = sub.path.read_bytes()
         nbformat.reads(data.decode("utf-8"), as_version=4)
     except Exception as exc:
-        kind = "not valid JSON" if isinstance(exc, json.JSONDecodeError) else "not a readable notebook"
-        msg = _first_line(f"{kind}: {type(exc).__name__}: {exc}")
+        if not data.strip():
+            msg = "not a readable notebook: the file is empty"
+        else:
+            kind = "not valid JSON" if "JSON" in type(exc).__name__ else "not a readable notebook"
+            msg = _first_line(f"{kind}: {type(exc).__name__}: {exc}", 200)
         return rows_for({}, ERROR, msg, note=msg)
     if sub.solution is None:
-        return [ClassRow(sub.learner, label, "-", ERROR,
-                         "not one of the course's notebooks (no solution with this name or these checks)")]
+        msg = "not one of the course's notebooks (no solution with this name or these checks)"
+        return [ClassRow(sub.learner, label, "-", ERROR, msg, note=msg)]
 
     with tempfile.TemporaryDirectory(prefix="attn-class-") as tmp:
         work = Path(tmp) / "work"  # the kernel's folder: a private copy of this one notebook

@@ -1,0 +1,230 @@
+"""The explorers as a learner uses them: JupyterLab 4 in headless Chromium, driven by Playwright.
+
+Starts JupyterLab on 127.0.0.1 with a token in a temporary folder, opens a notebook that shows every
+explorer the course has (the d_k slider, the temperature slider, the five-step stepper, the mask
+builder, the head explorer: whichever exist), runs it, then uses each control the way a person
+would (arrow keys on a slider, a click on "next step", a choice in a dropdown) and asserts that the
+figure drawn below the controls changed. Screenshots go to test-artifacts/browser/.
+
+Skipped, with the reason, when Chromium (Debian's ``chromium`` package) or Playwright is missing:
+``.ci/run`` installs both. No browser is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "test-artifacts" / "browser"
+CHROMIUM_CANDIDATES = [os.environ.get("CHROMIUM", ""), "/usr/bin/chromium", "/usr/bin/chromium-browser",
+                       shutil.which("chromium") or "", shutil.which("chromium-browser") or ""]
+CHROMIUM = next((c for c in CHROMIUM_CANDIDATES if c and Path(c).exists()), None)
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(sync_playwright is None,
+                       reason="Playwright is not installed (pip install -r requirements-browser.txt)"),
+    pytest.mark.skipif(CHROMIUM is None,
+                       reason="Chromium not found (Debian/Ubuntu: apt-get install chromium; or set CHROMIUM=path)"),
+]
+
+# Each explorer the course may have: (module, function, code that shows it, how to use its control).
+SETUP = """\
+import torch
+torch.manual_seed(0)
+"""
+EXPLORERS = [
+    ("scaling", "explore_dk", "scaling.explore_dk()", "slider"),
+    ("softmax", "temperature_explorer",
+     "softmax.temperature_explorer(torch.tensor([2.0, 1.0, 0.5, -1.0]), labels=['cat', 'sat', 'on', 'mat'])",
+     "slider"),
+    ("attention", "attention_stepper",
+     "attention.attention_stepper(torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8),\n"
+     "                            query_labels=list('abcd'), key_labels=list('abcd'))", "next"),
+    ("masks", "mask_builder", "masks.mask_builder()", "dropdown"),
+    ("patterns", "head_explorer",
+     "patterns.head_explorer([torch.softmax(torch.randn(4, 6, 6), -1), torch.softmax(torch.randn(4, 6, 6), -1)],\n"
+     "                       ['the', 'cat', 'sat', 'on', 'the', 'mat'])", "dropdown"),
+]
+
+
+def available_explorers():
+    found = []
+    for module, function, code, action in EXPLORERS:
+        try:
+            mod = importlib.import_module(f"attn_course.{module}")
+        except Exception:
+            continue
+        if hasattr(mod, function):
+            found.append((module, function, code, action))
+    return found
+
+
+def explorer_notebook(explorers) -> nbformat.NotebookNode:
+    cells = [nbformat.v4.new_markdown_cell("# Every explorer of the course (browser test)"),
+             nbformat.v4.new_code_cell(SETUP + "".join(f"from attn_course import {m}\n" for m, *_ in explorers))]
+    for module, function, code, _ in explorers:
+        cells.append(nbformat.v4.new_markdown_cell(f"`{module}.{function}`"))
+        cells.append(nbformat.v4.new_code_cell(code))
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on 127.0.0.1 with a token, serving a temporary folder."""
+    home = tmp_path_factory.mktemp("lab")
+    work = home / "work"
+    work.mkdir()
+    settings = home / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    # No "news" toast over the notebook, no update check: the machine may be offline.
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
+                                                                            "checkForUpdates": False}))
+    notebook_settings = home / "settings" / "@jupyterlab" / "notebook-extension"
+    notebook_settings.mkdir(parents=True)
+    # Start the notebook's own kernel (python3) without asking, as a learner's second visit does.
+    (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
+    port, token = _free_port(), "attn-course-browser-test"
+    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+               IPYTHONDIR=str(home / "ipython"), MPLBACKEND="module://matplotlib_inline.backend_inline")
+    log = (home / "lab.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--ServerApp.open_browser=False",
+         "--LabApp.news_url=", "--allow-root"],
+        cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except Exception:
+            if server.poll() is not None or time.time() > deadline:
+                server.kill()
+                pytest.fail("JupyterLab did not start:\n" + (home / "lab.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield {"url": url, "token": token, "work": work, "log": home / "lab.log"}
+    server.terminate()
+    try:
+        server.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
+def _image_src(explorer) -> str | None:
+    image = explorer.locator("img")  # an ipywidgets Image, or an image in an Output widget
+    return image.first.get_attribute("src") if image.count() else None
+
+
+def _wait_for_change(page, explorer, before: str, seconds: float = 30) -> str | None:
+    """The image's new src once it differs from ``before`` and has settled (the last redraw arrived)."""
+    deadline = time.time() + seconds
+    changed, last, since = None, before, time.time()
+    while time.time() < deadline:
+        now = _image_src(explorer)
+        if now != last:
+            last, since = now, time.time()
+        if now and now != before:
+            changed = now
+            if time.time() - since > 1.5:
+                break
+        page.wait_for_timeout(250)
+    return changed
+
+
+def test_every_explorer_responds_in_jupyterlab(lab):
+    explorers = available_explorers()
+    if not explorers:
+        pytest.skip("no explorer in attn_course yet")
+    nbformat.write(explorer_notebook(explorers), lab["work"] / "explorers.ipynb")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+        page.set_default_timeout(60_000)
+        page.goto(f"{lab['url']}/lab/tree/explorers.ipynb?token={lab['token']}")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+        page.wait_for_timeout(2000)
+        dialog = page.locator(".jp-Dialog button", has_text="Select")
+        if dialog.count():  # older JupyterLab ignores autoStartDefaultKernel: choose the kernel by hand
+            dialog.first.click()
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.wait_for_function("document.querySelector('.jp-Toolbar-kernelName')?.textContent.includes('Python')")
+        # The kernel must be idle before "Run All", or the first cells may be sent to no kernel.
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+        print(f"\nJupyterLab open, kernel idle: {time.perf_counter() - started:.0f} s")
+        explorers_dom = page.locator(".attn-course-explorer")
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            count = explorers_dom.count()
+            if count == len(explorers) and all(_image_src(explorers_dom.nth(i)) for i in range(count)):
+                break
+            page.wait_for_timeout(500)
+        print(f"all cells run, {explorers_dom.count()} explorers drawn: {time.perf_counter() - started:.0f} s")
+        page.screenshot(path=str(ARTIFACTS / "00-notebook-after-run-all.png"), full_page=False)
+        assert explorers_dom.count() == len(explorers), (
+            f"{explorers_dom.count()} of {len(explorers)} explorers rendered as live widgets")
+
+        problems = []
+        for i, (module, function, _, action) in enumerate(explorers):
+            explorer = explorers_dom.nth(i)
+            explorer.scroll_into_view_if_needed()
+            before = _image_src(explorer)
+            explorer.screenshot(path=str(ARTIFACTS / f"{i + 1:02d}-{function}-before.png"))
+            if action == "slider":
+                handle = explorer.locator(".noUi-handle").first
+                handle.click()  # focus the handle, then move it the way a keyboard user does
+                for _ in range(2):
+                    handle.press("ArrowRight")
+            elif action == "next":
+                explorer.locator("button", has_text="next").first.click()
+            elif action == "dropdown":
+                select = explorer.locator("select").first
+                options = select.locator("option")
+                current = select.input_value()
+                values = [options.nth(k).get_attribute("value") for k in range(options.count())]
+                select.select_option(next(v for v in values if v != current))
+            after = _wait_for_change(page, explorer, before)
+            explorer.screenshot(path=str(ARTIFACTS / f"{i + 1:02d}-{function}-after.png"))
+            if after is None:
+                problems.append(f"{module}.{function}: the figure did not change after using its {action}")
+        page.screenshot(path=str(ARTIFACTS / "99-notebook-end.png"), full_page=False)
+        browser.close()
+    print(f"\nbrowser test: {len(explorers)} explorers in {time.perf_counter() - started:.0f} s; "
+          f"screenshots in {ARTIFACTS.relative_to(ROOT)}/")
+    assert not problems, "\n".join(problems)
