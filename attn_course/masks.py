@@ -152,7 +152,7 @@ def toy_qkv(query_ids: torch.Tensor, key_ids: torch.Tensor, vocab_size: int, d: 
 # ----------------------------------------------------------------------------- figures
 def plot_mask_and_weights(mask2d, weights2d, row_tokens, col_tokens, title: str = "") -> plt.Figure:
     """The mask (True = may attend) and the attention weights it produces, side by side."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 4.2))
     heatmap(mask2d.to(torch.float32), row_labels=row_tokens, col_labels=col_tokens, ax=left,
             title="mask (1 = may attend)", fmt="{:.0f}", signed=False, vmin=0, vmax=1, colorbar=False)
     heatmap(weights2d, row_labels=row_tokens, col_labels=col_tokens, ax=right,

@@ -128,7 +128,7 @@ def _bars(ax: plt.Axes, scores: torch.Tensor, temperature: float, labels: Sequen
     ax.set_xticks(positions, labels=list(labels))
     ax.set_ylim(0, 1)
     h = entropy(weights).item() / math.log(len(labels))
-    ax.set_title(f"T = {temperature:g}\nmax {weights.max().item():.2f} · entropy {h:.2f}", fontsize=10)
+    ax.set_title(f"T = {temperature:.2f}\nmax {weights.max().item():.2f} · entropy {h:.2f}", fontsize=10)
 
 
 def temperature_sweep_figure(

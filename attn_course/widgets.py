@@ -44,7 +44,7 @@ class Explorer:
         self.draw = draw
         self.controls = controls
         self.title = title
-        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto"))
+        self.image = widgets.Image(format="png", layout=widgets.Layout(max_width="100%", height="auto", align_self="flex-start"))
         header = [widgets.HTML(f"<b>{title}</b>")] if title else []
         self.widget = widgets.VBox(header + [widgets.HBox(list(controls.values())), self.image])
         self.widget.add_class("attn-course-explorer")

@@ -38,7 +38,8 @@ def _smallest_graded_notebook() -> Path | None:
         nb = nbformat.read(path, as_version=4)
         if check_cells(nb) and (ROOT / "notebooks" / path.name).exists():
             candidates.append((sum(c.cell_type == "code" for c in nb.cells), path))
-    return min(candidates)[1] if candidates else None
+    preferred = [p for _, p in candidates if p.name == "01_dot_product.ipynb"]  # quick checks
+    return preferred[0] if preferred else (min(candidates)[1] if candidates else None)
 
 
 SOLUTION = _smallest_graded_notebook()
@@ -48,13 +49,23 @@ pytestmark = [
 ]
 
 MEMORY_LIMIT_MB = 800
-CELL_TIMEOUT = 20
-NOTEBOOK_TIMEOUT = 60
+CELL_TIMEOUT = 6
+NOTEBOOK_TIMEOUT = 15
 ADDRESS_SPACE_MB = 4096
 
 
 def _read(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
+
+
+def _graded_core(nb) -> nbformat.NotebookNode:
+    """The notebook cut down to what grading needs: its first code cell (imports), then its exercise
+    and check cells. The class's 24 submissions then cost seconds each, not a whole notebook's run."""
+    nb = nbformat.from_dict(nb)
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells = [c for i, c in enumerate(nb.cells)
+                if i == first or {"exercise", "check"} & set(c.metadata.get("tags", []))]
+    return nb
 
 
 def _exercise_indices(nb) -> list[int]:
@@ -88,7 +99,8 @@ def _insert_first_code(nb, source: str) -> nbformat.NotebookNode:
 
 def build_class(folder: Path) -> dict[str, str]:
     """Write 24 submissions into ``folder``; returns learner -> what kind of submission it is."""
-    solution, exercise = _read(SOLUTION), _read(ROOT / "notebooks" / SOLUTION.name)
+    solution = _graded_core(_read(SOLUTION))
+    exercise = _graded_core(_read(ROOT / "notebooks" / SOLUTION.name))
     name = SOLUTION.name
     kinds: dict[str, str] = {}
 
