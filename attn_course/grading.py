@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -366,6 +367,22 @@ def _set_address_space_limit(limit_bytes: int | None):
     return apply
 
 
+def _matplotlib_font_caches() -> list[Path]:
+    """The grader's own matplotlib font-list caches (empty when there are none yet)."""
+    global _FONT_CACHES
+    if _FONT_CACHES is None:
+        try:
+            import matplotlib
+
+            _FONT_CACHES = sorted(Path(matplotlib.get_cachedir()).glob("fontlist-*.json"))
+        except Exception:
+            _FONT_CACHES = []
+    return _FONT_CACHES
+
+
+_FONT_CACHES: list[Path] | None = None
+
+
 def run_submission(
     sub: Submission,
     *,
@@ -419,6 +436,8 @@ def run_submission(
         for sub_dir in ("tmp", ".mpl", ".ipython/profile_default/startup", ".runtime"):
             (work / sub_dir).mkdir(parents=True, exist_ok=True)
         (work / ".ipython/profile_default/startup/00-attn-course-guard.py").write_text(_GUARD_SOURCE)
+        for cache in _matplotlib_font_caches():  # spare each kernel a font-cache rebuild (seconds)
+            shutil.copy2(cache, work / ".mpl" / cache.name)
         job = {"notebook": str(work / sub.path.name), "solution": str(sub.solution), "cell_timeout": cell_timeout}
         env = dict(os.environ)
         env.update({"HOME": str(work), "TMPDIR": str(work / "tmp"), "MPLCONFIGDIR": str(work / ".mpl"),
