@@ -105,7 +105,11 @@ def main(argv: list[str]) -> int:
     python = setup()
     if command == "lab":
         say("opening JupyterLab (stop it with Ctrl+C)")
-        return run(python, "-m", "jupyterlab", *(rest or [FIRST_NOTEBOOK]), check=False)
+        args = rest or [FIRST_NOTEBOOK]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers often run as root; JupyterLab refuses it
+            say("running as root (a container?): passing --allow-root to JupyterLab")
+            args = [*args, "--allow-root"]
+        return run(python, "-m", "jupyterlab", *args, check=False)
     if command == "test":
         return run(python, "-m", "pytest", *rest, check=False)
     return 0
