@@ -30,7 +30,7 @@ from pathlib import Path
 
 import nbformat
 
-from .runner import execute
+from .runner import execute, run_client
 
 CHECK_CALL = re.compile(r"\bcheck_(\w+)\s*\(")
 PASSED, FAILED, NOT_ATTEMPTED, ERROR = "passed", "failed", "not attempted", "error"
@@ -519,11 +519,9 @@ def run_submission(
 
 def _worker_main(channel_fd: int) -> int:
     """In the worker process: run one notebook, streaming each check cell's verdict as a JSON line."""
-    import asyncio  # noqa: F401  (nbclient needs an event loop; imported for clarity)
     import os
 
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     job = json.loads(sys.stdin.read())
     out = os.fdopen(channel_fd, "w", encoding="utf-8") if channel_fd >= 0 else sys.stdout
@@ -562,17 +560,9 @@ def _worker_main(channel_fd: int) -> int:
         resources={"metadata": {"path": str(Path(job["notebook"]).parent)}}, record_timing=False,
         on_cell_executed=on_cell_executed,
     )
-    problem = None
     env = dict(os.environ)
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    try:
-        client.execute(env=env)
-    except DeadKernelError as exc:
-        problem = f"the kernel died ({exc}); often a crash or running out of memory"
-    except CellTimeoutError as exc:
-        problem = f"a cell ran past {job['cell_timeout']} s and could not be interrupted ({_first_line(str(exc), 120)})"
-    except Exception as exc:
-        problem = _first_line(f"{type(exc).__name__}: {exc}", 200)
+    problem = run_client(client, env, job["cell_timeout"])
     if problem:
         notes.append(problem)
     send({"done": True, "problem": problem, "notes": notes})

@@ -40,6 +40,24 @@ class Execution:
     errors: list[int] = field(default_factory=list)  # indices of cells that raised
 
 
+def run_client(client: NotebookClient, env: dict[str, str], cell_timeout: int) -> str | None:
+    """Run ``client`` to the end; ``None`` when it got there, else why the run stopped early."""
+    try:
+        client.execute(env=env)
+    except DeadKernelError as exc:
+        return f"the kernel died ({exc}); often a crash or running out of memory"
+    except CellTimeoutError as exc:
+        return f"a cell ran past {cell_timeout} s and could not be interrupted ({_last_line(str(exc))})"
+    except Exception as exc:  # allow_errors=False: the first failing cell stops the run
+        return f"{type(exc).__name__}: {_last_line(str(exc))}"
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1][:200] if lines else ""
+
+
 def execute(
     nb: nbformat.NotebookNode,
     *,
@@ -71,16 +89,8 @@ def execute(
         resources={"metadata": {"path": str(cwd)}},
         record_timing=False,
     )
-    problem = None
     start = time.perf_counter()
-    try:
-        client.execute(env=kernel_env)
-    except DeadKernelError as exc:
-        problem = f"the kernel died ({exc}); often a crash or running out of memory"
-    except CellTimeoutError as exc:
-        problem = f"a cell ran past {cell_timeout} s and could not be interrupted ({exc})"
-    except Exception as exc:  # allow_errors=False: the first failing cell stops the run
-        problem = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+    problem = run_client(client, kernel_env, cell_timeout)
     seconds = time.perf_counter() - start
 
     peak = None
