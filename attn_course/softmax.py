@@ -28,6 +28,7 @@ __all__ = [
     "logsumexp",
     "log_softmax",
     "softmax_with_temperature",
+    "masked_softmax",
     "entropy",
     "temperature_sweep_figure",
     "temperature_explorer",
@@ -112,6 +113,24 @@ def softmax_with_temperature(x, temperature: float, dim: int = -1):
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     return softmax(x / temperature, dim)
+
+
+def masked_softmax(scores: torch.Tensor, mask=None, dim: int = -1) -> torch.Tensor:
+    """Softmax of ``scores`` over the allowed positions along ``dim``: **the course's one mask rule**.
+
+    ``mask`` is None, a bool tensor (True = may attend, as ``F.scaled_dot_product_attention``) or an
+    additive float tensor (0 keeps, -inf blocks), broadcastable to ``scores``. Blocked positions get
+    weight exactly 0. A slice with every position blocked (a *fully masked row*) gets all-zero weights,
+    not the NaN that softmax over -inf everywhere gives: such a query attends to nothing, and its
+    output (weights @ V) is a zero vector — what ``F.scaled_dot_product_attention`` returns for it
+    from PyTorch 2.5 on. Every reference in ``attn_course`` that masks uses this function.
+    """
+    if mask is not None:
+        mask = torch.as_tensor(mask, device=scores.device)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(scores.dtype)
+    blocked = torch.isneginf(scores).all(dim=dim, keepdim=True)  # fully masked slices
+    weights = torch.softmax(scores.masked_fill(blocked, 0.0), dim=dim)
+    return weights.masked_fill(blocked, 0.0)
 
 
 def entropy(weights, dim: int = -1):

@@ -1,7 +1,10 @@
-"""One check per exercise, grouped by notebook topic (``attn_course.checks.<topic>``).
+"""One check per exercise, one module per notebook (``attn_course.checks.<topic>``).
 
-Every check follows the contract in :mod:`attn_course.checks._core`: one short line on success,
-an ``AssertionError`` naming the likely mistake otherwise, "not attempted" for an unfinished function.
+The parts every check shares:
+
+* :mod:`.result` — the verdict as data (:class:`~.result.CheckResult`) and how a notebook shows it;
+* :mod:`.boundary` — the learner boundary: the only way a check reaches the learner's code (and the
+  record / replay that lets the grader decide in a process of its own);
+* :mod:`.compare` — turning answers into tensors, comparing them with the oracle, naming mistakes;
+* :mod:`.core` — the :func:`~.core.check` decorator and the API check modules import.
 """
-
-from ._core import CheckFailed, NotAttempted, check  # noqa: F401

@@ -1,0 +1,13 @@
+"""Instructor and maintainer tooling behind ``python -m attn_course`` (never imported by the notebooks).
+
+* :mod:`.cli` — the command line: one parser, one sub-command per tool;
+* :mod:`.layout` — where a course checkout keeps its notebooks, found from a documented root;
+* :mod:`.nbmeta` — exercise identity in cell metadata (nbgrader's convention);
+* :mod:`.exercises` — generate the exercise notebooks from the solutions (one source);
+* :mod:`.runner` — execute a notebook in a fresh kernel (the one place notebooks are run);
+* :mod:`.grading` — grade notebooks: run them, replay every check on its record, tabulate;
+* :mod:`.tables` — text tables, CSV and JSON, written one way;
+* :mod:`.budgets` — time and memory of each solution notebook against the budgets;
+* :mod:`.solutions` — re-execute solution notebooks in place;
+* :mod:`.schedule` — learner minutes per notebook and workshop schedules.
+"""
