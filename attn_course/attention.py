@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .dot import SOURCE_RAW_SCORES, worked_example  # the running 4×8 example lives in one place
+from .dot import SOURCE_RAW_SCORES, format_matrix, print_matrix, worked_example  # one place each
 from .plots import heatmap
 from .widgets import explorer
 
@@ -70,19 +70,6 @@ PUBLISHED = {
                [0.30, 0.15, 0.11, 0.29, 0.07, 0.16, 0.09, 0.09],
                [0.32, 0.19, 0.01, 0.35, 0.14, 0.06, 0.12, 0.15]],
 }
-
-
-def format_matrix(values, decimals: int = 2) -> str:
-    """A matrix as text, every entry with ``decimals`` decimals (so -0.001 prints as -0.00)."""
-    array = values.detach().to(torch.float64).numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
-    width = decimals + 5
-    return "\n".join(" ".join(f"{v:{width}.{decimals}f}" for v in row) for row in np.atleast_2d(array))
-
-
-def print_matrix(name: str, values, decimals: int = 2) -> None:
-    """Print ``name``, the shape, then the matrix rounded to ``decimals``."""
-    print(f"{name}  shape {tuple(values.shape)}")
-    print(format_matrix(values, decimals))
 
 
 def _tensor(x) -> torch.Tensor:

@@ -23,6 +23,7 @@ __all__ = [
     "worked_example",
     "SOURCE_RAW_SCORES",
     "format_matrix",
+    "print_matrix",
     "toy_sentence",
 ]
 
@@ -113,6 +114,12 @@ def format_matrix(values, decimals: int = 2, labels: list[str] | None = None) ->
         prefix = f"{labels[i]:>6} " if labels else ""
         lines.append(prefix + "".join(f"{v:{width}.{decimals}f}" for v in row))
     return "\n".join(lines)
+
+
+def print_matrix(name: str, values, decimals: int = 2) -> None:
+    """Print ``name`` and the shape, then the matrix with ``decimals`` decimals (how every notebook shows a matrix)."""
+    print(f"{name}  shape {tuple(values.shape)}")
+    print(format_matrix(values, decimals))
 
 
 def toy_sentence() -> tuple[list[str], list[str], torch.Tensor]:
