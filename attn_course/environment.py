@@ -18,15 +18,33 @@ from dataclasses import dataclass, field
 
 __all__ = ["MINIMUM", "Report", "versions", "device", "widget_check", "torch_check", "report", "verdict", "print_report"]
 
-#: Oldest versions the course works with (keep in step with requirements.txt).
-MINIMUM = {
-    "python": "3.10",
-    "torch": "2.3",
-    "numpy": "1.24",
-    "matplotlib": "3.7",
-    "ipywidgets": "8.1",
-    "jupyterlab": "4.0",
-}
+#: The packages this report checks, in the order it prints them.
+CHECKED = ("python", "torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab")
+
+
+def _minimum_versions() -> dict[str, str]:
+    """Oldest versions the course works with, read from the installed package's metadata (so they are
+    stated once, in pyproject.toml). Without metadata (the package not installed) no minimum is known."""
+    found: dict[str, str] = {}
+    try:
+        meta = importlib.metadata.metadata("attn_course")
+        requires = importlib.metadata.requires("attn_course") or []
+    except importlib.metadata.PackageNotFoundError:
+        return found
+    python = re.search(r">=\s*([\d.]+)", meta.get("Requires-Python") or "")
+    if python:
+        found["python"] = python.group(1)
+    for line in requires:
+        match = re.match(r"([A-Za-z0-9_.-]+)\s*(?:\[[^]]*\])?\s*([^;]*)", line)
+        if match and match.group(1).lower() in CHECKED:
+            lower = re.search(r">=\s*([\w.]+)", match.group(2))
+            if lower:
+                found[match.group(1).lower()] = lower.group(1)
+    return found
+
+
+#: Oldest versions the course works with (from pyproject.toml, through the installed metadata).
+MINIMUM = _minimum_versions()
 #: Needed to run notebooks at all; JupyterLab is only needed to *open* them (Colab, VS Code, a
 #: JupyterHub with its own front end, and the test suite do without it).
 REQUIRED = ("python", "torch", "numpy", "matplotlib", "ipywidgets")
@@ -57,7 +75,7 @@ def _installed(package: str) -> str | None:
 
 def versions() -> dict[str, str | None]:
     """Installed version of Python and of each package the course needs (None when missing)."""
-    return {name: _installed(name) for name in MINIMUM}
+    return {name: _installed(name) for name in CHECKED}
 
 
 def device() -> tuple[str, str]:
@@ -126,6 +144,8 @@ def report() -> Report:
     """Collect versions, the device and every problem that would stop the course from working."""
     found = versions()
     problems, notes = [], []
+    if not MINIMUM:
+        problems.append("the course's package attn_course is not installed")
     for name, minimum in MINIMUM.items():
         have = found[name]
         if have is None:
@@ -160,7 +180,7 @@ def print_report(rep: Report | None = None) -> Report:
     rep = rep or report()
     print(f"{'package':<12} {'installed':<14} minimum")
     for name, have in rep.versions.items():
-        print(f"{name:<12} {have or 'MISSING':<14} {MINIMUM[name]}")
+        print(f"{name:<12} {have or 'MISSING':<14} {MINIMUM.get(name, '')}")
     print(f"device       {rep.device} ({rep.device_name})")
     print(f"executable   {sys.executable}")
     for note in rep.notes:

@@ -7,6 +7,7 @@ at most 30 s and 1 GB on a 2-core CPU machine.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -68,3 +69,13 @@ def main(paths: list[str], *, repeats: int, json_path: str | None, out=sys.stdou
         Path(json_path).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {json_path}", file=out)
     return 0 if all(r["verdict"] == "ok" for r in results) else 1
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", help="notebooks or folders (default: solutions/)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per notebook; the worst is reported")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    return main(args.paths, repeats=args.repeats, json_path=args.json)

@@ -11,29 +11,39 @@ In code cells the block becomes ``# YOUR CODE HERE`` and ``raise NotImplementedE
 marker's indentation, so the signature and docstring stay; in markdown cells it becomes
 ``*Your answer here.*``. Outputs, execution counts and saved widget state are stripped.
 
-Each generated notebook records a digest of its cells. When a notebook on disk no longer matches
-its own digest, a learner has edited it: before overwriting, a copy goes to ``notebooks/backups/``
-and its path is printed. Nothing a learner wrote is ever lost.
+Generation also writes each solution's exercise identity into its cell metadata (nbgrader's
+convention, :mod:`.nbmeta`), so the real nbgrader, the grader and the tests read the same ids.
+
+Each generated notebook records a digest of its cells and of what it was generated as. A learner's
+work is never overwritten:
+
+* a notebook the learner edited (its cells no longer match its recorded digest) whose solution did not
+  change is left alone;
+* if its solution did change, the learner's notebook is still left alone and the new version is
+  written beside it as ``NN_topic.updated.ipynb``.
+
+So a learner may run ``python -m attn_course exercises`` (or update the course) at any time.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
-import datetime as _dt
 import hashlib
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import nbformat
 
+from .nbmeta import normalize
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 MARKDOWN_STUB = "*Your answer here.*"
-BACKUP_DIR = "backups"
+UPDATED_SUFFIX = ".updated"
 
 _MARKER = re.compile(r"^(\s*)(### BEGIN SOLUTION|### END SOLUTION)\s*$")
 
@@ -86,7 +96,8 @@ def make_exercise(solution: nbformat.NotebookNode, source_name: str = "") -> nbf
             cell.execution_count = None
             cell.metadata.pop("execution", None)
     nb.metadata.pop("widgets", None)
-    nb.metadata["attn_course"] = {"generated_from": source_name, "cells_digest": cells_digest(nb)}
+    digest = cells_digest(nb)
+    nb.metadata["attn_course"] = {"generated_from": source_name, "cells_digest": digest}
     return nb
 
 
@@ -95,33 +106,48 @@ def render(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def _learner_edited(path: Path) -> bool:
-    """True when ``path`` differs from what was generated there last time (or has no record)."""
+def learner_edited(path: Path) -> bool:
+    """True when the notebook at ``path`` is no longer what was generated there (or has no record)."""
     try:
         on_disk = nbformat.read(path, as_version=4)
     except Exception:
-        return True  # unreadable: keep a copy rather than guess
+        return True  # unreadable: never overwrite it
     recorded = on_disk.metadata.get("attn_course", {}).get("cells_digest")
     return recorded != cells_digest(on_disk)
 
 
-def backup(path: Path) -> Path:
-    """Copy ``path`` to ``<its folder>/backups/<name>-<timestamp>.ipynb`` and return the copy's path."""
-    folder = path.parent / BACKUP_DIR
-    folder.mkdir(exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = folder / f"{path.stem}-{stamp}{path.suffix}"
-    n = 1
-    while target.exists():
-        n += 1
-        target = folder / f"{path.stem}-{stamp}-{n}{path.suffix}"
-    shutil.copy2(path, target)
-    return target
+def _generated_as(path: Path) -> str | None:
+    """The cells digest recorded when ``path`` was generated (what its solution produced then)."""
+    try:
+        return nbformat.read(path, as_version=4).metadata.get("attn_course", {}).get("cells_digest")
+    except Exception:
+        return None
+
+
+def updated_path(path: Path) -> Path:
+    """Where the new version of a notebook the learner edited is written: ``NN_topic.updated.ipynb``."""
+    return path.with_name(path.stem + UPDATED_SUFFIX + path.suffix)
+
+
+def _normalised_source(src: Path, *, check_only: bool, out) -> tuple[nbformat.NotebookNode, bool]:
+    """Read a solution, write its nbgrader metadata from its tags; returns (notebook, metadata was stale)."""
+    nb = nbformat.read(src, as_version=4)
+    before = nbformat.writes(nb)
+    for problem in normalize(nb, str(src)):
+        print(f"WARN   {problem}", file=out)
+    stale = nbformat.writes(nb) != before
+    if stale and not check_only:
+        src.write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+        print(f"meta   wrote the exercise metadata of {src}", file=out)
+    return nb, stale
 
 
 def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=sys.stdout) -> int:
-    """Write (or, with ``check_only``, compare) every exercise notebook. Returns a process exit code."""
-    sources = sorted(solutions.glob("*.ipynb"))
+    """Write (or, with ``check_only``, compare) every exercise notebook. Returns a process exit code.
+
+    Notebooks a learner edited are never overwritten (see the module docstring); with ``check_only``
+    they are reported but not counted as stale."""
+    sources = sorted(p for p in solutions.glob("*.ipynb") if not p.stem.endswith(UPDATED_SUFFIX))
     if not sources:
         print(f"No solution notebooks found in {solutions}/.", file=out)
         return 1
@@ -131,7 +157,9 @@ def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=
     for src in sources:
         target = exercises / src.name
         try:
-            text = render(make_exercise(nbformat.read(src, as_version=4), f"{solutions.name}/{src.name}"))
+            solution, meta_stale = _normalised_source(src, check_only=check_only, out=out)
+            generated = make_exercise(solution, f"{solutions.name}/{src.name}")
+            text = render(generated)
         except MarkerError as exc:
             print(f"ERROR  {src}: {exc}", file=out)
             problems += 1
@@ -140,28 +168,49 @@ def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=
             print(f"ERROR  {src}: not a readable notebook ({type(exc).__name__}: {exc})", file=out)
             problems += 1
             continue
+        if meta_stale and check_only:
+            stale.append(str(src))
+            print(f"STALE  {src}: its exercise metadata is not written yet", file=out)
         current = target.read_text(encoding="utf-8") if target.exists() else None
         if current == text:
             print(f"ok     {target}", file=out)
+            continue
+        new_digest = generated.metadata["attn_course"]["cells_digest"]
+        if current is not None and learner_edited(target):
+            if _generated_as(target) == new_digest:
+                print(f"kept   {target}: your edits (its solution has not changed)", file=out)
+            elif check_only:
+                print(f"EDITED {target}: your edits are kept; the course has a newer version", file=out)
+            else:
+                beside = updated_path(target)
+                beside.write_text(text, encoding="utf-8")
+                print(f"kept   {target}: your edits; the course's new version is {beside}", file=out)
             continue
         if check_only:
             stale.append(str(target))
             print(f"STALE  {target} ({'missing' if current is None else 'differs from ' + str(src)})", file=out)
             continue
-        if current is not None and _learner_edited(target):
-            copy_path = backup(target)
-            print(f"saved  your edited {target} as {copy_path}", file=out)
         target.write_text(text, encoding="utf-8")
         print(f"wrote  {target}", file=out)
-    orphans = sorted({p.name for p in exercises.glob("*.ipynb")} - {p.name for p in sources})
+    names = {p.name for p in sources}
+    orphans = sorted(p.name for p in exercises.glob("*.ipynb")
+                     if p.name not in names and not p.stem.endswith(UPDATED_SUFFIX))
     for name in orphans:
         print(f"ORPHAN {exercises / name} has no solution in {solutions}/", file=out)
         if check_only:
             stale.append(str(exercises / name))
     if check_only and stale:
-        print(
-            f"{len(stale)} exercise notebook(s) are stale. Regenerate them with: python -m attn_course exercises",
-            file=out,
-        )
+        print(f"{len(stale)} notebook(s) are stale (maintainers: run `python -m attn_course exercises`; "
+              "it never overwrites a notebook you edited)", file=out)
         return 1
     return 1 if problems else 0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 and list what is stale")
+    parser.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: solutions)")
+    parser.add_argument("--notebooks", default="notebooks", help="folder of exercise notebooks (default: notebooks)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return generate(Path(args.solutions), Path(args.notebooks), check_only=args.check)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[1]
 WPM = 130  # words per minute for technical prose with formulas (plain prose is read at 200-250)
 CODE_LPM = 15  # lines of code per minute, read and run
 EXERCISE_MINUTES = 8  # per exercise: write it, run its check, fix it once
@@ -52,12 +51,13 @@ class Estimate:
 
 
 def _title(nb) -> str:
+    """The notebook's first Markdown heading without its number ("03 · Softmax" -> "Softmax"), or ""."""
     for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if line.startswith("#"):
-                    title = line.lstrip("#").strip()
-                return re.sub(r"^\d+\s*[·:.-]\s*", "", title)  # "03 · Softmax" -> "Softmax"
+        if cell.cell_type != "markdown":
+            continue
+        for line in cell.source.splitlines():
+            if line.startswith("#"):
+                return re.sub(r"^\d+\s*[·:.-]\s*", "", line.lstrip("#").strip())
     return ""
 
 
@@ -229,11 +229,9 @@ def render(estimates: list[Estimate], *, wpm: float, code_lpm: float, exercise_m
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attn_course schedule", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--notebooks", default=str(ROOT / "solutions"), help="folder of solution notebooks")
-    parser.add_argument("--timings", default=str(ROOT / "docs" / "schedule-timings.json"),
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--notebooks", default="solutions", help="folder of solution notebooks (default: solutions)")
+    parser.add_argument("--timings", default="docs/schedule-timings.json",
                         help="bench-course --json results (seconds per notebook); measured and written if missing")
     parser.add_argument("--measure", action="store_true", help="run every notebook now and rewrite --timings")
     parser.add_argument("--wpm", type=float, default=WPM, help=f"markdown words per minute (default {WPM})")
@@ -241,10 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exercise-minutes", type=float, default=EXERCISE_MINUTES,
                         help=f"minutes per exercise (default {EXERCISE_MINUTES})")
     parser.add_argument("--start", default="09:00", help="the workshop's start time (default 09:00)")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "schedule.md"), help="where to write the schedule")
+    parser.add_argument("--out", default="docs/schedule.md", help="where to write the schedule (default: docs/schedule.md)")
     parser.add_argument("--json", metavar="FILE", help="also write the estimates as JSON")
-    args = parser.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
     paths = sorted(Path(args.notebooks).glob("*.ipynb"))
     if not paths:
         print(f"No notebooks in {args.notebooks}.", file=sys.stderr)
@@ -257,10 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         timings_path.parent.mkdir(parents=True, exist_ok=True)
         timings_path.write_text(json.dumps(dict(sorted(timings.items())), indent=2) + "\n", encoding="utf-8")
         print(f"wrote {timings_path}", file=sys.stderr)
-    try:
-        source = f"`{timings_path.resolve().relative_to(ROOT)}`"
-    except ValueError:
-        source = f"`{timings_path}`"
+    source = f"`{timings_path.as_posix()}`"
     estimates = [estimate(p, timings[p.name], wpm=args.wpm, code_lpm=args.code_lpm,
                           exercise_minutes=args.exercise_minutes) for p in paths]
     text = render(estimates, wpm=args.wpm, code_lpm=args.code_lpm, exercise_minutes=args.exercise_minutes,
@@ -274,6 +270,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,6 +7,7 @@ cell is not written: the error is printed and the file on disk stays as it was.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,3 +36,11 @@ def main(paths: list[str], out=sys.stdout) -> int:
         notebooks.extend(sorted(p.glob("*.ipynb")) if p.is_dir() else [p])
     ok = [run_in_place(p, out) for p in notebooks]
     return 0 if ok and all(ok) else 1
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="*", help="notebooks or folders (default: solutions/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return main(args.paths)

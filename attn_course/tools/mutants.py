@@ -1,0 +1,351 @@
+"""Mutation testing of the checks: mutate every solution mechanically and see which mutants a check lets pass.
+
+``python -m attn_course mutants [NOTEBOOK…] [--exercise ID] [--sample N]`` takes each exercise's
+solution code (the lines between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` of its solution
+notebook), applies one small change at a time, runs the exercise's check on each mutant (locally, in
+this process) and lists the *survivors*: mutants the check passes. A survivor is either equivalent to
+the solution on every input the docstring allows — then it is listed, with the reason, in
+``attn_course/tools/mutants_equivalent.json`` — or a gap in the check, to be closed by a stronger check.
+The test suite runs a fixed sample and fails on any survivor not listed as equivalent.
+
+Operators (each one change at one place; only code inside the solution block is touched):
+
+* ``binop``     — + ↔ −, * ↔ /, @ → *, ** 0.5 ↔ ** 2 / ** -0.5, ``a op b`` → ``a`` or ``b`` (a term dropped);
+* ``compare``   — < ↔ ≤, > ↔ ≥, == ↔ !=;
+* ``number``    — an integer n → n ± 1 (so −1 ↔ −2, 0 ↔ 1, diagonal and range offsets), a float c → −c, 2c, c/2;
+* ``negate``    — −x → x;
+* ``keyword``   — a keyword argument dropped (``keepdim=True``, ``dim=-1``…) or its value replaced (bool flipped);
+* ``call``      — a call replaced by its first argument (``math.sqrt(d)`` → ``d``, ``torch.exp(x)`` → ``x``), or by
+  a sibling function (sum ↔ mean, max ↔ min, amax ↔ amin, tril ↔ triu, maximum ↔ minimum, sqrt ↔ rsqrt);
+* ``swap``      — the first two positional arguments of a call swapped;
+* ``stmt``      — one statement deleted (an update that rescales a running quantity, a masking line…);
+* ``default``   — a parameter with a default ignored: every use replaced by its default value;
+* ``transpose`` — the returned tensor transposed on its last two axes.
+
+A mutant's id is ``operator:line:node:detail``: the line within the solution block and the node's
+position in it, so it stays the same while the solution's code does.
+
+Why not mutmut or cosmic-ray: both mutate importable source files and judge a mutant by the exit code
+of a test command run in a fresh process (mutmut 3 also needs ``fork``). The code under test here lives
+in notebook cells, and the "test" is a check function already in this process: exporting every
+exercise to a module and starting a pytest process per mutant would cost seconds per mutant (torch's
+import alone is about one), and neither ships the tensor-specific operators above (axes, ``keepdim``,
+triangle offsets, ignored arguments). Python's ``ast`` gives all of them in a few hundred lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import hashlib
+import importlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import nbformat
+
+from .. import registry
+from ..checks.result import Status
+from . import nbmeta
+from .exercises import BEGIN, END
+
+__all__ = ["Mutant", "Outcome", "mutants_of", "run_exercise", "load_equivalents", "configure", "run"]
+
+EQUIVALENTS = Path(__file__).with_name("mutants_equivalent.json")
+
+_SIBLINGS = {
+    "sum": "mean", "mean": "sum", "max": "min", "min": "max", "amax": "amin", "amin": "amax",
+    "tril": "triu", "triu": "tril", "maximum": "minimum", "minimum": "maximum", "sqrt": "rsqrt",
+    "rsqrt": "sqrt", "exp": "log", "log": "exp", "logsumexp": "sum", "softmax": "log_softmax",
+    "argmax": "argmin", "cumsum": "flip", "ones": "zeros", "zeros": "ones", "full": "full_like",
+}
+_BINOP_SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.MatMult: ast.Mult,
+                ast.FloorDiv: ast.Div}
+_CMP_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One change to an exercise's solution: ``id`` is stable while the solution's code is unchanged."""
+
+    exercise: str
+    id: str  # operator:line:column:detail (line counted within the solution block)
+    description: str
+    source: str  # the whole exercise cell, mutated
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # the check's verdict on the mutant ("passed" = survived)
+    summary: str
+    seconds: float
+
+    @property
+    def survived(self) -> bool:
+        return self.status == Status.PASSED.value
+
+
+# ============================================================================ generating mutants
+def _solution_lines(source: str) -> tuple[int, int]:
+    """The 1-based line range strictly between the BEGIN and END markers."""
+    lines = source.splitlines()
+    begin = next(i for i, line in enumerate(lines, 1) if line.strip() == BEGIN)
+    end = next(i for i, line in enumerate(lines, 1) if line.strip() == END and i > begin)
+    return begin + 1, end - 1
+
+
+class _Sites(ast.NodeVisitor):
+    """Every place an operator can change, in a fixed order (so each mutant has a stable index)."""
+
+    def __init__(self, first: int, last: int, defaults: dict[str, ast.expr]):
+        self.first, self.last, self.defaults = first, last, defaults
+        self.sites: list[tuple[str, int, str, Callable[[ast.AST], ast.AST | None]]] = []
+        self.counter = 0
+        self.start: int | None = None
+
+    def _inside(self, node: ast.AST) -> bool:
+        line = getattr(node, "lineno", None)
+        return line is not None and self.first <= line <= self.last
+
+    def _add(self, op: str, node: ast.AST, detail: str, make: Callable[[ast.AST], ast.AST | None]) -> None:
+        # The id counts nodes from the start of the solution block: stable while the solution is unchanged.
+        if self.start is None:
+            self.start = self.counter
+        where = f"{node.lineno - self.first + 1}:{self.counter - self.start}:{detail}"
+        self.sites.append((op, self.counter, where, make))
+
+    def generic_visit(self, node: ast.AST) -> None:
+        self.counter += 1
+        node._mut_index = self.counter  # type: ignore[attr-defined]
+        if self._inside(node):
+            self._visit_sites(node)
+        super().generic_visit(node)
+
+    def _visit_sites(self, node: ast.AST) -> None:
+        if isinstance(node, ast.BinOp):
+            swap = _BINOP_SWAPS.get(type(node.op))
+            if swap:
+                self._add("binop", node, f"{type(node.op).__name__}->{swap.__name__}",
+                          lambda n, s=swap: ast.BinOp(n.left, s(), n.right))
+            if isinstance(node.op, ast.Pow) and isinstance(node.right, ast.Constant):
+                for value in (2, -0.5, 0.5):
+                    if value != node.right.value:
+                        self._add("binop", node, f"pow->{value}", lambda n, v=value: ast.BinOp(n.left, ast.Pow(), ast.Constant(v)))
+            self._add("binop", node, "keep-left", lambda n: n.left)
+            self._add("binop", node, "keep-right", lambda n: n.right)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMP_SWAPS:
+            swap = _CMP_SWAPS[type(node.ops[0])]
+            self._add("compare", node, f"{type(node.ops[0]).__name__}->{swap.__name__}",
+                      lambda n, s=swap: ast.Compare(n.left, [s()], n.comparators))
+        elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool):
+            value = node.value
+            options = [value + 1, value - 1] if isinstance(value, int) else [-value, 2 * value, value / 2]
+            for new in options:
+                if new != value:
+                    self._add("number", node, f"{value!r}->{new!r}", lambda n, v=new: ast.Constant(v))
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            if isinstance(node.operand, ast.Constant) and isinstance(node.operand.value, int):
+                v = node.operand.value  # -1 -> -2 and 0 (handled as a number, written -v)
+                for new in (-(v + 1), -(v - 1)):
+                    self._add("number", node, f"-{v}->{new}", lambda n, x=new: ast.Constant(x))
+            else:
+                self._add("negate", node, "drop-minus", lambda n: n.operand)
+        elif isinstance(node, ast.Call):
+            for i, kw in enumerate(node.keywords):
+                if kw.arg is None:
+                    continue
+                self._add("keyword", node, f"drop-{kw.arg}",
+                          lambda n, i=i: ast.Call(n.func, n.args, n.keywords[:i] + n.keywords[i + 1:]))
+                if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool):
+                    self._add("keyword", node, f"flip-{kw.arg}", lambda n, i=i: _with_keyword(n, i, ast.Constant(not n.keywords[i].value.value)))
+            if node.args:
+                self._add("call", node, f"unwrap-{_callee(node)}", lambda n: n.args[0])
+            name = _callee(node)
+            if name in _SIBLINGS:
+                self._add("call", node, f"{name}->{_SIBLINGS[name]}", lambda n, s=_SIBLINGS[name]: _renamed(n, s))
+            if len(node.args) >= 2:
+                self._add("swap", node, f"args-{name}", lambda n: ast.Call(n.func, [n.args[1], n.args[0], *n.args[2:]], n.keywords))
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr, ast.If)) and not _is_docstring(node):
+            self._add("stmt", node, f"delete-{type(node).__name__}", lambda n: None)
+        if isinstance(node, ast.Return) and node.value is not None:
+            self._add("transpose", node, "return-mT", lambda n: ast.Return(_transpose_expr(n.value)))
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in self.defaults:
+            self._add("default", node, f"{node.id}->default", lambda n, d=self.defaults[node.id]: copy.deepcopy(d))
+
+
+def _is_docstring(node: ast.AST) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _callee(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else (func.id if isinstance(func, ast.Name) else "call")
+
+
+def _renamed(node: ast.Call, new: str) -> ast.Call:
+    func = copy.deepcopy(node.func)
+    if isinstance(func, ast.Attribute):
+        func.attr = new
+    elif isinstance(func, ast.Name):
+        func.id = new
+    return ast.Call(func, node.args, node.keywords)
+
+
+def _with_keyword(node: ast.Call, index: int, value: ast.expr) -> ast.Call:
+    keywords = list(node.keywords)
+    keywords[index] = ast.keyword(keywords[index].arg, value)
+    return ast.Call(node.func, node.args, keywords)
+
+
+def _transpose_expr(value: ast.expr) -> ast.expr:
+    """``value`` transposed on its last two axes; a returned tuple gets its first element transposed."""
+    def mt(expr: ast.expr) -> ast.expr:
+        return ast.Call(ast.Attribute(expr, "transpose", ast.Load()), [ast.Constant(-2), ast.Constant(-1)], [])
+
+    if isinstance(value, ast.Tuple) and value.elts:
+        return ast.Tuple([mt(value.elts[0]), *value.elts[1:]], ast.Load())
+    return mt(value)
+
+
+class _Apply(ast.NodeTransformer):
+    def __init__(self, index: int, make: Callable[[ast.AST], ast.AST | None]):
+        self.index, self.make = index, make
+
+    def generic_visit(self, node: ast.AST) -> ast.AST | None:
+        if getattr(node, "_mut_index", None) == self.index:
+            return self.make(node)
+        return super().generic_visit(node)
+
+
+def _defaults(tree: ast.Module, name: str) -> dict[str, ast.expr]:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            args = node.args
+            positional = args.posonlyargs + args.args
+            found = {a.arg: d for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults)}
+            found.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+            return found
+    return {}
+
+
+def mutants_of(exercise: str, source: str) -> Iterator[Mutant]:
+    """Every single-change mutant of an exercise cell's solution block (those that still compile)."""
+    first, last = _solution_lines(source)
+    tree = ast.parse(source)
+    sites = _Sites(first, last, _defaults(tree, nbmeta.defined_name(source) or exercise))
+    sites.visit(tree)
+    seen: set[str] = set()
+    for op, index, where, make in sites.sites:
+        mutated_tree = _Apply(index, make).visit(copy.deepcopy(tree))
+        _fill_empty_bodies(mutated_tree)
+        try:
+            text = ast.unparse(ast.fix_missing_locations(mutated_tree))
+            compile(text, f"<mutant {exercise}>", "exec")
+        except (SyntaxError, ValueError, TypeError):
+            continue
+        digest = hashlib.sha1(text.encode()).hexdigest()
+        if digest in seen:
+            continue
+        seen.add(digest)
+        yield Mutant(exercise, f"{op}:{where}", f"{op} at line {where.split(':')[0]}: {where.split(':', 2)[2]}", text)
+
+
+def _fill_empty_bodies(tree: ast.AST) -> None:
+    """A deleted statement may leave a block empty: give it ``pass`` so the mutant still compiles."""
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and field == "body" and not block:
+                block.append(ast.Pass())
+
+
+# ============================================================================ running them
+def _setup_namespace(solution: nbformat.NotebookNode) -> dict:
+    namespace: dict = {"__name__": "__mutants__"}
+    for cell in solution.cells:
+        if nbmeta.role(cell) != nbmeta.SETUP:
+            continue
+        # Statement by statement: an import the exercises do not need must not stop the run.
+        for statement in ast.parse(cell.source).body:
+            try:
+                exec(compile(ast.Module([statement], []), "<setup>", "exec"), namespace)  # noqa: S102 - the course's own code
+            except Exception:  # noqa: BLE001
+                pass
+    return namespace
+
+
+def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sample: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> list[Outcome]:
+    """Run ``check`` on every mutant (or a fixed, evenly spread sample of ``sample``) of ``exercise``."""
+    cell = next(c for c in solution.cells if nbmeta.role(c) == nbmeta.EXERCISE and nbmeta.exercise_id(c) == exercise)
+    base = _setup_namespace(solution)
+    name = nbmeta.defined_name(cell.source) or exercise
+    mutants = list(mutants_of(exercise, cell.source))
+    if sample is not None and len(mutants) > sample:
+        step = len(mutants) / sample
+        mutants = [mutants[int(i * step)] for i in range(sample)]
+    outcomes = []
+    for mutant in mutants:
+        namespace = dict(base)
+        start = time.perf_counter()
+        try:
+            exec(compile(mutant.source, f"<mutant {mutant.id}>", "exec"), namespace)  # noqa: S102
+            result = check.evaluate(namespace[name])
+            status, summary = result.status.value, result.summary
+        except Exception as exc:  # noqa: BLE001 - a mutant that breaks at definition time is killed
+            status, summary = "failed", f"the mutant does not define {name}: {type(exc).__name__}"
+        outcomes.append(Outcome(mutant, status, summary, time.perf_counter() - start))
+        if progress:
+            progress(mutant.id)
+    return outcomes
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> dict[tuple[str, str], str]:
+    """``(exercise, mutant id) -> why it is equivalent`` for the survivors a check cannot and must not kill."""
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return {(row["exercise"], row["mutant"]): row["reason"] for row in data}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("notebooks", nargs="*", help="solution notebooks (default: every registered one)")
+    parser.add_argument("--solutions", default="solutions", help="folder of solution notebooks (default: solutions)")
+    parser.add_argument("--exercise", action="append", help="only this exercise id (repeatable)")
+    parser.add_argument("--sample", type=int, help="at most this many mutants per exercise, evenly spread")
+    parser.add_argument("--json", metavar="FILE", help="write every outcome as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    wanted = [registry.by_slug(Path(p).stem) for p in args.notebooks] or [nb for nb in registry.NOTEBOOKS if nb.exercises]
+    equivalents = load_equivalents()
+    outcomes: list[Outcome] = []
+    for nb in wanted:
+        solution = nbformat.read(Path(args.solutions) / nb.filename, as_version=4)
+        checks = importlib.import_module(nb.checks)
+        for exercise in nb.exercises:
+            if args.exercise and exercise not in args.exercise:
+                continue
+            check = getattr(checks, registry.check_name(exercise))
+            bar = tqdm(desc=f"{nb.number} {exercise}", unit="mutant", file=sys.stderr, leave=False)
+            outcomes += run_exercise(solution, exercise, check, sample=args.sample, progress=lambda _: bar.update())
+            bar.close()
+    survivors = [o for o in outcomes if o.survived and (o.mutant.exercise, o.mutant.id) not in equivalents]
+    equivalent = [o for o in outcomes if o.survived and (o.mutant.exercise, o.mutant.id) in equivalents]
+    print(f"{len(outcomes)} mutants: {len(outcomes) - len(survivors) - len(equivalent)} killed, "
+          f"{len(equivalent)} equivalent (listed with reasons), {len(survivors)} survived")
+    for o in survivors:
+        print(f"SURVIVED {o.mutant.exercise} {o.mutant.id}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{**asdict(o.mutant), "status": o.status, "summary": o.summary,
+                                                "seconds": round(o.seconds, 3)} for o in outcomes], indent=1),
+                                   encoding="utf-8")
+    return 1 if survivors else 0
