@@ -9,6 +9,13 @@ not passed, and the strict run over ``solutions/`` fails on any solution that do
 
 from __future__ import annotations
 
+import os
+
+
+def pytest_configure(config) -> None:
+    # Kernels started by nbval inherit this: checks show no live progress, so outputs are reproducible.
+    os.environ.setdefault("ATTN_COURSE_QUIET", "1")
+
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     from attn_course.tools.nbmeta import CHECK, EXERCISE, role

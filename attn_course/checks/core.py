@@ -21,6 +21,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,6 +51,10 @@ __all__ = [
 ]
 
 _MISSING = object()
+#: Set by the course's pytest plugin and by the grader: no live progress (outputs must be reproducible).
+QUIET_ENV = "ATTN_COURSE_QUIET"
+#: A check still running after this many seconds shows live progress in its cell.
+PROGRESS_AFTER = 2.0
 #: Names a notebook's first cell defines; a NameError for one of them means the kernel was restarted.
 _IMPORTED_NAMES = {"torch", "F", "nn", "math", "np", "numpy", "plt"}
 
@@ -176,8 +182,12 @@ class Check:
         namespace = shell.user_ns if shell is not None else sys._getframe(1).f_globals
         folder = os.environ.get(RECORD_ENV)
         record = Path(folder) / f"{self.exercise}.npz" if folder else None
-        result = self.evaluate(target, namespace=namespace, record=record)
-        present(result, shell)
+        live = _Progress(self.name) if shell is not None and not os.environ.get(QUIET_ENV) else None
+        try:
+            result = self.evaluate(target, namespace=namespace, record=record)
+        finally:
+            handle = live.stop() if live else None
+        present(result, shell, handle)
 
 
 def check(exercise: str, *, name: str | None = None, kind: str = "function", expects: str,
@@ -200,12 +210,44 @@ def _ipython():
     return get_ipython()
 
 
-def present(result: CheckResult, shell: Any = None) -> None:
-    """Show a result where the check ran: the data and the verdict line, then raise unless passed."""
+class _Progress:
+    """After :data:`PROGRESS_AFTER` seconds, a line in the cell saying the check is still running; the
+    verdict later replaces that very line, so a cell always ends with exactly one output."""
+
+    def __init__(self, name: str):
+        self.name, self.start, self.handle = name, time.monotonic(), None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from IPython.display import display
+
+        if self._done.wait(PROGRESS_AFTER):
+            return
+        self.handle = display({"text/plain": f"… checking `{self.name}`"}, raw=True, display_id=True)
+        while not self._done.wait(1.0):
+            seconds = time.monotonic() - self.start
+            self.handle.update({"text/plain": f"… checking `{self.name}`: {seconds:.0f} s so far "
+                                              "(each call of your code may run at most "
+                                              f"{DEFAULT_TIMEOUT:g} s)"}, raw=True)
+
+    def stop(self):
+        self._done.set()
+        self._thread.join()
+        return self.handle
+
+
+def present(result: CheckResult, shell: Any = None, handle: Any = None) -> None:
+    """Show a result where the check ran: the data and the verdict line (in place of a progress line,
+    if one is showing), then raise unless passed."""
     if shell is not None:
         from IPython.display import display
 
-        display(result.mimebundle(), raw=True)
+        if handle is not None:
+            handle.update(result.mimebundle(), raw=True)
+        else:
+            display(result.mimebundle(), raw=True)
     elif result.passed:
         print(result.headline())
     exc = result.exception()

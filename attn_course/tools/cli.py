@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schedule": ("attn_course.tools.schedule", "estimate learner time per notebook and build workshop schedules"),
     "bench": ("attn_course.tools.bench", "time attention implementations on this machine's best device"),
     "mutants": ("attn_course.tools.mutants", "mutation-test the checks: which mutated solutions does a check pass?"),
+    "links": ("attn_course.tools.links", "write the badges, notebook links and Colab cells from the repository's address"),
 }
 
 

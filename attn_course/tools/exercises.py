@@ -37,6 +37,7 @@ from pathlib import Path
 
 import nbformat
 
+from .links import HEADER_ID
 from .nbmeta import normalize
 
 BEGIN = "### BEGIN SOLUTION"
@@ -84,9 +85,15 @@ def cells_digest(nb: nbformat.NotebookNode) -> str:
     return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def make_exercise(solution: nbformat.NotebookNode, source_name: str = "") -> nbformat.NotebookNode:
-    """Return the exercise version of a solution notebook (the input is not modified)."""
+def make_exercise(solution: nbformat.NotebookNode, source_name: str = "", *,
+                  header: str | None = None) -> nbformat.NotebookNode:
+    """Return the exercise version of a solution notebook (the input is not modified). ``header``, when
+    given, replaces the source of the links cell (:mod:`.links`) with the exercise version's."""
     nb = copy.deepcopy(solution)
+    if header is not None:
+        for cell in nb.cells:
+            if cell.get("id") == HEADER_ID:
+                cell.source = header
     for index, cell in enumerate(nb.cells):
         where = f"{source_name} cell {index}"
         if cell.cell_type in ("code", "markdown"):
@@ -142,6 +149,21 @@ def _normalised_source(src: Path, *, check_only: bool, out) -> tuple[nbformat.No
     return nb, stale
 
 
+def _exercise_headers(root: Path) -> dict[str, str]:
+    """The links line of each registered notebook's exercise version (empty outside a course checkout)."""
+    from .. import registry
+    from . import links
+
+    if not (root / "pyproject.toml").exists():
+        return {}
+    try:
+        repo = links.repository(root)
+    except (KeyError, ValueError):
+        return {}
+    minutes = links._minutes(root)
+    return {nb.slug: links.header_source(nb, "exercise", repo, minutes.get(nb.slug)) for nb in registry.NOTEBOOKS}
+
+
 def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=sys.stdout) -> int:
     """Write (or, with ``check_only``, compare) every exercise notebook. Returns a process exit code.
 
@@ -154,11 +176,12 @@ def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=
     exercises.mkdir(parents=True, exist_ok=True)
     stale: list[str] = []
     problems = 0
+    headers = _exercise_headers(solutions.parent)
     for src in sources:
         target = exercises / src.name
         try:
             solution, meta_stale = _normalised_source(src, check_only=check_only, out=out)
-            generated = make_exercise(solution, f"{solutions.name}/{src.name}")
+            generated = make_exercise(solution, f"{solutions.name}/{src.name}", header=headers.get(src.stem))
             text = render(generated)
         except MarkerError as exc:
             print(f"ERROR  {src}: {exc}", file=out)

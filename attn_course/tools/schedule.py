@@ -26,6 +26,8 @@ from pathlib import Path
 
 import nbformat
 
+from . import nbmeta
+
 WPM = 130  # words per minute for technical prose with formulas (plain prose is read at 200-250)
 CODE_LPM = 15  # lines of code per minute, read and run
 EXERCISE_MINUTES = 8  # per exercise: write it, run its check, fix it once
@@ -74,12 +76,13 @@ def count_words(markdown: str) -> int:
 def estimate(path: Path, run_seconds: float, *, wpm: float = WPM, code_lpm: float = CODE_LPM,
              exercise_minutes: float = EXERCISE_MINUTES) -> Estimate:
     nb = nbformat.read(path, as_version=4)
-    words = sum(count_words(c.source) for c in nb.cells if c.cell_type == "markdown")
-    exercises = sum("exercise" in c.metadata.get("tags", []) for c in nb.cells)
+    cells = [c for c in nb.cells if not {"links", "colab"} & set(c.metadata.get("tags", []))]  # course plumbing
+    words = sum(count_words(c.source) for c in cells if c.cell_type == "markdown")
+    exercises = sum(nbmeta.role(c) == nbmeta.EXERCISE for c in cells)
     code_lines = sum(
         1
-        for c in nb.cells
-        if c.cell_type == "code" and "exercise" not in c.metadata.get("tags", [])
+        for c in cells
+        if c.cell_type == "code" and nbmeta.role(c) != nbmeta.EXERCISE
         for line in c.source.splitlines()
         if line.strip() and not line.strip().startswith("#")
     )
