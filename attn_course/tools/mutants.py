@@ -14,7 +14,8 @@ Operators (each one change at one place; only code inside the solution block is 
 * ``compare``   — < ↔ ≤, > ↔ ≥, == ↔ !=;
 * ``number``    — an integer n → n ± 1 (so −1 ↔ −2, 0 ↔ 1, diagonal and range offsets), a float c → −c, 2c, c/2;
 * ``negate``    — −x → x;
-* ``keyword``   — a keyword argument dropped (``keepdim=True``, ``dim=-1``…) or its value replaced (bool flipped);
+* ``keyword``   — a keyword argument dropped (``keepdim=True``, ``dim=-1``…) or its value replaced (a bool flipped,
+  an axis held in a variable replaced by −2 or 0);
 * ``call``      — a call replaced by its first argument (``math.sqrt(d)`` → ``d``, ``torch.exp(x)`` → ``x``), or by
   a sibling function (sum ↔ mean, max ↔ min, amax ↔ amin, tril ↔ triu, maximum ↔ minimum, sqrt ↔ rsqrt);
 * ``swap``      — the first two positional arguments of a call swapped;
@@ -85,6 +86,7 @@ class Outcome:
     status: str  # the check's verdict on the mutant ("passed" = survived)
     summary: str
     seconds: float
+    result: object = None  # the CheckResult (None when the mutant could not even be defined)
 
     @property
     def survived(self) -> bool:
@@ -164,6 +166,10 @@ class _Sites(ast.NodeVisitor):
                           lambda n, i=i: ast.Call(n.func, n.args, n.keywords[:i] + n.keywords[i + 1:]))
                 if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool):
                     self._add("keyword", node, f"flip-{kw.arg}", lambda n, i=i: _with_keyword(n, i, ast.Constant(not n.keywords[i].value.value)))
+                if kw.arg in ("dim", "axis") and not isinstance(kw.value, (ast.Constant, ast.UnaryOp)):
+                    for axis in (-2, 0):  # an axis given by a variable, replaced by a fixed one
+                        self._add("keyword", node, f"{kw.arg}->{axis}",
+                                  lambda n, i=i, a=axis: _with_keyword(n, i, ast.Constant(a)))
             if node.args:
                 self._add("call", node, f"unwrap-{_callee(node)}", lambda n: n.args[0])
             name = _callee(node)
@@ -294,13 +300,14 @@ def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sampl
     for mutant in mutants:
         namespace = dict(base)
         start = time.perf_counter()
+        result = None
         try:
             exec(compile(mutant.source, f"<mutant {mutant.id}>", "exec"), namespace)  # noqa: S102
             result = check.evaluate(namespace[name])
             status, summary = result.status.value, result.summary
         except Exception as exc:  # noqa: BLE001 - a mutant that breaks at definition time is killed
             status, summary = "failed", f"the mutant does not define {name}: {type(exc).__name__}"
-        outcomes.append(Outcome(mutant, status, summary, time.perf_counter() - start))
+        outcomes.append(Outcome(mutant, status, summary, time.perf_counter() - start, result))
         if progress:
             progress(mutant.id)
     return outcomes
