@@ -91,6 +91,34 @@ def learner_error(exc: LearnerRaised | LearnerTimedOut, *, tried: str = "", expe
                      cause=cause, fix=fix or ("fix the line shown above" if where else "read the error message: it names what went wrong"))
 
 
+def _syntax_error_in_history(name: str, namespace: dict) -> Diagnosis | None:
+    """If the last cell this kernel ran that defines ``name`` does not compile, a result saying so.
+
+    IPython keeps every cell it ran in ``In`` (``_ih``); a cell with a syntax error defines nothing, which
+    otherwise reads like a cell never run."""
+    history = namespace.get("_ih") or namespace.get("In")
+    if not isinstance(history, list):
+        return None
+    import re
+
+    pattern = re.compile(rf"^\s*(def|class)\s+{re.escape(name)}\b", re.M)
+    source = next((cell for cell in reversed(history) if isinstance(cell, str) and pattern.search(cell)), None)
+    if source is None:
+        return None
+    try:
+        compile(source, "<exercise cell>", "exec")
+    except SyntaxError as exc:
+        line = (exc.text or "").strip()
+        d = Diagnosis(f"syntax error in your exercise cell (line {exc.lineno})", tried=f"finding `{name}`",
+                      got=f"SyntaxError: {exc.msg}, line {exc.lineno}: {line}",
+                      expected=f"the exercise cell to define `{name}`",
+                      cause="Python could not read the cell, so nothing in it was defined",
+                      fix="fix that line in the exercise cell (a bracket or a colon is often missing), run the "
+                          "cell, then this one")
+        return None if exc.lineno is None else d
+    return None
+
+
 def _not_attempted(exercise: str, name: str, reason: str) -> CheckResult:
     if reason == "undefined":
         d = Diagnosis("not defined yet", tried=f"finding `{name}` in this notebook",
@@ -123,6 +151,9 @@ class Check:
             if target is _MISSING:
                 namespace = namespace if namespace is not None else {}
                 if self.name not in namespace:
+                    syntax = _syntax_error_in_history(self.name, namespace)
+                    if syntax is not None:
+                        return CheckResult(self.exercise, Status.FAILED, syntax.summary, syntax)
                     return _not_attempted(self.exercise, self.name, "undefined")
                 target = namespace[self.name]
             session = RecordingSession(lambda: target, record) if record else LocalSession(lambda: target)

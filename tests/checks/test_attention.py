@@ -1,5 +1,9 @@
-"""Checks of notebook 05 (attn_course.checks.attention): each pitfall rejected with its diagnosis,
-correct alternatives accepted, and the same verdict when the grader replays the log."""
+"""Checks of notebook 05 (attn_course.checks.attention): each wrong answer rejected with its diagnosis,
+correct alternatives accepted, and the same verdict when the grader replays the log.
+
+The wrong answers are written the way learners write them (classic mistakes and unforeseen ones),
+not generated from the check's own list of mistakes.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +18,26 @@ from attn_course.attention import attention, score_matrix_bytes
 from attn_course.checks.attention import check_attention, check_score_matrix_bytes
 from attn_course.checks.result import Status
 
+
 def scaled_scores(Q, K):
     return Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
 
 
-# correct alternatives ----------------------------------------------------------
+def masked(s, mask, fill=float("-inf")):
+    return s if mask is None else s.masked_fill(~mask, fill)
+
+
+def _std(scores_fn=scaled_scores, softmax=lambda s: torch.softmax(s, -1), fill=float("-inf")):
+    """Attention built from parts, so that one part at a time can be wrong."""
+    def fn(Q, K, V, mask=None):
+        w = softmax(masked(scores_fn(Q, K), mask, fill))
+        return w @ V, w
+    return fn
+
+
+# ============================================================================ correct alternatives
 def attn_matmul(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, dim=-1)
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), dim=-1)
     return w @ V, w
 
 
@@ -57,15 +71,112 @@ def attn_numpy_result(Q, K, V, mask=None):
 
 
 def attn_manual_stable_softmax(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
+    s = masked(scaled_scores(Q, K), mask)
     e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
     w = e / e.sum(dim=-1, keepdim=True)
     return w @ V, w
 
 
-def attn_softmax_then_renormalise(Q, K, V, mask=None):
+def attn_annotated_transformer(query, key, value, mask=None, dropout=None):
+    d_k = query.size(-1)
+    scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    p_attn = scores.softmax(dim=-1)
+    if dropout is not None:
+        p_attn = dropout(p_attn)
+    return torch.matmul(p_attn, value), p_attn
+
+
+def attn_nanogpt_style(Q, K, V, mask=None):
+    att = (Q @ K.transpose(-2, -1)) * (1.0 / math.sqrt(K.size(-1)))
+    if mask is not None:
+        att = att.masked_fill(mask == 0, float("-inf"))
+    att = F.softmax(att, dim=-1)
+    return att @ V, att
+
+
+def attn_sdpa_plus_weights(Q, K, V, mask=None):
+    out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), -1)
+    return out, w
+
+
+def attn_scale_q_first(Q, K, V, mask=None):
+    s = (Q / math.sqrt(Q.shape[-1])) @ K.swapaxes(-1, -2)
+    w = torch.softmax(masked(s, mask), -1)
+    return torch.matmul(w, V), w
+
+
+def attn_quarter_root_each(Q, K, V, mask=None):
+    c = Q.shape[-1] ** -0.25
+    s = (Q * c) @ (K * c).transpose(-1, -2)
+    w = masked(s, mask).softmax(dim=-1)
+    return w @ V, w
+
+
+def attn_log_softmax_exp(Q, K, V, mask=None):
+    w = torch.log_softmax(masked(scaled_scores(Q, K), mask), -1).exp()
+    return w @ V, w
+
+
+def attn_logsumexp(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    w = torch.exp(s - torch.logsumexp(s, -1, keepdim=True))
+    return w @ V, w
+
+
+def attn_float64_inside(Q, K, V, mask=None):
+    out, w = attn_matmul(Q.double(), K.double(), V.double(), mask)
+    return out, w
+
+
+def attn_where_inf_tensor(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = torch.where(mask, s, torch.full_like(s, float("-inf")))
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_bool_cast_mask(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s.masked_fill(~mask.bool(), float("-inf"))
+    w = s.softmax(-1)
+    return w @ V, w
+
+
+def attn_additive_minus_1e9(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s + (1.0 - mask.to(s.dtype)) * -1e9
+    w = s.softmax(-1)
+    return w @ V, w
+
+
+def attn_tuple_with_baddbmm_free_matmul(Q, K, V, mask=None):
+    d = Q.shape[-1]
+    s = torch.matmul(Q, torch.transpose(K, -1, -2)).div(math.sqrt(d))
+    if mask is not None:
+        s = s.masked_fill(torch.logical_not(mask), -math.inf)
+    w = torch.nn.functional.softmax(s, dim=-1)
+    return (torch.matmul(w, V), w)
+
+
+@pytest.mark.parametrize("fn", [
+    attention, attn_matmul, attn_einsum_where_1e9, attn_finfo_before_scale, attn_additive_list_return,
+    attn_numpy_result, attn_manual_stable_softmax, attn_annotated_transformer, attn_nanogpt_style,
+    attn_sdpa_plus_weights, attn_scale_q_first, attn_quarter_root_each, attn_log_softmax_exp, attn_logsumexp,
+    attn_float64_inside, attn_where_inf_tensor, attn_bool_cast_mask, attn_additive_minus_1e9,
+    attn_tuple_with_baddbmm_free_matmul, _std(fill=-1e5),  # -1e5 blocks as well as -inf at the check's ±3·10⁴
+])
+def test_check_attention_accepts_correct_alternatives(fn, accepts):
+    accepts(check_attention, fn)
+
+
+# ============================================================================ wrong answers
+def attn_renormalise_after(Q, K, V, mask=None):
     w = torch.softmax(scaled_scores(Q, K), -1)
     if mask is not None:
         w = w * mask
@@ -73,72 +184,17 @@ def attn_softmax_then_renormalise(Q, K, V, mask=None):
     return w @ V, w
 
 
-@pytest.mark.parametrize("fn", [attn_matmul, attn_einsum_where_1e9, attn_finfo_before_scale, attn_additive_list_return,
-                                attn_numpy_result, attn_manual_stable_softmax, attention])
-def test_check_attention_accepts_correct_alternatives(fn, accepts):
-    accepts(check_attention, fn)
-
-
-# pitfalls ------------------------------------------------------------------------
-def attn_softmax_dim_minus2(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, dim=-2)
-    return w @ V, w
-
-
-def attn_softmax_dim1(Q, K, V, mask=None):  # right for 2-D input only
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, dim=1)
-    return w @ V, w
-
-
-def attn_no_scale(Q, K, V, mask=None):
-    s = Q @ K.transpose(-2, -1)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, -1)
-    return w @ V, w
-
-
-def attn_divide_by_dk(Q, K, V, mask=None):
-    s = Q @ K.transpose(-2, -1) / Q.shape[-1]
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, -1)
-    return w @ V, w
-
-
-def attn_scale_by_dv(Q, K, V, mask=None):
-    s = Q @ K.transpose(-2, -1) / math.sqrt(V.shape[-1])
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, -1)
-    return w @ V, w
-
-
-def attn_mask_after_softmax(Q, K, V, mask=None):
+def attn_mask_after_zero(Q, K, V, mask=None):
     w = torch.softmax(scaled_scores(Q, K), -1)
     if mask is not None:
         w = w.masked_fill(~mask, 0.0)
     return w @ V, w
 
 
-def attn_polarity_inverted(Q, K, V, mask=None):
+def attn_polarity(Q, K, V, mask=None):
     s = scaled_scores(Q, K)
     if mask is not None:
         s = s.masked_fill(mask, float("-inf"))  # nn.MultiheadAttention's convention
-    w = torch.softmax(s, -1)
-    return w @ V, w
-
-
-def attn_weak_fill(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, -1e4)
     w = torch.softmax(s, -1)
     return w @ V, w
 
@@ -152,10 +208,7 @@ def attn_weak_additive(Q, K, V, mask=None):
 
 
 def attn_values_before_softmax(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, -1)
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), -1)
     return torch.softmax(scaled_scores(Q, K) @ V, -1), w
 
 
@@ -170,62 +223,245 @@ def attn_K_dot_T(Q, K, V, mask=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         s = Q @ K.T / math.sqrt(Q.shape[-1])
+    w = torch.softmax(masked(s, mask), -1)
+    return w @ V, w
+
+
+def attn_K_t(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.t() / math.sqrt(Q.shape[-1]), mask), -1)
+    return w @ V, w
+
+
+def attn_mm(Q, K, V, mask=None):
+    w = torch.softmax(masked(torch.mm(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), mask), -1)
+    return torch.mm(w, V), w
+
+
+def attn_bmm(Q, K, V, mask=None):
+    w = torch.softmax(masked(torch.bmm(Q, K.transpose(-2, -1)) / math.sqrt(Q.shape[-1]), mask), -1)
+    return torch.bmm(w, V), w
+
+
+def attn_transpose12(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.transpose(1, 2) / math.sqrt(Q.shape[-1]), mask), -1)
+    return w @ V, w
+
+
+def attn_transpose01(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.transpose(0, 1) / math.sqrt(Q.shape[-1]), mask), -1)
+    return w @ V, w
+
+
+def attn_no_mask_parameter(Q, K, V):
+    w = torch.softmax(scaled_scores(Q, K), -1)
+    return w @ V, w
+
+
+def attn_if_mask(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask:
+        s = s.masked_fill(~mask, float("-inf"))
     w = torch.softmax(s, -1)
     return w @ V, w
 
 
-def attn_weights_transposed(Q, K, V, mask=None):
+def attn_boolean_index(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s[~mask] = float("-inf")
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_mask_times_scores(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s * mask
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_nan_additive(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s + (~mask).float() * float("-inf")
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_scores_as_weights(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    return torch.softmax(s, -1) @ V, s
+
+
+def attn_output_unmasked(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    w = torch.softmax(masked(s, mask), -1)
+    return torch.softmax(s, -1) @ V, w
+
+
+def attn_output_from_K(Q, K, V, mask=None):
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), -1)
+    return w @ K, w
+
+
+def attn_half(Q, K, V, mask=None):
     out, w = attn_matmul(Q, K, V, mask)
-    return out, w.transpose(-2, -1)
+    return out.half(), w.half()
 
 
-def attn_bool_added(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s + mask
-    w = torch.softmax(s, -1)
+def attn_temperature_two(Q, K, V, mask=None):
+    w = torch.softmax(masked(scaled_scores(Q, K) / 2, mask), -1)
     return w @ V, w
 
 
-def attn_scale_by_seq_len(Q, K, V, mask=None):
-    s = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-2])
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    w = torch.softmax(s, -1)
+def attn_squeeze(Q, K, V, mask=None):
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), -1).squeeze()
+    return (w @ V.squeeze(0).squeeze(0)), w
+
+
+def attn_scale_after_softmax(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.transpose(-2, -1), mask), -1) / math.sqrt(Q.shape[-1])
     return w @ V, w
 
 
-def attn_naive_softmax(Q, K, V, mask=None):
-    s = scaled_scores(Q, K)
-    if mask is not None:
-        s = s.masked_fill(~mask, float("-inf"))
-    e = torch.exp(s)
+def attn_max_without_keepdim(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    e = torch.exp(s - s.max(-1).values)
     w = e / e.sum(-1, keepdim=True)
     return w @ V, w
 
 
-@pytest.mark.parametrize("fn,phrases", [
-    (attn_softmax_dim_minus2, ["softmax over axis -2", "dim=-1"]),
-    (attn_softmax_dim1, ["softmax over axis", "dim=-1"]),
-    (attn_no_scale, ["scores not scaled", "√d_k"]),
-    (attn_divide_by_dk, ["divided by d_k instead of √d_k"]),
-    (attn_scale_by_dv, ["√d_v"]),
-    (attn_mask_after_softmax, ["mask applied after the softmax"]),
-    (attn_polarity_inverted, ["mask polarity inverted"]),
-    (attn_weak_fill, ["fill value too weak"]),
+def attn_sum_without_keepdim(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    w = e / e.sum(-1)
+    return w @ V, w
+
+
+def attn_sum_all(Q, K, V, mask=None):
+    e = torch.exp(masked(scaled_scores(Q, K), mask))
+    w = e / e.sum()
+    return w @ V, w
+
+
+def attn_global_max(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    e = torch.exp(s - s.max())
+    w = e / e.sum(-1, keepdim=True)
+    return w @ V, w
+
+
+def attn_dk_from_axis1(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[1]), mask), -1)
+    return w @ V, w
+
+
+def attn_dk_from_len(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.transpose(-2, -1) / math.sqrt(len(K)), mask), -1)
+    return w @ V, w
+
+
+def attn_weights_times_V_T(Q, K, V, mask=None):
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), -1)
+    return w @ V.transpose(-2, -1), w
+
+
+def attn_returns_output_only(Q, K, V, mask=None):
+    return attn_matmul(Q, K, V, mask)[0]
+
+
+def attn_dropout_train(Q, K, V, mask=None):
+    w = F.dropout(torch.softmax(masked(scaled_scores(Q, K), mask), -1), p=0.5, training=True)
+    return w @ V, w
+
+
+def attn_mask_on_raw_then_weak(Q, K, V, mask=None):
+    s = Q @ K.transpose(-2, -1)
+    if mask is not None:
+        s = s.masked_fill(~mask, -1e4)
+    w = torch.softmax(s / math.sqrt(Q.shape[-1]), -1)
+    return w @ V, w
+
+
+WRONG = [
+    (_std(softmax=lambda s: torch.softmax(s, -2)), ["softmax over axis -2", "dim=-1"]),
+    (_std(softmax=lambda s: torch.softmax(s, 1)), ["softmax over axis -2", "dim=-1"]),
+    (_std(softmax=lambda s: torch.softmax(s, 0)), ["softmax over axis -2", "dim=-1"]),
+    (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1)), ["scores not scaled", "√d_k"]),
+    (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1) / Q.shape[-1]), ["divided by d_k instead of √d_k"]),
+    (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1) * math.sqrt(Q.shape[-1])), ["multiplied by √d_k"]),
+    (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-2])), ["√n_q"]),
+    (attn_dk_from_axis1, ["√n_q"]),
+    (attn_dk_from_len, ["√n_k"]),
+    (attn_mask_after_zero, ["mask applied after the softmax"]),
+    (attn_renormalise_after, ["then renormalised", "0/0"]),
+    (attn_polarity, ["mask polarity inverted"]),
+    (_std(fill=-1e4), ["fill value too weak"]),
+    (_std(fill=-100.0), ["fill value too weak"]),
     (attn_weak_additive, ["fill value too weak"]),
+    (attn_mask_on_raw_then_weak, ["fill value too weak"]),
     (attn_values_before_softmax, ["V multiplied before the softmax"]),
     (attn_mask_ignored, ["mask ignored"]),
-    (attn_K_dot_T, ["K.transpose(-2, -1)"]),
-    (attn_naive_softmax, ["NaN", "maximum"]),
-    (attn_weights_transposed, ["weights transposed"]),
-    (attn_bool_added, ["bool mask added"]),
-    (attn_scale_by_seq_len, ["√n_q"]),
-    # renormalising after a masked softmax is right on paper but 0/0 once the blocked scores dominate:
-    (attn_softmax_then_renormalise, ["NaN", "before the softmax"]),
-])
-def test_check_attention_names_each_pitfall(fn, phrases, rejects):
+    (attn_K_dot_T, ["K.T reverses every axis", "K.transpose(-2, -1)"]),
+    (attn_K_t, ["K.t() works on 2-D matrices only"]),
+    (attn_mm, ["torch.mm multiplies 2-D matrices only"]),
+    (attn_bmm, ["torch.bmm needs exactly 3-D tensors"]),
+    (attn_transpose12, ["K.transpose(1, 2) counts axes from the front", "K.transpose(-2, -1)"]),
+    (attn_transpose01, ["K.transpose(0, 1)"]),
+    (attn_no_mask_parameter, ["does not take the mask"]),
+    (attn_if_mask, ["if mask:"]),
+    (attn_boolean_index, ["does not broadcast", "masked_fill"]),
+    (attn_mask_times_scores, ["mask multiplied into the scores"]),
+    (attn_nan_additive, ["0 × (-inf) = NaN"]),
+    (attn_scores_as_weights, ["scores returned as weights"]),
+    (attn_output_unmasked, ["output from the unmasked weights"]),
+    (attn_output_from_K, ["output from K instead of V"]),
+    (attn_weights_times_V_T, ["instead of V"]),
+    (attn_half, ["float16"]),
+    (attn_temperature_two, ["divided by 5.657 instead of √d_k = 2.828"]),
+    (attn_squeeze, ["size-1 axes dropped", "squeeze"]),
+    (attn_scale_after_softmax, ["scaled after the softmax"]),
+    (attn_max_without_keepdim, ["without keepdim"]),
+    (attn_sum_without_keepdim, ["without keepdim"]),
+    (attn_sum_all, ["normalised by the sum of every entry"]),
+    (attn_global_max, ["maximum over the whole tensor"]),
+    (_std(softmax=lambda s: torch.exp(s) / torch.exp(s).sum(-1, keepdim=True)), ["softmax without subtracting the maximum"]),
+    (lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[::-1], ["output and weights swapped"]),
+    (lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0], attn_matmul(Q, K, V, mask)[1].transpose(-2, -1)),
+     ["weights transposed"]),
+    (lambda Q, K, V, mask=None: attn_matmul(Q, K, V, None if mask is None else mask.bool() | True), ["mask ignored"]),
+    (attn_returns_output_only, ["one tensor", "(output, weights)"]),
+    (attn_dropout_train, ["dropout", "training"]),
+    (lambda Q, K, V, mask=None: tuple(t * 1.5 for t in attn_matmul(Q, K, V, mask)), ["every row sums to 1.5"]),
+]
+
+
+@pytest.mark.parametrize("fn,phrases", WRONG, ids=[f"{i}" for i in range(len(WRONG))])
+def test_check_attention_names_each_wrong_answer(fn, phrases, rejects):
     rejects(check_attention, fn, *phrases)
+
+
+def test_the_bool_mask_added_to_scores_is_named(rejects):
+    def fn(Q, K, V, mask=None):
+        s = scaled_scores(Q, K)
+        if mask is not None:
+            s = s + mask
+        w = torch.softmax(s, -1)
+        return w @ V, w
+
+    rejects(check_attention, fn, "bool mask added")
+
+
+def test_no_fixed_hint_on_unrelated_batched_errors(rejects):
+    """A batched failure that no known construct reproduces gets the learner's line, not a guessed cause."""
+    def fn(Q, K, V, mask=None):
+        if Q.dim() > 2:
+            raise ValueError("my own check failed")
+        return attn_matmul(Q, K, V, mask)
+
+    result = rejects(check_attention, fn, "ValueError", "my own check failed")
+    assert "transpose" not in result.text() and not result.diagnosis.cause
 
 
 def test_check_attention_not_attempted(rejects, unfinished):
@@ -235,19 +471,34 @@ def test_check_attention_not_attempted(rejects, unfinished):
 
 def test_check_attention_bad_types_and_shapes(rejects):
     rejects(check_attention, 42, "not a function")
-    rejects(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[0], "one tensor", "(output, weights)")
     rejects(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[0].tolist(), "(output, weights)")
     rejects(check_attention, lambda Q, K, V, mask=None: [x.tolist() for x in attn_matmul(Q, K, V, mask)], "Python list")
-    rejects(check_attention, lambda Q, K, V, mask=None: attn_matmul(Q, K, V, mask)[::-1], "swapped")
     rejects(check_attention, lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0][..., :2], attn_matmul(Q, K, V, mask)[1]),
             "the output of shape")
     rejects(check_attention, lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[0], attn_matmul(Q, K, V, mask)[1][..., 1:]),
             "the weights of shape")
     rejects(check_attention, lambda Q, K, V, mask=None: tuple(x * float("nan") for x in attn_matmul(Q, K, V, mask)), "NaN")
     rejects(check_attention, lambda Q, K, V, mask=None: 1 / 0, "ZeroDivisionError")
+    rejects(check_attention, lambda Q, K, V, mask=None: (torch.empty(4, 8, device="meta"), torch.empty(4, 4, device="meta")),
+            "meta")
 
 
-# ----------------------------------------------------------------------------- check_score_matrix_bytes
+def test_every_mask_shape_and_size_one_axis_is_tried():
+    """The check's own inputs cover what its docstring promises: masks of several shapes, n_q ≠ n_k, size-1 axes."""
+    from attn_course.checks.attention import _cases
+
+    cases = _cases()
+    mask_shapes = {tuple(c.mask.shape) for c in cases if c.mask is not None}
+    assert len({len(s) for s in mask_shapes}) >= 3 and any(len(s) == 1 for s in mask_shapes)
+    assert any(c.Q.shape[-2] != c.K.shape[-2] for c in cases)
+    assert any(c.Q.shape[-2] == 1 and c.V.shape[-1] == 1 for c in cases) and any(c.K.shape[-2] == 1 for c in cases)
+    assert {c.Q.dtype for c in cases} == {torch.float32, torch.float64}
+    for c in cases:  # the docstring's precondition: every query may attend to at least one key
+        if c.mask is not None:
+            assert torch.broadcast_to(c.mask, c.scaled.shape).any(-1).all(), c.name
+
+
+# ============================================================================ check_score_matrix_bytes
 def bytes_ok(n, batch=1, heads=1, dtype=torch.float32):
     return batch * heads * n * n * torch.empty((), dtype=dtype).element_size()
 
@@ -260,18 +511,31 @@ def bytes_ok(n, batch=1, heads=1, dtype=torch.float32):
     lambda n, batch=1, heads=1, dtype=torch.float32: torch.tensor(bytes_ok(n, batch, heads, dtype)),
     lambda n, batch=1, heads=1, dtype=torch.float32: torch.zeros(batch, heads, n, n, dtype=dtype, device="meta").nbytes,
     lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n**2 * (torch.finfo(dtype).bits // 8),
+    lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * dtype.itemsize,
 ])
 def test_check_score_matrix_bytes_accepts(fn, accepts):
     accepts(check_score_matrix_bytes, fn)
 
 
+def _element(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
 @pytest.mark.parametrize("fn,phrase", [
     (lambda n, batch=1, heads=1, dtype=torch.float32: 8 * bytes_ok(n, batch, heads, dtype), "bits, not bytes"),
-    (lambda n, batch=1, heads=1, dtype=torch.float32: heads * n * n * torch.empty((), dtype=dtype).element_size(), "batch size missing"),
-    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * n * n * torch.empty((), dtype=dtype).element_size(), "number of heads missing"),
-    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * torch.empty((), dtype=dtype).element_size(), "square n"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * torch.finfo(dtype).bits, "bits, not bytes"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: heads * n * n * _element(dtype), "batch size missing"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * n * n * _element(dtype), "number of heads missing"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * _element(dtype), "square n"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n ** 3 * _element(dtype), "n³ instead of n²"),
     (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * 4, "4 bytes per entry assumed"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * 2, "2 bytes per entry assumed"),
     (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n, "entries, not bytes"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * batch * heads * n * n * _element(dtype), "batch counted twice"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) / 1e9, "GB"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) / 2**30, "GiB"),
+    (lambda n, batch=2, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype), "wrong default"),
+    (lambda n, batch=1, heads=1, dtype=torch.float16: bytes_ok(n, batch, heads, dtype), "wrong default"),
 ])
 def test_check_score_matrix_bytes_names_pitfalls(fn, phrase, rejects):
     rejects(check_score_matrix_bytes, fn, phrase)

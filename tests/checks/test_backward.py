@@ -1,0 +1,486 @@
+"""Checks of notebook 10 (attn_course.checks.backward): every pitfall rejected with its diagnosis,
+correct alternatives accepted, the same verdict when the grader replays the log.
+
+The wrong answers below are written the way a learner would write them (not taken from the check's
+own list of mistakes), each with one bug."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_course import backward as ref
+from attn_course.checks.backward import check_attention_backward, check_AttentionFunction, check_tiled_attention_backward
+from attn_course.checks.result import Status
+from attn_course.softmax import masked_softmax
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These checks run many tiny matrix products, which a second thread only slows down (on a busy
+    machine, by far): run this module's tests on one, and give the setting back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ============================================================================ attention_backward
+def chain_rule(q, k, v, dout, mask=None, *, bug=""):
+    """A learner's attention_backward, with an optional bug."""
+    d = q.shape[-1]
+    s = q @ k.transpose(-2, -1) / math.sqrt(d)
+    if bug == "softmax_nan":
+        p = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-1)
+    elif bug == "fill_1e9":
+        p = torch.softmax(s if mask is None else s.masked_fill(~mask, -1e9), dim=-1)
+    elif bug == "exp_by_hand":
+        e = torch.exp(s if mask is None else s.masked_fill(~mask, float("-inf")))
+        p = e / e.sum(-1, keepdim=True)
+        p = torch.nan_to_num(p, nan=0.0) if mask is not None else p
+    elif bug == "mask_ignored":
+        p = torch.softmax(s, -1)
+    elif bug == "mask_inverted":
+        p = masked_softmax(s, None if mask is None else ~mask)
+    elif bug == "p_unscaled":
+        p = masked_softmax(q @ k.transpose(-2, -1), mask)
+    else:
+        p = masked_softmax(s, mask)
+    dv = p @ dout if bug == "dv_T" else p.transpose(-2, -1) @ dout
+    dp = dout @ v.transpose(-2, -1)
+    if bug == "no_rowsum":
+        ds = p * dp
+    elif bug == "rowsum_dim_-2":
+        ds = p * (dp - (dp * p).sum(dim=-2, keepdim=True))
+    elif bug == "rowsum_no_keepdim":
+        ds = p * (dp - (dp * p).sum(dim=-1).unsqueeze(-2))
+    elif bug == "rowsum_plain":
+        ds = p * (dp - dp.sum(dim=-1, keepdim=True))
+    elif bug == "sign":
+        ds = p * ((dp * p).sum(-1, keepdim=True) - dp)
+    else:
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, 1 / math.sqrt(d))
+    sk = {"no_scale_dk": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, 1 / math.sqrt(d))
+    dq = ds @ k * sq
+    dk = (ds @ q if bug == "dk_T" else ds.transpose(-2, -1) @ q) * sk
+    if bug == "order":
+        return dk, dq, dv
+    if bug == "float32":
+        return dq.float(), dk.float(), dv.float()
+    return dq, dk, dv
+
+
+# correct alternatives ---------------------------------------------------------------
+def by_einsum(q, k, v, dout, mask=None):
+    scale = q.shape[-1] ** -0.5
+    s = torch.einsum("...nd,...md->...nm", q, k) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, -1), nan=0.0)  # a fully masked row: NaN → 0
+    dv = torch.einsum("...nm,...nv->...mv", p, dout)
+    dp = torch.einsum("...nv,...mv->...nm", dout, v)
+    ds = p * (dp - torch.einsum("...nm,...nm->...n", dp, p)[..., None])
+    return torch.einsum("...nm,...md->...nd", ds, k) * scale, torch.einsum("...nm,...nd->...md", ds, q) * scale, dv
+
+
+def by_full_jacobian(q, k, v, dout, mask=None):
+    """dS row by row through the full softmax Jacobian diag(p) − p pᵀ (more memory, same numbers)."""
+    q_scaled = q / math.sqrt(q.shape[-1])
+    p = masked_softmax(q_scaled @ k.mT, mask)
+    jac = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n_q, n_k, n_k)
+    dp = dout @ v.mT
+    ds = (jac @ dp.unsqueeze(-1)).squeeze(-1)
+    return ds @ k / math.sqrt(q.shape[-1]), ds.mT @ q_scaled, p.mT @ dout
+
+
+def by_numpy(q, k, v, dout, mask=None):
+    dq, dk, dv = chain_rule(q, k, v, dout, mask)
+    return dq.numpy(), dk.numpy(), dv.numpy()
+
+
+def by_rows(q, k, v, dout, mask=None):
+    """One query at a time, with a stable softmax written by hand and a fully masked row set to zero."""
+    d = q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / d**0.5
+    keep = torch.ones_like(scores, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, scores.shape)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i in range(q.shape[-2]):
+        s_i = scores[..., i, :].masked_fill(~keep[..., i, :], float("-inf"))  # (..., M)
+        top = s_i.amax(-1, keepdim=True)
+        e = torch.where(keep[..., i, :], torch.exp(s_i - torch.where(torch.isinf(top), 0.0, top)), 0.0)
+        total = e.sum(-1, keepdim=True)
+        p_i = torch.where(total > 0, e / total.clamp_min(1e-300), 0.0)
+        dp_i = (dout[..., i, None, :] * v).sum(-1)  # (..., M)
+        ds_i = p_i * (dp_i - (dp_i * p_i).sum(-1, keepdim=True))
+        dq[..., i, :] = (ds_i[..., None] * k).sum(-2) / d**0.5
+        dk += ds_i[..., None] * q[..., i, None, :] / d**0.5
+        dv += p_i[..., None] * dout[..., i, None, :]
+    return dq, dk, dv
+
+
+@pytest.mark.parametrize("fn", [ref.attention_backward, chain_rule, by_einsum, by_full_jacobian, by_numpy, by_rows])
+def test_attention_backward_accepts_correct_answers(fn, accepts):
+    accepts(check_attention_backward, fn)
+
+
+@pytest.mark.parametrize("bug,phrases", [
+    ("no_scale_dq", ["1/√d_k missing in dQ"]),
+    ("no_scale_dk", ["1/√d_k missing in dK"]),
+    ("no_scale", ["1/√d_k missing in dQ and dK"]),
+    ("by_d", ["divided by D instead of √d_k"]),
+    ("p_unscaled", ["scores not scaled when P is recomputed"]),
+    ("dk_T", ["dK transposed"]),
+    ("dv_T", ["dV = P dO instead of Pᵀ dO"]),
+    ("no_rowsum", ["rowsum term is missing"]),
+    ("rowsum_dim_-2", ["rowsum over the wrong axis"]),
+    ("rowsum_no_keepdim", ["subtracted along the wrong axis", "keepdim=True"]),
+    ("rowsum_plain", ["rowsum(dP) instead of rowsum(dP ⊙ P)"]),
+    ("sign", ["sign flipped"]),
+    ("mask_ignored", ["mask ignored in the backward"]),
+    ("mask_inverted", ["mask polarity inverted"]),
+    ("softmax_nan", ["NaN from a fully masked row", "masked_softmax"]),
+    ("fill_1e9", ["fully masked row attends uniformly"]),
+    ("exp_by_hand", ["maximum subtracted"]),
+    ("order", ["wrong order", "return dq, dk, dv"]),
+    ("float32", ["float32, not float64", "dtype"]),
+])
+def test_attention_backward_names_each_pitfall(bug, phrases, rejects):
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask, bug=bug), *phrases)
+
+
+def with_autograd(q, k, v, dout, mask=None):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask) @ v
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+def with_backward_call(q, k, v, dout, mask=None):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+def test_attention_backward_rejects_autograd_and_bad_results(rejects, unfinished):
+    rejects(check_attention_backward, with_autograd, "used autograd instead of the chain rule", "torch.autograd.grad")
+    rejects(check_attention_backward, with_backward_call, "called a fused attention")
+    rejects(check_attention_backward, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask)[0],
+            "returned one tensor, not (dq, dk, dv)")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask)[:2],
+            "did not return (dq, dk, dv)")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: None, "did not return", "no `return`")
+    rejects(check_attention_backward, lambda q, k, v, dout: chain_rule(q, k, v, dout), "fifth argument")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: (q @ v, k, v), "raised RuntimeError")
+    rejects(check_attention_backward, "attention", "not a function")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: tuple(2 * g for g in chain_rule(q, k, v, dout, mask)),
+            "factor of 2")
+
+
+# ============================================================================ AttentionFunction
+class SavesP(torch.autograd.Function):
+    """Stores P in forward (more memory, same numbers) and writes the backward inline."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask=None):
+        scale = 1 / math.sqrt(q.shape[-1])
+        p = masked_softmax(q @ k.mT * scale, mask)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = scale
+        return p @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, p = ctx.saved_tensors
+        dp = dout @ v.mT
+        ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+        dq = ds @ k * ctx.scale if ctx.needs_input_grad[0] else None
+        dk = ds.mT @ q * ctx.scale if ctx.needs_input_grad[1] else None
+        dv = p.mT @ dout if ctx.needs_input_grad[2] else None
+        return dq, dk, dv, None
+
+
+def function_with(backward=None, forward=None, base=torch.autograd.Function):
+    """An AttentionFunction whose forward or backward is replaced."""
+
+    def default_forward(ctx, q, k, v, mask=None):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask = mask
+        return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask) @ v
+
+    def default_backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        return (*ref.attention_backward(q, k, v, dout, ctx.mask), None)
+
+    return type("AttentionFunction", (base,), {"forward": staticmethod(forward or default_forward),
+                                                "backward": staticmethod(backward or default_backward)})
+
+
+def _bwd(bug):
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        return (*chain_rule(q, k, v, dout, ctx.mask, bug=bug), None)
+    return backward
+
+
+def _three_grads(ctx, dout):
+    q, k, v = ctx.saved_tensors
+    return ref.attention_backward(q, k, v, dout, ctx.mask)
+
+
+def _mask_forgotten(ctx, dout):
+    q, k, v = ctx.saved_tensors
+    return (*ref.attention_backward(q, k, v, dout), None)
+
+
+def _no_dv(ctx, dout):
+    q, k, v = ctx.saved_tensors
+    dq, dk, _ = ref.attention_backward(q, k, v, dout, ctx.mask)
+    return dq, dk, None, None
+
+
+def _forward_no_scale(ctx, q, k, v, mask=None):
+    ctx.save_for_backward(q, k, v)
+    ctx.mask = mask
+    return masked_softmax(q @ k.mT, mask) @ v
+
+
+def _forward_no_mask(ctx, q, k, v):
+    ctx.save_for_backward(q, k, v)
+    ctx.mask = None
+    return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1])) @ v
+
+
+@pytest.mark.parametrize("cls", [ref.AttentionFunction, SavesP, function_with()])
+def test_attention_function_accepts_correct_answers(cls, accepts):
+    accepts(check_AttentionFunction, cls)
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (function_with(backward=_three_grads), ["incorrect number of gradients", "return dq, dk, dv, None"]),
+    (function_with(backward=_bwd("no_scale_dq")), ["1/√d_k missing in dQ"]),
+    (function_with(backward=_bwd("order")), ["invalid gradient at index 0", "in the order forward takes its inputs"]),
+    (function_with(backward=_bwd("no_rowsum")), ["rowsum term is missing"]),
+    (function_with(backward=_mask_forgotten), ["mask ignored in the backward"]),
+    (function_with(backward=_no_dv), ["backward returned None for dv"]),
+    (function_with(forward=_forward_no_scale), ["forward: ", "the output of forward"]),
+    (function_with(forward=_forward_no_mask), ["forward does not take the mask", "mask=None"]),
+    (function_with(base=object), ["not a torch.autograd.Function"]),
+])
+def test_attention_function_names_each_pitfall(cls, phrases, rejects):
+    rejects(check_AttentionFunction, cls, *phrases)
+
+
+def test_attention_function_not_attempted_and_not_a_class(rejects):
+    class Stub(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, mask=None):
+            raise NotImplementedError()
+
+        @staticmethod
+        def backward(ctx, dout):
+            raise NotImplementedError()
+
+    rejects(check_AttentionFunction, Stub, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_AttentionFunction, ref.attention_fn, "not a class")
+
+
+# ============================================================================ tiled_attention_backward
+def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
+    """A learner's FlashAttention-2 backward (key blocks outer), with an optional bug."""
+    n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1 / math.sqrt(d)
+    if bug == "ignore_block":
+        block_size = 32
+    delta = (dout * o).sum(-1, keepdim=True)  # (..., n_q, 1)
+    if bug == "delta_pass":  # right, more work: D = rowsum(dP ⊙ P) over whole rows, in a first pass
+        delta = torch.zeros_like(delta)
+        for qs in range(0, n, block_size):
+            for ks in range(0, min(qs + block_size, n) if causal else m, block_size):
+                s = q[..., qs:qs + block_size, :] @ k[..., ks:ks + block_size, :].mT * scale
+                if causal:
+                    s = s.masked_fill(torch.arange(ks, ks + s.shape[-1])[None, :] >
+                                      torch.arange(qs, qs + s.shape[-2])[:, None], float("-inf"))
+                p = torch.exp(s - lse[..., qs:qs + block_size, None])
+                dp = dout[..., qs:qs + block_size, :] @ v[..., ks:ks + block_size, :].mT
+                delta[..., qs:qs + block_size, :] += (dp * p).sum(-1, keepdim=True)
+    dq = torch.zeros(q.shape) if bug == "float32_acc" else torch.zeros_like(q)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    n_stop = (n // block_size) * block_size if bug in ("tail", "q_tail") else n
+    m_stop = (m // block_size) * block_size if bug in ("tail", "k_tail") else m
+    if bug == "full_p":  # the whole (..., n_q, n_k) matrix at once
+        s_full = q @ k.mT * scale
+        if causal:
+            s_full = s_full.masked_fill(torch.ones(n, m, dtype=torch.bool).triu(1), float("-inf"))
+        p_full = torch.exp(s_full - lse[..., None])
+    for ks in range(0, m_stop, block_size):
+        ke = min(ks + block_size, m)
+        kj, vj = k[..., ks:ke, :], v[..., ks:ke, :]
+        dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
+        start = 0 if not causal or bug in ("no_causal", "mask_all") else (ks + block_size if bug == "skip_diag" else ks)
+        for qs in range(start, n_stop, block_size):
+            qe = min(qs + block_size, n)
+            qi, doi = q[..., qs:qe, :], dout[..., qs:qe, :]
+            s = qi @ kj.mT * (1.0 if bug == "s_unscaled" else scale)
+            if causal and bug not in ("no_causal", "diag_unmasked", "full_p"):
+                r = torch.arange(qs, qe)[:, None] - (qs if bug == "local_mask" else 0)
+                c = torch.arange(ks, ke)[None, :] - (ks if bug == "local_mask" else 0)
+                future = c >= r if bug == "mask_self" else (c > r + 1 if bug == "mask_ahead" else c > r)
+                s = s.masked_fill(future, float("-inf"))
+            li = lse[..., qs:qe]
+            if bug == "fresh_max":
+                p = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+            elif bug == "tile_softmax":
+                p = torch.softmax(s, dim=-1)
+            elif bug == "lse_as_sum":
+                p = torch.exp(s) / li.unsqueeze(-1)
+            elif bug == "lse_no_axis":
+                p = torch.exp(s - li)
+            elif bug == "exp_separately":
+                p = torch.exp(s) / torch.exp(li).unsqueeze(-1)
+            elif bug == "full_p":
+                p = p_full[..., qs:qe, ks:ke]
+            elif bug == "exp2":  # right: exp(x) = 2^(x·log2 e), the GPU's fast exponential
+                p = torch.exp2((s - li.unsqueeze(-1)) / math.log(2))
+            else:
+                p = torch.exp(s - li.unsqueeze(-1))
+            pv = p @ doi if bug == "dv_T" else p.mT @ doi
+            dp = doi @ vj.mT
+            if bug == "no_rowsum":
+                ds = p * dp
+            elif bug == "delta_from_tile":
+                ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+            elif bug == "delta_tile_dim_-2":
+                ds = p * (dp - (dp * p).sum(-2, keepdim=True))
+            elif bug == "delta_no_axis":
+                ds = p * (dp - delta[..., qs:qe, 0])
+            else:
+                ds = p * (dp - delta[..., qs:qe, :])
+            sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
+            sk = {"no_scale_dk": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
+            if bug == "dq_assigned":
+                dq[..., qs:qe, :] = ds @ kj * sq
+            else:
+                dq[..., qs:qe, :] += ds @ kj * sq
+            dk_term = (ds @ qi if bug == "dk_T" else ds.mT @ qi) * sk
+            if bug == "dkdv_assigned":
+                dkj, dvj = dk_term, pv
+            else:
+                dkj, dvj = dkj + dk_term, dvj + pv
+        dk[..., ks:ke, :], dv[..., ks:ke, :] = dkj, dvj
+    if bug == "order":
+        return dk, dq, dv
+    return dq, dk, dv
+
+
+def tiled_query_outer(q, k, v, o, lse, dout, block_size=64, causal=False):
+    """The other loop order: query blocks outer (dQ finished per block), dK and dV added into place."""
+    n, m = q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    delta = torch.einsum("...nv,...nv->...n", dout, o)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        dq_i = torch.zeros_like(q[..., qs:qe, :])
+        for ks in range(0, qe if causal else m, block_size):
+            ke = min(ks + block_size, m)
+            s = torch.einsum("...id,...jd->...ij", q[..., qs:qe, :], k[..., ks:ke, :]) * scale
+            if causal:
+                s = torch.where(torch.arange(ks, ke)[None, :] <= torch.arange(qs, qe)[:, None], s, float("-inf"))
+            p = torch.exp(s - lse[..., qs:qe, None])
+            dv[..., ks:ke, :] += torch.einsum("...ij,...iv->...jv", p, dout[..., qs:qe, :])
+            ds = p * (torch.einsum("...iv,...jv->...ij", dout[..., qs:qe, :], v[..., ks:ke, :]) - delta[..., qs:qe, None])
+            dq_i += torch.einsum("...ij,...jd->...id", ds, k[..., ks:ke, :]) * scale
+            dk[..., ks:ke, :] += torch.einsum("...ij,...id->...jd", ds, q[..., qs:qe, :]) * scale
+        dq[..., qs:qe, :] = dq_i
+    return dq, dk, dv
+
+
+def tiled_exp2_numpy(q, k, v, o, lse, dout, block_size=64, causal=False):
+    """exp2 with log2(e) folded in (as GPU kernels do), NumPy results."""
+    return tuple(g.numpy() for g in tiled(q, k, v, o, lse, dout, block_size, causal, bug="exp2"))
+
+
+def tiled_delta_by_pass(q, k, v, o, lse, dout, block_size=64, causal=False):
+    return tiled(q, k, v, o, lse, dout, block_size, causal, bug="delta_pass")
+
+
+@pytest.mark.parametrize("fn", [ref.tiled_attention_backward, tiled, tiled_query_outer, tiled_exp2_numpy,
+                                tiled_delta_by_pass])
+def test_tiled_backward_accepts_correct_answers(fn, accepts):
+    accepts(check_tiled_attention_backward, fn)
+
+
+@pytest.mark.parametrize("bug,phrases", [
+    ("no_scale_dq", ["1/√d_k missing in dQ"]),
+    ("no_scale_dk", ["1/√d_k missing in dK"]),
+    ("no_scale", ["1/√d_k missing in dQ and dK"]),
+    ("by_d", ["divided by D instead of √d_k"]),
+    ("s_unscaled", ["scores not scaled when P is recomputed"]),
+    ("dk_T", ["dK transposed"]),
+    ("dv_T", ["dV = P dO instead of Pᵀ dO"]),
+    ("no_rowsum", ["rowsum term is missing"]),
+    ("fresh_max", ["fresh max instead of the stored L"]),
+    ("tile_softmax", ["softmax over one tile"]),
+    ("lse_as_sum", ["L used as a sum"]),
+    ("lse_no_axis", ["L subtracted along the wrong axis"]),
+    ("delta_from_tile", ["D computed from the recomputed P instead of dO ⊙ O"]),
+    ("delta_tile_dim_-2", ["D summed over the wrong axis"]),
+    ("delta_no_axis", ["D subtracted along the wrong axis"]),
+    ("no_causal", ["causal mask forgotten in the backward"]),
+    ("diag_unmasked", ["diagonal tiles not masked"]),
+    ("skip_diag", ["diagonal tiles skipped"]),
+    ("mask_self", ["a query cannot see itself"]),
+    ("mask_ahead", ["each query sees the next key"]),
+    ("local_mask", ["positions inside the tile"]),
+    ("dq_assigned", ["dQ not accumulated over key blocks"]),
+    ("dkdv_assigned", ["dK, dV not accumulated over query blocks"]),
+    ("q_tail", ["last partial query block dropped"]),
+    ("k_tail", ["last partial key block dropped"]),
+    ("tail", ["last partial block dropped"]),
+    ("order", ["wrong order"]),
+    ("float32_acc", ["dq is float32, not float64", "dtype=q.dtype"]),
+    ("exp_separately", ["NaN", "exp overflowed", "S − L"]),
+    ("full_p", ["built an n × n tensor"]),
+    ("mask_all", ["tiles above the diagonal not skipped"]),
+    ("ignore_block", ["block_size ignored"]),
+])
+def test_tiled_backward_names_each_pitfall(bug, phrases, rejects):
+    def learner(q, k, v, o, lse, dout, block_size=64, causal=False):
+        return tiled(q, k, v, o, lse, dout, block_size, causal, bug=bug)
+
+    rejects(check_tiled_attention_backward, learner, *phrases)
+
+
+def tiled_by_autograd(q, k, v, o, lse, dout, block_size=64, causal=False):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+def test_tiled_backward_rejects_shortcuts_and_bad_calls(rejects, unfinished):
+    rejects(check_tiled_attention_backward, tiled_by_autograd, "called a fused attention")
+    rejects(check_tiled_attention_backward, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_tiled_attention_backward, lambda q, k, v, o, lse, dout, block_size=64: tiled(q, k, v, o, lse, dout, block_size),
+            "causal argument")
+    rejects(check_tiled_attention_backward,
+            lambda q, k, v, o, lse, dout, block_size=64, causal=False: ref.attention_backward(q, k, v, dout),
+            "causal mask forgotten")
+
+
+def test_tiled_structure_probe_reports_plain_numbers():
+    from attn_course.checks.backward import _watch_probe
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(1, 256, 8, generator=g) for _ in range(4))
+    o, lse = ref.tiled_attention_forward(q, k, v, 64)
+    report = _watch_probe(ref.tiled_attention_backward, q, k, v, o, lse, dout, 64)
+    assert report["largest"] < 256 * 256 // 8 and report["exp_tile"] == [64, 64] and report["calls"] == []
+    assert report["flops"] == 5 * 2 * 256 * 256 * 8  # five matrix products per tile, 2 FLOPs per multiply-add
+    causal = _watch_probe(ref.tiled_attention_backward, q, k, v, o, lse, dout, 64, causal=True)
+    assert causal["exp_elements"] == 10 * 64 * 64  # 4 + 3 + 2 + 1 tiles
+    assert all(type(x) in (int, list, str) for x in report.values())

@@ -1,0 +1,81 @@
+"""The comparison layer (attn_course.checks.compare): a mistake is blamed only when the answer reproduces
+it; otherwise the difference itself is measured and named."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attn_course.checks.boundary import Opaque
+from attn_course.checks.compare import Failure, Mistake, as_tensor, describe_mismatch, expect_close, expect_shape
+
+E = torch.tensor([[0.1, 0.2, 0.7], [0.5, 0.25, 0.25], [0.3, 0.3, 0.4]], dtype=torch.float64)
+
+
+def diagnosis(fn):
+    with pytest.raises(Failure) as info:
+        fn()
+    return info.value.diagnosis
+
+
+def test_a_mistake_is_blamed_only_when_reproduced():
+    wrong = Mistake("columns", "you normalised columns", "use dim=-1", lambda: E.T)
+    d = diagnosis(lambda: expect_close(E.T, E, tried="t", mistakes=[wrong]))
+    assert d.summary == "columns" and d.cause == "you normalised columns"
+    d = diagnosis(lambda: expect_close(E + 0.05 * torch.arange(9.0).reshape(3, 3), E, tried="t", mistakes=[wrong]))
+    assert "normalised columns" not in d.cause
+    same_output = Mistake("other", "you did the other thing", "undo it", lambda: E.T)
+    d = diagnosis(lambda: expect_close(E.T, E, tried="t", mistakes=[wrong, same_output]))
+    assert "two mistakes give the same numbers" in d.cause
+
+
+@pytest.mark.parametrize("actual,phrase", [
+    (E * math.sqrt(8), "factor of √d_k"),
+    (E / 8, "1/d_k"),
+    (-E, "−1"),
+    (E + 0.5, "shifted by a constant"),
+    (E.T, "transposed"),
+    (E.to(torch.float16), "float16"),
+    (torch.where(torch.arange(9).reshape(3, 3) == 4, float("nan"), E), "NaN"),
+    ((E * 10).to(torch.int64), "integer"),
+])
+def test_the_difference_is_measured_and_named(actual, phrase):
+    got, expected, cause, summary = describe_mismatch(actual, E, factors={"√d_k": math.sqrt(8), "d_k": 8.0})
+    assert phrase in got + cause + summary, (got, cause, summary)
+
+
+def test_wrong_only_in_some_rows_says_which():
+    wrong = E.clone()
+    wrong[2] += 1
+    got, _, _, summary = describe_mismatch(wrong, E)
+    assert "from row 2 on" in summary
+
+
+def test_batch_order_is_recognised():
+    batch = torch.stack([E, 2 * E, 3 * E])
+    got, _, cause, _ = describe_mismatch(batch[[1, 2, 0]], batch)
+    assert "batch" in cause
+
+
+@pytest.mark.parametrize("value,phrase", [
+    (None, "None"), ([1, 2], "Python list"), (Opaque("Gen", "x"), "Gen"), ("text", "str"),
+    (torch.empty(2, device="meta"), "meta"),
+])
+def test_as_tensor_explains_what_came_back(value, phrase):
+    d = diagnosis(lambda: as_tensor(value, tried="f(x)"))
+    assert phrase in d.summary + d.got
+
+
+def test_as_tensor_accepts_numpy_and_numbers():
+    assert as_tensor(np.ones(2), tried="t").dtype == torch.float64
+    assert as_tensor(3, tried="t").item() == 3.0
+
+
+@pytest.mark.parametrize("shape,phrase", [((3, 2), "different order"), ((2, 3, 1), "size 1 too many"),
+                                          ((6,), "reshape"), ((2,), "missing")])
+def test_shape_causes(shape, phrase):
+    d = diagnosis(lambda: expect_shape(torch.zeros(shape), (2, 3), tried="t"))
+    assert phrase in d.cause

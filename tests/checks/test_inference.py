@@ -1,0 +1,452 @@
+"""Checks of notebook 11 (attn_course.checks.inference): each pitfall rejected with its diagnosis, correct
+alternatives accepted, and the same verdict when the grader replays the log."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.attention.bias  # noqa: F401 - causal_lower_right
+import torch.nn.functional as F
+
+from attn_course import inference as ref
+from attn_course.checks.inference import (check_bottom_right_causal_mask, check_KVCache, check_merge_partials,
+                                          check_sliding_window_attention, check_sliding_window_mask)
+from attn_course.checks.result import Status
+
+
+def attend_over(q, K, V, *, scale=None, dim=-1, naive=False):
+    s = q @ K.transpose(-2, -1) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if naive:
+        e = torch.exp(s)
+        return (e / e.sum(-1, keepdim=True)) @ V
+    return torch.softmax(s, dim=dim) @ V
+
+
+# ================================================================================== KVCache: right
+class CacheList:
+    def __init__(self):
+        self.keys, self.values = [], []
+
+    def append(self, k, v):
+        self.keys.append(k)
+        self.values.append(v)
+        return torch.cat(self.keys, dim=-2), torch.cat(self.values, dim=-2)
+
+    def attend(self, q):
+        K, V = torch.cat(self.keys, -2), torch.cat(self.values, -2)
+        return F.scaled_dot_product_attention(q, K, V)
+
+
+class CacheBuffer:
+    """Pre-allocated storage that doubles when full; returns views of the filled part."""
+
+    def __init__(self, capacity=2):
+        self.capacity, self.t, self.k, self.v = capacity, 0, None, None
+
+    def append(self, k, v):
+        n = k.shape[-2]
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], self.capacity, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], self.capacity, v.shape[-1])
+        while self.t + n > self.k.shape[-2]:
+            self.k = torch.cat([self.k, torch.zeros_like(self.k)], dim=-2)
+            self.v = torch.cat([self.v, torch.zeros_like(self.v)], dim=-2)
+        self.k[..., self.t:self.t + n, :] = k
+        self.v[..., self.t:self.t + n, :] = v
+        self.t += n
+        return self.k[..., :self.t, :], self.v[..., :self.t, :]
+
+    def attend(self, q):
+        K, V = self.k[..., :self.t, :], self.v[..., :self.t, :]
+        w = torch.einsum("...qd,...kd->...qk", q, K) / q.shape[-1] ** 0.5
+        return torch.einsum("...qk,...kv->...qv", w.softmax(-1), V)
+
+
+class CacheManualStable:
+    def __init__(self):
+        self.k = self.v = None
+
+    def append(self, k, v):
+        self.k = k if self.k is None else torch.cat((self.k, k), -2)
+        self.v = v if self.v is None else torch.cat((self.v, v), -2)
+        return (self.k, self.v)
+
+    def attend(self, q):
+        s = q @ self.k.mT / math.sqrt(self.k.shape[-1])
+        e = torch.exp(s - s.max(-1, keepdim=True).values)
+        return (e / e.sum(-1, keepdim=True)) @ self.v
+
+
+@pytest.mark.parametrize("cls", [ref.KVCache, CacheList, CacheBuffer, CacheManualStable])
+def test_check_kvcache_accepts(cls, accepts):
+    accepts(check_KVCache, cls)
+
+
+# ================================================================================== KVCache: wrong
+def cache_class(append_rule=None, attend_rule=None):
+    """A KVCache whose append (old, new) → stored and attend (q, K, V) → out follow the given rules."""
+
+    class Cache:
+        def __init__(self):
+            self.k = self.v = None
+
+        def append(self, k, v):
+            if self.k is None:
+                self.k, self.v = k, v
+            else:
+                self.k = append_rule(self.k, k) if append_rule else torch.cat([self.k, k], -2)
+                self.v = append_rule(self.v, v) if append_rule else torch.cat([self.v, v], -2)
+            return self.k, self.v
+
+        def attend(self, q):
+            return attend_rule(q, self.k, self.v) if attend_rule else attend_over(q, self.k, self.v)
+
+    return Cache
+
+
+class CacheShared:
+    keys, values = [], []  # class attributes: every cache shares them
+
+    def append(self, k, v):
+        self.keys.append(k)
+        self.values.append(v)
+        return torch.cat(self.keys, -2), torch.cat(self.values, -2)
+
+    def attend(self, q):
+        return attend_over(q, torch.cat(self.keys, -2), torch.cat(self.values, -2))
+
+
+class CacheReturnsOld(ref.KVCache):
+    def append(self, k, v):
+        before = (self.k, self.v) if self.k is not None else (k, v)
+        super().append(k, v)
+        return before
+
+
+class CacheReturnsNone(ref.KVCache):
+    def append(self, k, v):
+        super().append(k, v)
+
+
+class CacheReturnsVK(ref.KVCache):
+    def append(self, k, v):
+        K, V = super().append(k, v)
+        return V, K
+
+
+class CacheAttendTuple(ref.KVCache):
+    def attend(self, q):
+        w = torch.softmax(q @ self.k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+        return w @ self.v, w
+
+
+class CacheAttendSqueezed(ref.KVCache):
+    def attend(self, q):
+        return super().attend(q).squeeze(-2)
+
+
+class CacheNeedsLength:
+    def __init__(self, max_len):
+        self.max_len = max_len
+
+
+class CacheStackList:
+    def __init__(self):
+        self.keys, self.values = [], []
+
+    def append(self, k, v):
+        self.keys.append(k)
+        self.values.append(v)
+        return torch.stack(self.keys, -3), torch.stack(self.values, -3)
+
+    def attend(self, q):
+        return attend_over(q, torch.cat(self.keys, -2), torch.cat(self.values, -2))
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (cache_class(append_rule=lambda old, new: torch.cat([new, old], -2)), ["appended in the wrong order"]),
+    (cache_class(append_rule=lambda old, new: torch.cat([old, new], -1)), ["wrong axis", "feature axis"]),
+    (cache_class(append_rule=lambda old, new: torch.cat([old, new], 0)), ["wrong axis"]),
+    (cache_class(append_rule=lambda old, new: new), ["cache overwritten"]),
+    (CacheReturnsOld, ["before appending"]),
+    (CacheShared, ["share their storage", "__init__"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K[..., :-1, :], V[..., :-1, :])), ["does not attend to itself"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V, scale=1.0)), ["scores not scaled"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V, scale=1 / q.shape[-1])), ["d_k instead of √d_k"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V, dim=-2)), ["softmax over the wrong axis"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V, naive=True)), ["no maximum subtracted"]),
+    (cache_class(attend_rule=lambda q, K, V: V[..., -1:, :]), ["only to the newest token"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, K)), ["multiplied by K, not V"]),
+    (CacheReturnsNone, ["append returned None", "return"]),
+    (CacheReturnsVK, ["(V, K)"]),
+    (CacheAttendTuple, ["2 tensors, not one", "only the attention output"]),
+    (CacheAttendSqueezed, ["wrong shape", "axis of size 1 missing"]),
+    (CacheNeedsLength, ["raised TypeError", "takes no arguments"]),
+    (CacheStackList, ["wrong axis"]),
+    (cache_class(attend_rule=lambda q, K, V: V.mean(-2, keepdim=True)), ["wrong values"]),
+])
+def test_check_kvcache_names_each_pitfall(cls, phrases, rejects):
+    rejects(check_KVCache, cls, *phrases)
+
+
+def test_check_kvcache_not_a_class_and_not_attempted(rejects):
+    rejects(check_KVCache, ref.attention if hasattr(ref, "attention") else len, "not a class")
+
+    class Stub:
+        def __init__(self):
+            pass
+
+        def append(self, k, v):
+            raise NotImplementedError()
+
+        def attend(self, q):
+            raise NotImplementedError()
+
+    rejects(check_KVCache, Stub, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ================================================================================== bottom-right mask
+@pytest.mark.parametrize("fn", [
+    ref.bottom_right_causal_mask,
+    lambda n_q, n_k: torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q),
+    lambda n_q, n_k: torch.nn.attention.bias.causal_lower_right(n_q, n_k)._materialize(),
+    lambda n_q, n_k: np.tril(np.ones((n_q, n_k), dtype=bool), k=n_k - n_q),
+    lambda n_q, n_k: ~torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1),
+])
+def test_check_bottom_right_accepts(fn, accepts):
+    accepts(check_bottom_right_causal_mask, fn)
+
+
+def looped_mask(shift):
+    def fn(n_q, n_k):
+        m = torch.zeros(n_q, n_k, dtype=torch.bool)
+        for i in range(n_q):
+            for j in range(n_k):
+                m[i, j] = j <= i + n_k - n_q + shift
+        return m
+    return fn
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(), ["top-left alignment"]),
+    (looped_mask(-1), ["off by one", "does not see itself"]),
+    (looped_mask(+1), ["off by one", "one future key"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_q - n_k), ["wrong sign"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q), ["upper triangle"]),
+    (lambda n_q, n_k: ~torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q), ["polarity inverted"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool), ["no mask at all"]),
+    (lambda n_q, n_k: torch.ones(n_k, n_q, dtype=torch.bool).tril(n_k - n_q), ["rows and columns swapped"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k).tril(n_k - n_q), ["float32, not bool", ".bool()"]),
+    (lambda n_q, n_k: torch.zeros(n_q, n_k).masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q),
+                                                        float("-inf")), ["additive form"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.long).tril(n_k - n_q), ["int64, not bool"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)[:, :-1] if n_k > 1 else
+     torch.ones(1, 1, dtype=torch.bool), ["wrong shape"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(max(n_k - n_q - 2, -n_q)), ["wrong entries",
+                                                                                             "allowed key(s) blocked"]),
+    (lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q).tolist(), ["Python list"]),
+    (lambda n_q: None, ["raised TypeError"]),
+])
+def test_check_bottom_right_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_bottom_right_causal_mask, fn, *phrases)
+
+
+def test_check_bottom_right_not_attempted(rejects, unfinished):
+    rejects(check_bottom_right_causal_mask, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ================================================================================== merge_partials
+def merge_logaddexp(a, b):
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    wa, wb = (m_a - safe).exp(), (m_b - safe).exp()
+    return m, torch.addcmul(l_b * wb, l_a, wa), torch.addcmul(acc_b * wb, acc_a, wa)
+
+
+def merge_nan_to_num(a, b):
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+    m = torch.max(m_a, m_b)
+    wa = torch.nan_to_num(torch.exp(m_a - m), nan=0.0)
+    wb = torch.nan_to_num(torch.exp(m_b - m), nan=0.0)
+    return (m, l_a * wa + l_b * wb, acc_a * wa + acc_b * wb)
+
+
+def merge_list(a, b):
+    return list(ref.merge_partials(a, b))
+
+
+@pytest.mark.parametrize("fn", [ref.merge_partials, merge_logaddexp, merge_nan_to_num, merge_list])
+def test_check_merge_accepts(fn, accepts):
+    accepts(check_merge_partials, fn)
+
+
+def merge_rule(rule):
+    def fn(a, b):
+        (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+        m = torch.maximum(m_a, m_b)
+        safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        return rule(m_a, l_a, acc_a, m_b, l_b, acc_b, m, safe)
+    return fn
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (m, l_a + l_b, acc_a + acc_b)),
+     ["merge without rescaling", "exp(m_side − m)"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a * torch.exp(s - m_a) + l_b * torch.exp(s - m_b), acc_a * torch.exp(s - m_a) + acc_b * torch.exp(s - m_b))),
+     ["wrong way round"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a * torch.exp(m_a - s) + l_b * torch.exp(m_b - s), acc_a + acc_b)), ["acc not rescaled"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a + l_b, acc_a * torch.exp(m_a - s) + acc_b * torch.exp(m_b - s))), ["l not rescaled"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m_a, l_a * torch.exp(m_a - s) + l_b * torch.exp(m_b - s), acc_a * torch.exp(m_a - s) + acc_b * torch.exp(m_b - s))),
+     ["m not updated"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m), acc_a * torch.exp(m_a - m) + acc_b * torch.exp(m_b - m))),
+     ["NaN where neither chunk sees a key", "−inf − (−inf)"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a * torch.exp(m_a) + l_b * torch.exp(m_b), acc_a * torch.exp(m_a) + acc_b * torch.exp(m_b))),
+     ["e^m instead of"]),
+    (lambda a, b: ref.finish_partial(ref.merge_partials(a, b)), ["one tensor, not (m, l, acc)"]),
+    (lambda a, b: (lambda m, l, acc: (m, l, acc / l))(*ref.merge_partials(a, b)), ["acc divided by l"]),
+    (lambda a, b: (lambda m, l, acc: (l, m, acc))(*ref.merge_partials(a, b)), ["returned (l, m, acc)"]),
+    (lambda a, b: (lambda m, l, acc: (a[0] + b[0], l, acc))(*ref.merge_partials(a, b)), ["m added"]),
+    (lambda a, b: ref.merge_partials(a, b)[:2], ["did not return (m, l, acc)"]),
+    (lambda a, b: (lambda m, l, acc: (torch.minimum(a[0], b[0]), l, acc))(*ref.merge_partials(a, b)), ["m:", "wrong values"]),
+    (lambda a, b: (lambda m, l, acc: (m, l, acc[..., :1]))(*ref.merge_partials(a, b)), ["wrong shape"]),
+])
+def test_check_merge_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_merge_partials, fn, *phrases)
+
+
+def test_check_merge_not_attempted(rejects, unfinished):
+    rejects(check_merge_partials, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ================================================================================== sliding_window_mask
+def window_rule(rule):
+    def fn(n_q, n_k, window):
+        p = torch.arange(n_q)[:, None] + n_k - n_q
+        j = torch.arange(n_k)[None, :]
+        return rule(p, j, window, n_q, n_k)
+    return fn
+
+
+@pytest.mark.parametrize("fn", [
+    ref.sliding_window_mask,
+    window_rule(lambda p, j, w, n_q, n_k: (j <= p) & (j > p - w)),
+    window_rule(lambda p, j, w, n_q, n_k: ((p - j) >= 0) & ((p - j) < w)),
+    lambda n_q, n_k, window: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q) & ~torch.ones(
+        n_q, n_k, dtype=torch.bool).tril(n_k - n_q - window),
+])
+def test_check_window_mask_accepts(fn, accepts):
+    accepts(check_sliding_window_mask, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (window_rule(lambda p, j, w, n_q, n_k: (j <= p) & (j >= p - w)), ["one key too many"]),
+    (window_rule(lambda p, j, w, n_q, n_k: (j <= p) & (j > p - w + 1)), ["one key too few"]),
+    (lambda n_q, n_k, w: (torch.arange(n_k)[None] <= torch.arange(n_q)[:, None]) &
+     (torch.arange(n_k)[None] > torch.arange(n_q)[:, None] - w), ["top-left alignment"]),
+    (window_rule(lambda p, j, w, n_q, n_k: (j - p).abs() < w), ["not causal"]),
+    (window_rule(lambda p, j, w, n_q, n_k: j <= p), ["window ignored"]),
+    (window_rule(lambda p, j, w, n_q, n_k: (j < p) & (j > p - w - 1)), ["does not see itself"]),
+    (window_rule(lambda p, j, w, n_q, n_k: ~((j <= p) & (j > p - w))), ["polarity inverted"]),
+    (window_rule(lambda p, j, w, n_q, n_k: ((j <= p) & (j > p - w)).T), ["rows and columns swapped"]),
+    (window_rule(lambda p, j, w, n_q, n_k: ((j <= p) & (j > p - w)).float()), ["float32, not bool"]),
+    (window_rule(lambda p, j, w, n_q, n_k: (j <= p) & (j > p - 2 * w)), ["wrong entries"]),
+    (window_rule(lambda p, j, w, n_q, n_k: (j <= p - 1) & (j > p - w)), ["does not see itself"]),
+])
+def test_check_window_mask_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_sliding_window_mask, fn, *phrases)
+
+
+# ================================================================================== sliding_window_attention
+def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divide=True, scale=None, tail=True,
+                 full=False, sdpa=False, ragged=False):
+    """A tiled sliding-window attention with switches: right with the defaults."""
+
+    def fn(q, k, v, window, block_size):
+        n = q.shape[-2]
+        if sdpa:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=ref.sliding_window_mask(n, n, window))
+        if full:
+            s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            s = s.masked_fill(~ref.sliding_window_mask(n, n, window), float("-inf"))
+            return torch.softmax(s, -1) @ v
+        sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for qs in range(0, n, block_size):
+            qe = min(qs + block_size, n)
+            qb = q[..., qs:qe, :] * sc
+            m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+            first = max(0, qs - window + 1)
+            if ragged:
+                starts = [(first, qe)]
+            else:
+                start0 = 0 if causal_skip_only else first // block_size * block_size
+                stop = qe if tail else min(qe, n - n % block_size)
+                starts = [(ks, min(ks + block_size, n)) for ks in range(start0, stop, block_size)]
+            for ks, ke in starts:
+                s = qb @ k[..., ks:ke, :].transpose(-2, -1)
+                r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+                if local:
+                    r, c = r - qs, c - ks
+                s = s.masked_fill((c > r) | (c <= r - window + w_lo), -math.inf)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                alpha = torch.exp(m - safe) if rescale else torch.ones_like(m)
+                p = torch.exp(s - safe)
+                l = l * alpha + p.sum(-1, keepdim=True)
+                acc = acc * alpha + p @ v[..., ks:ke, :]
+                m = m_new
+            out[..., qs:qe, :] = acc / l if divide else acc
+        return out
+
+    return fn
+
+
+def window_rowwise(q, k, v, window, block_size):
+    """One query at a time over exactly its window: no tiles at all, fewer FLOPs than tiles."""
+    n, out = q.shape[-2], []
+    for i in range(n):
+        lo = max(0, i - window + 1)
+        s = q[..., i:i + 1, :] @ k[..., lo:i + 1, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        out.append(torch.softmax(s, -1) @ v[..., lo:i + 1, :])
+    return torch.cat(out, -2)
+
+
+@pytest.mark.parametrize("fn", [ref.sliding_window_attention, window_tiled(), window_tiled(ragged=True), window_rowwise])
+def test_check_window_attention_accepts(fn, accepts):
+    accepts(check_sliding_window_attention, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (window_tiled(w_lo=-1), ["one key too many"]),
+    (window_tiled(w_lo=1), ["one key too few"]),
+    (window_tiled(local=True), ["positions inside the tile"]),
+    (window_tiled(rescale=False), ["rescaled"]),
+    (window_tiled(divide=False), ["no final division"]),
+    (window_tiled(scale=1.0), ["scores not scaled"]),
+    (window_tiled(tail=False), ["last key block dropped"]),
+    (window_tiled(causal_skip_only=True), ["blocks outside the window are computed"]),
+    (window_tiled(full=True), ["full N × N score matrix"]),
+    (window_tiled(sdpa=True), ["calls F.scaled_dot_product_attention"]),
+    (lambda q, k, v, window, block_size: ref.masked_attention(q, k, v, ref.bottom_right_causal_mask(
+        q.shape[-2], q.shape[-2])), ["window ignored"]),
+    (lambda q, k, v, window, block_size: ref.masked_attention(q, k, q, ref.sliding_window_mask(
+        q.shape[-2], q.shape[-2], window)), ["as wide as q"]),
+])
+def test_check_window_attention_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_sliding_window_attention, fn, *phrases)
+
+
+def test_check_window_attention_not_attempted(rejects, unfinished):
+    rejects(check_sliding_window_attention, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)

@@ -1,0 +1,397 @@
+"""Checks of notebook 06 (attn_course.checks.masks): each wrong mask rejected with its diagnosis, correct
+alternatives accepted (NumPy, additive, other shapes that broadcast), and the same verdict on replay.
+
+The wrong answers are written the way learners write them, classic and unforeseen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_course import masks as M
+from attn_course.checks.masks import (
+    check_additive_mask,
+    check_causal_mask,
+    check_cross_attention_mask,
+    check_decoder_mask,
+    check_masked_softmax,
+    check_padding_mask_from_ids,
+    check_padding_mask_from_lengths,
+)
+from attn_course.checks.result import Status
+from attn_course.softmax import masked_softmax as reference_masked_softmax
+
+
+def tri(n):
+    return torch.ones(n, n, dtype=torch.bool)
+
+
+# ============================================================================ causal_mask
+@pytest.mark.parametrize("fn", [
+    M.causal_mask,
+    lambda n: torch.tril(torch.ones(n, n)).bool(),
+    lambda n: torch.arange(n)[:, None] >= torch.arange(n)[None, :],
+    lambda n: ~torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1),
+    lambda n: torch.ones(n, n).tril() == 1,
+    lambda n: np.tril(np.ones((n, n), dtype=bool)),  # NumPy result
+    lambda n: torch.ones(n, n).tril().log(),  # additive: 0 kept, -inf blocked
+    lambda n: torch.zeros(n, n).masked_fill(tri(n).triu(1), torch.finfo(torch.float32).min),  # additive, finfo.min
+    lambda n: tri(n).tril()[None, None],  # (1, 1, n, n)
+    lambda n: torch.tensor([[j <= i for j in range(n)] for i in range(n)]),
+])
+def test_causal_accepts(fn, accepts):
+    accepts(check_causal_mask, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda n: tri(n).triu(), ["upper triangle instead of lower", "torch.tril"]),
+    (lambda n: tri(n).tril(-1), ["diagonal excluded"]),
+    (lambda n: torch.arange(n)[:, None] > torch.arange(n)[None, :], ["diagonal excluded"]),
+    (lambda n: tri(n).tril(1), ["one diagonal too many"]),
+    (lambda n: tri(n).triu(1), ["mask polarity inverted"]),
+    (lambda n: tri(n), ["nothing is masked"]),
+    (lambda n: torch.eye(n, dtype=torch.bool), ["only the diagonal"]),
+    (lambda n: torch.zeros(n, n, dtype=torch.bool), ["everything is masked"]),
+    (lambda n: tri(n).tril().flip(-1), ["flipped"]),
+    (lambda n: torch.ones(n, n).tril(), ["float mask of 0s and 1s", ".bool()"]),
+    (lambda n: torch.ones(n, n, dtype=torch.long).tril(), ["integer mask"]),
+    (lambda n: torch.zeros(n, n).masked_fill(tri(n).triu(1), -1e4), ["fill value too weak"]),
+    (lambda n: tri(n + 1).tril(), ["does not fit"]),
+    (lambda n: tri(5).tril(), ["n is ignored"]),
+    (lambda n: tri(n).tril().tolist(), ["Python list"]),
+    (lambda n: (~tri(n).tril()).float() * float("-inf"), ["NaN", "0 × (-inf)"]),
+    # unforeseen: the last column always allowed
+    (lambda n: tri(n).tril() | (torch.arange(n) == n - 1), ["later keys (j > i) allowed"]),
+    # unforeseen: the first row blocked entirely
+    (lambda n: tri(n).tril() & (torch.arange(n)[:, None] > 0), ["blocks", "the diagonal"]),
+])
+def test_causal_rejects(fn, phrases, rejects):
+    rejects(check_causal_mask, fn, *phrases)
+
+
+def test_causal_not_attempted_and_not_callable(rejects, unfinished):
+    rejects(check_causal_mask, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_causal_mask, torch.ones(3, 3), "not a function")
+    rejects(check_causal_mask, lambda n: None, "None")
+
+
+# ============================================================================ padding_mask_from_lengths
+@pytest.mark.parametrize("fn", [
+    M.padding_mask_from_lengths,
+    lambda lengths, max_len=None: torch.stack([torch.arange(max_len or int(lengths.max())) < L for L in lengths]),
+    lambda lengths, max_len=None: (torch.arange(max_len or int(max(lengths)))[None, :] < lengths[:, None]).numpy(),
+    lambda lengths, max_len=None: torch.arange(int(lengths.max()) if max_len is None else max_len).expand(
+        len(lengths), -1) < lengths.unsqueeze(1),
+    lambda lengths, max_len=None: torch.tensor([[j < int(L) for j in range(max_len if max_len is not None
+                                                                            else int(max(lengths)))] for L in lengths]),
+])
+def test_lengths_accepts(fn, accepts):
+    accepts(check_padding_mask_from_lengths, fn)
+
+
+def _arange(lengths, max_len):
+    return torch.arange(max_len if max_len is not None else int(lengths.max()))
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda lengths, max_len=None: _arange(lengths, max_len) <= lengths[:, None], ["off by one", "<"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths[:, None] - 1, ["last real token"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len) >= lengths[:, None], ["polarity inverted"]),
+    (lambda lengths, max_len=None: (_arange(lengths, max_len) < lengths[:, None]).T, ["transposed"]),
+    (lambda lengths, max_len=None: torch.arange(int(lengths.max())) < lengths[:, None], ["max_len ignored"]),
+    (lambda lengths, max_len=None: torch.arange(max_len or len(lengths)) < lengths[:, None], ["default max_len wrong"]),
+    (lambda lengths, max_len=None: (_arange(lengths, max_len) < lengths[:, None]).float(), ["float mask of 0s and 1s"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len).flip(0) < lengths[:, None], ["padding on the left"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths[:1, None], ["<pad> positions allowed"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths.max(), ["<pad> positions allowed"]),
+])
+def test_lengths_rejects(fn, phrases, rejects):
+    rejects(check_padding_mask_from_lengths, fn, *phrases)
+
+
+def test_lengths_bad_results(rejects, unfinished):
+    rejects(check_padding_mask_from_lengths, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_padding_mask_from_lengths, lambda lengths, max_len=None: torch.full((2, 2), float("nan")), "NaN")
+    rejects(check_padding_mask_from_lengths, lambda lengths: lengths, "raised TypeError")
+
+
+# ============================================================================ padding_mask_from_ids
+@pytest.mark.parametrize("fn", [
+    M.padding_mask_from_ids,
+    lambda ids, pad_id: ids.ne(pad_id),
+    lambda ids, pad_id: ~(ids == pad_id),
+    lambda ids, pad_id: torch.where(ids == pad_id, float("-inf"), 0.0),  # additive
+    lambda ids, pad_id: (ids != pad_id).numpy(),
+    lambda ids, pad_id: torch.logical_not(torch.eq(ids, pad_id)),
+])
+def test_ids_accepts(fn, accepts):
+    accepts(check_padding_mask_from_ids, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda ids, pad_id: ids != 0, ["pad_id ignored"]),
+    (lambda ids, pad_id: ids > 0, ["pad_id ignored"]),
+    (lambda ids, pad_id: ids == pad_id, ["polarity inverted"]),
+    (lambda ids, pad_id: (ids != pad_id).T, ["transposed"]),
+    (lambda ids, pad_id: (ids != pad_id).float(), ["float mask of 0s and 1s"]),
+    (lambda ids, pad_id: (ids != pad_id).long(), ["integer mask"]),
+    (lambda ids, pad_id: (ids != pad_id).tolist(), ["Python list"]),
+    (lambda ids, pad_id: torch.arange(ids.shape[1]) < (ids != pad_id).sum(-1, keepdim=True), ["padding assumed at the end"]),
+    (lambda ids, pad_id: torch.cumprod((ids != pad_id).long(), -1).bool(), ["after the first <pad>"]),
+    (lambda ids, pad_id: ids > pad_id, ["real tokens blocked"]),
+])
+def test_ids_rejects(fn, phrases, rejects):
+    rejects(check_padding_mask_from_ids, fn, *phrases)
+
+
+def test_ids_not_attempted(rejects, unfinished):
+    rejects(check_padding_mask_from_ids, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_padding_mask_from_ids, "ids != pad_id", "not a function")
+
+
+# ============================================================================ decoder_mask
+def causal(T):
+    return tri(T).tril()
+
+
+def real(ids, pad):
+    return ids != pad
+
+
+@pytest.mark.parametrize("fn", [
+    M.decoder_mask,
+    lambda ids, pad: causal(ids.shape[1])[None, None] & real(ids, pad)[:, None, None, :],
+    lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad).unsqueeze(1)).unsqueeze(1),
+    lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).expand(-1, 3, -1, -1),  # (B, H, T, T)
+    lambda ids, pad: M.additive_mask(M.decoder_mask(ids, pad)),  # additive form
+    lambda ids, pad: torch.logical_and(torch.tril(torch.ones(ids.shape[1], ids.shape[1])).bool(),
+                                       (ids != pad)[:, None, None, :]),
+    # seed 004's style, padding queries blocked too: accepted (their outputs are never used)
+    lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, None, :] & real(ids, pad)[:, None, :, None],
+    # annotated-transformer style, ported: (B, 1, T) & (1, T, T), then a heads axis
+    lambda ids, pad: ((ids != pad).unsqueeze(-2) & (torch.triu(torch.ones(1, ids.shape[1], ids.shape[1]),
+                                                                diagonal=1) == 0)).unsqueeze(1),
+])
+def test_decoder_accepts(fn, accepts):
+    accepts(check_decoder_mask, fn)
+
+
+def test_decoder_key_only_answer_gets_no_note(accepts):
+    """E5: a key-only answer (the course's convention) passes without a remark about padding rows."""
+    assert "padding" not in accepts(check_decoder_mask, M.decoder_mask).summary.split("broadcasting over heads")[-1]
+    both = accepts(check_decoder_mask, lambda ids, pad: M.decoder_mask(ids, pad) & real(ids, pad)[:, None, :, None])
+    assert "rows of <pad> queries" in both.summary
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, :, None], ["queries instead of the keys"]),
+    (lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, :], ["no heads axis"]),
+    (lambda ids, pad: causal(ids.shape[1])[None, None].expand(ids.shape[0], 1, -1, -1), ["padding part is missing"]),
+    (lambda ids, pad: causal(ids.shape[1]), ["padding part is missing"]),
+    (lambda ids, pad: real(ids, pad)[:, None, None, :].expand(-1, 1, ids.shape[1], -1), ["causal part is missing"]),
+    (lambda ids, pad: causal(ids.shape[1]) | real(ids, pad)[:, None, None, :], ["OR padding instead of AND"]),
+    (lambda ids, pad: causal(ids.shape[1]).T & real(ids, pad)[:, None, None, :], ["upper triangle"]),
+    (lambda ids, pad: tri(ids.shape[1]).tril(-1) & real(ids, pad)[:, None, None, :], ["diagonal excluded"]),
+    (lambda ids, pad: tri(ids.shape[1]).tril(1) & real(ids, pad)[:, None, None, :], ["one diagonal too many"]),
+    (lambda ids, pad: ~(causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]), ["polarity inverted"]),
+    (lambda ids, pad: causal(ids.shape[1]) & (ids != 0)[:, None, None, :], ["pad_id ignored"]),
+    (lambda ids, pad: causal(ids.shape[1]) & (torch.arange(ids.shape[1]) < real(ids, pad).sum(-1, keepdim=True))[:, None, None, :],
+     ["padding assumed at the end"]),
+    (lambda ids, pad: torch.zeros(ids.shape[0], 1, ids.shape[1], ids.shape[1]).masked_fill(
+        ~(causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]), -1e4), ["fill value too weak"]),
+    (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).float(), ["float mask of 0s and 1s"]),
+    (lambda ids, pad: [[True]], ["Python list"]),
+    # unforeseen: padding rows and columns both blocked, and the diagonal kept for <pad> queries
+    (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]) | torch.eye(ids.shape[1], dtype=torch.bool),
+     ["<pad> keys"]),
+    # unforeseen: causal part from the number of real tokens (a square of size L)
+    (lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, None, :] & real(ids, pad)[:, None, :, None]
+     & (torch.arange(ids.shape[1]) > 0)[:, None], ["the diagonal"]),
+])
+def test_decoder_rejects(fn, phrases, rejects):
+    rejects(check_decoder_mask, fn, *phrases)
+
+
+def test_decoder_not_attempted(rejects, unfinished):
+    rejects(check_decoder_mask, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ============================================================================ cross_attention_mask
+@pytest.mark.parametrize("fn", [
+    M.cross_attention_mask,
+    lambda tgt, src, pad: (src != pad)[:, None, None, :],  # (B, 1, 1, S) broadcasts over heads and queries
+    lambda tgt, src, pad: (src != pad)[:, None, None, :].repeat(1, 1, tgt.shape[1], 1),
+    lambda tgt, src, pad: M.additive_mask(M.cross_attention_mask(tgt, src, pad), torch.float64),
+    lambda tgt, src, pad: (src != pad).unsqueeze(1).unsqueeze(1).expand(-1, -1, tgt.size(1), -1).numpy(),
+    lambda tgt, src, pad: torch.ones(tgt.shape[0], 1, tgt.shape[1], src.shape[1], dtype=torch.bool)
+    & (src != pad)[:, None, None, :],
+])
+def test_cross_accepts(fn, accepts):
+    accepts(check_cross_attention_mask, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad).transpose(-2, -1), ["rows and columns swapped"]),
+    (lambda tgt, src, pad: (tgt != pad)[:, None, :, None].expand(-1, 1, -1, src.shape[1]),
+     ["target padding blocked instead of source padding"]),
+    (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad) & (tgt != pad)[:, None, :, None],
+     ["target padding rows blocked as well"]),
+    (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad) & torch.ones(tgt.shape[1], src.shape[1],
+                                                                               dtype=torch.bool).tril(),
+     ["causal part in cross-attention"]),
+    (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad)[:, 0], ["no heads axis"]),
+    (lambda tgt, src, pad: ~M.cross_attention_mask(tgt, src, pad), ["polarity inverted"]),
+    (lambda tgt, src, pad: (src != 0)[:, None, None, :], ["pad_id ignored"]),
+    (lambda tgt, src, pad: (torch.arange(src.shape[1]) < (src != pad).sum(-1, keepdim=True))[:, None, None, :],
+     ["padding assumed at the end"]),
+    (lambda tgt, src, pad: (tgt != pad)[:, None, None, :], ["columns are target tokens"]),
+    (lambda tgt, src, pad: M.decoder_mask(tgt, pad), ["columns are target tokens"]),
+    (lambda tgt, src, pad: torch.ones(tgt.shape[0], 1, tgt.shape[1], src.shape[1], dtype=torch.bool), ["nothing is masked"]),
+    (lambda tgt, src, pad: torch.ones(2, 2, 2, 2, dtype=torch.bool), ["does not fit"]),
+    (lambda tgt, src, pad: (src != pad)[:, None, :], ["does not fit"]),
+])
+def test_cross_rejects(fn, phrases, rejects):
+    rejects(check_cross_attention_mask, fn, *phrases)
+
+
+def test_cross_not_attempted(rejects, unfinished):
+    rejects(check_cross_attention_mask, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ============================================================================ additive_mask
+@pytest.mark.parametrize("fn", [
+    M.additive_mask,
+    lambda mask, dtype=torch.float32: torch.where(mask, torch.tensor(0.0, dtype=dtype), torch.tensor(float("-inf"), dtype=dtype)),
+    lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min),
+    lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, max(-1e9, torch.finfo(dtype).min)),
+    lambda mask, dtype=torch.float32: ((~mask).to(dtype) * -1e9).to(dtype),  # 0·(-1e9) = 0; in float16 -1e9 → -inf
+    lambda mask, dtype=torch.float32: mask.to(dtype).log(),  # log 1 = 0, log 0 = -inf
+    lambda mask, dtype=torch.float32: torch.full(mask.shape, float("-inf"), dtype=dtype).masked_fill(mask, 0.0),
+    lambda mask, dtype=torch.float32: torch.zeros_like(mask, dtype=dtype).masked_fill_(mask.logical_not(), float("-inf")),
+])
+def test_additive_accepts(fn, accepts):
+    accepts(check_additive_mask, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -1e4), ["fill value too weak"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -1e9),
+     ["float16", "65504"]),
+    (lambda mask, dtype=torch.float32: (~mask).to(dtype) * float("-inf"), ["0 × (-inf) is NaN"]),
+    (lambda mask, dtype=torch.float32: mask.to(dtype), ["blocks nothing"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf")),
+     ["polarity inverted"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape).masked_fill(~mask, float("-inf")), ["dtype float32, not float16",
+                                                                                                   "ignored"]),
+    (lambda mask, dtype=torch.float32: torch.where(mask, 0.0, float("-inf")), ["dtype float32, not float16"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(3, dtype=dtype), ["not the mask's"]),
+    (lambda mask, dtype=torch.float32: mask.tolist(), ["Python list"]),
+    (lambda mask, dtype=torch.float32: ~mask, ["bool mask, not the additive form"]),
+    (lambda mask, dtype=torch.float32: torch.ones(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf")),
+     ["kept positions are not 0"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, 1e9),
+     ["blocked positions not negative"]),
+    (lambda mask, dtype=torch.float32: M.additive_mask(mask.squeeze(), dtype), ["not the mask's"]),
+])
+def test_additive_rejects(fn, phrases, rejects):
+    rejects(check_additive_mask, fn, *phrases)
+
+
+def test_additive_not_attempted(rejects, unfinished):
+    rejects(check_additive_mask, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_additive_mask, None, "not a function")
+
+
+# ============================================================================ masked_softmax
+def ms_solution(scores, mask):
+    empty = ~mask.any(dim=-1, keepdim=True)  # fully masked rows
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0), dim=-1)
+    return weights.masked_fill(~mask | empty, 0.0)
+
+
+def ms_nan_to_num(scores, mask):
+    return torch.nan_to_num(torch.softmax(scores.masked_fill(~mask, float("-inf")), -1), nan=0.0)
+
+
+def ms_where(scores, mask):
+    w = torch.softmax(torch.where(mask, scores, float("-inf")), dim=-1)
+    return torch.where(mask.any(-1, keepdim=True), w, torch.zeros_like(w))
+
+
+def ms_manual(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    total = e.sum(-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def ms_finfo_then_zero(scores, mask):
+    w = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), -1)
+    return w * mask  # a fully masked row: uniform × 0 = 0
+
+
+def ms_sdpa(scores, mask):
+    n_k = scores.shape[-1]
+    eye = torch.eye(n_k, dtype=scores.dtype)
+    mask = torch.broadcast_to(mask, scores.shape)
+    return F.scaled_dot_product_attention(scores, eye * n_k ** 0.5, eye.expand(*scores.shape[:-2], n_k, n_k),
+                                          attn_mask=mask)
+
+
+def ms_float64(scores, mask):
+    return ms_nan_to_num(scores.double(), mask)
+
+
+@pytest.mark.parametrize("fn", [
+    ms_solution, ms_nan_to_num, ms_where, ms_manual, ms_finfo_then_zero, ms_sdpa, ms_float64,
+    lambda scores, mask: reference_masked_softmax(scores, mask),
+    lambda scores, mask: reference_masked_softmax(scores, M.additive_mask(torch.broadcast_to(mask, scores.shape),
+                                                                          scores.dtype)),
+])
+def test_masked_softmax_accepts(fn, accepts):
+    accepts(check_masked_softmax, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1), ["NaN in fully masked rows", "~mask.any"]),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1), ["uniform weights in fully masked rows"]),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, torch.finfo(s.dtype).min), -1), ["uniform weights"]),
+    (lambda s, m: torch.nan_to_num(torch.softmax(s.masked_fill(~m, float("-inf")), -2)), ["axis -2"]),
+    (lambda s, m: torch.nan_to_num(torch.softmax(s.masked_fill(m, float("-inf")), -1)), ["polarity inverted"]),
+    (lambda s, m: torch.softmax(s, -1), ["mask ignored"]),
+    (lambda s, m: torch.softmax(s, -1) * m, ["mask applied after the softmax"]),
+    (lambda s, m: (torch.softmax(s, -1) * m) / (torch.softmax(s, -1) * m).sum(-1, keepdim=True), ["renormalised"]),
+    (lambda s, m: torch.nan_to_num((torch.softmax(s, -1) * m) / (torch.softmax(s, -1) * m).sum(-1, keepdim=True)),
+     ["renormalised", "underflow"]),
+    (lambda s, m: ms_nan_to_num(s, m).masked_fill(~m.all(-1, keepdim=True), 0.0), ["any blocked key set to 0"]),
+    (lambda s, m: torch.where(m.any(-1, keepdim=True), ms_nan_to_num(s, m), torch.ones_like(s)), ["filled with 1"]),
+    (lambda s, m: torch.where(m.any(-1, keepdim=True), ms_nan_to_num(s, m), torch.softmax(s, -1)),
+     ["fully masked rows not masked"]),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, -1e4), -1).masked_fill(~m.any(-1, keepdim=True), 0.0),
+     ["fill value too weak"]),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(1 / s.shape[-1]),
+     ["uniform weights in fully masked rows"]),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.5), ["fully masked rows are not zero"]),
+    (lambda s, m: ms_nan_to_num(s, m)[..., :-1], ["shape"]),
+])
+def test_masked_softmax_rejects(fn, phrases, rejects):
+    rejects(check_masked_softmax, fn, *phrases)
+
+
+def test_masked_softmax_not_attempted(rejects, unfinished):
+    rejects(check_masked_softmax, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+def test_masked_softmax_cases_hold_fully_masked_rows_of_every_kind():
+    from attn_course.checks.masks import _softmax_cases
+
+    cases = _softmax_cases()
+    empty_rows = [~torch.broadcast_to(c.mask, c.scores.shape).any(-1) for c in cases]
+    assert sum(bool(e.any()) for e in empty_rows) >= 5 and not empty_rows[0].any()  # the first case has none
+    assert {c.scores.dtype for c in cases} == {torch.float16, torch.float32, torch.float64}
+    assert {c.mask.dim() for c in cases} >= {1, 2, 4}

@@ -1,0 +1,489 @@
+"""Checks of notebook 07 (attn_course.checks.multihead): every pitfall rejected with its diagnosis, correct
+alternatives (view/permute/einsum/chunk styles, fused QKV, SDPA inside the module, other layer names)
+accepted, and the same verdict when the grader replays the log."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attn_course import multihead as mh
+from attn_course.checks.multihead import check_merge_heads, check_MultiHeadAttention, check_split_heads
+from attn_course.checks.result import Status
+from attn_course.softmax import masked_softmax
+
+
+# ============================================================================ split_heads
+def split_view_permute(x, n_heads):
+    b, n, d = x.shape
+    return x.view(b, n, n_heads, d // n_heads).permute(0, 2, 1, 3)
+
+
+def split_chunks(x, n_heads):
+    return torch.stack(x.chunk(n_heads, dim=-1), dim=1)
+
+
+def split_numpy(x, n_heads):
+    a = np.asarray(x)
+    b, n, d = a.shape
+    return a.reshape(b, n, n_heads, d // n_heads).transpose(0, 2, 1, 3)
+
+
+def split_einsum(x, n_heads):
+    return torch.einsum("bnhd->bhnd", x.unflatten(-1, (n_heads, -1)))
+
+
+def split_loop(x, n_heads):
+    d = x.shape[-1] // n_heads
+    return torch.stack([x[..., h * d:(h + 1) * d] for h in range(n_heads)], dim=1)
+
+
+@pytest.mark.parametrize("fn", [mh.split_heads, split_view_permute, split_chunks, split_numpy, split_einsum, split_loop])
+def test_split_accepts_alternatives(fn, accepts):
+    accepts(check_split_heads, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda x, a: x.reshape(x.shape[0], a, x.shape[1], -1), ["heads split without a transpose", "heads mixed with positions"]),
+    (lambda x, a: x.reshape(*x.shape[:2], -1, a).permute(0, 3, 1, 2), ["wrong order", "(A, d_head), not (d_head, A)"]),
+    (lambda x, a: x.reshape(*x.shape[:2], a, -1), ["head axis not moved", ".transpose(1, 2)"]),
+    (lambda x, a: x.reshape(*x.shape[:2], -1, a).transpose(1, 2), ["n_heads used as the head width"]),
+    (lambda x, a: x.reshape(x.shape[0], x.shape[1], 3, -1).transpose(1, 2), ["split into 3 heads, not n_heads = 4", "hard-coded"]),
+    (lambda x, a: x.reshape(*x.shape[:2], a, -1).transpose(0, 1), ["wrong shape", "different order"]),
+    (lambda x, a: split_view_permute(x, a) * 2, ["off by a factor of 2"]),
+    (lambda x, a: split_view_permute(x, a).float(), None),  # float32 on float64 input: fine (values kept)
+])
+def test_split_names_each_pitfall(fn, phrases, rejects, accepts):
+    if phrases is None:
+        accepts(check_split_heads, fn)
+    else:
+        rejects(check_split_heads, fn, *phrases)
+
+
+def test_split_bad_answers(rejects, unfinished):
+    rejects(check_split_heads, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_split_heads, 42, "not a function")
+    rejects(check_split_heads, lambda x, a: [1, 2, 3], "Python list")
+    rejects(check_split_heads, lambda x, a: None, "returned None")
+    rejects(check_split_heads, lambda x, a: x, "wrong shape (2, 5, 12)")
+    rejects(check_split_heads, lambda x, a: mh.split_heads(x, a) * float("nan"), "NaN")
+    rejects(check_split_heads, lambda x, a: x.view(x.shape[0], x.shape[1], a, -1).transpose(1, 2).view(
+        x.shape[0], a, x.shape[1], -1).mean() / 0, "")  # a scalar: wrong shape, no crash
+
+
+# ============================================================================ merge_heads
+def merge_cat(x):
+    return torch.cat(x.unbind(1), dim=-1)
+
+
+def merge_contiguous_view(x):
+    b, a, n, d = x.shape
+    return x.transpose(1, 2).contiguous().view(b, n, a * d)
+
+
+def merge_einsum(x):
+    return torch.einsum("bhnd->bnhd", x).flatten(-2)
+
+
+def merge_numpy(x):
+    a = np.asarray(x)
+    b, h, n, d = a.shape
+    return a.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def merge_permute(x):
+    return x.permute(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1)
+
+
+@pytest.mark.parametrize("fn", [mh.merge_heads, merge_cat, merge_contiguous_view, merge_einsum, merge_numpy, merge_permute])
+def test_merge_accepts_alternatives(fn, accepts):
+    accepts(check_merge_heads, fn)
+
+
+def _view_after_transpose(x):
+    b, a, n, d = x.shape
+    return x.transpose(1, 2).view(b, n, a * d)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda x: x.reshape(x.shape[0], x.shape[2], -1), ["heads merged without a transpose", "heads mixed with positions"]),
+    (lambda x: x.permute(0, 2, 3, 1).flatten(-2), ["wrong concat order: features interleaved"]),
+    (lambda x: torch.cat(x.unbind(1)[::-1], dim=-1), ["wrong concat order: last head first"]),
+    (lambda x: x.transpose(1, 2), ["heads not concatenated", "reshape the last two axes"]),
+    (lambda x: x.mean(1), ["heads averaged"]),
+    (lambda x: x.sum(1), ["heads summed"]),
+    (lambda x: x[:, 0], ["only one head kept"]),
+    (_view_after_transpose, ["RuntimeError", "non-contiguous", ".reshape"]),
+])
+def test_merge_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_merge_heads, fn, *phrases)
+
+
+def test_merge_bad_answers(rejects, unfinished):
+    rejects(check_merge_heads, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_merge_heads, "merge", "not a function")
+    rejects(check_merge_heads, lambda x: x.tolist(), "Python list")
+    rejects(check_merge_heads, lambda x: mh.merge_heads(x) + 1, "shifted by a constant")
+    rejects(check_merge_heads, lambda x: 1 / 0, "ZeroDivisionError")
+
+
+# ============================================================================ MultiHeadAttention
+def _split(t, a):
+    b, n, w = t.shape
+    return t.view(b, n, a, w // a).transpose(1, 2)
+
+
+def make_mha(*, names=("q_proj", "k_proj", "v_proj", "out_proj"), fused=None, bias=True, style="matmul",
+             split="ok", merge="ok", scale="d_head", dim=-1, out_proj=True, returns="pair", mask_mode="ok",
+             kv="ok", default_d_head="ceil", q_out="width", o_in="width", assert_divisible=False, signature="full",
+             qk_swapped=False, v_from="v"):
+    """A learner's MultiHeadAttention: correct unless an option injects one mistake."""
+
+    class MultiHeadAttention(nn.Module):
+        def __init__(self, d_model, n_heads, d_head=None):
+            super().__init__()
+            if assert_divisible:
+                assert d_model % n_heads == 0, "d_model must be divisible by n_heads"
+            if d_head is None:
+                d_head = -(-d_model // n_heads) if default_d_head == "ceil" else d_model // n_heads
+            self.a, self.d, self.d_model = n_heads, d_head, d_model
+            width = n_heads * d_head
+            if fused:
+                setattr(self, fused, nn.Linear(d_model, 3 * width, bias=bias))
+            else:
+                q, k, v, _ = names
+                setattr(self, q, nn.Linear(d_model, width if q_out == "width" else d_model, bias=bias))
+                setattr(self, k, nn.Linear(d_model, width, bias=bias))
+                setattr(self, v, nn.Linear(d_model, width, bias=bias))
+            setattr(self, names[3], nn.Linear(width if o_in == "width" else d_model, d_model, bias=bias))
+
+        def attend(self, x_q, x_kv=None, mask=None):
+            kv_src = x_q if x_kv is None or kv == "ignored" else x_kv
+            q_src = x_q
+            if kv == "swapped" and x_kv is not None:
+                q_src, kv_src = x_kv, x_q
+            if fused:
+                proj = getattr(self, fused)
+                q, _, _ = proj(q_src).chunk(3, dim=-1)
+                _, k, v = proj(kv_src).chunk(3, dim=-1)
+            else:
+                qp, kp, vp = (getattr(self, n) for n in names[:3])
+                if qk_swapped:
+                    qp, kp = kp, qp
+                q, k = qp(q_src), kp(kv_src)
+                v = {"v": vp, "k": kp}[v_from](x_q if v_from == "v" and kv == "values_from_q" else kv_src)
+            b, n_q, _ = q.shape
+            if split == "no_transpose":
+                q, k, v = (t.reshape(b, self.a, t.shape[1], -1) for t in (q, k, v))
+            elif split == "strided":
+                q, k, v = (t.reshape(b, t.shape[1], -1, self.a).permute(0, 3, 1, 2) for t in (q, k, v))
+            else:
+                q, k, v = (_split(t, self.a) for t in (q, k, v))
+            factor = {"d_head": 1 / math.sqrt(self.d), "d_model": 1 / math.sqrt(self.d_model), "none": 1.0,
+                      "d_head_linear": 1 / self.d, "width": 1 / math.sqrt(self.a * self.d)}[scale]
+            if style == "einsum":
+                scores = torch.einsum("bhid,bhjd->bhij", q, k) * factor
+            else:
+                scores = q @ k.transpose(-2, -1) * factor
+            if mask is None or mask_mode == "ignored":
+                w = torch.softmax(scores, dim=dim)
+            elif mask_mode == "ok":
+                w = masked_softmax(scores, mask, dim)
+            elif mask_mode == "where_nan_to_num":
+                w = torch.softmax(torch.where(mask, scores, float("-inf")), dim=dim).nan_to_num(0.0)
+            elif mask_mode == "inverted":
+                w = masked_softmax(scores, ~mask, dim)
+            elif mask_mode == "after":
+                w = torch.softmax(scores, dim=dim) * mask
+            elif mask_mode == "nan":
+                w = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=dim)
+            elif mask_mode == "finite":
+                w = torch.softmax(scores.masked_fill(mask == 0, -1e9), dim=dim)
+            elif mask_mode == "unsqueeze":  # assumes a (B, n_q, n_k) mask
+                w = masked_softmax(scores, mask.unsqueeze(1), dim)
+            elif mask_mode == "repeat":  # nn.MultiheadAttention's (B·A, n_q, n_k), built with repeat instead of repeat_interleave
+                full = torch.broadcast_to(mask, scores.shape)[:, 0]  # (B, n_q, n_k): one mask per sequence
+                flat = full.repeat(self.a, 1, 1)  # (A·B, …) head-major — wrong
+                w = masked_softmax(scores.flatten(0, 1), flat, dim).view(scores.shape)
+            else:
+                raise ValueError(mask_mode)
+            heads = w @ v  # (B, A, n_q, d_head)
+            if merge == "no_transpose":
+                cat = heads.reshape(b, n_q, -1)
+            elif merge == "interleaved":
+                cat = heads.permute(0, 2, 3, 1).reshape(b, n_q, -1)
+            elif merge == "reversed":
+                cat = torch.cat(heads.unbind(1)[::-1], dim=-1)
+            else:
+                cat = heads.transpose(1, 2).reshape(b, n_q, -1)
+            out = getattr(self, names[3])(cat) if out_proj else cat
+            if returns == "out":
+                return out
+            if returns == "swapped":
+                return w, out
+            if returns == "averaged":
+                return out, w.mean(1)
+            return out, w
+
+        if signature == "full":
+            def forward(self, x_q, x_kv=None, mask=None):
+                return self.attend(x_q, x_kv, mask)
+        else:
+            def forward(self, x):
+                return self.attend(x)
+
+    return MultiHeadAttention
+
+
+class SdpaInside(nn.Module):
+    """F.scaled_dot_product_attention for the output; the weights from masked_softmax (SDPA returns none)."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.h = n_heads
+        self.d = d_head or math.ceil(d_model / n_heads)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, n_heads * self.d) for _ in range(3))
+        self.out_proj = nn.Linear(n_heads * self.d, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        q, k, v = _split(self.q_proj(x_q), self.h), _split(self.k_proj(x_kv), self.h), _split(self.v_proj(x_kv), self.h)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # zeros on a fully masked row (torch ≥ 2.5)
+        weights = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d), mask)
+        return self.out_proj(out.transpose(1, 2).flatten(2)), weights
+
+
+class PerHeadLoop(nn.Module):
+    """A loop over heads, slicing the projections (a common first attempt, and right)."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.h, self.d = n_heads, d_head or -(-d_model // n_heads)
+        self.W_q = nn.Linear(d_model, n_heads * self.d)
+        self.W_k = nn.Linear(d_model, n_heads * self.d)
+        self.W_v = nn.Linear(d_model, n_heads * self.d)
+        self.W_o = nn.Linear(n_heads * self.d, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        q, k, v = self.W_q(x_q), self.W_k(x_kv), self.W_v(x_kv)
+        outs, weights = [], []
+        for h in range(self.h):
+            cols = slice(h * self.d, (h + 1) * self.d)
+            s = q[..., cols] @ k[..., cols].transpose(-2, -1) / self.d ** 0.5  # (B, n_q, n_k)
+            m = None if mask is None else torch.broadcast_to(mask, (q.shape[0], self.h, q.shape[1], k.shape[1]))[:, h]
+            w = masked_softmax(s, m)
+            outs.append(w @ v[..., cols])
+            weights.append(w)
+        return self.W_o(torch.cat(outs, dim=-1)), torch.stack(weights, dim=1)
+
+
+class AnnotatedStyle(nn.Module):
+    """The Annotated Transformer's four unnamed layers, in the order Q, K, V, O."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.h, self.d = n_heads, d_head or -(-d_model // n_heads)
+        w = n_heads * self.d
+        self.linears = nn.ModuleList([nn.Linear(d_model, w), nn.Linear(d_model, w), nn.Linear(d_model, w),
+                                      nn.Linear(w, d_model)])
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        q, k, v = [_split(lin(x), self.h) for lin, x in zip(self.linears, (x_q, x_kv, x_kv))]
+        w = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d), mask)
+        return self.linears[-1]((w @ v).transpose(1, 2).contiguous().view(q.shape[0], q.shape[2], -1)), w
+
+
+class NanoGPTStyle(nn.Module):
+    """nanoGPT's c_attn (fused, split into q, k, v) and c_proj, with one weight matrix for K and V sources."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.h, self.d = n_heads, d_head or -(-d_model // n_heads)
+        self.c_attn = nn.Linear(d_model, 3 * n_heads * self.d)
+        self.c_proj = nn.Linear(n_heads * self.d, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        w = self.h * self.d
+        q = _split(self.c_attn(x_q)[..., :w], self.h)
+        k, v = (_split(t, self.h) for t in self.c_attn(x_kv)[..., w:].split(w, dim=-1))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if mask is not None:
+            att = att.masked_fill(mask == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = torch.where(torch.isnan(att), torch.zeros_like(att), att)  # a fully masked row: zeros
+        y = (att @ v).transpose(1, 2).contiguous().view(q.size(0), q.size(2), w)
+        return self.c_proj(y), att
+
+
+class OutProjFirst(AnnotatedStyle):
+    """Four unnamed layers created W^O first: right maths, but no name says which layer is which."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__(d_model, n_heads, d_head)
+        w = n_heads * self.d
+        self.linears = nn.ModuleList([nn.Linear(w, d_model), nn.Linear(d_model, w), nn.Linear(d_model, w),
+                                      nn.Linear(d_model, w)])
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        q, k, v = [_split(lin(x), self.h) for lin, x in zip(self.linears[1:], (x_q, x_kv, x_kv))]
+        w = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d), mask)
+        return self.linears[0](mh.merge_heads(w @ v)), w
+
+
+class ReferenceSubclass(mh.MultiHeadAttention):
+    """The course's reference, with its extra keyword arguments left at their defaults."""
+
+
+class WithDropout(mh.MultiHeadAttention):
+    """Dropout on the weights, as in notebook 07's last section: the check runs the module in eval mode."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__(d_model, n_heads, d_head, dropout=0.2)
+
+
+@pytest.mark.parametrize("cls", [
+    mh.MultiHeadAttention,
+    ReferenceSubclass,
+    WithDropout,
+    make_mha(),
+    make_mha(style="einsum"),
+    make_mha(fused="qkv_proj"),
+    make_mha(fused="in_proj"),
+    make_mha(bias=False),
+    make_mha(names=("W_query", "W_key", "W_value", "out_proj")),
+    make_mha(names=("to_q", "to_k", "to_v", "to_out")),
+    make_mha(mask_mode="where_nan_to_num"),
+    SdpaInside,
+    PerHeadLoop,
+    AnnotatedStyle,
+    NanoGPTStyle,
+    make_mha(names=("p0", "p1", "p2", "p3")),
+], ids=lambda c: getattr(c, "__qualname__", str(c)))
+def test_mha_accepts_alternatives(cls, accepts):
+    accepts(check_MultiHeadAttention, cls)
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (make_mha(split="no_transpose"), ["heads split without a transpose", "heads mixed with positions"]),
+    (make_mha(split="strided"), ["features split in the wrong order"]),
+    (make_mha(merge="no_transpose"), ["heads merged without a transpose"]),
+    (make_mha(merge="interleaved"), ["wrong concat order: features interleaved"]),
+    (make_mha(merge="reversed"), ["wrong concat order: last head first"]),
+    (make_mha(scale="d_model"), ["scaled by √d_model, not √d_head"]),
+    (make_mha(scale="none"), ["scores not scaled"]),
+    (make_mha(scale="d_head_linear"), ["divided by d_head instead of √d_head"]),
+    (make_mha(scale="width"), ["√(A·d_head)"]),
+    (make_mha(dim=-2), ["softmax over the queries"]),
+    (make_mha(out_proj=False), ["W^O not applied"]),
+    (make_mha(o_in="d_model"), ["W^O takes d_model inputs, not A·d_head", "nn.Linear(n_heads * d_head, d_model)"]),
+    (make_mha(q_out="d_model"), ["W^Q gives 10 outputs, not A·d_head = 12", "projected to d_model"]),
+    (make_mha(default_d_head="floor"), ["W^Q gives 8 outputs, not A·d_head = 12", "d_model // n_heads = 2"]),
+    (make_mha(assert_divisible=True), ["AssertionError", "A need not divide d_model"]),
+    (make_mha(kv="ignored"), ["x_kv ignored: keys and values from x_q"]),
+    (make_mha(kv="swapped"), ["x_q and x_kv swapped"]),
+    (make_mha(kv="values_from_q"), ["mixes the two lengths"]),
+    (make_mha(qk_swapped=True), ["W^Q and W^K swapped"]),
+    (make_mha(v_from="k"), ["values projected with W^K"]),
+    (make_mha(mask_mode="inverted"), ["mask polarity inverted"]),
+    (make_mha(mask_mode="ignored"), ["mask ignored"]),
+    (make_mha(mask_mode="after"), ["mask applied after the softmax"]),
+    (make_mha(mask_mode="nan"), ["NaN on a fully masked row", "masked_softmax"]),
+    (make_mha(mask_mode="finite"), ["uniform weights on a fully masked row"]),
+    (make_mha(mask_mode="unsqueeze"), ["not broadcast against the scores"]),
+    (make_mha(mask_mode="repeat"), ["mask matched to the wrong batch entries and heads"]),
+    (make_mha(returns="out"), ["forward returned one tensor, not (out, weights)"]),
+    (make_mha(returns="averaged"), ["weights averaged over the heads"]),
+    (make_mha(returns="swapped"), ["wrong shape"]),
+    (make_mha(signature="x_only"), ["forward does not take (x_q, x_kv=None, mask=None)"]),
+    (make_mha(names=("p0", "p1", "p2", "p3"), merge="reversed"), ["wrong concat order: last head first"]),
+    (OutProjFirst, ["took them in the order they were created", "name them q_proj"]),
+], ids=lambda p: p if isinstance(p, list) else None)
+def test_mha_names_each_pitfall(cls, phrases, rejects):
+    rejects(check_MultiHeadAttention, cls, *phrases)
+
+
+def test_mha_values_from_x_q_named_when_lengths_agree(rejects):
+    """With n_k = n_q the same mistake runs and gives wrong values: named by its output."""
+    from attn_course.checks import multihead as C
+
+    cls = make_mha(kv="values_from_q")
+    cases = C._cases()
+    same_length = [c for c in cases if c.get("m") == c["n"]]
+    assert same_length, "the check needs a cross-attention case with n_k = n_q"
+    # The check reaches the n_k ≠ n_q case first and names the length mix-up there (above); the mistake model
+    # itself must also reproduce this answer where both lengths agree.
+    case = same_length[0]
+    torch.manual_seed(0)
+    module = cls(case["d"], case["a"], case["h"])
+    P = {r: (getattr(module, n).weight.detach().double(), getattr(module, n).bias.detach().double())
+         for r, n in zip("qkvo", ("q_proj", "k_proj", "v_proj", "out_proj"))}
+    x_q, x_kv = torch.randn(2, case["n"], case["d"]), torch.randn(2, case["m"], case["d"])
+    got = module(x_q, x_kv)[0].detach().double()
+    wrong = C._multihead(P, x_q, x_kv, None, case["a"], case["h"], v_weights="v_from_x_q")[0]
+    torch.testing.assert_close(got, wrong, atol=1e-5, rtol=1e-4)
+
+
+def test_mha_bad_classes(rejects, unfinished):
+    class Unfinished(nn.Module):
+        def __init__(self, d_model, n_heads, d_head=None):
+            super().__init__()
+            raise NotImplementedError()
+
+    class NotAModule:
+        def __init__(self, d_model, n_heads, d_head=None):
+            pass
+
+    class NoLayers(nn.Module):
+        def __init__(self, d_model, n_heads, d_head=None):
+            super().__init__()
+            self.proj = nn.Linear(d_model, d_model)
+
+    class Crashes(mh.MultiHeadAttention):
+        def forward(self, x_q, x_kv=None, mask=None):
+            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    class NaNs(mh.MultiHeadAttention):
+        def forward(self, x_q, x_kv=None, mask=None):
+            out, w = super().forward(x_q, x_kv, mask)
+            return out, w * float("nan")
+
+    class Exits(mh.MultiHeadAttention):
+        def forward(self, x_q, x_kv=None, mask=None):
+            raise SystemExit(1)
+
+    rejects(check_MultiHeadAttention, Unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_MultiHeadAttention, NotAModule, "not an nn.Module")
+    rejects(check_MultiHeadAttention, NoLayers, "W^Q, W^K, W^V, W^O not found", "proj (12 → 12)")
+    rejects(check_MultiHeadAttention, Crashes, "raised RuntimeError", "mat1 and mat2")
+    rejects(check_MultiHeadAttention, NaNs, "NaN")
+    rejects(check_MultiHeadAttention, Exits, "SystemExit")
+    rejects(check_MultiHeadAttention, mh.MultiHeadAttention(12, 3), "not a class")
+    rejects(check_MultiHeadAttention, lambda x: x, "not a class")
+    assert check_MultiHeadAttention.evaluate(namespace={}).status is Status.NOT_ATTEMPTED
+
+
+def test_mha_oracle_model_equals_torch():
+    """The float64 model of the check (used where nn.MultiheadAttention cannot be) equals it where it can."""
+    from attn_course.checks import multihead as C
+
+    g = torch.Generator().manual_seed(0)
+    P = {r: (torch.randn(12, 12, generator=g, dtype=torch.float64) / 3, torch.randn(12, generator=g, dtype=torch.float64))
+         for r in "qkvo"}
+    x_q, x_kv = torch.randn(2, 4, 12, generator=g), torch.randn(2, 6, 12, generator=g)
+    mask = torch.rand(2, 3, 4, 6, generator=g) < 0.6
+    mask[..., 0] = True
+    for kv, m in ((None, None), (x_kv, None), (x_kv, mask), (None, torch.ones(4, 4, dtype=torch.bool).tril())):
+        ours = C._multihead(P, x_q, kv, m, 3, 4)
+        theirs = C._oracle(P, x_q, kv, m, 3, 4, 12)
+        assert theirs[2]  # computed by nn.MultiheadAttention
+        torch.testing.assert_close(ours[0], theirs[0])
+        torch.testing.assert_close(ours[1], theirs[1])

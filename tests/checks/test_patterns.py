@@ -1,0 +1,239 @@
+"""Checks of notebook 08 (attn_course.checks.patterns): every pitfall rejected with its diagnosis, correct
+alternatives (NumPy, einsum, log2, an epsilon guard, Categorical…) accepted, same verdict on replay."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attn_course import patterns as ref
+from attn_course.checks.patterns import (
+    check_attention_distance,
+    check_effective_positions,
+    check_normalised_entropy,
+    check_peak_weight,
+    check_self_attention_weight,
+)
+from attn_course.checks.result import Status
+
+CHECKS = {
+    check_normalised_entropy: ref.normalised_entropy,
+    check_peak_weight: ref.peak_weight,
+    check_self_attention_weight: ref.self_attention_weight,
+    check_attention_distance: ref.attention_distance,
+    check_effective_positions: ref.effective_positions,
+}
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.exercise)
+def test_accepts_the_reference(check, accepts):
+    accepts(check, CHECKS[check])
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.exercise)
+def test_bad_answers(check, rejects, unfinished):
+    rejects(check, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check, 3.0, "not a function")
+    rejects(check, lambda w, mask=None: [0.5] * w.shape[-2], "Python list")
+    rejects(check, lambda w, mask=None: w, "wrong shape")
+    rejects(check, lambda w, mask=None: w.sum(-1) * float("nan"), "NaN")
+    rejects(check, lambda w, mask=None: 1 / 0, "ZeroDivisionError")
+    rejects(check, lambda w, mask=None: None, "returned None")
+
+
+# ============================================================================ normalised entropy
+def _allowed(w, mask):
+    return torch.full(w.shape[:-1], w.shape[-1], dtype=torch.float64) if mask is None else \
+        torch.broadcast_to(mask, w.shape).sum(-1).double()
+
+
+def entropy_eps(w, mask=None):  # the common "+ 1e-10" guard: close enough
+    h = -(w * torch.log(w + 1e-10)).sum(-1).double()
+    n = _allowed(w, mask)
+    return torch.where(n > 1, h / n.clamp(min=2).log(), torch.zeros_like(h))
+
+
+def entropy_numpy(weights, mask=None):
+    w = np.asarray(weights, dtype=np.float64)
+    h = -(w * np.log(np.where(w > 0, w, 1.0))).sum(-1)
+    n = np.full(h.shape, w.shape[-1]) if mask is None else np.broadcast_to(np.asarray(mask), w.shape).sum(-1)
+    return np.where(n > 1, h / np.log(np.maximum(n, 2)), 0.0)
+
+
+def entropy_log2(w, mask=None):
+    h = -torch.where(w > 0, w * torch.log2(w), torch.zeros_like(w)).sum(-1)
+    n = _allowed(w, mask).to(h.dtype)
+    return torch.where(n > 1, h / torch.log2(n.clamp(min=2)), torch.zeros_like(h))
+
+
+def entropy_categorical(w, mask=None):
+    h = torch.distributions.Categorical(probs=w.double() + 1e-300).entropy()
+    n = _allowed(w, mask)
+    out = h / n.log()
+    return torch.nan_to_num(out, nan=0.0, posinf=0.0).where(n > 1, torch.zeros_like(out))
+
+
+def entropy_keyword_loop(weights, mask=None):
+    rows = weights.reshape(-1, weights.shape[-1]).double()
+    allowed = (torch.ones_like(weights, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, weights.shape))
+    allowed = allowed.reshape(-1, weights.shape[-1])
+    out = []
+    for row, ok in zip(rows, allowed):
+        k = int(ok.sum())
+        h = -sum(p * math.log(p) for p in row.tolist() if p > 0)
+        out.append(h / math.log(k) if k > 1 else 0.0)
+    return torch.tensor(out).reshape(weights.shape[:-1])
+
+
+@pytest.mark.parametrize("fn", [entropy_eps, entropy_numpy, entropy_log2, entropy_categorical, entropy_keyword_loop])
+def test_entropy_accepts_alternatives(fn, accepts):
+    accepts(check_normalised_entropy, fn)
+
+
+def _h(w):
+    return -torch.special.xlogy(w, w).sum(-1).double()
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda w, mask=None: -(w * w.log()).sum(-1) / math.log(w.shape[-1]), ["log(0) gives NaN", "xlogy"]),
+    (lambda w, mask=None: _h(w), ["entropy not normalised"]),
+    (lambda w, mask=None: _h(w) / math.log(w.shape[-1]) if w.shape[-1] > 1 else _h(w) * 0,
+     ["normalised by all keys, not the allowed ones", "mask.sum(-1)"]),
+    (lambda w, mask=None: _h(w) / math.log(w.shape[-2]) if w.shape[-2] > 1 else _h(w),
+     ["normalised by the number of queries"]),
+    (lambda w, mask=None: -ref.normalised_entropy(w, mask), ["sign flipped"]),
+    (lambda w, mask=None: -torch.special.xlogy(w, w).sum(-2) / math.log(w.shape[-1]), ["summed over the queries"]),
+    (lambda w, mask=None: _h(w) / _allowed(w, mask).log(), ["0/0 on rows with a single allowed key"]),
+    (lambda w, mask=None: ref.normalised_entropy(w, None if mask is None else ~mask), ["mask polarity inverted"]),
+    (lambda w, mask=None: ref.normalised_entropy(w, w > 0), ["counted the nonzero weights"]),
+    (lambda w, mask=None: _h(w) / math.log(2), ["entropy in bits, not normalised"]),
+    (lambda w: ref.normalised_entropy(w), ["does not take the mask"]),
+])
+def test_entropy_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_normalised_entropy, fn, *phrases)
+
+
+# ============================================================================ peak weight
+@pytest.mark.parametrize("fn", [lambda w: w.max(dim=-1).values, lambda w: np.asarray(w).max(axis=-1),
+                                lambda w: torch.max(w, -1, keepdim=True)[0].squeeze(-1),
+                                lambda w: w.double().amax(-1), lambda w: w.sort(-1).values[..., -1]])
+def test_peak_accepts_alternatives(fn, accepts):
+    accepts(check_peak_weight, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda w: w.amax(-2), ["maximum over the queries"]),
+    (lambda w: w.argmax(-1), ["position of the peak"]),
+    (lambda w: w.max(), ["maximum of the whole tensor"]),
+    (lambda w: w.max(dim=-1), ["(values, indices) pair", ".values"]),
+    (lambda w: w.amin(-1), ["minimum instead of maximum"]),
+    (lambda w: w.sum(-1), ["row sums"]),
+    (lambda w: w.amax(-1, keepdim=True), ["wrong shape", "keepdim"]),
+])
+def test_peak_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_peak_weight, fn, *phrases)
+
+
+# ============================================================================ self-attention weight
+@pytest.mark.parametrize("fn", [lambda w: torch.diagonal(w, dim1=-2, dim2=-1),
+                                lambda w: np.diagonal(np.asarray(w), axis1=-2, axis2=-1),
+                                lambda w: torch.einsum("...ii->...i", w),
+                                lambda w: (w * torch.eye(w.shape[-1], dtype=w.dtype)).sum(-1)])
+def test_self_accepts_alternatives(fn, accepts):
+    accepts(check_self_attention_weight, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda w: torch.diagonal(w), ["diagonal over the first two axes", "dim1=-2"]),
+    (lambda w: w.diagonal(-1, -2, -1), ["diagonal below the main one"]),
+    (lambda w: w.diagonal(1, -2, -1), ["diagonal above the main one"]),
+    (lambda w: w.diagonal(dim1=-2, dim2=-1).sum(-1), ["trace"]),
+    (lambda w: w.sum(-1), ["row sums"]),
+    (lambda w: w.flip(-1).diagonal(dim1=-2, dim2=-1), ["anti-diagonal"]),
+    (lambda w: np.diag(np.asarray(w)), ["raised ValueError"]),
+])
+def test_self_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_self_attention_weight, fn, *phrases)
+
+
+# ============================================================================ attention distance
+def distance_numpy(weights):
+    w = np.asarray(weights, dtype=np.float64)
+    j, i = np.arange(w.shape[-1]), np.arange(w.shape[-2])
+    return (w * np.abs(j[None, :] - i[:, None])).sum(-1)
+
+
+def distance_einsum(w):
+    d = (torch.arange(w.shape[-1])[None, :] - torch.arange(w.shape[-2])[:, None]).abs().to(w.dtype)
+    return torch.einsum("...qk,qk->...q", w, d)
+
+
+def distance_loop(w):
+    out = torch.zeros(w.shape[:-1], dtype=torch.float64)
+    for i in range(w.shape[-2]):
+        for j in range(w.shape[-1]):
+            out[..., i] += w[..., i, j].double() * abs(j - i)
+    return out
+
+
+def distance_cdist(w):
+    pos_q = torch.arange(w.shape[-2], dtype=w.dtype)[:, None]
+    pos_k = torch.arange(w.shape[-1], dtype=w.dtype)[:, None]
+    return (w * torch.cdist(pos_q, pos_k, p=1)).sum(-1)
+
+
+@pytest.mark.parametrize("fn", [distance_numpy, distance_einsum, distance_loop, distance_cdist])
+def test_distance_accepts_alternatives(fn, accepts):
+    accepts(check_attention_distance, fn)
+
+
+def _idx(w, axis):
+    return torch.arange(w.shape[axis], dtype=w.dtype)
+
+
+def _signed(w):
+    return _idx(w, -1)[None, :] - _idx(w, -2)[:, None]
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda w: ((w * _idx(w, -1)).sum(-1) - _idx(w, -2)).abs(), ["distance of the mean position, not the mean distance"]),
+    (lambda w: (w * _signed(w)).sum(-1), ["signed distances"]),
+    (lambda w: (w.argmax(-1) - _idx(w, -2)).abs(), ["distance to the most-attended key only"]),
+    (lambda w: (w * (_signed(w) + 1).abs()).sum(-1), ["keys counted from 1"]),
+    (lambda w: (w * _signed(w) ** 2).sum(-1), ["squared distances"]),
+    (lambda w: _signed(w).abs().mean(-1).expand(w.shape[:-1]), ["distances not weighted"]),
+    (lambda w: (w * _signed(w).abs()).sum(-1) / w.shape[-1], ["divided by the number of keys"]),
+    (lambda w: (w * _idx(w, -1)).sum(-1), ["mean attended position"]),
+    (lambda w: (w * _signed(w).abs()).sum(-2), ["summed over the queries"]),
+])
+def test_distance_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_attention_distance, fn, *phrases)
+
+
+# ============================================================================ effective positions
+@pytest.mark.parametrize("fn", [
+    lambda w: ref.entropy(w).exp(),
+    lambda w: np.exp(-np.sum(np.asarray(w, dtype=np.float64) * np.log(np.clip(np.asarray(w, dtype=np.float64), 1e-300,
+                                                                             None)), -1)),
+    lambda w: torch.exp(torch.distributions.Categorical(probs=w.double()).entropy()),
+    lambda w: 2 ** (-torch.where(w > 0, w * torch.log2(w), torch.zeros_like(w)).sum(-1)),
+])
+def test_effective_accepts_alternatives(fn, accepts):
+    accepts(check_effective_positions, fn)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda w: ref.normalised_entropy(w).exp(), ["exp of the normalised entropy"]),
+    (lambda w: (w > 1 / (2 * w.shape[-1])).sum(-1), ["weights above a threshold"]),
+    (lambda w: (w > 0).sum(-1), ["nonzero weights counted"]),
+    (lambda w: 2 ** ref.entropy(w), ["log and exp in different bases"]),
+    (lambda w: 1 / (w ** 2).sum(-1), ["inverse participation ratio"]),
+    (lambda w: ref.entropy(w), ["entropy, not its exponential"]),
+    (lambda w: torch.exp(-(w * w.log()).sum(-1)), ["log(0) gives NaN"]),
+    (lambda w: torch.exp((w * torch.log(w + 1e-12)).sum(-1)), ["sign flipped"]),
+])
+def test_effective_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_effective_positions, fn, *phrases)

@@ -1,0 +1,525 @@
+"""Checks of notebook 12 (attn_course.checks.position): each pitfall rejected with its diagnosis, correct
+alternatives accepted, and the same verdict when the grader replays the log."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_course import position as ref
+from attn_course.checks.position import (check_additive_attention, check_alibi_bias, check_apply_rope,
+                                         check_is_permutation_equivariant, check_relative_position_bias,
+                                         check_sinusoidal_encoding)
+from attn_course.checks.result import Status
+
+
+# ================================================================================== is_permutation_equivariant
+def perm_test(make_x=None, make_perm=None, compare=None, n=6, d=8, seed=0):
+    """A learner's test with switches: right with the defaults."""
+
+    def test(attn):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, d, generator=g) if make_x is None else make_x(g)
+        perm = torch.randperm(x.shape[-2], generator=g) if make_perm is None else make_perm(x.shape[-2], g)
+        a, b = attn(x[..., perm, :]), attn(x)
+        return torch.allclose(a, b[..., perm, :], atol=1e-5) if compare is None else compare(a, b, perm)
+
+    return test
+
+
+def perm_test_pytest_style(attn):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    perm = torch.randperm(5, generator=g)
+    assert torch.allclose(attn(x[perm]), attn(x)[perm]), "not equivariant"
+
+
+def perm_test_several(attn):
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x = torch.randn(2, 7, 6, generator=g)  # a batch
+        perm = torch.randperm(7, generator=g)
+        if not torch.allclose(attn(x[:, perm]), attn(x)[:, perm], atol=1e-5):
+            return False
+    return True
+
+
+def perm_test_numpy(attn):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 4, generator=g)
+    perm = torch.randperm(6, generator=g)
+    return np.allclose(attn(x[perm]).numpy(), attn(x)[perm].numpy(), atol=1e-5)
+
+
+def perm_test_tensor_result(attn):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(8, 6, generator=g)
+    perm = torch.randperm(8, generator=g)
+    return (attn(x[perm]) - attn(x).index_select(0, perm)).abs().max() < 1e-4
+
+
+def keep_first(n, g):
+    return torch.cat([torch.zeros(1, dtype=torch.long), 1 + torch.randperm(n - 1, generator=g)])
+
+
+@pytest.mark.parametrize("fn", [perm_test(), perm_test_pytest_style, perm_test_several, perm_test_numpy,
+                                perm_test_tensor_result, perm_test(n=4, d=2, seed=5), perm_test(make_perm=keep_first)])
+def test_check_equivariance_test_accepts(fn, accepts):
+    accepts(check_is_permutation_equivariant, fn)
+
+
+def no_return(attn):
+    x = torch.randn(5, 4)
+    perm = torch.randperm(5)
+    torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (perm_test(compare=lambda a, b, perm: torch.allclose(b, b)), ["calls everything equivariant", "never permutes"]),
+    (perm_test(compare=lambda a, b, perm: torch.equal(a, b[perm])), ["rejects attention without positions",
+                                                                      "tolerance"]),
+    (perm_test(compare=lambda a, b, perm: torch.allclose(a, b[perm.argsort()], atol=1e-5)),
+     ["rejects functions that ignore positions", "attn(x)[perm]"]),
+    (perm_test(compare=lambda a, b, perm: torch.allclose(a, b, atol=1e-5)), ["rejects functions that ignore"]),
+    (perm_test(make_perm=lambda n, g: torch.arange(n).flip(0)), ["misses symmetric distance bias", "reversal"]),
+    (perm_test(make_perm=keep_first, n=3), ["misses symmetric distance bias"]),
+    (perm_test(n=1), ["calls everything equivariant", "single token"]),
+    (perm_test(make_x=lambda g: 1e-3 * torch.randn(6, 8, generator=g)), ["misses RoPE", "tiny"]),
+    (no_return, ["calls everything equivariant", "returns None"]),
+    (lambda attn: "yes", ["did not return True or False"]),
+    (lambda attn: attn(torch.randn(3, 4), torch.randn(3, 4)), ["raised TypeError"]),
+    (lambda attn: attn(torch.randn(4)), ["raised ValueError", "shape (n, d)"]),
+    (lambda attn: True, ["never calls attn"]),
+    (lambda attn: False, ["never calls attn"]),
+    (perm_test(make_x=lambda g: torch.randn(8, 8, generator=g),
+               compare=lambda a, b, perm: True), ["calls everything equivariant"]),
+])
+def test_check_equivariance_test_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_is_permutation_equivariant, fn, *phrases)
+
+
+def feature_axis_test(attn):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 6, generator=g)
+    perm = torch.randperm(6, generator=g)
+    return torch.allclose(attn(x[:, perm]), attn(x)[:, perm], atol=1e-5)
+
+
+def test_check_equivariance_test_feature_axis(rejects):
+    rejects(check_is_permutation_equivariant, feature_axis_test, "features (the last axis)")
+
+
+def test_check_equivariance_test_not_attempted(rejects, unfinished):
+    rejects(check_is_permutation_equivariant, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+def test_the_variants_are_what_they_claim():
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 7, 6, generator=g)
+    perm = torch.randperm(7, generator=g)
+    for name in ref.EQUIVARIANT:
+        f = ref.attention_variant(name)
+        assert torch.allclose(f(x[:, perm]), f(x)[:, perm], atol=1e-6), name
+    for name in ref.POSITION_AWARE:
+        f = ref.attention_variant(name)
+        assert (f(x[:, perm]) - f(x)[:, perm]).abs().max() > 0.05, name
+    for d in (1, 3):  # any width
+        assert ref.attention_variant("RoPE")(torch.randn(4, d)).shape == (4, d)
+
+
+# ================================================================================== sinusoidal_encoding
+def sin_loops(n, d, base=10000.0):
+    pe = torch.zeros(n, d)
+    for p in range(n):
+        for j in range(d):
+            angle = p / base ** (2 * (j // 2) / d)
+            pe[p, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return pe
+
+
+def sin_exp_log(n, d, base=10000.0):
+    position = torch.arange(n).unsqueeze(1).double()
+    div = torch.exp(torch.arange(0, d, 2).double() * (-math.log(base) / d))
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)[:, : d // 2]
+    return pe
+
+
+def sin_numpy(n, d, base=10000.0):
+    return ref.sinusoidal_encoding(n, d, base).numpy()
+
+
+@pytest.mark.parametrize("fn", [ref.sinusoidal_encoding, sin_loops, sin_exp_log, sin_numpy])
+def test_check_sinusoid_accepts(fn, accepts):
+    accepts(check_sinusoidal_encoding, fn)
+
+
+def sin_rule(angle_fn=None, layout="interleaved", start=0, base_used=None, d_extra=0):
+    def fn(n, d, base=10000.0):
+        b = base if base_used is None else base_used
+        dd = d + d_extra
+        p = torch.arange(start, n + start, dtype=torch.float64)[:, None]
+        i = torch.arange(0, dd, 2, dtype=torch.float64)
+        angles = p / b ** (i / dd) if angle_fn is None else angle_fn(p, b, dd)
+        pe = torch.zeros(n, dd, dtype=torch.float64)
+        if layout == "interleaved":
+            pe[:, 0::2] = torch.sin(angles)
+            pe[:, 1::2] = torch.cos(angles)[:, : dd // 2]
+        elif layout == "swapped":
+            pe[:, 0::2] = torch.cos(angles)
+            pe[:, 1::2] = torch.sin(angles)[:, : dd // 2]
+        else:
+            half = (dd + 1) // 2
+            pe = torch.cat([torch.sin(angles), torch.cos(angles)[:, : dd - half]], dim=-1)
+        return pe
+    return fn
+
+
+def sin_cos_own_exponent(n, d, base=10000.0):
+    p = torch.arange(n, dtype=torch.float64)[:, None]
+    div = base ** (torch.arange(d, dtype=torch.float64) / d)
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(p / div[0::2])
+    pe[:, 1::2] = torch.cos(p / div[1::2])
+    return pe
+
+
+def sin_even_d_only(n, d, base=10000.0):
+    p = torch.arange(n, dtype=torch.float64)[:, None]
+    div = base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    pe = torch.zeros(n, d, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(p / div)
+    pe[:, 1::2] = torch.cos(p / div)
+    return pe
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (sin_rule(layout="swapped"), ["sin and cos swapped"]),
+    (sin_rule(layout="halves"), ["in halves, not interleaved"]),
+    (sin_cos_own_exponent, ["(2i + 1)/d"]),
+    (sin_rule(angle_fn=lambda p, b, d: p / b ** (torch.arange(0, d, 2, dtype=torch.float64) / 2 / d)),
+     ["i/d instead of 2i/d"]),
+    (sin_rule(angle_fn=lambda p, b, d: p * b ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), ["instead of dividing"]),
+    (sin_rule(start=1), ["positions start at 1"]),
+    (sin_rule(base_used=10000.0), ["base ignored"]),
+    (sin_rule(d_extra=1), ["wrong shape"]),
+    (lambda n, d, base=10000.0: ref.sinusoidal_encoding(n, d, base).T, ["rows and columns swapped"]),
+    (sin_even_d_only, ["raised RuntimeError", "odd d"]),
+    (lambda n, d, base=10000.0: torch.zeros(n, d, dtype=torch.long), ["integer result"]),
+    (lambda n, d, base=10000.0: ref.sinusoidal_encoding(n, d, base) * 2, ["factor of 2"]),
+])
+def test_check_sinusoid_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_sinusoidal_encoding, fn, *phrases)
+
+
+# ================================================================================== relative_position_bias
+def t5_hf(n, table, bidirectional=True, max_distance=128):
+    """Hugging Face's T5 bucket function (float32 logarithm), then an nn.Embedding-style lookup."""
+    num_buckets = table.shape[0]
+    ctx = torch.arange(n)[:, None]
+    mem = torch.arange(n)[None, :]
+    rel = mem - ctx
+    buckets = 0
+    nb = num_buckets
+    if bidirectional:
+        nb //= 2
+        buckets += (rel > 0).to(torch.long) * nb
+        rel = torch.abs(rel)
+    else:
+        rel = -torch.min(rel, torch.zeros_like(rel))
+    max_exact = nb // 2
+    is_small = rel < max_exact
+    large = max_exact + (torch.log(rel.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (nb - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, nb - 1))
+    buckets = buckets + torch.where(is_small, rel, large)
+    return F.embedding(buckets, table).permute([2, 0, 1])
+
+
+def t5_loops(n, table, bidirectional=True, max_distance=128):
+    nb, heads = table.shape
+    out = torch.zeros(heads, n, n, dtype=table.dtype)
+    for i in range(n):
+        for j in range(n):
+            r = j - i
+            half = nb // 2 if bidirectional else nb
+            bucket = half if bidirectional and r > 0 else 0
+            dist = abs(r) if bidirectional else max(-r, 0)
+            exact = half // 2
+            if dist < exact:
+                bucket += dist
+            else:
+                bucket += min(half - 1, int(exact + math.log(dist / exact) / math.log(max_distance / exact)
+                                            * (half - exact)))
+            out[:, i, j] = table[bucket]
+    return out
+
+
+@pytest.mark.parametrize("fn", [ref.relative_position_bias, t5_hf, t5_loops])
+def test_check_t5_accepts(fn, accepts):
+    accepts(check_relative_position_bias, fn)
+
+
+def t5_switch(sign=1, halve=True, exact_from_total=False, rounding="floor", linear=False, md_fixed=None,
+              clamp=True, heads_last=False, ignore_direction=None):
+    def fn(n, table, bidirectional=True, max_distance=128):
+        if ignore_direction is not None:
+            bidirectional = ignore_direction
+        md = max_distance if md_fixed is None else md_fixed
+        nb = table.shape[0]
+        pos = torch.arange(n)
+        rel = sign * (pos[None, :] - pos[:, None])
+        half = nb // 2 if bidirectional and halve else nb
+        offset = (rel > 0).long() * half if bidirectional else torch.zeros_like(rel)
+        dist = rel.abs() if bidirectional else (-rel).clamp(min=0)
+        exact = (nb // 2) if exact_from_total else half // 2
+        val = exact + torch.log(dist.double().clamp(min=1) / exact) / math.log(md / exact) * (half - exact)
+        if linear:
+            val = dist.double()
+        large = val.round().long() if rounding == "round" else val.floor().long()
+        if clamp:
+            large = large.clamp(max=half - 1)
+        buckets = offset + torch.where(dist < exact, dist, large)
+        out = table[buckets]
+        return out if heads_last else out.permute(2, 0, 1)
+    return fn
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (t5_switch(sign=-1), ["i − j instead of j − i"]),
+    (t5_switch(ignore_direction=True), ["`bidirectional` ignored"]),
+    (t5_switch(exact_from_total=True), ["max_exact"]),
+    (t5_switch(rounding="round"), ["rounded instead of floored"]),
+    (t5_switch(linear=True), ["no logarithmic buckets"]),
+    (t5_switch(md_fixed=128), ["max_distance ignored"]),
+    (t5_switch(clamp=False), ["IndexError", "clamp"]),
+    (t5_switch(halve=False), ["IndexError", "num_buckets // 2"]),
+    (t5_switch(heads_last=True), ["heads last"]),
+    (lambda n, table, bidirectional=True, max_distance=128: table[torch.zeros(n, n, dtype=torch.long)].permute(2, 0, 1),
+     ["wrong values"]),
+])
+def test_check_t5_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_relative_position_bias, fn, *phrases)
+
+
+# ================================================================================== alibi_bias
+def alibi_loops(n, n_heads):
+    out = torch.zeros(n_heads, n, n)
+    for h in range(n_heads):
+        m = 2 ** (-8 * (h + 1) / n_heads)
+        for i in range(n):
+            for j in range(n):
+                out[h, i, j] = -m * abs(i - j)
+    return out
+
+
+def alibi_logspace(n, n_heads):
+    slopes = torch.logspace(-8 / n_heads, -8, n_heads, base=2, dtype=torch.float64)
+    i = torch.arange(n)
+    return -slopes[:, None, None] * (i[None, :] - i[:, None]).abs()
+
+
+def alibi_ratio(n, n_heads):
+    start = 2 ** (-8 / n_heads)
+    slopes = torch.tensor([start * start ** h for h in range(n_heads)])
+    d = torch.cdist(torch.arange(n).float()[:, None], torch.arange(n).float()[:, None], p=1)
+    return -(slopes.view(-1, 1, 1) * d)
+
+
+@pytest.mark.parametrize("fn", [ref.alibi_bias, alibi_loops, alibi_logspace, alibi_ratio])
+def test_check_alibi_accepts(fn, accepts):
+    accepts(check_alibi_bias, fn)
+
+
+def alibi_slopes_rule(slopes_fn, form=lambda d: -d.abs()):
+    def fn(n, n_heads):
+        m = slopes_fn(n_heads)
+        i = torch.arange(n, dtype=torch.float64)
+        return m[:, None, None] * form(i[:, None] - i[None, :])
+    return fn
+
+
+H = lambda heads: torch.arange(1, heads + 1, dtype=torch.float64)  # noqa: E731
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (alibi_slopes_rule(lambda heads: 0.5 ** H(heads)), ["halve from head to head"]),
+    (alibi_slopes_rule(lambda heads: 2.0 ** (-8 * (H(heads) - 1) / heads)), ["slopes start at 1"]),
+    (alibi_slopes_rule(lambda heads: ref.alibi_slopes(heads).flip(0)), ["reverse order"]),
+    (alibi_slopes_rule(lambda heads: H(heads) / heads), ["not geometric"]),
+    (alibi_slopes_rule(lambda heads: 1 / H(heads)), ["not geometric"]),
+    (alibi_slopes_rule(lambda heads: 1 / H(heads) ** 2), ["not geometric", "ratios"]),
+    (alibi_slopes_rule(lambda heads: 2.0 ** (-4 * H(heads) / heads)), ["wrong slopes", "ratio"]),
+    (alibi_slopes_rule(ref.alibi_slopes, form=lambda d: d.abs()), ["bias positive"]),
+    (alibi_slopes_rule(ref.alibi_slopes, form=lambda d: -d), ["without the absolute value"]),
+    (lambda n, n_heads: ref.alibi_bias(n, n_heads).permute(1, 2, 0), ["heads last"]),
+    (lambda n, n_heads: torch.zeros(n, n, dtype=torch.long), ["integer result"]),
+    (lambda n, n_heads: ref.alibi_bias(n, n_heads)[0], ["wrong shape"]),
+])
+def test_check_alibi_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_alibi_bias, fn, *phrases)
+
+
+# ================================================================================== apply_rope
+def rope_complex(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    rot = torch.polar(torch.ones(n, d // 2, dtype=torch.float64), positions.double()[:, None] * theta)
+    xc = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)
+
+
+def rope_matrices(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    out = torch.empty_like(x)
+    for i in range(d // 2):
+        angle = positions.to(torch.float64) * base ** (-2 * i / d)
+        c, s = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
+        out[..., 2 * i] = c * x[..., 2 * i] - s * x[..., 2 * i + 1]
+        out[..., 2 * i + 1] = s * x[..., 2 * i] + c * x[..., 2 * i + 1]
+    return out
+
+
+def rope_rotate_every_two(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n, dtype=x.dtype) if positions is None else positions.to(x.dtype)
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=x.dtype) / d))
+    ang = positions[:, None] * inv  # (n, d/2)
+    cos, sin = ang.cos().repeat_interleave(2, -1), ang.sin().repeat_interleave(2, -1)
+    rot = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+    return x * cos + rot * sin
+
+
+@pytest.mark.parametrize("fn", [ref.apply_rope, rope_complex, rope_matrices, rope_rotate_every_two])
+def test_check_rope_accepts(fn, accepts):
+    accepts(check_apply_rope, fn)
+
+
+def rope_rule(pairing="interleaved", sign=1, exp_scale=2, swap=False, unpaired=False, pos_mode="given",
+              base_fixed=None, promote=False):
+    def fn(x, positions=None, base=10000.0):
+        n, d = x.shape[-2:]
+        b = base if base_fixed is None else base_fixed
+        pos = torch.arange(n) if positions is None or pos_mode == "ignore" else positions
+        pos = pos.double() + (1 if pos_mode == "from1" else 0)
+        theta = b ** (-exp_scale * torch.arange(d // 2, dtype=torch.float64) / d)
+        ang = sign * pos[:, None] * theta
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        if swap:
+            cos, sin = sin, cos
+        if not promote:
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        if pairing == "halves":
+            a, c = x[..., : d // 2], x[..., d // 2:]
+            return torch.cat([a * cos - c * sin, a * sin + c * cos], -1)
+        a, c = x[..., 0::2], x[..., 1::2]
+        first, second = a * cos - c * sin, a * sin + c * cos
+        if unpaired:
+            return torch.cat([first, second], -1)
+        return torch.stack([first, second], -1).flatten(-2)
+    return fn
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (rope_rule(pairing="halves"), ["(i, i + d/2) instead of (2i, 2i + 1)"]),
+    (ref.apply_rope_halves, ["(i, i + d/2) instead of (2i, 2i + 1)"]),
+    (rope_rule(sign=-1), ["−θ instead of +θ"]),
+    (rope_rule(exp_scale=1), ["base^(−i/d)"]),
+    (rope_rule(swap=True), ["cos and sin swapped"]),
+    (rope_rule(unpaired=True), ["written back as halves"]),
+    (rope_rule(pos_mode="ignore"), ["positions ignored"]),
+    (rope_rule(pos_mode="from1"), ["positions off by one"]),
+    (rope_rule(base_fixed=10000.0), ["base ignored"]),
+    (rope_rule(promote=True), ["dtype changed"]),
+    (lambda x, positions=None, base=10000.0: x, ["wrong values"]),
+    (lambda x: ref.apply_rope(x), ["raised TypeError", "apply_rope(x, positions=None, base=10000.0)"]),
+    (lambda x, positions=None, base=10000.0: ref.apply_rope(x, positions, base)[..., :-1], ["wrong shape"]),
+])
+def test_check_rope_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_apply_rope, fn, *phrases)
+
+
+# ================================================================================== additive_attention
+def additive_loops(q, k, v, W_q, W_k, w, mask=None):
+    scores = torch.empty(*q.shape[:-1], k.shape[-2], dtype=q.dtype)
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            scores[..., i, j] = torch.tanh(q[..., i, :] @ W_q.T + k[..., j, :] @ W_k.T) @ w
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    weights = torch.softmax(scores, -1)
+    return weights @ v, weights
+
+
+def additive_linear(q, k, v, W_q, W_k, w, mask=None):
+    hidden = torch.tanh(F.linear(q, W_q).unsqueeze(-2) + F.linear(k, W_k).unsqueeze(-3))
+    scores = torch.einsum("...qkh,h->...qk", hidden, w)
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    return [weights @ v, weights]
+
+
+@pytest.mark.parametrize("fn", [ref.additive_attention, additive_loops, additive_linear])
+def test_check_additive_accepts(fn, accepts):
+    accepts(check_additive_attention, fn)
+
+
+def additive_rule(project=lambda x, W: x @ W.T, combine=lambda a, b: torch.tanh(a + b), use_w=True, scale=1.0,
+                  dim=-1, mask_mode="before", out_mode="weights", transpose_w=False, naive=False):
+    def fn(q, k, v, W_q, W_k, w, mask=None):
+        hq, hk = project(q, W_q), project(k, W_k)
+        hidden = combine(hq[..., :, None, :], hk[..., None, :, :])
+        scores = (hidden @ w if use_w else hidden.sum(-1)) * scale
+        if mask is not None and mask_mode == "before":
+            scores = scores.masked_fill(~mask, float("-inf"))
+        if mask is not None and mask_mode == "inverted":
+            scores = scores.masked_fill(mask, float("-inf"))
+        if naive:
+            e = torch.exp(scores)
+            weights = e / e.sum(-1, keepdim=True)
+        else:
+            weights = torch.softmax(scores, dim=dim)
+        if mask is not None and mask_mode == "after":
+            weights = weights * mask
+        out = weights @ v if out_mode == "weights" else scores @ v
+        return out, (weights.transpose(-2, -1) if transpose_w else weights)
+    return fn
+
+
+def additive_pairwise(q, k, v, W_q, W_k, w, mask=None):
+    scores = torch.tanh(q @ W_q.T + k @ W_k.T) @ w  # query i with key i only
+    weights = torch.softmax(scores, -1)
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (additive_rule(project=lambda x, W: x @ W), ["transposed"]),
+    (additive_rule(combine=lambda a, b: a + b), ["tanh missing"]),
+    (additive_rule(combine=lambda a, b: torch.tanh(a) + torch.tanh(b)), ["tanh applied to each projection"]),
+    (additive_rule(use_w=False), ["w ignored"]),
+    (additive_rule(dim=-2), ["softmax over the queries"]),
+    (additive_rule(mask_mode="inverted"), ["mask polarity inverted"]),
+    (additive_rule(mask_mode="after"), ["mask applied after the softmax"]),
+    (additive_rule(mask_mode="ignore"), ["mask ignored"]),
+    (additive_rule(transpose_w=True), ["weights transposed"]),
+    (additive_rule(out_mode="scores"), ["output from the scores"]),
+    (additive_rule(naive=True), ["no maximum subtracted"]),
+    (additive_pairwise, ["raised RuntimeError", "position by position"]),
+    (lambda q, k, v, W_q, W_k, w, mask=None: ref.additive_attention(q, k, v, W_q, W_k, w, mask)[1],
+     ["one tensor, not (output, weights)"]),
+    (lambda q, k, v, W_q, W_k, w: ref.additive_attention(q, k, v, W_q, W_k, w), ["raised TypeError", "mask"]),
+])
+def test_check_additive_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_additive_attention, fn, *phrases)
+
+
+def test_check_additive_scaled(rejects):
+    rejects(check_additive_attention, additive_rule(scale=1 / math.sqrt(7)), "scaled by √d_h")

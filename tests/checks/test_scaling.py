@@ -1,0 +1,393 @@
+"""Checks of notebook 02 (attn_course.checks.scaling): wrong answers rejected with their diagnosis,
+correct alternatives accepted, the same verdict on replay.
+
+The Monte-Carlo check is statistical, so it is tested for honesty on many seeds: correct estimators
+that sample in different ways pass on every seed, and biased ones — the named mistakes down to a
+10 % bias — are rejected on every seed (:func:`make_mc_check` runs the check with other generator
+seeds). Its tolerance rests on the estimator's standard error, itself checked in tests/test_scaling.py.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from attn_course import scaling
+from attn_course.checks.result import Status
+from attn_course.checks.scaling import check_mc_score_variance, check_scaled_scores, make_mc_check
+
+from .test_dot import W, rejects_as
+
+warnings.filterwarnings("ignore", message="The use of `x.T`")
+
+
+# ============================================================================ Monte-Carlo variance
+def reference_style(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = sigma * torch.randn(n_samples, d_k, generator=generator)
+    return (q * k).sum(-1).var()
+
+
+def one_draw_float64(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    qk = torch.randn(2, n_samples, d_k, generator=generator, dtype=torch.float64) * sigma
+    return float(torch.einsum("nd,nd->n", qk[0], qk[1]).var(unbiased=False))
+
+
+def via_numpy(d_k, sigma=1.0, n_samples=20_000, generator=None):  # NumPy, seeded from the generator
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=generator)))
+    q, k = rng.normal(0, sigma, (n_samples, d_k)), rng.normal(0, sigma, (n_samples, d_k))
+    return np.var(np.sum(q * k, axis=1), ddof=1)
+
+
+def mean_of_squares(d_k, sigma=1.0, n_samples=20_000, generator=None):  # E[s²]: the mean is known to be 0
+    s = (torch.randn(n_samples, d_k, generator=generator) * torch.randn(n_samples, d_k, generator=generator)).sum(-1)
+    return (sigma**4 * s**2).mean().reshape(1)  # a one-element tensor
+
+
+def normal_with_std(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    q = torch.normal(0.0, sigma, (n_samples, d_k), generator=generator)
+    k = torch.empty(n_samples, d_k).normal_(0.0, sigma, generator=generator)
+    return torch.var_mean(torch.einsum("nd,nd->n", q, k))[0].item()
+
+
+def keys_by_column(d_k, sigma=1.0, n_samples=20_000, generator=None):  # (d_k, n) layout, summed over axis 0
+    q = sigma * torch.randn(d_k, n_samples, generator=generator)
+    k = sigma * torch.randn(d_k, n_samples, generator=generator)
+    s = (q * k).sum(0)
+    return ((s - s.mean()) ** 2).mean()
+
+
+def in_chunks(d_k, sigma=1.0, n_samples=20_000, generator=None):  # n_samples need not divide evenly
+    scores = []
+    for start in range(0, n_samples, 3000):
+        n = min(3000, n_samples - start)
+        scores.append((sigma * torch.randn(n, d_k, generator=generator)
+                       * sigma * torch.randn(n, d_k, generator=generator)).sum(-1))
+    return torch.cat(scores).var().item()
+
+
+def numpy_scalar(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    return np.float64(reference_style(d_k, sigma, n_samples, generator).item())
+
+
+MC_RIGHT = [reference_style, one_draw_float64, via_numpy, mean_of_squares, normal_with_std, keys_by_column,
+            in_chunks, numpy_scalar, scaling.mc_score_variance]
+
+
+@pytest.mark.parametrize("fn", MC_RIGHT)
+def test_variance_check_accepts_correct_estimators(fn, accepts):
+    accepts(check_mc_score_variance, fn)
+
+
+@pytest.mark.parametrize("seed", range(1, 6))
+@pytest.mark.parametrize("fn", [reference_style, one_draw_float64, via_numpy])
+def test_variance_check_accepts_correct_estimators_on_every_seed(fn, seed, accepts):
+    accepts(make_mc_check(seed), fn)
+
+
+def biased(factor):
+    def estimator(d_k, sigma=1.0, n_samples=20_000, generator=None):
+        return factor * reference_style(d_k, sigma, n_samples, generator)
+
+    estimator.__name__ = f"biased_{factor}"
+    return estimator
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("factor", [1.10, 0.90])
+def test_variance_check_rejects_a_10_percent_bias_on_every_seed(factor, seed, rejects):
+    result = rejects(make_mc_check(seed), biased(factor), "standard errors")
+    assert "factor of" in result.summary
+
+
+def mk(body):
+    def estimator(d_k, sigma=1.0, n_samples=20_000, generator=None):
+        return body(d_k, sigma, n_samples, generator)
+
+    estimator.__name__ = body.__name__
+    return estimator
+
+
+def R(n, d, g, sigma=1.0):
+    return sigma * torch.randn(n, d, generator=g)
+
+
+def _scores(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g, s)).sum(-1)
+
+
+@mk
+def divided_by_dk(d, s, n, g):
+    return (_scores(d, s, n, g) / d).var()
+
+
+@mk
+def mean_not_sum(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g, s)).mean(-1).var()
+
+
+@mk
+def scaled_score(d, s, n, g):
+    return (_scores(d, s, n, g) / math.sqrt(d)).var()
+
+
+@mk
+def products_not_summed(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g, s)).var()
+
+
+@mk
+def variance_of_q(d, s, n, g):
+    return R(n, d, g, s).var()
+
+
+@mk
+def sigma_as_variance(d, s, n, g):
+    return (R(n, d, g, s * s) * R(n, d, g, s * s)).sum(-1).var()
+
+
+@mk
+def sigma_on_one_side(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g)).sum(-1).var()
+
+
+@mk
+def sigma_ignored(d, s, n, g):
+    return (R(n, d, g) * R(n, d, g)).sum(-1).var()
+
+
+@mk
+def std_returned(d, s, n, g):
+    return _scores(d, s, n, g).std()
+
+
+@mk
+def uniform_draws(d, s, n, g):
+    return (s * torch.rand(n, d, generator=g) * s * torch.rand(n, d, generator=g)).sum(-1).var()
+
+
+@mk
+def mean_returned(d, s, n, g):
+    return _scores(d, s, n, g).mean()
+
+
+@mk
+def summed_over_samples(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g, s)).sum(0).var()
+
+
+@mk
+def same_vector(d, s, n, g):
+    q = R(n, d, g, s)
+    return (q * q).sum(-1).var()
+
+
+@mk
+def fixed_dk(d, s, n, g):
+    return _scores(64, s, n, g).var()
+
+
+@mk
+def fixed_n(d, s, n, g):
+    return _scores(d, s, 20_000, g).var()
+
+
+@mk
+def global_random_state(d, s, n, g):
+    return (s * torch.randn(n, d) * s * torch.randn(n, d)).sum(-1).var()
+
+
+@mk
+def generator_for_q_only(d, s, n, g):
+    return (R(n, d, g, s) * s * torch.randn(n, d)).sum(-1).var()
+
+
+@mk
+def reseeds_generator(d, s, n, g):
+    g.manual_seed(0)
+    return _scores(d, s, n, g).var()
+
+
+@mk
+def integer_result(d, s, n, g):
+    return int(_scores(d, s, n, g).var())
+
+
+@mk
+def variance_per_entry(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g, s)).var(0)
+
+
+@mk
+def variance_per_sample(d, s, n, g):
+    return (R(n, d, g, s) * R(n, d, g, s)).var(-1)
+
+
+@mk
+def negated(d, s, n, g):
+    return -_scores(d, s, n, g).var()
+
+
+@mk
+def list_result(d, s, n, g):
+    return [_scores(d, s, n, g).var().item()]
+
+
+@mk
+def sample_size_one(d, s, n, g):
+    return _scores(d, s, 1, g).var()
+
+
+MC_WRONG = [
+    W(divided_by_dk, "σ⁴/d_k", "divided the dot product by d_k"),
+    W(mean_not_sum, "σ⁴/d_k", "mean"),
+    W(scaled_score, "σ⁴: the products were not added up"),
+    W(products_not_summed, "σ⁴: the products were not added up"),
+    W(variance_of_q, "σ²", "q alone"),
+    W(sigma_as_variance, "σ used as the variance"),
+    W(sigma_on_one_side, "σ on one vector only"),
+    W(sigma_ignored, "σ ignored"),
+    W(std_returned, "standard deviation"),
+    W(uniform_draws, "torch.rand"),
+    W(mean_returned, "mean, not the variance"),
+    W(summed_over_samples, "summed over the samples"),
+    W(same_vector, "same vector for q and k"),
+    W(fixed_dk, "does not grow with d_k"),
+    W(fixed_n, "n_samples ignored"),
+    W(global_random_state, "generator was not used", "generator=generator"),
+    W(generator_for_q_only, "some draws ignore the generator"),
+    W(reseeds_generator, "seed makes no difference", "re-seed"),
+    W(integer_result, "returned an integer"),
+    W(variance_per_entry, "not one number", "per sample or per entry"),
+    W(variance_per_sample, "not one number", "per sample or per entry"),
+    W(negated, "negative", "never negative"),
+    W(list_result, "returned a list", named=False),
+    W(sample_size_one, "NaN", named=False),
+    W(lambda d_k, sigma=1.0, n_samples=20_000: 1.0, "no parameter generator", "renamed"),
+    W(lambda d_k, sigma, n_samples=20_000, generator=None: 1.0, "sigma has no default value"),
+    W(lambda d_k, sigma=1.0, n_samples=20_000, generator=None: None, "returned None", "return"),
+    W(lambda d_k, sigma=1.0, n_samples=20_000, generator=None: "64", "returned a str", named=False),
+]
+
+
+@pytest.mark.parametrize("fn, phrases, named", MC_WRONG)
+def test_variance_check_names_each_mistake(fn, phrases, named, rejects):
+    rejects_as(rejects, check_mc_score_variance, fn, phrases, named)
+
+
+@pytest.mark.parametrize("seed", range(1, 4))
+@pytest.mark.parametrize("fn", [divided_by_dk, scaled_score, sigma_ignored, std_returned, summed_over_samples,
+                                same_vector, fixed_n, uniform_draws])
+def test_variance_check_names_the_same_mistake_on_every_seed(fn, seed, rejects):
+    expected = next(p.values[1] for p in MC_WRONG if p.values[0] is fn)
+    rejects(make_mc_check(seed), fn, *expected)
+
+
+def test_variance_check_not_attempted_and_not_a_function(rejects, unfinished):
+    rejects(check_mc_score_variance, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_mc_score_variance, 64.0, "not a function")
+
+
+def test_variance_check_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    check_mc_score_variance.evaluate(global_random_state)
+    check_mc_score_variance.evaluate(reference_style)
+    assert torch.equal(before, torch.random.get_rng_state())
+
+
+# ============================================================================ scaled scores
+def S(Q, K):
+    return Q @ K.transpose(-2, -1)
+
+
+SCALED_RIGHT = [
+    scaling.scaled_scores,
+    lambda Q, K: S(Q, K) / Q.shape[-1] ** 0.5,
+    lambda Q, K: (Q / math.sqrt(Q.size(-1))) @ K.mT,  # scale before the product
+    lambda Q, K: (Q * Q.shape[-1] ** -0.25) @ (K * K.shape[-1] ** -0.25).mT,  # split between Q and K
+    lambda Q, K: torch.einsum("...qd,...kd->...qk", Q, K) * torch.rsqrt(torch.tensor(float(K.shape[-1]))),
+    lambda Q, K: S(Q, K) / torch.sqrt(torch.tensor(Q.shape[-1])),  # a float32 constant, float64 input too
+    lambda Q, K: S(Q, K) / np.sqrt(Q.shape[-1]),
+    lambda Q, K: S(Q, K).div(math.sqrt(K.size(-1))),
+    lambda Q, K: torch.matmul(Q, K.transpose(-1, -2)) * (1.0 / math.sqrt(Q.size()[-1])),
+    lambda Q, K: (Q.double() @ K.double().mT / math.sqrt(Q.shape[-1])).to(Q.dtype),
+    lambda Q, K: torch.baddbmm(torch.zeros(1, dtype=Q.dtype), Q.reshape(-1, *Q.shape[-2:]),
+                               K.reshape(-1, *K.shape[-2:]).mT, alpha=Q.shape[-1] ** -0.5).reshape(
+        *Q.shape[:-1], K.shape[-2]),
+]
+
+
+def divide_Q_in_place(Q, K):
+    Q /= math.sqrt(Q.shape[-1])
+    return S(Q, K)
+
+
+SCALED_WRONG = [
+    W(lambda Q, K: S(Q, K), "scores not scaled"),
+    W(lambda Q, K: S(Q, K) / Q.shape[-1], "divided by d_k instead of √d_k"),
+    W(lambda Q, K: S(Q / math.sqrt(Q.shape[-1]), K / math.sqrt(K.shape[-1])), "divided by d_k instead of √d_k"),
+    W(lambda Q, K: S(Q, K) * math.sqrt(Q.shape[-1]), "multiplied by √d_k"),
+    W(lambda Q, K: S(Q, K) / Q.shape[-1] ** 1 / 2, "d_k ** 1/2", "d_k ** 0.5"),
+    W(lambda Q, K: S(Q, K) * Q.shape[-1] ** -1 / 2, "d_k ** 1/2"),
+    W(lambda Q, K: S(Q, K) / int(math.sqrt(Q.shape[-1])), "rounded to an integer"),
+    W(lambda Q, K: S(Q, K) / math.isqrt(Q.shape[-1]), "rounded to an integer"),
+    W(lambda Q, K: S(Q, K) // math.sqrt(Q.shape[-1]), "floor division"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(K.shape[-2]), "number of keys"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[-2]), "number of queries"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[0]), "axis 0"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.size(1)), "axis 1"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[1] * Q.shape[-1]) if Q.ndim == 4 else S(Q, K) / math.sqrt(Q.shape[-1]),
+      "d_model"),
+    W(lambda Q, K: S(Q, K) / torch.sqrt(Q.shape[-1]), "torch.sqrt of a Python int"),
+    W(lambda Q, K: torch.softmax(S(Q, K) / math.sqrt(Q.shape[-1]), -1), "softmax"),
+    W(lambda Q, K: S(Q / Q.norm(dim=-1, keepdim=True), K / K.norm(dim=-1, keepdim=True)) / math.sqrt(Q.shape[-1]),
+      "cosine"),
+    W(lambda Q, K: Q @ K / math.sqrt(Q.shape[-1]), "K not transposed"),
+    W(lambda Q, K: Q @ K.T / math.sqrt(Q.shape[-1]), "K.T on batched input"),
+    W(lambda Q, K: K @ Q.mT / math.sqrt(Q.shape[-1]), "rows and columns swapped"),
+    W(lambda Q, K: Q @ K.transpose(1, 2) / math.sqrt(Q.shape[-1]), "transpose(1, 2)"),
+    W(lambda Q, K: torch.bmm(Q, K.mT) / math.sqrt(Q.shape[-1]), "torch.bmm"),
+    W(lambda Q, K: torch.einsum("bqd,bkd->bqk", Q, K) / math.sqrt(Q.shape[-1]), "einsum without '...'"),
+    W(lambda Q, K: (Q @ K.mT).squeeze() / math.sqrt(Q.shape[-1]), ".squeeze()"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(8), "divided by a fixed 2.828", "Q.shape[-1]"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[-1] - 1) if Q.shape[-1] > 1 else S(Q, K), "wrong number",
+      named=False),
+    W(lambda Q, K: (S(Q, K) / math.sqrt(Q.shape[-1])).numpy(), "NumPy"),
+    W(divide_Q_in_place, "Q in place"),
+    W(lambda Q, K: (Q.half() @ K.half().mT / math.sqrt(Q.shape[-1])).to(Q.dtype), "float16"),
+    W(lambda Q, K: (S(Q, K) / math.sqrt(Q.shape[-1])).tolist(), "Python list"),
+    W(lambda Q, K: (S(Q, K) / math.sqrt(Q.shape[-1])).sum(-1), "wrong shape", "axis is missing"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[-1]) * float("nan"), "NaN", named=False),
+]
+
+
+@pytest.mark.parametrize("fn", SCALED_RIGHT)
+def test_scaled_scores_accepts_correct_alternatives(fn, accepts):
+    accepts(check_scaled_scores, fn)
+
+
+@pytest.mark.parametrize("fn, phrases, named", SCALED_WRONG)
+def test_scaled_scores_names_each_mistake(fn, phrases, named, rejects):
+    rejects_as(rejects, check_scaled_scores, fn, phrases, named)
+
+
+def test_scaled_scores_cases_tell_the_sizes_apart():
+    # every d_k but 1 is not a perfect square, and in each case the axis sizes differ where it matters
+    from attn_course.checks.scaling import _scaled_cases
+
+    for case in _scaled_cases():
+        Q, K = case.args
+        d = Q.shape[-1]
+        assert d == 1 or math.isqrt(d) ** 2 != d
+        if "square" not in case.tags:
+            assert d not in (Q.shape[-2], K.shape[-2])
+
+
+def test_scaled_scores_not_attempted_and_not_a_function(rejects, unfinished):
+    rejects(check_scaled_scores, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    rejects(check_scaled_scores, [1, 2], "not a function")

@@ -1,0 +1,801 @@
+"""Checks of notebook 03 (attn_course.checks.softmax): every wrong answer rejected with the mistake named,
+every correct alternative accepted (tensors or NumPy, keepdim styles, float64 inside…), anything odd
+returned or raised handled, and the same verdict when the grader replays the log."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attn_course import softmax as ref
+from attn_course.checks.result import Status
+from attn_course.checks.softmax import (check_log_softmax, check_logsumexp, check_softmax_temperature,
+                                        check_stable_softmax)
+
+INF = float("inf")
+ALL = [check_stable_softmax, check_logsumexp, check_log_softmax, check_softmax_temperature]
+
+
+# =============================================================================== stable_softmax
+def sm_naive(x, dim=-1):
+    e = torch.exp(x)
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_naive_eps(x, dim=-1):
+    e = torch.exp(x)
+    return e / (e.sum(dim, keepdim=True) + 1e-12)
+
+
+def sm_global_max(x, dim=-1):
+    e = torch.exp(x - x.max())
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_global_max_eps(x, dim=-1):  # the same mistake behind an epsilon: slices of zeros
+    e = torch.exp(x - x.max())
+    return e / (e.sum(dim, keepdim=True) + 1e-9)
+
+
+def sm_global_max_clamp(x, dim=-1):
+    e = torch.exp(x - x.max())
+    return e / e.sum(dim, keepdim=True).clamp_min(1e-30)
+
+
+def sm_numpy_global_max(x, axis=-1):
+    with np.errstate(all="ignore"):
+        e = np.exp(x - np.max(x))
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def sm_max_wrong_axis(x, dim=-1):
+    e = torch.exp(x - x.amax(0 if dim % x.ndim != 0 else -1, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_max_last_axis(x, dim=-1):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_sum_last_axis(x, dim=-1):
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def sm_ignores_dim(x, dim=-1):
+    return torch.softmax(x, -1)
+
+
+def sm_dim1_hardcoded(x, dim=-1):
+    e = torch.exp(x - x.amax(1, keepdim=True))
+    return e / e.sum(1, keepdim=True)
+
+
+def sm_row_loop(x, dim=-1):  # one row at a time along axis 0, ignoring dim
+    out = torch.empty_like(x)
+    for i in range(x.shape[0]):
+        e = torch.exp(x[i] - x[i].max())
+        out[i] = e / e.sum(-1, keepdim=True)
+    return out
+
+
+def sm_no_keepdim_max(x, dim=-1):
+    e = torch.exp(x - x.amax(dim))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_no_keepdim_sum(x, dim=-1):
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / e.sum(dim)
+
+
+def sm_numpy_no_keepdims(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis))
+    return e / np.sum(e, axis=axis)
+
+
+def sm_plain(x, dim=-1):
+    return x / x.sum(dim, keepdim=True)
+
+
+def sm_not_normalised(x, dim=-1):
+    return torch.exp(x - x.amax(dim, keepdim=True))
+
+
+def sm_divide_by_max(x, dim=-1):
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / e.amax(dim, keepdim=True)
+
+
+def sm_log_softmax(x, dim=-1):
+    return torch.log_softmax(x, dim)
+
+
+def sm_minus_x(x, dim=-1):
+    return torch.softmax(-x, dim)
+
+
+def sm_min_shift(x, dim=-1):
+    e = torch.exp(x - x.amin(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_mean_shift(x, dim=-1):
+    e = torch.exp(x - x.mean(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_abs_max_shift(x, dim=-1):
+    e = torch.exp(x - x.abs().amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_flatten(x, dim=-1):
+    return torch.softmax(x.flatten(), 0).reshape(x.shape)
+
+
+def sm_vector_only(x, dim=-1):
+    e = torch.exp(x - x.max())
+    return e / e.sum()
+
+
+def sm_argmax(x, dim=-1):
+    return (x == x.amax(dim, keepdim=True)).to(x.dtype)
+
+
+def sm_times_half(x, dim=-1):
+    return torch.softmax(x / 2, dim)
+
+
+def sm_exp2(x, dim=-1):
+    e = torch.exp2(x - x.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_wrong_default(x, dim=0):
+    return torch.softmax(x, dim)
+
+
+def sm_clamped(x, dim=-1):
+    e = torch.exp(x.clamp(-80, 80))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_nan_to_num(x, dim=-1):
+    e = torch.exp(x)
+    return torch.nan_to_num(e / e.sum(dim, keepdim=True))
+
+
+def sm_inf_to_zero(x, dim=-1):
+    x = torch.where(torch.isinf(x), torch.zeros_like(x), x)
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_inf_times_zero(x, dim=-1):
+    e = torch.exp(x - x.amax(dim, keepdim=True)) * (x * 0 + 1)
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_transposed(x, dim=-1):
+    w = torch.softmax(x, dim)
+    return w.transpose(0, -1) if x.ndim > 1 else w
+
+
+def sm_first_batch_only(x, dim=-1):
+    w = torch.softmax(x, dim)
+    return w[0].expand(x.shape).clone() if x.ndim == 3 else w
+
+
+def sm_half_result(x, dim=-1):
+    return torch.softmax(x.float(), dim).half()
+
+
+def sm_half_inside(x, dim=-1):
+    h = x.half()
+    e = torch.exp(h - h.amax(dim, keepdim=True))
+    return (e / e.sum(dim, keepdim=True)).to(x.dtype)
+
+
+def sm_eps_denominator(x, dim=-1):
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / (e.sum(dim, keepdim=True) + 1e-3)
+
+
+def sm_divide_by_n(x, dim=-1):
+    return torch.exp(x - x.amax(dim, keepdim=True)) / x.shape[dim]
+
+
+STABLE_SOFTMAX_WRONG = [
+    (sm_naive, ["maximum not subtracted", "1000"]),
+    (sm_naive_eps, ["maximum not subtracted"]),
+    (sm_global_max, ["maximum taken over the whole tensor"]),
+    (sm_global_max_eps, ["maximum taken over the whole tensor"]),
+    (sm_global_max_clamp, ["maximum taken over the whole tensor"]),
+    (sm_numpy_global_max, ["maximum taken over the whole tensor"]),
+    (sm_max_wrong_axis, ["maximum taken along the wrong axis"]),
+    (sm_max_last_axis, ["maximum taken along the wrong axis", "dim=0"]),
+    (sm_sum_last_axis, ["sum taken along the wrong axis"]),
+    (sm_ignores_dim, ["softmax along axis 1, not dim=0"]),
+    (sm_dim1_hardcoded, ["softmax along axis 1, not dim=0"]),
+    (sm_row_loop, ["softmax along axis 1, not dim=0"]),
+    (sm_no_keepdim_max, ["keepdim=True", "RuntimeError"]),
+    (sm_no_keepdim_sum, ["keepdim=True"]),
+    (sm_numpy_no_keepdims, ["keepdim", "ValueError"]),  # the NumPy error, not the tensor one
+    (sm_plain, ["no exponential"]),
+    (sm_not_normalised, ["not normalised"]),
+    (sm_divide_by_max, ["not normalised"]),
+    (sm_log_softmax, ["log-softmax returned"]),
+    (sm_minus_x, ["sign flipped"]),
+    (sm_min_shift, ["minimum subtracted instead of the maximum"]),
+    (sm_mean_shift, ["overflow", "spans 1005"]),
+    (sm_abs_max_shift, ["underflow", "own maximum"]),
+    (sm_flatten, ["softmax over the whole tensor"]),
+    (sm_vector_only, ["softmax over the whole tensor"]),
+    (sm_argmax, ["arg-max instead of softmax"]),
+    (sm_times_half, ["temperature 2, not 1"]),
+    (sm_exp2, ["temperature 1.443, not 1"]),
+    (sm_wrong_default, ["default dim is not -1"]),
+    (sm_clamped, ["different scores, equal weights", "clamp"]),
+    (sm_nan_to_num, ["different scores, equal weights"]),
+    (sm_inf_to_zero, ["weight on -inf scores"]),
+    (sm_inf_times_zero, ["NaN where scores are -inf"]),
+    (sm_transposed, ["transpose"]),
+    (sm_first_batch_only, ["batch entry 0 repeated"]),
+    (sm_half_result, ["result in float16"]),
+    (sm_half_inside, ["float16 precision"]),
+    (sm_eps_denominator, ["off by a factor of 0.9995"]),
+    (sm_divide_by_n, ["slices do not sum to 1"]),
+]
+
+
+@pytest.mark.parametrize("fn,phrases", STABLE_SOFTMAX_WRONG, ids=[f.__name__ for f, _ in STABLE_SOFTMAX_WRONG])
+def test_stable_softmax_names_each_mistake(fn, phrases, rejects):
+    rejects(check_stable_softmax, fn, *phrases)
+
+
+def sm_values(x, dim=-1):
+    e = (x - x.max(dim, keepdim=True).values).exp()
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_unsqueeze(x, dim=-1):
+    e = torch.exp(x - x.amax(dim).unsqueeze(dim))
+    return e / e.sum(dim).unsqueeze(dim)
+
+
+def sm_numpy(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def sm_float64(x, dim=-1):
+    return torch.softmax(x.double(), dim)
+
+
+def sm_float32(x, dim=-1):
+    y = x.float()
+    e = torch.exp(y - y.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def sm_via_logsumexp(x, dim=-1):
+    return torch.exp(x - torch.logsumexp(x, dim, keepdim=True))
+
+
+def sm_functional(x, dim=-1):
+    return torch.nn.functional.softmax(x, dim=dim)
+
+
+def sm_movedim(x, dim=-1):
+    y = x.movedim(dim, -1)
+    e = torch.exp(y - y.max(-1, keepdim=True)[0])
+    return (e / e.sum(-1, keepdim=True)).movedim(-1, dim)
+
+
+def sm_returns_numpy(x, dim=-1):
+    return torch.softmax(x, dim).numpy()
+
+
+def sm_safe_shift(x, dim=-1):
+    m = x.amax(dim=dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(x - m)
+    return e / torch.sum(e, dim=dim, keepdim=True)
+
+
+def sm_in_place(x, dim=-1):
+    x = x.clone()
+    x -= x.amax(dim, keepdim=True)
+    x.exp_()
+    x /= x.sum(dim, keepdim=True)
+    return x
+
+
+@pytest.mark.parametrize("fn", [sm_values, sm_unsqueeze, sm_numpy, sm_float64, sm_float32, sm_via_logsumexp,
+                                sm_functional, sm_movedim, sm_returns_numpy, sm_safe_shift, sm_in_place, ref.softmax])
+def test_stable_softmax_accepts_correct_alternatives(fn, accepts):
+    accepts(check_stable_softmax, fn)
+
+
+def test_stable_softmax_says_which_kind_it_was_given(accepts):
+    assert "(NumPy arrays)" in accepts(check_stable_softmax, sm_numpy).summary
+    assert "(tensors)" in accepts(check_stable_softmax, ref.softmax).summary
+
+
+# =============================================================================== logsumexp
+def lse_naive(x, dim=-1):
+    return torch.log(torch.exp(x).sum(dim))
+
+
+def lse_numpy_naive(x, axis=-1):
+    with np.errstate(all="ignore"):
+        return np.log(np.sum(np.exp(x), axis=axis))
+
+
+def lse_no_add_back(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return torch.log(torch.exp(x - m).sum(dim))
+
+
+def lse_subtracts_max(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return (torch.log(torch.exp(x - m).sum(dim, keepdim=True)) - m).squeeze(dim)
+
+
+def lse_global_max(x, dim=-1):
+    return x.max() + torch.log(torch.exp(x - x.max()).sum(dim))
+
+
+def lse_wrong_axis(x, dim=-1):
+    return torch.logsumexp(x, 0 if x.ndim > 1 and dim % x.ndim != 0 else -1)
+
+
+def lse_ignores_dim(x, dim=-1):
+    return torch.logsumexp(x, -1)
+
+
+def lse_keepdim(x, dim=-1):
+    return torch.logsumexp(x, dim, keepdim=True)
+
+
+def lse_squeeze_all(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return (m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))).squeeze()
+
+
+def lse_max_only(x, dim=-1):
+    return x.amax(dim)
+
+
+def lse_mean(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return (m + torch.log(torch.exp(x - m).mean(dim, keepdim=True))).squeeze(dim)
+
+
+def lse_log2(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return (m + torch.log2(torch.exp(x - m).sum(dim, keepdim=True))).squeeze(dim)
+
+
+def lse_m_no_keepdim(x, dim=-1):
+    m = x.amax(dim)
+    return m + torch.log(torch.exp(x - m).sum(dim))
+
+
+def lse_log_softmax(x, dim=-1):
+    return torch.log_softmax(x, dim)
+
+
+def lse_sum_of_scores(x, dim=-1):
+    return x.sum(dim)
+
+
+def lse_max_plus_log_n(x, dim=-1):
+    return x.amax(dim) + math.log(x.shape[dim])
+
+
+def lse_mean_shift(x, dim=-1):
+    m = x.mean(dim, keepdim=True)
+    return (m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))).squeeze(dim)
+
+
+def lse_inf_times_zero(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return (m + torch.log((torch.exp(x - m) * (x * 0 + 1)).sum(dim, keepdim=True))).squeeze(dim)
+
+
+def lse_default_zero(x, dim=0):
+    return torch.logsumexp(x, dim)
+
+
+def lse_integer(x, dim=-1):
+    return torch.logsumexp(x, dim).long()
+
+
+def lse_half(x, dim=-1):
+    return torch.logsumexp(x.half(), dim)
+
+
+LSE_WRONG = [
+    (lse_naive, ["maximum not subtracted"]),
+    (lse_numpy_naive, ["maximum not subtracted"]),
+    (lse_no_add_back, ["maximum not added back"]),
+    (lse_subtracts_max, ["maximum subtracted outside the log"]),
+    (lse_global_max, ["maximum taken over the whole tensor"]),
+    (lse_wrong_axis, ["reduced along axis 0"]),
+    (lse_ignores_dim, ["reduced along axis 1"]),
+    (lse_keepdim, ["reduced axis kept"]),
+    (lse_squeeze_all, ["squeeze() removed every size-1 axis"]),
+    (lse_max_only, ["maximum only"]),
+    (lse_mean, ["mean instead of sum"]),
+    (lse_log2, ["log base 2 or 10"]),
+    (lse_m_no_keepdim, ["keepdim=True", "RuntimeError"]),
+    (lse_log_softmax, ["log-softmax returned"]),
+    (lse_sum_of_scores, ["sum of the scores"]),
+    (lse_max_plus_log_n, ["maximum plus log n"]),
+    (lse_mean_shift, ["overflow", "own maximum"]),
+    (lse_inf_times_zero, ["where scores are -inf"]),
+    (lse_default_zero, ["default dim is not -1"]),
+    (lse_integer, ["integer result (int64)"]),
+    (lse_half, ["result in float16"]),
+]
+
+
+@pytest.mark.parametrize("fn,phrases", LSE_WRONG, ids=[f.__name__ for f, _ in LSE_WRONG])
+def test_logsumexp_names_each_mistake(fn, phrases, rejects):
+    rejects(check_logsumexp, fn, *phrases)
+
+
+def lse_numpy(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.squeeze(m, axis) + np.log(np.sum(np.exp(x - m), axis=axis))
+
+
+def lse_max_values(x, dim=-1):
+    m = x.max(dim).values
+    return m + (x - m.unsqueeze(dim)).exp().sum(dim).log()
+
+
+def lse_item_for_a_vector(x, dim=-1):
+    r = torch.logsumexp(x, dim)
+    return r.item() if r.ndim == 0 else r
+
+
+@pytest.mark.parametrize("fn", [lambda x, dim=-1: torch.logsumexp(x, dim), lse_numpy, lse_max_values,
+                                lse_item_for_a_vector, lambda x, dim=-1: torch.logsumexp(x.double(), dim),
+                                ref.logsumexp])
+def test_logsumexp_accepts_correct_alternatives(fn, accepts):
+    accepts(check_logsumexp, fn)
+
+
+# =============================================================================== log_softmax
+def ls_log_of_softmax(x, dim=-1):
+    return torch.log(torch.softmax(x, dim))
+
+
+def ls_numpy_log_of_softmax(x, axis=-1):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    with np.errstate(divide="ignore"):
+        return np.log(e / e.sum(axis=axis, keepdims=True))
+
+
+def ls_clamped(x, dim=-1):
+    return torch.log(torch.softmax(x, dim).clamp_min(1e-30))
+
+
+def ls_eps(x, dim=-1):
+    return torch.log(torch.softmax(x, dim) + 1e-12)
+
+
+def ls_naive(x, dim=-1):
+    return x - torch.log(torch.exp(x).sum(dim, keepdim=True))
+
+
+def ls_no_keepdim(x, dim=-1):
+    return x - torch.logsumexp(x, dim)
+
+
+def ls_wrong_axis(x, dim=-1):
+    return torch.log_softmax(x, 0 if x.ndim > 1 and dim % x.ndim != 0 else -1)
+
+
+def ls_softmax(x, dim=-1):
+    return torch.softmax(x, dim)
+
+
+def ls_sign(x, dim=-1):
+    return torch.logsumexp(x, dim, keepdim=True) - x
+
+
+def ls_minus_max(x, dim=-1):
+    return x - x.amax(dim, keepdim=True)
+
+
+def ls_no_add_back(x, dim=-1):
+    m = x.amax(dim, keepdim=True)
+    return x - torch.log(torch.exp(x - m).sum(dim, keepdim=True))
+
+
+def ls_global_max(x, dim=-1):
+    m = x.max()
+    return x - m - torch.log(torch.exp(x - m).sum(dim, keepdim=True))
+
+
+def ls_half_inside(x, dim=-1):
+    return torch.log_softmax(x.half(), dim).to(x.dtype)
+
+
+def ls_log10(x, dim=-1):
+    return torch.log10(torch.softmax(x, dim))
+
+
+def ls_default_zero(x, dim=0):
+    return torch.log_softmax(x, dim)
+
+
+def ls_mean_shift(x, dim=-1):
+    m = x.mean(dim, keepdim=True)
+    return x - m - torch.log(torch.exp(x - m).sum(dim, keepdim=True))
+
+
+LOG_SOFTMAX_WRONG = [
+    (ls_log_of_softmax, ["log of the softmax", "log 0 = -inf"]),
+    (ls_numpy_log_of_softmax, ["log of the softmax"]),
+    (ls_clamped, ["wrong for very unlikely entries", "log of a probability"]),
+    (ls_eps, ["wrong for very unlikely entries"]),
+    (ls_naive, ["maximum not subtracted"]),
+    (ls_no_keepdim, ["keepdim=True", "RuntimeError"]),
+    (ls_wrong_axis, ["log-softmax along axis 0"]),
+    (ls_softmax, ["softmax returned"]),
+    (ls_sign, ["sign flipped"]),
+    (ls_minus_max, ["maximum subtracted instead of logsumexp"]),
+    (ls_no_add_back, ["maximum not added back"]),
+    (ls_global_max, ["maximum taken over the whole tensor"]),
+    (ls_half_inside, ["float16 precision"]),
+    (ls_log10, ["log base 10"]),
+    (ls_default_zero, ["default dim is not -1"]),
+    (ls_mean_shift, ["overflow", "spans 1005"]),
+]
+
+
+@pytest.mark.parametrize("fn,phrases", LOG_SOFTMAX_WRONG, ids=[f.__name__ for f, _ in LOG_SOFTMAX_WRONG])
+def test_log_softmax_names_each_mistake(fn, phrases, rejects):
+    rejects(check_log_softmax, fn, *phrases)
+
+
+def ls_numpy(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    return x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+
+
+def ls_shift_first(x, dim=-1):
+    z = x - x.amax(dim, keepdim=True)
+    return z - z.exp().sum(dim, keepdim=True).log()
+
+
+@pytest.mark.parametrize("fn", [lambda x, dim=-1: x - torch.logsumexp(x, dim, keepdim=True), ls_numpy, ls_shift_first,
+                                lambda x, dim=-1: torch.log_softmax(x.double(), dim),
+                                lambda x, dim=-1: torch.nn.functional.log_softmax(x, dim=dim), ref.log_softmax])
+def test_log_softmax_accepts_correct_alternatives(fn, accepts):
+    accepts(check_log_softmax, fn)
+
+
+# =============================================================================== softmax_temperature
+def t_multiplied(x, t):
+    return torch.softmax(x * t, -1)
+
+
+def t_ignored(x, t):
+    return torch.softmax(x, -1)
+
+
+def t_after(x, t):
+    return torch.softmax(x, -1) / t
+
+
+def t_power(x, t):
+    return torch.softmax(x, -1) ** (1 / t)
+
+
+def t_power_renormalised(x, t):
+    p = torch.softmax(x, -1) ** (1 / t)
+    return p / p.sum(-1, keepdim=True)
+
+
+def t_naive(x, t):
+    e = torch.exp(x / t)
+    return e / e.sum(-1, keepdim=True)
+
+
+def t_twice(x, t):
+    return torch.softmax(x / t / t, -1)
+
+
+def t_sqrt(x, t):
+    return torch.softmax(x / math.sqrt(t), -1)
+
+
+def t_hardcoded(x, t):
+    return torch.softmax(x / 0.5, -1)
+
+
+def t_axis0(x, t):
+    return torch.softmax(x / t, 0)
+
+
+def t_axis1(x, t):
+    return torch.softmax(x / t, 1)
+
+
+def t_global_max(x, t):
+    z = x / t
+    e = torch.exp(z - z.max())
+    return e / e.sum(-1, keepdim=True)
+
+
+def t_numerator_only(x, t):
+    e = torch.exp(x / t - (x / t).amax(-1, keepdim=True))
+    return e / torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+
+
+def t_shift_times_t(x, t):
+    e = torch.exp((x - x.amax(-1, keepdim=True)) * t)
+    return e / e.sum(-1, keepdim=True)
+
+
+def t_added(x, t):  # softmax ignores a shift: the temperature has no effect
+    return torch.softmax(x + t, -1)
+
+
+def t_sign(x, t):
+    return torch.softmax(-x / t, -1)
+
+
+def t_log(x, t):
+    return torch.log_softmax(x / t, -1)
+
+
+def t_half(x, t):
+    return torch.softmax(x.half() / t, -1)
+
+
+def t_no_keepdim(x, t):
+    z = x / t
+    e = torch.exp(z - z.amax(-1))
+    return e / e.sum(-1)
+
+
+def t_int(x, t):
+    return torch.softmax(x / int(t) if t >= 1 else x / t, -1)
+
+
+def t_round(x, t):
+    return torch.softmax(x / round(t) if t >= 1 else x / t, -1)
+
+
+def t_inf_times_zero(x, t):
+    z = x / t
+    e = torch.exp(z - z.amax(-1, keepdim=True)) * (z * 0 + 1)
+    return e / e.sum(-1, keepdim=True)
+
+
+TEMPERATURE_WRONG = [
+    (t_multiplied, ["temperature multiplied"]),
+    (t_ignored, ["temperature ignored"]),
+    (t_after, ["temperature applied after the softmax"]),
+    (t_power, ["temperature applied after the softmax"]),
+    (t_power_renormalised, ["weights raised to 1/T and renormalised"]),
+    (t_naive, ["maximum not subtracted"]),
+    (t_twice, ["temperature applied twice"]),
+    (t_sqrt, ["divided by √T"]),
+    (t_hardcoded, ["temperature of an earlier case", "does not use the temperature"]),
+    (t_axis0, ["softmax along axis 0"]),
+    (t_axis1, ["softmax along axis 1"]),
+    (t_global_max, ["maximum taken over the whole tensor"]),
+    (t_numerator_only, ["temperature only in the numerator"]),
+    (t_shift_times_t, ["temperature multiplied"]),
+    (t_added, ["temperature ignored"]),
+    (t_sign, ["sign flipped"]),
+    (t_log, ["log-softmax returned"]),
+    (t_half, ["result in float16"]),
+    (t_no_keepdim, ["keepdim=True"]),
+    (t_int, ["cut the temperature"]),
+    (t_round, ["rounded the temperature"]),
+    (t_inf_times_zero, ["where scores are -inf"]),
+]
+
+
+@pytest.mark.parametrize("fn,phrases", TEMPERATURE_WRONG, ids=[f.__name__ for f, _ in TEMPERATURE_WRONG])
+def test_temperature_names_each_mistake(fn, phrases, rejects):
+    rejects(check_softmax_temperature, fn, *phrases)
+
+
+def t_numpy(x, temperature):
+    z = x / temperature
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def t_shift_then_divide(x, t):
+    e = torch.exp((x - x.amax(-1, keepdim=True)) / t)
+    return e / e.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn", [t_numpy, t_shift_then_divide, lambda x, t, dim=-1: torch.softmax(x * (1 / t), dim),
+                                lambda x, t: torch.softmax(x.double() / t, -1),
+                                lambda x, t: torch.exp(torch.log_softmax(x / t, -1)),
+                                lambda x, t: torch.softmax(x / torch.tensor(t, dtype=x.dtype), dim=-1),
+                                ref.softmax_with_temperature])
+def test_temperature_accepts_correct_alternatives(fn, accepts):
+    accepts(check_softmax_temperature, fn)
+
+
+# =============================================================================== every check
+class Custom(BaseException):
+    pass
+
+
+def _right(check):
+    return {check_stable_softmax: lambda x, dim=-1: torch.softmax(x, dim),
+            check_logsumexp: lambda x, dim=-1: torch.logsumexp(x, dim),
+            check_log_softmax: lambda x, dim=-1: torch.log_softmax(x, dim),
+            check_softmax_temperature: lambda x, t: torch.softmax(x / t, -1)}[check]
+
+
+@pytest.mark.parametrize("check", ALL)
+def test_not_attempted_and_not_defined(check, rejects, unfinished):
+    rejects(check, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+    assert check.evaluate(namespace={}).status is Status.NOT_ATTEMPTED
+
+
+@pytest.mark.parametrize("check", ALL)
+def test_odd_values_and_exceptions_get_clear_messages(check, rejects):
+    right = _right(check)
+    rejects(check, torch.zeros(3), "not a function")
+    rejects(check, lambda *a: right(*a).tolist() if isinstance(right(*a), torch.Tensor) and right(*a).ndim else [1.0],
+            "Python list")
+    rejects(check, lambda *a: None, "returned None", "return")
+    rejects(check, lambda *a: torch.empty(right(*a).shape, device="meta"), "meta device")
+    rejects(check, lambda *a: right(*a).round().long(), "integer result")
+    rejects(check, lambda *a: right(*a).to(torch.float16) if right(*a).dtype != torch.float16 else right(*a).bfloat16(),
+            "result in")
+    rejects(check, lambda *a: right(*a) * float("nan"), "NaN")
+    rejects(check, lambda *a: 1 / 0, "ZeroDivisionError")
+    rejects(check, lambda *a: (_ for _ in ()).throw(SystemExit(3)), "SystemExit", "stops programs")
+    rejects(check, lambda *a: (_ for _ in ()).throw(Custom("boo")), "Custom", "stops programs")
+
+
+@pytest.mark.parametrize("check", ALL)
+def test_wrong_signature_is_named(check, rejects):
+    rejects(check, lambda x: _right(check)(x, -1) if check is not check_softmax_temperature else None,
+            "does not take the arguments")
+
+
+@pytest.mark.parametrize("check", [check_stable_softmax, check_log_softmax, check_softmax_temperature])
+def test_wrong_shape_is_named(check, rejects):
+    rejects(check, lambda *a: _right(check)(*a).reshape(-1), "wrong shape")
+
+
+def test_lse_wrong_shape_is_named(rejects):
+    rejects(check_logsumexp, lambda x, dim=-1: torch.logsumexp(x, dim).reshape(1, -1, 1), "wrong shape")
+
+
+# =============================================================================== the module's own rules
+def test_the_module_imports_no_private_torch_module_and_shares_public_names():
+    root = Path(__file__).resolve().parents[2] / "attn_course" / "checks"
+    for name in ("softmax.py", "jacobian.py"):
+        tree = ast.parse((root / name).read_text())
+        for node in tree.body:  # top-level imports only
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                assert not any(part.startswith("_") for part in (node.module or "").split(".")), node.module
+                assert node.module != "_core", "the old core is gone"
+                assert not any(alias.name.startswith("_") for alias in node.names), (name, node.module)
+            if isinstance(node, ast.Import):
+                assert not any(part.startswith("_") for alias in node.names for part in alias.name.split("."))
