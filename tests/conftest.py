@@ -9,9 +9,15 @@ pitfall test proves as well that the grader, replaying the log, reaches the same
 from __future__ import annotations
 
 import pytest
+import torch
 
 from attn_course.checks.boundary import ReplaySession
 from attn_course.checks.result import CheckResult, Status
+
+
+# Tests use small tensors: one thread each avoids oversubscribing the cores when pytest-xdist runs
+# several test processes (2 workers × 2 torch threads on a 2-core machine was 4× slower).
+torch.set_num_threads(1)
 
 
 def _evaluate(check, fn, tmp_path_factory) -> CheckResult:

@@ -1,10 +1,17 @@
-"""The explorers as a learner uses them: JupyterLab 4 in headless Chromium, driven by Playwright.
+"""The course as a learner meets it: JupyterLab 4 in headless Chromium at 1366×768, driven by Playwright.
 
-Starts JupyterLab on 127.0.0.1 with a token in a temporary folder, opens a notebook that shows every
-explorer the course has (the d_k slider, the temperature slider, the five-step stepper, the mask
-builder, the head explorer: whichever exist), runs it, then uses each control the way a person
-would (arrow keys on a slider, a click on "next step", a choice in a dropdown) and asserts that the
-figure drawn below the controls changed. Screenshots go to test-artifacts/browser/.
+Starts JupyterLab on 127.0.0.1 with a token in a temporary folder, then:
+
+* opens an unfilled exercise notebook and runs *Run All*: every cell runs to the last one, and each
+  check shows its "not attempted" verdict without stopping the notebook;
+* opens the same notebook with a wrong answer in one exercise and a syntax error in another: the wrong
+  answer's output shows the diagnosis (tried / got / expected / cause / to do) and no frame of the
+  course's code; the syntax error is named with its line; Run All still reaches the end;
+* opens a notebook showing every explorer (the d_k slider, the temperature slider, the five-step
+  stepper, the mask builder, the head explorer), uses each control the way a person would and asserts
+  that the figure drawn below the controls changed.
+
+Screenshots of each go to test-artifacts/browser/ (look at them).
 
 Skipped, with the reason, when Chromium (Debian's ``chromium`` package) or Playwright is missing:
 ``.ci/run`` installs both. No browser is ever downloaded.
@@ -109,8 +116,10 @@ def lab(tmp_path_factory):
                                                                             "checkForUpdates": False}))
     notebook_settings = home / "settings" / "@jupyterlab" / "notebook-extension"
     notebook_settings.mkdir(parents=True)
-    # Start the notebook's own kernel (python3) without asking, as a learner's second visit does.
-    (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True}))
+    # Start the notebook's own kernel (python3) without asking, as a learner's second visit does; keep every
+    # cell in the page (no windowing), so the test can read cells far below the fold.
+    (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"autoStartDefaultKernel": True,
+                                                                               "windowingMode": "none"}))
     port, token = _free_port(), "attn-course-browser-test"
     env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
@@ -163,6 +172,106 @@ def _wait_for_change(page, explorer, before: str, seconds: float = 30) -> str | 
     return changed
 
 
+VIEWPORT = {"width": 1366, "height": 768}
+
+
+def _open_and_run_all(page, lab, name: str) -> None:
+    # `reset`: a fresh workspace, so only this notebook is open (not the tabs of an earlier page).
+    page.goto(f"{lab['url']}/lab/tree/{name}?reset&token={lab['token']}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+    page.wait_for_timeout(1500)
+    dialog = page.locator(".jp-Dialog button", has_text="Select")
+    if dialog.count():
+        dialog.first.click()
+    page.wait_for_function("document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Toolbar-kernelName')"
+                           "?.textContent.includes('Python')", timeout=90_000)
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=90_000)
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click()  # focus this notebook
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+
+
+def _prompts(page) -> list[str]:
+    return page.eval_on_selector_all(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputPrompt",
+                                     "els => els.map(e => e.textContent.trim())")
+
+
+def _wait_until_every_cell_ran(page, seconds: float = 240) -> list[str]:
+    deadline = time.time() + seconds
+    prompts = _prompts(page)
+    while time.time() < deadline:
+        prompts = _prompts(page)
+        if prompts and all(p.strip("[]: ").isdigit() for p in prompts):
+            break
+        page.wait_for_timeout(500)
+    return prompts
+
+
+def _cell_output(page, cell_text: str):
+    """The output area of the code cell whose source contains ``cell_text``."""
+    cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea", has_text=cell_text)).first
+    cell.scroll_into_view_if_needed()
+    return cell
+
+
+def test_run_all_reaches_the_end_and_failures_read_like_a_tutor(lab):
+    source = ROOT / "notebooks" / "05_attention.ipynb"
+    unfilled = nbformat.read(source, as_version=4)
+    nbformat.write(unfilled, lab["work"] / "unfilled.ipynb")
+    wrong = nbformat.read(source, as_version=4)
+    for cell in wrong.cells:
+        if cell.cell_type == "code" and cell.source.startswith("def attention("):
+            cell.source = cell.source.replace(
+                "    # YOUR CODE HERE\n    raise NotImplementedError()",
+                "    weights = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), dim=-2)\n"
+                "    return weights @ V, weights")
+        if cell.cell_type == "code" and cell.source.startswith("def score_matrix_bytes("):
+            cell.source = cell.source.replace("    # YOUR CODE HERE\n    raise NotImplementedError()",
+                                              "    return batch * heads * (n * n")
+    nbformat.write(wrong, lab["work"] / "answered.ipynb")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    code_cells = sum(c.cell_type == "code" for c in unfilled.cells)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
+        page.set_default_timeout(60_000)
+
+        _open_and_run_all(page, lab, "unfilled.ipynb")
+        prompts = _wait_until_every_cell_ran(page)
+        page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell").last.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "run-all-unfilled-end.png"))
+        check = _cell_output(page, "check_attention()")
+        check.screenshot(path=str(ARTIFACTS / "run-all-unfilled-check.png"))
+        print(f"\nRun All on an unfilled notebook: {sum(p.strip('[]: ').isdigit() for p in prompts)} of {code_cells} "
+              "code cells ran")
+        assert len(prompts) == code_cells and all(p.strip("[]: ").isdigit() for p in prompts), prompts
+        text = check.locator(".jp-OutputArea").inner_text()
+        assert "○ attention: not attempted yet" in text and "to do" in text
+
+        page.close()
+        page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
+        page.set_default_timeout(60_000)
+        _open_and_run_all(page, lab, "answered.ipynb")
+        prompts = _wait_until_every_cell_ran(page)
+        assert all(p.strip("[]: ").isdigit() for p in prompts), f"Run All stopped: {prompts}"
+        wrong_check = _cell_output(page, "check_attention()")
+        wrong_check.screenshot(path=str(ARTIFACTS / "wrong-answer-diagnosis.png"))
+        text = wrong_check.locator(".jp-OutputArea").inner_text()  # what the learner reads under the cell
+        assert "✗ attention" in text and "softmax over axis -2" in text and "dim=-1" in text
+        for part in ("tried", "got", "cause", "to do"):
+            assert part in text, f"{part!r} missing from the diagnosis:\n{text}"
+        assert "attn_course" not in text and "Traceback" not in text and 'File "' not in text, text
+        syntax = _cell_output(page, "def score_matrix_bytes(")
+        syntax.screenshot(path=str(ARTIFACTS / "syntax-error-exercise.png"))
+        assert "SyntaxError" in syntax.locator(".jp-OutputArea").inner_text()
+        syntax_check = _cell_output(page, "check_score_matrix_bytes()")
+        syntax_check.screenshot(path=str(ARTIFACTS / "syntax-error-check.png"))
+        assert "syntax error in your exercise cell (line" in syntax_check.locator(".jp-OutputArea").inner_text()
+        browser.close()
+
+
 def test_every_explorer_responds_in_jupyterlab(lab):
     explorers = available_explorers()
     if not explorers:
@@ -173,7 +282,7 @@ def test_every_explorer_responds_in_jupyterlab(lab):
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, device_scale_factor=1)
+        page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
         page.set_default_timeout(60_000)
         page.goto(f"{lab['url']}/lab/tree/explorers.ipynb?token={lab['token']}")
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)

@@ -194,16 +194,19 @@ def expect_equal(actual: Any, expected: Any, *, tried: str, what: str = "your re
 
 def expect_close(actual: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str = "your result",
                  atol: float = 1e-5, rtol: float = 1e-4, mistakes: Sequence[Mistake] = (),
-                 factors: dict[str, float] | None = None, fix: str = "") -> None:
+                 factors: dict[str, float] | None = None, fix: str = "", oracle: str = "") -> None:
     """Fail unless ``actual`` matches ``expected``: blame a mistake whose output it reproduces, or else
     measure what the difference is (:func:`describe_mismatch`). ``factors`` names constants a wrong
-    scale could be off by (``{"√d_k": 2.83}``)."""
+    scale could be off by (``{"√d_k": 2.83}``); ``oracle`` names where ``expected`` comes from
+    (``"F.scaled_dot_product_attention"``), for the diagnosis's "expected" line."""
     if tuple(actual.shape) != tuple(expected.shape):
         expect_shape(actual, expected.shape, tried=tried, what=what, mistakes=mistakes, fix=fix)
     if same(actual, expected, atol=atol, rtol=rtol):
         return
     found = matching_mistakes(actual, mistakes, atol=atol, rtol=rtol)
     got, exp, cause, summary = describe_mismatch(actual, expected, what=what, atol=atol, rtol=rtol, factors=factors)
+    if oracle and exp == _EXPECTED:
+        exp = f"the values {oracle} gives"
     if found:
         _blame(found, tried, got, exp)
     fail(summary, tried=tried, got=got, expected=exp, cause=cause,
@@ -211,6 +214,7 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, *, tried: str, wh
 
 
 # ============================================================================ what the difference is
+_EXPECTED = "the correct values (from the check's reference computation)"
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str = "your result", atol: float = 1e-5,
                       rtol: float = 1e-4, factors: dict[str, float] | None = None) -> tuple[str, str, str, str]:
     """Measure how ``actual`` differs from ``expected`` (same shape). Returns (got, expected, cause, summary);
@@ -267,7 +271,7 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
               f"got {fmt(float(a[worst]))}, expected {fmt(float(e[worst]))}")
     region = _where_wrong(wrong)
     got = f"{int(wrong.sum())} of {a.numel()} entries differ{region}; {detail}"
-    return got, "the values computed by the course's reference", "", f"wrong values{region}"
+    return got, _EXPECTED, "", f"wrong values{region}"
 
 
 def _name_factor(c: float, factors: dict[str, float]) -> str:
