@@ -375,12 +375,18 @@ def _safe_str(exc: BaseException) -> str:
         return f"({type(exc).__name__} with an unprintable message)"
 
 
-def _raised_in_learner_code(exc: BaseException) -> bool:
+def _is_stub(exc: BaseException) -> bool:
+    """True for the exercise stub's ``raise NotImplementedError()``: raised by a ``raise`` statement in the
+    learner's own code, not by a library call on their line (torch raises NotImplementedError for an
+    operation a dtype lacks, e.g. softmax of a bool tensor: that is a mistake to diagnose)."""
     tb, last = exc.__traceback__, None
     while tb is not None:
-        last = tb.tb_frame.f_code.co_filename
+        last = tb
         tb = tb.tb_next
-    return last is not None and _is_learner_frame(last)
+    if last is None or not _is_learner_frame(last.tb_frame.f_code.co_filename):
+        return False
+    line = linecache.getline(last.tb_frame.f_code.co_filename, last.tb_lineno).strip()
+    return line.startswith("raise") and "NotImplementedError" in line or not line
 
 
 # ============================================================================ learner-side operations
@@ -496,7 +502,7 @@ class _Runner:
                         raise _TimeUp() from None
                     raise
                 except NotImplementedError as exc:
-                    if _raised_in_learner_code(exc) and phase == "call":
+                    if phase == "call" and _is_stub(exc):
                         return {"not_attempted": True}, {}
                     return {"raised": _raised_info(exc, phase)}, {}
                 except BaseException as exc:  # noqa: BLE001 - SystemExit and custom BaseExceptions too

@@ -231,7 +231,7 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
                 "integer arithmetic somewhere (an integer tensor, or // division)", f"integer result ({dtype})")
     if actual.dtype in (torch.float16, torch.bfloat16) and expected.dtype not in (torch.float16, torch.bfloat16):
         if same(a, e, atol=max(atol, 2e-2), rtol=max(rtol, 1e-2)):
-            return (f"{what} is in {dtype}, close but not equal: {dtype} keeps about 3 significant digits",
+            return (f"{dtype} values ({what}), close but not equal: {dtype} keeps about 3 significant digits",
                     f"{str(expected.dtype).replace('torch.', '')}, as the input",
                     f"your computation converted to {dtype} (.half() or dtype={dtype})", f"result in {dtype}")
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)

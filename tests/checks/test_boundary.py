@@ -146,3 +146,18 @@ def test_replay_answers_from_the_log_and_refuses_what_it_does_not_hold(tmp_path)
     with pytest.raises(ReplayMismatch):
         ReplaySession(tmp_path / "pickled.npz")
     assert Handle(1, "Net") == Handle(1, "Net")
+
+
+def test_a_library_not_implemented_error_on_the_learners_line_is_a_mistake_not_a_stub():
+    def softmax_of_bool(x):
+        return torch.softmax(x > 0, dim=-1)  # torch raises NotImplementedError for bool
+
+    with pytest.raises(LearnerRaised) as info:
+        learner(softmax_of_bool)(torch.ones(3))
+    assert info.value.type_name == "NotImplementedError"
+
+    def stub_with_message(x):
+        raise NotImplementedError("write me")
+
+    with pytest.raises(LearnerNotAttempted):
+        learner(stub_with_message)(1)
