@@ -471,15 +471,18 @@ class _Runner:
                         self._handles[handle.id] = made
                         return {"ok": enc.encode(handle)}, enc.arrays
                     if op == "vjp":
-                        args = tuple(a.detach().requires_grad_(True) if i in extra["wrt"] else a for i, a in enumerate(args))
-                        out = obj(*args, **kwargs)
-                        picked = out[extra["index"]] if extra.get("index") is not None and isinstance(out, (tuple, list)) else out
-                        encoded_out = enc.encode(out)
-                        if not isinstance(picked, torch.Tensor) or not picked.requires_grad:
-                            return {"ok": {"t": "tuple", "items": [encoded_out, {"t": "py", "v": None}]}}, enc.arrays
-                        phase = "backward"
-                        grads = torch.autograd.grad(picked, [args[i] for i in extra["wrt"]], extra["upstream"],
-                                                    allow_unused=True)
+                        # Gradients on, whatever the caller's mode (a vjp may be asked for inside a backward pass).
+                        with torch.enable_grad():
+                            args = tuple(a.detach().requires_grad_(True) if i in extra["wrt"] else a
+                                         for i, a in enumerate(args))
+                            out = obj(*args, **kwargs)
+                            picked = out[extra["index"]] if extra.get("index") is not None and isinstance(out, (tuple, list)) else out
+                            encoded_out = enc.encode(out)
+                            if not isinstance(picked, torch.Tensor) or not picked.requires_grad:
+                                return {"ok": {"t": "tuple", "items": [encoded_out, {"t": "py", "v": None}]}}, enc.arrays
+                            phase = "backward"
+                            grads = torch.autograd.grad(picked, [args[i] for i in extra["wrt"]], extra["upstream"],
+                                                        allow_unused=True)
                         return {"ok": {"t": "tuple", "items": [encoded_out, enc.encode(tuple(grads))]}}, enc.arrays
                     if op == "inspect":
                         return {"ok": enc.encode(_inspect(obj))}, enc.arrays

@@ -161,3 +161,9 @@ def test_a_library_not_implemented_error_on_the_learners_line_is_a_mistake_not_a
 
     with pytest.raises(LearnerNotAttempted):
         learner(stub_with_message)(1)
+
+
+def test_vjp_works_inside_no_grad():
+    with torch.no_grad():
+        out, grads = learner(lambda x: (3 * x).sum()).vjp((torch.ones(2),), torch.tensor(1.0))
+    assert grads[0].tolist() == [3.0, 3.0]
