@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: the reference, its five steps, a step-by-step explorer and its cost.
+"""Scaled dot-product attention (notebook 05): the reference, its five steps, a step-by-step explorer, its cost.
 
     attention(Q, K, V, mask) = softmax(Q Kᵀ / √d_k + mask) V
 
@@ -8,7 +8,7 @@ Shapes (any number of leading batch/head dimensions ``...``)::
     K        (..., n_k, d_k)
     V        (..., n_k, d_v)      d_v may differ from d_k
     mask     broadcastable to (..., n_q, n_k)
-    weights  (..., n_q, n_k)      each row sums to 1 over the keys
+    weights  (..., n_q, n_k)      each row sums to 1 over the keys it may attend to
     output   (..., n_q, d_v)
 
 **Mask convention of the whole course** (the one ``F.scaled_dot_product_attention`` uses):
@@ -16,29 +16,30 @@ Shapes (any number of leading batch/head dimensions ``...``)::
 * a *boolean* mask says ``True`` = "this query may attend to this key" (keep), ``False`` = blocked;
 * a *float* mask is *additive*: it is added to the scaled scores (``0`` keeps, ``-inf`` blocks).
 
-A query whose every key is blocked (a "fully masked row") gets all-zero weights and a zero output,
-exactly what ``F.scaled_dot_product_attention`` returns for it, instead of the NaN that a plain
-softmax over ``-inf`` everywhere would produce.
+The masking itself is :func:`attn_course.softmax.masked_softmax`, the course's one mask rule: a query
+whose every key is blocked (a "fully masked row") gets all-zero weights and a zero output, as
+``F.scaled_dot_product_attention`` returns for it from PyTorch 2.5 on (notebook 06 tells that story).
 
-Also here: the 4×8 worked example (:func:`worked_example`), the five intermediate matrices
-(:func:`attention_steps`), figures of them and the "previous / next step" explorer
-(:func:`attention_stepper`), deliberately broken variants for demonstrations
-(:func:`attention_with_mistake`), and the cost model (:func:`score_matrix_bytes`,
-:func:`measure_attention_cost`).
+Also here: the five intermediate matrices (:func:`attention_steps`), figures of them and the
+"previous / next step" explorer (:func:`attention_stepper`), deliberately broken variants for
+demonstrations (:func:`attention_with_mistake`), and the cost (:func:`score_matrix_bytes`,
+:func:`measure_attention_cost`, :func:`plot_attention_cost`). The 4×8 worked example and
+``print_matrix`` live in :mod:`attn_course.dot`.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .dot import SOURCE_RAW_SCORES, format_matrix, print_matrix, worked_example  # one place each
-from .plots import heatmap
+from .dot import SOURCE_RAW_SCORES, worked_example
+from .plots import MAX_WIDTH, MIN_FONT, heatmap, line_plot, styled
+from .softmax import masked_softmax
+from .timing import time_ms
 from .widgets import explorer
 
 __all__ = [
@@ -47,18 +48,16 @@ __all__ = [
     "attention_with_mistake",
     "attention_stepper",
     "measure_attention_cost",
+    "plot_attention_cost",
     "plot_attention_steps",
     "plot_step",
     "score_matrix_bytes",
-    "worked_example",
-    "format_matrix",
-    "print_matrix",
     "PUBLISHED",
     "MISTAKES",
     "STEP_NAMES",
 ]
 
-# The four matrices as the article prints them (two decimals), to compare with what we compute.
+# The four matrices as source article 003 prints them (two decimals), to compare with what we compute.
 PUBLISHED = {
     "scores": SOURCE_RAW_SCORES,
     "scaled": [[0.25, 0.05, -0.05, 0.18], [-0.06, 0.31, -0.07, -0.14],
@@ -76,45 +75,38 @@ def _tensor(x) -> torch.Tensor:
     return torch.from_numpy(np.asarray(x)) if isinstance(x, np.ndarray) else x
 
 
-def _apply_mask(scaled: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Block the scores the mask forbids: bool (True = keep) → -inf; float → added."""
-    if mask is None:
-        return scaled
-    mask = _tensor(mask).to(scaled.device)
-    if mask.dtype == torch.bool:
-        return scaled.masked_fill(~mask, float("-inf"))
-    return scaled + mask.to(scaled.dtype)
-
-
-def _safe_softmax(masked: torch.Tensor) -> torch.Tensor:
-    """Softmax over the keys; a row that is -inf everywhere gives zeros instead of NaN."""
-    blocked_row = torch.isneginf(masked).all(dim=-1, keepdim=True)  # (..., n_q, 1)
-    weights = torch.softmax(masked.masked_fill(blocked_row, 0.0), dim=-1)
-    return weights.masked_fill(blocked_row, 0.0)
-
-
 def attention(Q, K, V, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention.
 
     Q: (..., n_q, d_k), K: (..., n_k, d_k), V: (..., n_k, d_v) — tensors or NumPy arrays;
     mask: None, a bool tensor (True = may attend) or an additive float tensor, broadcastable to
-    (..., n_q, n_k). Returns ``(output, weights)`` of shapes (..., n_q, d_v) and (..., n_q, n_k).
+    (..., n_q, n_k). Returns ``(output, weights)`` of shapes (..., n_q, d_v) and (..., n_q, n_k);
+    a query with no allowed key gets zero weights and a zero output.
     """
     Q, K, V = _tensor(Q), _tensor(K), _tensor(V)
-    d_k = Q.shape[-1]
-    scores = Q @ K.transpose(-2, -1)  # (..., n_q, n_k)
-    scaled = scores / math.sqrt(d_k)
-    weights = _safe_softmax(_apply_mask(scaled, mask))  # (..., n_q, n_k), rows sum to 1
+    scaled = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., n_q, n_k)
+    weights = masked_softmax(scaled, mask, dim=-1)  # (..., n_q, n_k), rows sum to 1 (or 0 if fully masked)
     return weights @ V, weights  # (..., n_q, d_v)
 
 
 STEP_NAMES = (
-    "1 · scores  Q Kᵀ",
-    "2 · scale  ÷ √d_k",
-    "3 · mask",
-    "4 · softmax over keys",
-    "5 · weighted sum of values",
+    "1 · scores Q Kᵀ",
+    "2 · scaled ÷ √d_k",
+    "3 · masked",
+    "4 · weights (softmax)",
+    "5 · output = weights V",
 )
+
+
+def _shown_masked(scaled: torch.Tensor, mask) -> torch.Tensor:
+    """Step 3 as a matrix to look at: the scaled scores with -inf where the mask blocks (what the
+    softmax of :func:`masked_softmax` sees). The weights themselves always come from masked_softmax."""
+    if mask is None:
+        return scaled
+    mask = torch.as_tensor(_tensor(mask))
+    if mask.dtype == torch.bool:
+        return scaled.masked_fill(~mask, float("-inf"))
+    return scaled + mask.to(scaled.dtype)
 
 
 def attention_steps(Q, K, V, mask=None) -> list[tuple[str, torch.Tensor]]:
@@ -124,43 +116,45 @@ def attention_steps(Q, K, V, mask=None) -> list[tuple[str, torch.Tensor]]:
     Without a mask, step 3 leaves the scaled scores unchanged.
     """
     Q, K, V = _tensor(Q), _tensor(K), _tensor(V)
-    scores = Q @ K.transpose(-2, -1)
+    scores = Q @ K.transpose(-2, -1)  # (..., n_q, n_k)
     scaled = scores / math.sqrt(Q.shape[-1])
-    masked = _apply_mask(scaled, mask)
-    weights = _safe_softmax(masked)
-    output = weights @ V
-    return list(zip(STEP_NAMES, (scores, scaled, masked, weights, output)))
+    weights = masked_softmax(scaled, mask, dim=-1)
+    output = weights @ V  # (..., n_q, d_v)
+    return list(zip(STEP_NAMES, (scores, scaled, _shown_masked(scaled, mask), weights, output)))
 
 
 # ----------------------------------------------------------------------------- mistakes on purpose
 MISTAKES = {
     "softmax over queries": "softmax along axis -2: each *column* sums to 1, rows do not",
     "no scale": "scores not divided by √d_k",
-    "mask after softmax": "masked weights zeroed after the softmax: rows no longer sum to 1",
+    "mask after softmax": "blocked weights zeroed after the softmax: rows no longer sum to 1",
+    "mask after softmax, renormalised": "blocked weights zeroed after the softmax, then each row divided by "
+                                        "its sum: right on paper, 0/0 = NaN on a fully masked row or when the "
+                                        "allowed weights underflow",
     "values before softmax": "V multiplied into the scores before the softmax",
 }
 
 
 def attention_with_mistake(Q, K, V, mistake: str, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A deliberately wrong attention, for demonstrations; ``mistake`` is a key of :data:`MISTAKES`.
-
-    Returns ``(output, weights)`` as the buggy code would.
-    """
+    """A deliberately wrong attention, for demonstrations; ``mistake`` is a key of :data:`MISTAKES`
+    (``mask``, when given, is a bool mask). Returns ``(output, weights)`` as the buggy code would."""
+    if mistake not in MISTAKES:
+        raise ValueError(f"unknown mistake {mistake!r}; choose one of {sorted(MISTAKES)}")
     Q, K, V = _tensor(Q), _tensor(K), _tensor(V)
-    scaled = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    scaled = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., n_q, n_k)
     if mistake == "softmax over queries":
-        weights = torch.softmax(_apply_mask(scaled, mask), dim=-2)
+        weights = torch.softmax(_shown_masked(scaled, mask), dim=-2)
     elif mistake == "no scale":
-        weights = _safe_softmax(_apply_mask(scaled * math.sqrt(Q.shape[-1]), mask))
-    elif mistake == "mask after softmax":
+        weights = masked_softmax(scaled * math.sqrt(Q.shape[-1]), mask)
+    elif mistake.startswith("mask after softmax"):
         weights = torch.softmax(scaled, dim=-1)
         if mask is not None:
-            weights = weights * _tensor(mask).to(weights.dtype)
-    elif mistake == "values before softmax":
-        weights = _safe_softmax(_apply_mask(scaled, mask))
-        return torch.softmax(scaled @ V, dim=-1), weights  # (n_q, d_v): a softmax over features
-    else:
-        raise ValueError(f"unknown mistake {mistake!r}; choose one of {sorted(MISTAKES)}")
+            weights = weights * torch.as_tensor(_tensor(mask)).to(weights.dtype)  # blocked weights → 0
+            if mistake.endswith("renormalised"):
+                weights = weights / weights.sum(dim=-1, keepdim=True)  # 0/0 where nothing is left
+    else:  # "values before softmax"
+        weights = masked_softmax(scaled, mask)
+        return torch.softmax(scaled @ V, dim=-1), weights  # (..., n_q, d_v): a softmax over features
     return weights @ V, weights
 
 
@@ -176,28 +170,46 @@ def plot_step(
     query_labels: Sequence[str] | None = None,
     key_labels: Sequence[str] | None = None,
     ax: plt.Axes | None = None,
+    colorbar: bool = True,
 ) -> plt.Figure:
-    """One step (1-based) of :func:`attention_steps` on a 2-D example as a labelled heatmap."""
+    """One step (1-based) of :func:`attention_steps` on a 2-D example as a labelled heatmap.
+
+    Weights (step 4) use the fixed colour scale 0…1, so near-uniform rows look near-uniform;
+    signed matrices use a scale symmetric about 0; blocked scores (-inf) are grey and marked −∞.
+    """
     name, matrix = steps[step - 1]
     matrix = matrix.detach()
-    n_q = matrix.shape[-2]
-    rows = list(query_labels) if query_labels is not None else _labels("q", n_q)
+    if matrix.dim() != 2:
+        raise ValueError(f"plot_step draws a 2-D example; this one has shape {tuple(matrix.shape)}")
+    rows = list(query_labels) if query_labels is not None else _labels("q", matrix.shape[-2])
     if step == 5:
         cols, xlabel = [f"d{j}" for j in range(matrix.shape[-1])], "value feature"
     else:
         cols, xlabel = list(key_labels) if key_labels is not None else _labels("k", matrix.shape[-1]), "key"
-    signed = step != 4
-    return heatmap(matrix, row_labels=rows, col_labels=cols, title=f"step {name}   {tuple(matrix.shape)}",
-                   xlabel=xlabel, ylabel="query", signed=signed, ax=ax)
+    scale = dict(signed=False, vmin=0.0, vmax=1.0) if step == 4 else dict(signed=True)
+    fig = heatmap(matrix, row_labels=rows, col_labels=cols, title=f"{name}   {tuple(matrix.shape)}",
+                  xlabel=xlabel, ylabel="query", ax=ax, colorbar=colorbar, **scale)
+    ax = ax if ax is not None else fig.axes[0]
+    for (i, j) in torch.nonzero(torch.isneginf(matrix)).tolist():
+        ax.text(j, i, "−∞", ha="center", va="center", fontsize=MIN_FONT, color="#555555")
+    return fig
 
 
-def plot_attention_steps(steps, *, query_labels=None, key_labels=None) -> plt.Figure:
-    """All five steps side by side (the static overview of :func:`attention_stepper`)."""
-    widths = [steps[i][1].shape[-1] for i in range(5)]
-    fig, axes = plt.subplots(1, 5, figsize=(24, 4.2), gridspec_kw={"width_ratios": widths})
+@styled
+def plot_attention_steps(steps, *, query_labels=None, key_labels=None, title: str = "") -> plt.Figure:
+    """All five steps on one page (the static overview of :func:`attention_stepper`): steps 1–3 on the
+    first row, the weights and the output on the second; every cell annotated, no colour bars."""
+    fig = plt.figure(figsize=(MAX_WIDTH, 6.6))
+    grid = fig.add_gridspec(2, 3)
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[0, 2]),
+            fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1:])]
     for step, ax in enumerate(axes, 1):
-        plot_step(steps, step, query_labels=query_labels, key_labels=key_labels, ax=ax)
-        ax.set_title(steps[step - 1][0], fontsize=11)
+        plot_step(steps, step, query_labels=query_labels, key_labels=key_labels, ax=ax, colorbar=False)
+        ax.set_title(steps[step - 1][0])
+        if step not in (1, 4):
+            ax.set_ylabel("")
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return fig
 
@@ -252,15 +264,15 @@ def score_matrix_bytes(n: int, *, batch: int = 1, heads: int = 1, dtype: torch.d
     return batch * heads * n * n * element
 
 
-def measure_attention_cost(ns: Sequence[int], d: int = 64, *, repeats: int = 5, min_seconds: float = 0.05,
-                           threads: int | None = 1, seed: int = 0) -> list[dict]:
-    """Time :func:`attention` (float32, width ``d``) for each sequence length in ``ns``.
+def measure_attention_cost(ns: Sequence[int], d: int = 64, *, threads: int | None = 1, min_run_time: float = 0.05,
+                           rounds: int = 3, seed: int = 0) -> list[dict]:
+    """Time :func:`attention` (float32, no mask, width ``d``) for each sequence length in ``ns``.
 
-    After one warm-up call, runs at least ``repeats`` times and until ``min_seconds`` have passed, and
-    keeps the fastest run (the least disturbed by other work on the machine). ``threads`` fixes
-    PyTorch's thread count during the measurement (``None`` leaves it). Returns one dict per n:
-    ``n``, ``seconds`` and ``score_bytes`` (the ``nbytes`` of the actual (n, n) weight tensor, which
-    equals :func:`score_matrix_bytes`).
+    Timing is :func:`attn_course.timing.time_ms` (the median of repeated calls after a warm-up), taken
+    ``rounds`` times; the fastest round is kept, the one least disturbed by other work on the machine.
+    ``threads`` fixes PyTorch's thread count during the measurement (``None`` leaves it). Returns
+    one dict per n: ``n``, ``ms`` and ``score_bytes`` (the ``nbytes`` of the actual (n, n) weight
+    tensor, which equals :func:`score_matrix_bytes`).
     """
     generator = torch.Generator().manual_seed(seed)
     saved_threads = torch.get_num_threads()
@@ -269,15 +281,30 @@ def measure_attention_cost(ns: Sequence[int], d: int = 64, *, repeats: int = 5, 
     rows = []
     try:
         for n in ns:
-            Q, K, V = (torch.randn(n, d, generator=generator) for _ in range(3))
-            _, weights = attention(Q, K, V)  # warm-up
-            best, spent, runs = math.inf, 0.0, 0
-            while runs < repeats or (spent < min_seconds and runs < 100):
-                start = time.perf_counter()
-                attention(Q, K, V)
-                elapsed = time.perf_counter() - start
-                best, spent, runs = min(best, elapsed), spent + elapsed, runs + 1
-            rows.append({"n": n, "seconds": best, "score_bytes": weights.nbytes})
+            Q, K, V = (torch.randn(n, d, generator=generator) for _ in range(3))  # (n, d) each
+            _, weights = attention(Q, K, V)  # (n, n)
+            ms = min(time_ms(lambda: attention(Q, K, V), min_run_time=min_run_time) for _ in range(rounds))
+            rows.append({"n": n, "ms": ms, "score_bytes": weights.nbytes})
     finally:
         torch.set_num_threads(saved_threads)
     return rows
+
+
+@styled
+def plot_attention_cost(rows: Sequence[dict]) -> plt.Figure:
+    """:func:`measure_attention_cost`'s rows against n: the time on log–log axes with the n² line drawn
+    through the middle point, the time per score entry (flat = exactly n²), and the weight matrix's bytes
+    with the 4·n² line."""
+    ns = [r["n"] for r in rows]
+    mid = len(ns) // 2
+    ms = [r["ms"] for r in rows]
+    fig, (ax_time, ax_entry, ax_mem) = plt.subplots(1, 3, figsize=(MAX_WIDTH, 3.6))
+    line_plot(ns, {"measured": ms, "reference ∝ n²": [ms[mid] * (n / ns[mid]) ** 2 for n in ns]},
+              logx=True, logy=True, xlabel="n", ylabel="milliseconds", title="time", ax=ax_time)
+    line_plot(ns, {"time per entry": [t * 1e6 / n**2 for t, n in zip(ms, ns)]}, logx=True,
+              xlabel="n", ylabel="ns per score entry", title="time / n²", ax=ax_entry)
+    ax_entry.set_ylim(bottom=0)
+    line_plot(ns, {"measured nbytes": [r["score_bytes"] for r in rows], "reference 4·n²": [4 * n**2 for n in ns]},
+              logx=True, logy=True, xlabel="n", ylabel="bytes", title="weight matrix", ax=ax_mem)
+    fig.tight_layout()
+    return fig

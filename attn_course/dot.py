@@ -5,15 +5,23 @@
 * :func:`score_matrix` — every query against every key, ``Q Kᵀ``, batched over leading dimensions;
 * :func:`cosine_scores` — the same comparison with the vectors' lengths divided out;
 * :func:`worked_example` — the 4×8 ``Q``, ``K``, ``V`` of the course's running example (from the
-  source article 003), and :data:`SOURCE_RAW_SCORES`, the raw scores that article prints for it.
+  source article 003), and :data:`SOURCE_RAW_SCORES`, the (unscaled) scores that article prints for it;
+* :func:`format_matrix` / :func:`print_matrix` — how every notebook prints a matrix;
+* :func:`toy_sentence`, :func:`plot_retrieval`, :func:`plot_dot_vs_cosine` — the notebook's figures.
 
 Shapes use ``d`` for the vector size (``d_k``), ``n_q`` queries and ``n_k`` keys; ``...`` stands for
-any leading batch dimensions (batch, heads).
+any leading batch dimensions (batch, heads). The functions take tensors, return tensors and leave
+their inputs unchanged.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import matplotlib.pyplot as plt
 import torch
+
+from .plots import styled
 
 __all__ = [
     "query_scores_loop",
@@ -25,11 +33,13 @@ __all__ = [
     "format_matrix",
     "print_matrix",
     "toy_sentence",
+    "plot_retrieval",
+    "plot_dot_vs_cosine",
 ]
 
 
 def query_scores_loop(q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """Scores of one query against each key, one dot product at a time.
+    """Scores of one query against each key, one dot product at a time (a Python loop).
 
     q: (d,)   K: (n_k, d)   ->   (n_k,) with entry j = q · K[j]
     """
@@ -58,8 +68,9 @@ def score_matrix(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 def cosine_scores(Q: torch.Tensor, K: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Cosine similarity of every query with every key: ``Q̂ K̂ᵀ`` with unit-length rows.
 
-    A zero vector has norm 0; its norms are clamped at ``eps`` so its similarities are 0, not NaN
-    (the convention of ``torch.nn.functional.cosine_similarity``).
+    Each row is divided by its length clamped below at ``eps``, ``max(‖x‖, eps)``: a zero vector gets
+    similarity 0, not NaN (the convention of ``F.normalize`` and, in PyTorch 2.x,
+    ``F.cosine_similarity``).
 
     Q: (..., n_q, d)   K: (..., n_k, d)   ->   (..., n_q, n_k), values in [-1, 1]
     """
@@ -89,7 +100,7 @@ _V = [
     [0.3, 0.2, -0.2, 0.9, 0.3, -0.1, 0.2, 0.4],
 ]
 
-#: The raw scores Q Kᵀ as printed (two decimals) in source article 003, for comparison with what
+#: The (unscaled) scores Q Kᵀ as printed (two decimals) in source article 003, for comparison with what
 #: :func:`score_matrix` recomputes from :func:`worked_example`.
 SOURCE_RAW_SCORES = [
     [0.70, 0.14, -0.14, 0.51],
@@ -143,3 +154,47 @@ def toy_sentence() -> tuple[list[str], list[str], torch.Tensor]:
         dtype=torch.float64,
     )
     return tokens, features, keys
+
+
+@styled
+def plot_retrieval(tokens: Sequence[str], keys: torch.Tensor, questions: dict[str, torch.Tensor]) -> plt.Figure:
+    """One bar chart per question: the score q · k of each token's key, the best match highlighted.
+
+    keys: (n_tokens, d); each question is a query of shape (d,).
+    """
+    fig, axes = plt.subplots(1, len(questions), figsize=(9.6, 3.4), sharey=True, squeeze=False)
+    for ax, (question, q) in zip(axes[0], questions.items()):
+        scores = query_scores(q, keys)  # (n_tokens,)
+        best = int(scores.argmax())
+        ax.bar(range(len(tokens)), scores.tolist(), color=["C1" if j == best else "C0" for j in range(len(tokens))])
+        ax.set_xticks(range(len(tokens)), [t.strip() for t in tokens])
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_title(question)
+        ax.set_xlabel("key (word)")
+    axes[0][0].set_ylabel("score q · k")
+    fig.tight_layout()
+    return fig
+
+
+@styled
+def plot_dot_vs_cosine(q: torch.Tensor, K: torch.Tensor, key_names: Sequence[str]) -> plt.Figure:
+    """2-D arrows for one query (shape (2,)) and a few keys (shape (n, 2)), each key labelled with its dot
+    product and its cosine with the query (in the legend, so that labels never overlap the arrows)."""
+    dots, cosines = query_scores(q, K), cosine_scores(q[None], K)[0]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    vectors = [(q, "query", "black")] + [
+        (k, f"key {name}: dot {float(d):.2f}, cosine {float(c):.2f}", f"C{j}")
+        for j, (k, name, d, c) in enumerate(zip(K, key_names, dots, cosines))]
+    for vec, label, colour in vectors:
+        ax.quiver(0, 0, float(vec[0]), float(vec[1]), angles="xy", scale_units="xy", scale=1, color=colour,
+                  width=0.012, label=label)
+    top = max(float(K.max()), float(q.max())) + 0.3
+    ax.set_xlim(-0.2, top)
+    ax.set_ylim(-0.2, top)
+    ax.set_aspect("equal")
+    ax.set_title("The dot product rewards length, cosine does not")
+    ax.set_xlabel("feature 1")
+    ax.set_ylabel("feature 2")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig

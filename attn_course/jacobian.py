@@ -7,14 +7,22 @@ With s = softmax(x) along the last axis (shape (…, n)):
   memory, never forming J (J is symmetric, so gᵀJ = J g);
 * :class:`SoftmaxFunction` — a ``torch.autograd.Function`` whose backward is that O(n) product;
   :func:`softmax_fn` applies it;
-* :func:`jacobian_backward` — the O(n²) route (build J, multiply), for timing comparisons.
+* :func:`jacobian_backward` — the O(n²) route (build J, multiply), for timing comparisons;
+* :func:`saturation_sweep` and :func:`saturation_figure` — what happens to the weights and to the
+  gradient with respect to the scores as the scores grow (the softmax saturates).
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import matplotlib.pyplot as plt
 import torch
 
-__all__ = ["softmax_jacobian", "softmax_vjp", "jacobian_backward", "SoftmaxFunction", "softmax_fn"]
+from .plots import MAX_WIDTH, line_plot, styled
+
+__all__ = ["softmax_jacobian", "softmax_vjp", "jacobian_backward", "SoftmaxFunction", "softmax_fn",
+           "saturation_sweep", "saturation_figure"]
 
 
 def softmax_jacobian(s: torch.Tensor) -> torch.Tensor:
@@ -71,3 +79,48 @@ class SoftmaxFunction(torch.autograd.Function):
 def softmax_fn(x: torch.Tensor) -> torch.Tensor:
     """softmax(x) along the last axis through :class:`SoftmaxFunction` (differentiable)."""
     return SoftmaxFunction.apply(x)
+
+
+def saturation_sweep(factors: Sequence[float], n_rows: int = 512, n_keys: int = 16, seed: int = 2) -> dict:
+    """Softmax of α·z for standard-normal scores z (``n_rows`` rows of ``n_keys``) at each α in ``factors``,
+    with a random upstream gradient g = ∂L/∂s (entries N(0, 1)). Returns lists, one value per α:
+
+    * ``peak`` — the mean over rows of the largest weight;
+    * ``grad_scores`` — the mean of ‖∂L/∂x‖, the gradient with respect to the scores (= s ⊙ (g − ⟨g, s⟩));
+    * ``jacobian_norm`` — the mean Frobenius norm ‖J‖_F;
+    * ``top2_share`` — the share of Σ_j |∂L/∂x_j| on the two keys with the largest weights (key j gets
+      s_j (g_j − ⟨g, s⟩), in proportion to its own weight).
+    """
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(n_rows, n_keys, generator=g, dtype=torch.float64)  # (rows, keys)
+    upstream = torch.randn(n_rows, n_keys, generator=g, dtype=torch.float64)  # dL/ds
+    out: dict[str, list[float]] = {"peak": [], "grad_scores": [], "jacobian_norm": [], "top2_share": []}
+    for alpha in factors:
+        s = torch.softmax(alpha * base, dim=-1)  # (rows, keys)
+        grad = softmax_vjp(s, upstream).abs()  # |dL/dx|: (rows, keys)
+        top2 = s.topk(2, dim=-1).indices  # (rows, 2)
+        out["peak"].append(s.max(dim=-1).values.mean().item())
+        out["grad_scores"].append(softmax_vjp(s, upstream).norm(dim=-1).mean().item())
+        out["jacobian_norm"].append(torch.linalg.matrix_norm(softmax_jacobian(s)).mean().item())
+        out["top2_share"].append((grad.gather(1, top2).sum(-1) / grad.sum(-1)).mean().item())
+    return out
+
+
+@styled
+def saturation_figure(factors: Sequence[float], stats: dict, marked: float = 1.0) -> plt.Figure:
+    """Three panels against the score scale α (log axis): the mean largest weight; the gradient with
+    respect to the scores and ‖J‖_F (log axis); the share of that gradient on the top two keys."""
+    fig, axes = plt.subplots(1, 3, figsize=(MAX_WIDTH, 3.6))
+    line_plot(factors, {"mean largest weight": stats["peak"]}, ax=axes[0], logx=True, xlabel="score scale α",
+              ylabel="mean largest weight", title="Softmax saturates")
+    line_plot(factors, {"‖∂L/∂x‖": stats["grad_scores"], "‖J‖_F": stats["jacobian_norm"]}, ax=axes[1], logx=True,
+              logy=True, xlabel="score scale α", ylabel="mean norm", title="∂L/∂scores shrinks")
+    line_plot(factors, {"top-2 share": stats["top2_share"]}, ax=axes[2], logx=True, xlabel="score scale α",
+              ylabel="share on the top 2 keys", title="…and goes to the top keys")
+    axes[0].set_ylim(0, 1)
+    axes[2].set_ylim(0, 1)
+    for ax in axes:
+        ax.axvline(marked, color="grey", linestyle=":")
+    axes[0].text(marked * 1.1, 0.05, "α = 1", color="grey", fontsize=9)
+    fig.tight_layout()
+    return fig

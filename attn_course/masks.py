@@ -1,4 +1,4 @@
-"""Attention masks: causal, padding, decoder (causal AND padding), cross-attention, additive.
+"""Attention masks (notebook 06): causal, padding, decoder (causal AND padding), cross-attention, additive.
 
 Convention (the same as :mod:`attn_course.attention` and ``F.scaled_dot_product_attention``):
 a boolean mask holds ``True`` where a query **may attend** to a key, ``False`` where it is blocked.
@@ -6,10 +6,13 @@ a boolean mask holds ``True`` where a query **may attend** to a key, ``False`` w
 (``True`` = blocked); :func:`additive_mask` turns a boolean mask into the additive form
 (``0`` = keep, ``-inf`` = block).
 
-Padding blocks **keys** (columns) only. A padding *query* still attends to the real tokens; its
-output is thrown away later (by the loss), and no row of the mask is ever entirely ``False``, so no
-softmax row is all ``-inf``. Masks meant for scores of shape (B, H, n_q, n_k) are returned with a
-heads axis of size 1, (B, 1, n_q, n_k), so that they broadcast over the heads.
+Padding blocks **keys** (columns) only; a padding *query* keeps its row, and its output is thrown
+away later (by the loss). Even so, a row can be entirely ``False`` (a *fully masked row*): in a
+decoder mask with left padding, the ``<pad>`` queries before the first real token see only ``<pad>``
+keys, and every row of a sequence made only of ``<pad>`` is empty. The course's one rule for such a
+row is :func:`attn_course.softmax.masked_softmax`: zero weights, zero output. Masks meant for scores
+of shape (B, H, n_q, n_k) are returned with a heads axis of size 1, (B, 1, n_q, n_k), so that they
+broadcast over the heads.
 
 The toy data: two short English→Italian sentence pairs, padded with ``<pad>`` into one batch
 (:func:`toy_batch`), deterministic embeddings for them (:func:`toy_qkv`), figures of a mask next to
@@ -26,7 +29,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from .attention import attention
-from .plots import heatmap
+from .plots import MAX_WIDTH, heatmap, styled
 from .widgets import explorer
 
 __all__ = [
@@ -150,9 +153,10 @@ def toy_qkv(query_ids: torch.Tensor, key_ids: torch.Tensor, vocab_size: int, d: 
 
 
 # ----------------------------------------------------------------------------- figures
+@styled
 def plot_mask_and_weights(mask2d, weights2d, row_tokens, col_tokens, title: str = "") -> plt.Figure:
     """The mask (True = may attend) and the attention weights it produces, side by side."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(MAX_WIDTH, 4.4))
     heatmap(mask2d.to(torch.float32), row_labels=row_tokens, col_labels=col_tokens, ax=left,
             title="mask (1 = may attend)", fmt="{:.0f}", signed=False, vmin=0, vmax=1, colorbar=False)
     heatmap(weights2d, row_labels=row_tokens, col_labels=col_tokens, ax=right,
@@ -188,6 +192,12 @@ def mask_example(kind: str, batch: ToyBatch, b: int):
 KINDS = ("encoder self-attention", "decoder self-attention", "cross-attention")
 
 
+def _pair_label(batch: ToyBatch, b: int) -> str:
+    """Sentence pair ``b`` as words, without its padding: "the cat sleeps → il gatto dorme"."""
+    words = lambda tokens: " ".join(t for t in tokens if t not in (PAD, BOS))  # noqa: E731
+    return f"{words(batch.src_tokens[b])} → {words(batch.tgt_tokens[b])}"
+
+
 def mask_builder(batch: ToyBatch | None = None):
     """Explorer: pick a mask kind and a sentence pair, see the mask and the weights it produces."""
     import ipywidgets as widgets
@@ -196,10 +206,12 @@ def mask_builder(batch: ToyBatch | None = None):
 
     def draw(kind: str, pair: int) -> plt.Figure:
         mask, weights, rows, cols = mask_example(kind, batch, pair)
-        return plot_mask_and_weights(mask[pair, 0], weights[pair, 0], rows, cols, title=f"{kind}, pair {pair}")
+        return plot_mask_and_weights(mask[pair, 0], weights[pair, 0], rows, cols, title=f"{kind}: {_pair_label(batch, pair)}")
 
+    pairs = [(_pair_label(batch, b), b) for b in range(len(batch.src_tokens))]  # the sentences, not 0/1
     controls = {
         "kind": widgets.Dropdown(options=list(KINDS), value=KINDS[1], description="mask"),
-        "pair": widgets.Dropdown(options=list(range(len(batch.src_tokens))), value=0, description="pair"),
+        "pair": widgets.Dropdown(options=pairs, value=0, description="sentences",
+                                 layout=widgets.Layout(width="auto")),
     }
     return explorer(draw, controls, title="Mask builder")

@@ -1,16 +1,21 @@
-"""Multi-head attention, nanoGPT-style: split/merge heads, one module with W^Q, W^K, W^V, W^O.
+"""Multi-head attention (notebook 07), nanoGPT-style: split/merge heads, one module with W^Q, W^K, W^V, W^O.
 
 Shapes used throughout (batch-first, like ``nn.MultiheadAttention(batch_first=True)``):
 
-* ``B`` batch, ``n`` query positions, ``m`` key positions, ``d_model`` model width;
+* ``B`` batch, ``n_q`` query positions, ``n_k`` key positions, ``d_model`` model width;
 * ``A`` query heads of width ``d_head``; ``A·d_head`` need not equal ``d_model``
   (W^Q maps d_model → A·d_head and W^O maps A·d_head back to d_model);
 * ``G`` key/value heads: ``G = A`` is ordinary multi-head attention, ``G = 1`` multi-query
-  attention (MQA), ``1 < G < A`` grouped-query attention (GQA); each K/V head serves ``A // G``
-  query heads.
+  attention (MQA, Shazeer 2019), ``1 < G < A`` grouped-query attention (GQA, Ainslie et al. 2023);
+  each K/V head serves ``A / G`` query heads.
 
-Masks are boolean and broadcast to ``(B, A, n, m)``; ``True`` marks a key the query may attend to
-(the convention of ``F.scaled_dot_product_attention``).
+One ``forward(x_q, x_kv=None, mask=None)`` covers self-attention (``x_kv`` None: keys and values
+come from ``x_q``), causal self-attention (a causal mask) and cross-attention (``x_kv`` another
+sequence, ``n_k`` may differ from ``n_q``). Masks follow notebook 06 and the whole course: bool,
+``True`` = may attend, broadcastable to ``(B, A, n_q, n_k)`` — e.g. ``(n_q, n_k)``, ``(B, 1, n_q, n_k)``
+or ``(B, 1, 1, n_k)`` — and the one rule :func:`attn_course.softmax.masked_softmax` (a fully masked
+row gets zero weights). ``nn.MultiheadAttention``'s ``attn_mask`` / ``key_padding_mask`` use the
+opposite polarity (``True`` = blocked): :func:`torch_masks` converts.
 """
 
 from __future__ import annotations
@@ -20,14 +25,18 @@ import math
 import torch
 import torch.nn as nn
 
+from .softmax import masked_softmax
+
 __all__ = [
     "split_heads",
     "merge_heads",
+    "default_d_head",
     "MultiHeadAttention",
     "parameter_count",
     "kv_cache_bytes",
     "copy_to_torch",
     "copy_from_torch",
+    "torch_masks",
 ]
 
 
@@ -47,29 +56,33 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(*lead, n, n_heads * d_head)  # (B, n, A·d_head)
 
 
+def default_d_head(d_model: int, n_heads: int) -> int:
+    """⌈d_model / A⌉: d_model / A when A divides d_model, else just enough for A·d_head ≥ d_model."""
+    return -(-d_model // n_heads)
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head self/cross attention with optional grouped K/V heads and dropout on the weights.
+    """Multi-head self-, causal and cross-attention, optional grouped K/V heads, dropout on the weights.
 
     Args:
         d_model: width of the input and output vectors.
         n_heads: number of query heads A.
-        d_head: width of each head; defaults to ``d_model // n_heads`` (then it must divide).
+        d_head: width of each head; defaults to ⌈d_model / A⌉ (:func:`default_d_head`).
         n_kv_heads: number of key/value heads G (divides A); ``None`` means G = A.
-        dropout: probability p of zeroing an attention weight during training; the kept weights are
-            multiplied by 1/(1 − p), so each row sums to 1 only on average while training.
+        dropout: probability p of zeroing an attention weight while training; the kept weights are
+            multiplied by 1/(1 − p). In ``eval()`` mode dropout does nothing.
         bias: whether the four projections have biases.
 
-    ``forward(query, key=None, value=None, mask=None)`` returns ``(out, weights)`` with
-    ``out`` (B, n, d_model) and ``weights`` (B, A, n, m) (after dropout).
+    ``forward(x_q, x_kv=None, mask=None)``: ``x_q`` (B, n_q, d_model), ``x_kv`` (B, n_k, d_model)
+    (default ``x_q``), ``mask`` bool broadcastable to (B, A, n_q, n_k), True = may attend. Returns
+    ``(out, weights)``: ``out`` (B, n_q, d_model) and ``weights`` (B, A, n_q, n_k) — after dropout,
+    as ``nn.MultiheadAttention`` returns them.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *,
                  n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        if d_head is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}: pass d_head")
-            d_head = d_model // n_heads
+        d_head = default_d_head(d_model, n_heads) if d_head is None else d_head
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
@@ -79,26 +92,23 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)  # W^V: d_model → G·d_head
         self.out_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)   # W^O: A·d_head → d_model
         self.attn_dropout = nn.Dropout(dropout)
-        self.scale: float | None = None  # None: 1/sqrt(d_head); set a number to experiment (notebook 08)
+        self.scale: float | None = None  # None: 1/√d_head; set a number to experiment (notebook 08)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
+    def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        key = query if key is None else key
-        value = key if value is None else value
-        q = split_heads(self.q_proj(query), self.n_heads)     # (B, A, n, d_head)
-        k = split_heads(self.k_proj(key), self.n_kv_heads)    # (B, G, m, d_head)
-        v = split_heads(self.v_proj(value), self.n_kv_heads)  # (B, G, m, d_head)
+        x_kv = x_q if x_kv is None else x_kv
+        q = split_heads(self.q_proj(x_q), self.n_heads)      # (B, A, n_q, d_head)
+        k = split_heads(self.k_proj(x_kv), self.n_kv_heads)  # (B, G, n_k, d_head)
+        v = split_heads(self.v_proj(x_kv), self.n_kv_heads)  # (B, G, n_k, d_head)
         group = self.n_heads // self.n_kv_heads
         if group > 1:  # each K/V head serves `group` consecutive query heads
-            k = k.repeat_interleave(group, dim=-3)  # (B, A, m, d_head)
-            v = v.repeat_interleave(group, dim=-3)  # (B, A, m, d_head)
+            k = k.repeat_interleave(group, dim=-3)  # (B, A, n_k, d_head)
+            v = v.repeat_interleave(group, dim=-3)  # (B, A, n_k, d_head)
         scale = 1.0 / math.sqrt(self.d_head) if self.scale is None else self.scale
-        scores = (q @ k.transpose(-2, -1)) * scale  # (B, A, n, m)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        weights = self.attn_dropout(torch.softmax(scores, dim=-1))  # (B, A, n, m)
-        out = merge_heads(weights @ v)  # (B, n, A·d_head)
-        return self.out_proj(out), weights  # (B, n, d_model), (B, A, n, m)
+        scores = (q @ k.transpose(-2, -1)) * scale  # (B, A, n_q, n_k)
+        weights = self.attn_dropout(masked_softmax(scores, mask))  # (B, A, n_q, n_k); mask broadcasts over heads
+        out = merge_heads(weights @ v)  # (B, n_q, A·d_head)
+        return self.out_proj(out), weights  # (B, n_q, d_model), (B, A, n_q, n_k)
 
 
 def parameter_count(module: nn.Module) -> int:
@@ -110,6 +120,18 @@ def kv_cache_bytes(*, n_layers: int, n_kv_heads: int, d_head: int, seq_len: int,
                    bytes_per_value: int = 2) -> int:
     """Memory of a K/V cache: a K and a V vector of width d_head per layer, K/V head and position."""
     return 2 * n_layers * n_kv_heads * d_head * seq_len * batch * bytes_per_value
+
+
+def torch_masks(mask: torch.Tensor | None, *, batch: int, n_heads: int, n_q: int, n_k: int) -> torch.Tensor | None:
+    """The course's bool mask (True = may attend, broadcastable to (B, A, n_q, n_k)) as the
+    ``attn_mask`` that ``nn.MultiheadAttention`` takes: True = blocked, shape (n_q, n_k) when the
+    mask is the same for every batch entry and head, else (B·A, n_q, n_k) (batch-major, as it expects)."""
+    if mask is None:
+        return None
+    full = torch.broadcast_to(mask, (batch, n_heads, n_q, n_k))
+    if bool((full == full[:1, :1]).all()):
+        return ~full[0, 0]  # (n_q, n_k)
+    return ~full.reshape(batch * n_heads, n_q, n_k)  # (B·A, n_q, n_k)
 
 
 def _check_torch_compatible(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:

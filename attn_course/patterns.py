@@ -1,15 +1,19 @@
-"""Reading attention: per-query pattern metrics, synthetic pattern types, and a tiny model to read.
+"""Reading attention (notebook 08): per-query pattern metrics, synthetic pattern types, and a tiny model to read.
 
 Metrics take attention weights shaped ``(..., n_q, n_k)`` (rows = queries, each row sums to 1) and
 return one number per query, shaped ``(..., n_q)``:
 
-* normalised entropy  H / log(n_k) — 0 for a one-hot row, 1 for a uniform row (0 when n_k = 1);
-* peak weight         the largest weight of the row;
-* self-attention      the weight a query puts on its own position (the diagonal; square matrices);
-* locality            |Σ_j w_ij·j − i| — how far the expected attended position lies from the query;
-* effective positions exp(H) — how many keys the row spreads over (1 … n_k).
+* normalised entropy   H / log(number of keys the row may attend to) — 0 for a one-hot row, 1 for a
+  row spread evenly over every allowed key; ``mask`` (bool, True = allowed, broadcastable to the
+  weights; default: every key allowed) says which keys those are, so a causal row i is measured
+  against its i + 1 keys, not all n_k. Rows with at most one allowed key get 0;
+* peak weight          the largest weight of the row;
+* self-attention       the weight a query puts on its own position (the diagonal; square matrices);
+* attention distance   Σ_j w_ij·|j − i| — how far, in positions, query i looks on average
+  (the "mean attention distance" of Dosovitskiy et al. 2021); query i sits at position i;
+* effective positions  exp(H) — how many keys the row spreads over (1 … n_k).
 
-H uses the natural log and the convention 0·log 0 = 0.
+H is :func:`attn_course.softmax.entropy`: natural log, 0·log 0 = 0.
 
 The toy task ("two questions") asks, at every position of a random digit sequence, *which digit came
 just before?* and *which digit started the sequence?*. No position can answer from its own token, so
@@ -27,15 +31,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .multihead import MultiHeadAttention
-from .plots import heatmap
+from .multihead import MultiHeadAttention, merge_heads, split_heads
+from .plots import MAX_WIDTH, MIN_FONT, heatmap, styled
+from .softmax import entropy
 
 __all__ = [
     "entropy",
     "normalised_entropy",
     "peak_weight",
     "self_attention_weight",
-    "locality",
+    "attention_distance",
     "effective_positions",
     "pattern_metrics",
     "metrics_table",
@@ -44,9 +49,13 @@ __all__ = [
     "classify_pattern",
     "make_toy_batch",
     "AttentionOnlyModel",
+    "toy_loss",
     "train_toy_model",
     "evaluate",
+    "attention_gradients",
+    "position_labels",
     "plot_heads",
+    "plot_loss_curves",
     "head_explorer",
 ]
 
@@ -57,18 +66,20 @@ def _weights(w) -> torch.Tensor:
     return w if isinstance(w, torch.Tensor) else torch.as_tensor(np.asarray(w))
 
 
-def entropy(weights) -> torch.Tensor:
-    """Shannon entropy (nats) of every row: (..., n_q, n_k) → (..., n_q); 0·log 0 counts as 0."""
-    w = _weights(weights)
-    return 0.0 - torch.special.xlogy(w, w).sum(-1)  # 0.0 − x: no "-0.00" for one-hot rows
+def normalised_entropy(weights, mask=None) -> torch.Tensor:
+    """Entropy of every row divided by log(its number of allowed keys): (..., n_q, n_k) → (..., n_q), in [0, 1].
 
-
-def normalised_entropy(weights) -> torch.Tensor:
-    """Entropy divided by its maximum log(n_k): (..., n_q, n_k) → (..., n_q), in [0, 1]."""
+    ``mask``: None (every key allowed) or bool broadcastable to ``weights``, True = the query may attend
+    to the key. Rows with at most one allowed key get 0 (no choice, no uncertainty).
+    """
     w = _weights(weights)
-    n_k = w.shape[-1]
-    h = entropy(w)
-    return h / math.log(n_k) if n_k > 1 else torch.zeros_like(h)
+    h = entropy(w)  # (..., n_q), float64
+    if mask is None:
+        allowed = torch.full_like(h, float(w.shape[-1]))
+    else:
+        allowed = torch.broadcast_to(_weights(mask), w.shape).sum(-1).to(torch.float64)  # (..., n_q)
+    log_n = torch.log(allowed.clamp(min=1.0))
+    return torch.where(allowed > 1, h / torch.where(allowed > 1, log_n, torch.ones_like(log_n)), torch.zeros_like(h))
 
 
 def peak_weight(weights) -> torch.Tensor:
@@ -81,36 +92,38 @@ def self_attention_weight(weights) -> torch.Tensor:
     return _weights(weights).diagonal(dim1=-2, dim2=-1)
 
 
-def locality(weights) -> torch.Tensor:
-    """|expected attended position − query position|: (..., n_q, n_k) → (..., n_q).
+def attention_distance(weights) -> torch.Tensor:
+    """Mean attention distance Σ_j w_ij·|j − i| of every row: (..., n_q, n_k) → (..., n_q).
 
-    The expected position of row i is Σ_j w_ij·j (keys counted from 0); query i sits at position i.
+    Keys and queries are counted from 0 along the same sequence (query i sits at position i).
     """
     w = _weights(weights)
-    keys = torch.arange(w.shape[-1], dtype=w.dtype)
-    queries = torch.arange(w.shape[-2], dtype=w.dtype)
-    return ((w * keys).sum(-1) - queries).abs()
+    keys = torch.arange(w.shape[-1], dtype=w.dtype)  # (n_k,)
+    queries = torch.arange(w.shape[-2], dtype=w.dtype)  # (n_q,)
+    distance = (keys[None, :] - queries[:, None]).abs()  # (n_q, n_k)
+    return (w * distance).sum(-1)
 
 
 def effective_positions(weights) -> torch.Tensor:
     """exp(entropy): how many keys the row is spread over, between 1 and n_k; (..., n_q)."""
-    return entropy(weights).exp()
+    return entropy(_weights(weights)).exp()
 
 
-def pattern_metrics(weights) -> dict[str, torch.Tensor]:
-    """All five metrics of a weights matrix (..., n, n), each (..., n)."""
+def pattern_metrics(weights, mask=None) -> dict[str, torch.Tensor]:
+    """All five metrics of a weights matrix (..., n, n), each (..., n), in float64."""
+    w = _weights(weights).detach().to(torch.float64)
     return {
-        "entropy (norm.)": normalised_entropy(weights),
-        "peak": peak_weight(weights),
-        "self": self_attention_weight(weights),
-        "locality": locality(weights),
-        "eff. positions": effective_positions(weights),
+        "entropy (norm.)": normalised_entropy(w, mask),
+        "peak": peak_weight(w),
+        "self": self_attention_weight(w),
+        "distance": attention_distance(w),
+        "eff. positions": effective_positions(w),
     }
 
 
-def metrics_table(weights, tokens: Sequence[str] | None = None, digits: int = 2) -> str:
+def metrics_table(weights, tokens: Sequence[str] | None = None, mask=None, digits: int = 2) -> str:
     """A text table of the five metrics of one (n, n) weights matrix, one row per query, plus the mean."""
-    metrics = pattern_metrics(_weights(weights).detach().to(torch.float64))
+    metrics = pattern_metrics(weights, mask)
     n = next(iter(metrics.values())).shape[-1]
     tokens = [f"pos {i}" for i in range(n)] if tokens is None else list(tokens)
     names = list(metrics)
@@ -277,6 +290,39 @@ def evaluate(model: AttentionOnlyModel, *, n: int = 1000, seed: int = 1234) -> d
     return result
 
 
+def attention_gradients(model: AttentionOnlyModel, tokens: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    """Where the loss's gradient goes inside a one-layer model's attention, on one batch (notebook 08).
+
+    Returns means over every (sequence, head, query) row: ``"peak"`` the largest weight; ``"scores"``
+    ‖∂L/∂scores‖ of the row (scores = the scaled logits the softmax takes); ``"queries"`` ‖∂L/∂q‖ of the
+    query vector; ``"ignored keys"`` the fraction of keys with weight under 1 %; ``"ignored share"`` the
+    share of |∂L/∂scores| that reaches those keys (the only signal that could make the head look there).
+    """
+    if len(model.layers) != 1:
+        raise ValueError("attention_gradients reads a one-layer model")
+    layer = model.layers[0]
+    n = tokens.shape[1]
+    x = model.tok_emb(tokens) + model.pos_emb.weight[:n]  # (B, n, d_model)
+    q = split_heads(layer.q_proj(x), layer.n_heads)  # (B, A, n, d_head)
+    k = split_heads(layer.k_proj(x), layer.n_heads)
+    v = split_heads(layer.v_proj(x), layer.n_heads)
+    scale = 1.0 / math.sqrt(layer.d_head) if layer.scale is None else layer.scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, A, n, n)
+    weights = torch.softmax(scores, dim=-1)
+    x = x + layer.out_proj(merge_heads(weights @ v))
+    logits = model.readout(x).view(*tokens.shape, model.n_questions, model.vocab)
+    grad_scores, grad_q = torch.autograd.grad(toy_loss(logits, targets), [scores, q])
+    weights, grad_scores = weights.detach(), grad_scores.abs()
+    ignored = weights < 0.01
+    return {
+        "peak": weights.amax(-1).mean().item(),
+        "scores": grad_scores.norm(dim=-1).mean().item(),
+        "queries": grad_q.norm(dim=-1).mean().item(),
+        "ignored keys": ignored.double().mean().item(),
+        "ignored share": (grad_scores * ignored).sum().item() / grad_scores.sum().item(),
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Figures
 
@@ -285,47 +331,63 @@ def _as_matrix(w) -> np.ndarray:
     return _weights(w).detach().to(torch.float64).cpu().numpy()
 
 
+def position_labels(tokens: Sequence) -> list[str]:
+    """``["0:3", "1:1", "2:4", …]``: position and token, so repeated tokens still get distinct labels."""
+    return [f"{i}:{t}" for i, t in enumerate(tokens)]
+
+
 def _summary(w) -> str:
-    m = {k: v.mean().item() for k, v in pattern_metrics(_weights(w).detach().to(torch.float64)).items()}
-    return (f"entropy {m['entropy (norm.)']:.2f} · peak {m['peak']:.2f} · self {m['self']:.2f}\n"
-            f"locality {m['locality']:.2f} · eff. positions {m['eff. positions']:.2f}")
+    m = {k: v.mean().item() for k, v in pattern_metrics(w).items()}
+    return (f"entropy {m['entropy (norm.)']:.2f} · peak {m['peak']:.2f}\n"
+            f"self {m['self']:.2f} · distance {m['distance']:.2f}")
 
 
+@styled
 def plot_heads(weights: Sequence, tokens: Sequence[str], titles: Sequence[str]) -> plt.Figure:
-    """One token-labelled heatmap per (n, n) weights matrix, its mean metrics under the title."""
+    """One token-labelled heatmap per (n, n) weights matrix, its mean metrics under the title;
+    up to three per row, the whole figure :data:`~attn_course.plots.MAX_WIDTH` wide."""
     count = len(weights)
-    fig, axes = plt.subplots(1, count, figsize=(4.3 * count, 4.6), squeeze=False)
-    for ax, w, title in zip(axes[0], weights, titles):
+    ncols = min(count, 3)
+    nrows = -(-count // ncols)
+    width = MAX_WIDTH if ncols == 3 else min(MAX_WIDTH, 3.4 * ncols + 1.0)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.7 * nrows), squeeze=False)
+    for ax, w, title in zip(axes.flat, weights, titles):
         heatmap(_as_matrix(w), row_labels=tokens, col_labels=tokens, ax=ax, vmin=0.0, vmax=1.0,
                 annotate=False, colorbar=False, title=f"{title}\n{_summary(w)}")
-    fig.colorbar(axes[0, -1].images[0], ax=list(axes[0]), fraction=0.025, pad=0.02, label="weight")
+        ax.title.set_fontsize(10)
+    for ax in list(axes.flat)[count:]:
+        ax.axis("off")
+    fig.tight_layout(rect=(0, 0, 0.9, 1))  # room on the right for the colour bar
+    fig.colorbar(axes.flat[0].images[0], cax=fig.add_axes((0.91, 0.2, 0.015, 0.6)), label="weight")
     return fig
 
 
+@styled
 def _draw_head(weights_by_layer, tokens, layer: int, head: int) -> plt.Figure:
     w = _as_matrix(weights_by_layer[layer][head])
     metrics = {k: v.numpy() for k, v in pattern_metrics(torch.from_numpy(w)).items()}
-    fig, (ax_map, ax_bar) = plt.subplots(1, 2, figsize=(10.5, 4.2), gridspec_kw={"width_ratios": [1.1, 1]})
-    heatmap(w, row_labels=tokens, col_labels=tokens, ax=ax_map, vmin=0.0, vmax=1.0,
-            title=f"layer {layer}, head {head}: weights")
+    fig, (ax_map, ax_bar) = plt.subplots(1, 2, figsize=(MAX_WIDTH, 4.2), gridspec_kw={"width_ratios": [1.1, 1]})
+    where = f"layer {layer}, head {head}" if len(weights_by_layer) > 1 else f"head {head}"
+    heatmap(w, row_labels=tokens, col_labels=tokens, ax=ax_map, vmin=0.0, vmax=1.0, annotate=False,
+            title=f"{where}: weights")
     positions = np.arange(len(tokens))
     width = 0.27
-    for k, (name, offset) in enumerate([("entropy (norm.)", -width), ("peak", 0.0), ("self", width)]):
+    for name, offset in [("entropy (norm.)", -width), ("peak", 0.0), ("self", width)]:
         ax_bar.bar(positions + offset, metrics[name], width, label=name)
-    ax_bar.set_ylim(0, 1.25)
+    ax_bar.set_ylim(0, 1.3)
     ax_bar.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
-    ax_bar.set_xticks(positions, labels=[f"{i}:{t}" for i, t in enumerate(tokens)])
+    ax_bar.set_xticks(positions, labels=list(tokens))
     ax_bar.set_xlabel("query")
     ax_bar.set_ylabel("metric (0 … 1)")
-    ax_bar.set_title(f"per query · mean locality {metrics['locality'].mean():.2f}, "
+    ax_bar.set_title(f"mean distance {metrics['distance'].mean():.2f}, "
                      f"eff. positions {metrics['eff. positions'].mean():.2f}", fontsize=10)
-    ax_bar.legend(fontsize=8, loc="upper center", ncol=3, frameon=False)
+    ax_bar.legend(fontsize=MIN_FONT, loc="upper center", ncol=3, frameon=False)
     fig.tight_layout()
     return fig
 
 
 def head_explorer(weights_by_layer: Sequence, tokens: Sequence[str]):
-    """Pick a layer and a head; see its token-labelled heatmap and per-query metrics.
+    """Pick a head (and a layer, when there are several); see its token-labelled heatmap and per-query metrics.
 
     ``weights_by_layer[layer]`` is that layer's weights for one sequence, shaped (A, n, n).
     """
@@ -335,9 +397,28 @@ def head_explorer(weights_by_layer: Sequence, tokens: Sequence[str]):
 
     weights_by_layer = [_weights(w).detach() for w in weights_by_layer]
     n_heads = weights_by_layer[0].shape[0]
-    controls = {
-        "layer": widgets.Dropdown(options=list(range(len(weights_by_layer))), value=0, description="layer"),
-        "head": widgets.Dropdown(options=list(range(n_heads)), value=0, description="head"),
-    }
-    return explorer(lambda layer, head: _draw_head(weights_by_layer, list(tokens), layer, head),
+    controls = {"head": widgets.Dropdown(options=list(range(n_heads)), value=0, description="head")}
+    if len(weights_by_layer) > 1:  # a control with one option would only confuse
+        controls = {"layer": widgets.Dropdown(options=list(range(len(weights_by_layer))), value=0,
+                                              description="layer"), **controls}
+    return explorer(lambda head, layer=0: _draw_head(weights_by_layer, list(tokens), layer, head),
                     controls, title="Head explorer")
+
+
+@styled
+def plot_loss_curves(runs: dict[str, Sequence[Sequence[float]]], *, title: str = "") -> plt.Figure:
+    """Training loss per step (log scale), one colour per condition and one line per seed."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    for (label, curves), colour in zip(runs.items(), ("#3b75af", "#d1495b", "#2e8b57", "#8a63d2")):
+        for k, losses in enumerate(curves):
+            ax.plot(np.arange(1, len(losses) + 1), losses, color=colour, alpha=0.8, lw=1.4,
+                    label=f"{label} ({len(curves)} seeds)" if k == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (log scale)")
+    if title:
+        ax.set_title(title)
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig

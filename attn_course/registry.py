@@ -60,13 +60,21 @@ NOTEBOOKS: tuple[Notebook, ...] = (
              "attn_course.checks.attention", ("attention", "score_matrix_bytes")),
     Notebook("06", "06_masks", "Masks", "attn_course.masks", "attn_course.checks.masks",
              ("causal_mask", "padding_mask_from_lengths", "padding_mask_from_ids", "decoder_mask",
-              "cross_attention_mask", "additive_mask")),
+              "cross_attention_mask", "additive_mask", "masked_softmax")),
     Notebook("07", "07_multihead", "Multi-head attention", "attn_course.multihead", "attn_course.checks.multihead",
              ("split_heads", "merge_heads", "MultiHeadAttention")),
     Notebook("08", "08_reading_attention", "Reading attention", "attn_course.patterns", "attn_course.checks.patterns",
-             ("normalised_entropy", "peak_weight", "self_attention_weight", "locality", "effective_positions")),
+             ("normalised_entropy", "peak_weight", "self_attention_weight", "attention_distance", "effective_positions")),
     Notebook("09", "09_fast_attention", "Fast attention", "attn_course.fast", "attn_course.checks.fast",
              ("online_softmax", "tiled_attention", "causal_tiled_attention")),
+    Notebook("10", "10_backward", "Attention's backward pass", "attn_course.backward", "attn_course.checks.backward",
+             ("attention_backward", "AttentionFunction", "tiled_attention_backward")),
+    Notebook("11", "11_inference", "Attention at inference", "attn_course.inference", "attn_course.checks.inference",
+             ("KVCache", "bottom_right_causal_mask", "merge_partials", "sliding_window_mask",
+              "sliding_window_attention")),
+    Notebook("12", "12_position", "Position", "attn_course.position", "attn_course.checks.position",
+             ("is_permutation_equivariant", "sinusoidal_encoding", "relative_position_bias", "alibi_bias",
+              "apply_rope", "additive_attention")),
 )
 
 

@@ -1,7 +1,7 @@
 """Softmax, stably: the reference versions of what notebook 03 builds, plus its figures.
 
-Every function works along any axis ``dim`` and accepts a ``torch.Tensor`` or a NumPy array,
-returning the same kind it was given (shape unchanged unless stated):
+Every function works along any axis ``dim``; the softmax family accepts a ``torch.Tensor`` or a
+NumPy array and returns the same kind it was given (shape unchanged unless stated):
 
 * :func:`softmax` — subtract the maximum of each slice along ``dim``, exponentiate, normalise;
 * :func:`naive_softmax` — the textbook formula without the shift, kept for demonstrations of
@@ -9,8 +9,13 @@ returning the same kind it was given (shape unchanged unless stated):
 * :func:`logsumexp` — log Σ e^x computed as m + log Σ e^(x − m), ``dim`` removed (or kept);
 * :func:`log_softmax` — x − logsumexp(x), finite even where softmax underflows to 0;
 * :func:`softmax_with_temperature` — softmax(x / T);
+* :func:`masked_softmax` — softmax over the allowed positions: **the course's one mask rule** (bool
+  mask, True = may attend; a fully masked row gets all-zero weights), used by every reference that masks;
+* :func:`entropy` — the course's one entropy, −Σ p log p with 0·log 0 = 0 (notebook 08 uses it too);
 * :func:`temperature_sweep_figure` and :func:`temperature_explorer` — one score vector at several
   temperatures, as a static figure and as a slider.
+
+(``masked_softmax`` takes tensors; ``entropy`` takes a tensor or an array and returns float64.)
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+
+from .plots import MAX_WIDTH, styled
 
 __all__ = [
     "softmax",
@@ -140,31 +147,35 @@ def entropy(weights, dim: int = -1):
     return -terms.sum(dim)
 
 
-def _bars(ax: plt.Axes, scores: torch.Tensor, temperature: float, labels: Sequence[str]) -> None:
+def _bars(ax: plt.Axes, scores: torch.Tensor, temperature: float, labels: Sequence[str], *, narrow: bool) -> None:
     weights = softmax_with_temperature(scores, temperature)
     positions = np.arange(len(labels))
     ax.bar(positions, weights.numpy(), color="#3b75af")
-    ax.set_xticks(positions, labels=list(labels))
+    ax.set_xticks(positions, labels=list(labels), rotation=90 if narrow else 0)
     ax.set_ylim(0, 1)
     h = entropy(weights).item() / math.log(len(labels))
-    ax.set_title(f"T = {temperature:.2f}\nmax {weights.max().item():.2f} · entropy {h:.2f}", fontsize=10)
+    sep = "\n" if narrow else " · "
+    ax.set_title(f"T = {temperature:.2f}{sep}largest {weights.max().item():.2f}{sep}norm. entropy {h:.2f}",
+                 fontsize=10)
 
 
+@styled
 def temperature_sweep_figure(
     scores,
     temperatures: Sequence[float] = (0.1, 0.5, 1.0, 2.0, 10.0),
     labels: Sequence[str] | None = None,
 ) -> plt.Figure:
-    """One bar chart of softmax(scores / T) per temperature, side by side.
+    """One bar chart of softmax(scores / T) per temperature, side by side (at most ``MAX_WIDTH`` wide).
 
-    ``scores`` has shape (n,); each panel's title gives the largest weight and the entropy
-    normalised by log n (0 = one-hot, 1 = uniform).
+    ``scores`` has shape (n,); each panel's title gives the largest weight and the normalised entropy
+    H / log n (0 = all weight on one key, 1 = uniform).
     """
     scores = torch.as_tensor(scores, dtype=torch.float64)
     labels = list(labels) if labels is not None else [str(i) for i in range(len(scores))]
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(2.3 * len(temperatures), 3.0), sharey=True)
+    width = min(MAX_WIDTH, 0.8 + 1.75 * len(temperatures))
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(width, 3.8), sharey=True)
     for ax, t in zip(np.atleast_1d(axes), temperatures):
-        _bars(ax, scores, float(t), labels)
+        _bars(ax, scores, float(t), labels, narrow=True)
     np.atleast_1d(axes)[0].set_ylabel("weight")
     fig.suptitle("softmax(scores / T): low T sharpens, high T flattens", fontsize=12)
     fig.tight_layout()
@@ -172,9 +183,10 @@ def temperature_sweep_figure(
 
 
 def temperature_explorer(scores, labels: Sequence[str] | None = None, temperature: float = 1.0):
-    """A temperature slider (log scale, 0.05 … 20) over the bar chart of softmax(scores / T).
+    """A temperature slider (log scale, 10^-1.3 ≈ 0.05 … 10^1.3 ≈ 19.95) over the bar chart of softmax(scores / T).
 
-    Live in a Jupyter kernel; a static figure at ``temperature`` elsewhere (see :mod:`attn_course.widgets`).
+    The slider's read-out and the figure's title show T with the same two decimals. Live in a Jupyter
+    kernel; a static figure at ``temperature`` elsewhere (see :mod:`attn_course.widgets`).
     """
     import ipywidgets as widgets
 
@@ -183,13 +195,14 @@ def temperature_explorer(scores, labels: Sequence[str] | None = None, temperatur
     scores = torch.as_tensor(scores, dtype=torch.float64)
     labels = list(labels) if labels is not None else [str(i) for i in range(len(scores))]
 
+    @styled
     def draw(temperature: float) -> plt.Figure:
-        fig, ax = plt.subplots(figsize=(5.5, 3.2))
-        _bars(ax, scores, temperature, labels)
+        fig, ax = plt.subplots(figsize=(5.5, 3.4))
+        _bars(ax, scores, temperature, labels, narrow=False)
         ax.set_ylabel("weight")
         fig.tight_layout()
         return fig
 
     slider = widgets.FloatLogSlider(value=temperature, base=10, min=-1.3, max=1.3, step=0.05,
-                                    description="T", continuous_update=True)
+                                    description="T", readout_format=".2f", continuous_update=True)
     return explorer(draw, {"temperature": slider}, title="Softmax temperature")

@@ -1,4 +1,4 @@
-"""A from-scratch FlashAttention-2 forward kernel in Triton (non-causal and causal), for CUDA GPUs.
+"""A from-scratch FlashAttention-2 forward kernel in Triton (non-causal and causal), for CUDA GPUs (notebook 09).
 
 The kernel is the tiled loop of :func:`attn_course.fast.tiled_attention`, written for a GPU:
 
@@ -12,7 +12,7 @@ The kernel is the tiled loop of :func:`attn_course.fast.tiled_attention`, writte
 * the output is divided by ``l`` once and written back in the input dtype.
 
 Triton is optional in this course: it is imported only when :func:`attention` is first called, and
-nothing else in ``attn_course`` needs it. With ``TRITON_INTERPRET=1`` set before the first call,
+nothing else in ``attn_course`` needs it; :func:`kernel_source` shows the kernel's code without it. With ``TRITON_INTERPRET=1`` set before the first call,
 Triton's interpreter runs the same kernel on CPU tensors (slowly) — that is how the tests check it on
 a machine without a GPU.
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["available", "unavailable_reason", "attention"]
+__all__ = ["available", "unavailable_reason", "attention", "kernel_source"]
 
 _KERNEL: Any = None
 
@@ -62,19 +62,19 @@ def _build() -> Any:
 
     @triton.jit
     def flash_attention_forward(
-        Q, K, V, Out,  # pointers to (B·H, N, D) tensors
+        Q, K, V, Out,  # pointers to (B·A, n, d) tensors
         stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_on,
-        n_ctx,  # sequence length N (any value, not only multiples of the blocks)
+        n_ctx,  # sequence length n (any value, not only multiples of the blocks)
         scale_log2,  # softmax scale · log2(e), so that exp(x·scale) = exp2(x·scale_log2)
         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
     ):
         block_m = tl.program_id(0)  # which block of query rows
-        head = tl.program_id(1)  # which (batch, head) pair
+        head = tl.program_id(1)  # which (sequence, head) pair
         rows = block_m * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,) query positions
         dims = tl.arange(0, HEAD_DIM)  # (HEAD_DIM,)
-        row_ok = rows < n_ctx  # the last block may stick out past N
+        row_ok = rows < n_ctx  # the last block may stick out past n
 
-        # Load this program's query tile once: (BLOCK_M, HEAD_DIM). Rows past N read zeros.
+        # Load this program's query tile once: (BLOCK_M, HEAD_DIM). Rows past n read zeros.
         q = tl.load(Q + head * stride_qh + rows[:, None] * stride_qn + dims[None, :],
                     mask=row_ok[:, None], other=0.0)
 
@@ -90,14 +90,14 @@ def _build() -> Any:
         for k_start in range(0, k_stop, BLOCK_N):
             cols = k_start + tl.arange(0, BLOCK_N)  # (BLOCK_N,) key positions
             col_ok = cols < n_ctx
-            # Kᵀ tile (HEAD_DIM, BLOCK_N) and V tile (BLOCK_N, HEAD_DIM); keys past N read zeros.
+            # Kᵀ tile (HEAD_DIM, BLOCK_N) and V tile (BLOCK_N, HEAD_DIM); keys past n read zeros.
             k_t = tl.load(K + head * stride_kh + cols[None, :] * stride_kn + dims[:, None],
                           mask=col_ok[None, :], other=0.0)
             v = tl.load(V + head * stride_vh + cols[:, None] * stride_vn + dims[None, :],
                         mask=col_ok[:, None], other=0.0)
 
             s = tl.dot(q, k_t) * scale_log2  # (BLOCK_M, BLOCK_N) scores, float32
-            visible = col_ok[None, :]  # keys past N do not exist
+            visible = col_ok[None, :]  # keys past n do not exist
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])  # key > query is the future
             s = tl.where(visible, s, float("-inf"))
@@ -117,6 +117,17 @@ def _build() -> Any:
     return flash_attention_forward
 
 
+def kernel_source() -> str:
+    """The Triton kernel's source code (the ``@triton.jit`` function), as text: readable without Triton."""
+    import inspect
+    import textwrap
+
+    lines = inspect.getsource(_build).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "@triton.jit")
+    end = next(i for i, line in enumerate(lines) if line.strip().startswith("return flash_attention_forward"))
+    return textwrap.dedent("\n".join(lines[start:end])).rstrip() + "\n"
+
+
 def _pick_blocks(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
     """BLOCK_M, BLOCK_N, num_warps, num_stages: a simple choice that suits Ampere/Hopper GPUs."""
     if device.type != "cuda":  # the interpreter: small tiles, fast enough for tests
@@ -132,8 +143,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
               num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """softmax(q kᵀ · scale) v with the Triton kernel, forward only (no autograd).
 
-    q, k, v: (..., N, D) on a CUDA GPU (or the CPU under ``TRITON_INTERPRET=1``), same shape and
-    dtype; D a power of two ≥ 16 (16, 32, 64, 128, 256). Returns (..., N, D) in q's dtype.
+    q, k, v: (..., n, d) on a CUDA GPU (or the CPU under ``TRITON_INTERPRET=1``), same shape and
+    dtype; d a power of two ≥ 16 (16, 32, 64, 128, 256). Returns (..., n, d) in q's dtype.
     """
     global _KERNEL
     reason = unavailable_reason(q.device)
@@ -147,7 +158,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     if _KERNEL is None:
         _KERNEL = _build()
     heads = math.prod(lead) if lead else 1
-    q3, k3, v3 = (t.reshape(heads, n, d).contiguous() for t in (q, k, v))  # (B·H, N, D)
+    q3, k3, v3 = (t.reshape(heads, n, d).contiguous() for t in (q, k, v))  # (B·A, n, d)
     out = torch.empty_like(q3)
     bm, bn, warps, stages = _pick_blocks(d, q.device)
     bm, bn = block_m or bm, block_n or bn

@@ -1,8 +1,5 @@
-"""Notebook 05: the reference attention against PyTorch, and the checks against known mistakes.
-
-Every buggy function below is written the way a learner would write it (not taken from the check's
-own pitfall list), so the tests show that the check recognises real mistakes.
-"""
+"""Notebook 05's reference module (attn_course.attention) against PyTorch, its figures and its explorer.
+The checks of the notebook's exercises are tested in tests/checks/test_attention.py."""
 
 from __future__ import annotations
 
@@ -14,17 +11,20 @@ import torch
 import torch.nn.functional as F
 
 from attn_course.attention import (
+    MISTAKES,
     PUBLISHED,
     attention,
     attention_steps,
     attention_stepper,
     attention_with_mistake,
-    format_matrix,
     measure_attention_cost,
+    plot_attention_cost,
     plot_attention_steps,
+    plot_step,
     score_matrix_bytes,
-    worked_example,
 )
+from attn_course.dot import format_matrix, worked_example
+from attn_course.plots import readability_problems
 
 
 # ----------------------------------------------------------------------------- reference vs PyTorch
@@ -81,9 +81,40 @@ def test_mistakes_differ_from_reference():
     Q, K, V = worked_example()
     causal = torch.ones(4, 4, dtype=torch.bool).tril()
     right_out, right_w = attention(Q, K, V, causal)
-    for mistake in ["softmax over queries", "no scale", "mask after softmax", "values before softmax"]:
+    for mistake in MISTAKES:
         out, w = attention_with_mistake(Q, K, V, mistake, mask=causal)
-        assert not (torch.allclose(out, right_out) and torch.allclose(w, right_w)), mistake
+        same = torch.allclose(out, right_out) and torch.allclose(w, right_w)
+        # Renormalising after the softmax is right on paper, and right on this ordinary input:
+        assert same == (mistake == "mask after softmax, renormalised"), mistake
+    with pytest.raises(ValueError, match="unknown mistake"):
+        attention_with_mistake(Q, K, V, "sideways")
+
+
+def test_renormalised_mask_breaks_on_fully_masked_rows_and_underflow():
+    """What notebook 05 shows: masking after the softmax and renormalising gives 0/0 = NaN where the
+    reference gives zeros (a fully masked row) or the right weights (blocked scores far above the kept)."""
+    Q = torch.tensor([[0.0, 120.0, 5.0], [1.0, 2.0, 3.0]])  # with K = I·√3 the scaled scores are Q
+    K, V = torch.eye(3) * 3 ** 0.5, torch.randn(3, 2)
+    mask = torch.tensor([[True, False, True], [False, False, False]])
+    _, w = attention_with_mistake(Q, K, V, "mask after softmax, renormalised", mask=mask)
+    _, right = attention(Q, K, V, mask)
+    assert torch.isnan(w).all() and torch.isfinite(right).all()
+    kept = torch.softmax(torch.tensor([0.0, 5.0]), -1)  # the softmax over the two allowed keys
+    torch.testing.assert_close(right[0], torch.stack([kept[0], torch.tensor(0.0), kept[1]]))
+    assert torch.equal(right[1], torch.zeros(3))
+
+
+def test_steps_show_the_mask_and_the_weights_come_from_masked_softmax():
+    from attn_course.softmax import masked_softmax
+
+    Q, K, V = worked_example()
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    steps = dict(attention_steps(Q, K, V, causal))
+    scaled, masked, weights = (steps[name] for name in ("2 · scaled ÷ √d_k", "3 · masked", "4 · weights (softmax)"))
+    assert torch.isneginf(masked[~causal]).all() and torch.equal(masked[causal], scaled[causal])
+    assert torch.equal(weights, masked_softmax(scaled, causal)) and torch.equal(weights, masked_softmax(masked))
+    additive = torch.zeros(4, 4, dtype=torch.float64).masked_fill(~causal, float("-inf"))
+    assert torch.equal(dict(attention_steps(Q, K, V, additive))["3 · masked"], masked)
 
 
 def test_score_matrix_bytes_matches_real_tensors():
@@ -92,18 +123,30 @@ def test_score_matrix_bytes_matches_real_tensors():
 
 
 def test_measure_attention_cost_bytes_exact():
-    rows = measure_attention_cost([8, 16], d=4, repeats=1, min_seconds=0.0)
+    rows = measure_attention_cost([8, 16], d=4, min_run_time=0.01, rounds=1)
     assert [r["score_bytes"] for r in rows] == [4 * 8 * 8, 4 * 16 * 16]
-    assert all(r["seconds"] > 0 for r in rows)
+    assert all(r["ms"] > 0 for r in rows)
+    assert torch.get_num_threads() >= 1  # restored after the measurement
 
 
-def test_stepper_and_figures_without_kernel():
+def test_figures_readable_at_1366x768():
     import matplotlib.pyplot as plt
 
     Q, K, V = worked_example()
-    fig = attention_stepper(Q, K, V)  # no kernel here: the static figure of step 1
-    assert isinstance(fig, plt.Figure)
-    assert isinstance(plot_attention_steps(attention_steps(Q, K, V)), plt.Figure)
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    steps = attention_steps(Q, K, V, causal)
+    labels = ["tok0", "tok1", "tok2", "tok3"]
+    figures = [plot_attention_steps(steps, query_labels=labels, key_labels=labels, title="a title"),
+               attention_stepper(Q, K, V, causal, query_labels=labels, key_labels=labels),  # no kernel: step 1
+               plot_step(steps, 3), plot_step(steps, 5),
+               plot_attention_cost([{"n": n, "ms": n * n / 1e4, "score_bytes": 4 * n * n} for n in (64, 128, 256)])]
+    for fig in figures:
+        assert isinstance(fig, plt.Figure) and readability_problems(fig) == []
+    # Step 4's colour scale is 0…1 whatever the weights (near-uniform rows must look near-uniform).
+    weights_image = plot_step(steps, 4).axes[0].images[0]
+    assert weights_image.get_clim() == (0.0, 1.0)
+    # Step 3 marks the blocked scores.
+    assert sum(t.get_text() == "−∞" for t in figures[0].axes[2].texts) == int((~causal).sum())
     plt.close("all")
 
 

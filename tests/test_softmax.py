@@ -1,30 +1,26 @@
-"""Notebook 03: the reference softmax family agrees with PyTorch, and each check rejects its pitfalls
-with the right diagnosis while accepting correct alternatives (tensors or NumPy, keepdim styles,
-float32/float64)."""
+"""attn_course.softmax (notebook 03): the reference softmax family agrees with PyTorch; masked_softmax is
+the course's one mask rule (as F.scaled_dot_product_attention, fully masked rows included); entropy;
+the figures are readable at 1366×768."""
 
+import math
+
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
+from attn_course import plots
 from attn_course import softmax as ref
-from attn_course.checks._core import CheckFailed, NotAttempted
-from attn_course.checks.softmax import (
-    check_log_softmax,
-    check_logsumexp,
-    check_softmax_temperature,
-    check_stable_softmax,
-)
-from checking import rejects, accepts
 
-torch.manual_seed(0)
+INF = float("inf")
 
 
-# ---------------------------------------------------------------- reference vs PyTorch
-
+# ---------------------------------------------------------------- the softmax family vs PyTorch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("dim", [0, 1, -1])
-def test_reference_softmax_family_matches_torch(dtype, dim):
-    x = 3 * torch.randn(4, 5, 6, dtype=dtype)
+def test_softmax_family_matches_torch(dtype, dim):
+    x = 3 * torch.randn(4, 5, 6, dtype=dtype, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(ref.softmax(x, dim), torch.softmax(x, dim))
     torch.testing.assert_close(ref.logsumexp(x, dim), torch.logsumexp(x, dim))
     torch.testing.assert_close(ref.logsumexp(x, dim, keepdim=True), torch.logsumexp(x, dim, keepdim=True))
@@ -32,17 +28,25 @@ def test_reference_softmax_family_matches_torch(dtype, dim):
     torch.testing.assert_close(ref.softmax_with_temperature(x, 0.3, dim), torch.softmax(x / 0.3, dim))
 
 
-def test_reference_is_stable_where_the_naive_formula_breaks():
+def test_stable_where_the_naive_formula_breaks():
     x = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -999.0, -998.0]])
     assert torch.isnan(ref.naive_softmax(x)).all()
     torch.testing.assert_close(ref.softmax(x), torch.softmax(x, -1))
     torch.testing.assert_close(ref.logsumexp(x), torch.logsumexp(x, -1))
-    tiny = torch.tensor([0.0, -1000.0, 5.0])
-    assert torch.isneginf(torch.log(ref.softmax(tiny))).any()
-    torch.testing.assert_close(ref.log_softmax(tiny), torch.log_softmax(tiny, -1))
+    tail = torch.tensor([0.0, -1000.0, 5.0])
+    assert torch.isneginf(torch.log(ref.softmax(tail))).any()
+    torch.testing.assert_close(ref.log_softmax(tail), torch.log_softmax(tail, -1))
 
 
-def test_reference_accepts_numpy_and_returns_numpy():
+def test_float16_softmax_within_half_precision():
+    x = torch.tensor([[10.0, 11.0, 12.0], [30.0, 28.0, 20.0]], dtype=torch.float16)
+    assert torch.isnan(ref.naive_softmax(x)).any()
+    out = ref.softmax(x)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.double(), torch.softmax(x.double(), -1), atol=1e-3, rtol=1e-2)
+
+
+def test_numpy_in_numpy_out():
     x = np.random.default_rng(0).normal(size=(3, 4))
     out = ref.softmax(x, 0)
     assert isinstance(out, np.ndarray)
@@ -51,295 +55,119 @@ def test_reference_accepts_numpy_and_returns_numpy():
     np.testing.assert_allclose(ref.log_softmax(x, -1), torch.log_softmax(torch.from_numpy(x), -1).numpy())
 
 
-def test_reference_handles_masked_rows_like_torch():
-    x = torch.tensor([[0.0, -float("inf"), 1.0], [-float("inf")] * 3])
-    torch.testing.assert_close(ref.softmax(x), torch.softmax(x, -1), equal_nan=True)
-    torch.testing.assert_close(ref.logsumexp(x), torch.logsumexp(x, -1))
+def test_minus_inf_entries_and_fully_masked_slices_like_torch():
+    x = torch.tensor([[0.0, -INF, 1.0], [-INF] * 3])
+    torch.testing.assert_close(ref.softmax(x), torch.softmax(x, -1), equal_nan=True)  # NaN for the all -inf row
+    torch.testing.assert_close(ref.logsumexp(x), torch.logsumexp(x, -1))  # -inf there
 
 
-def test_temperature_figures_build():
-    import matplotlib.pyplot as plt
-
-    fig = ref.temperature_sweep_figure(torch.tensor([2.0, 1.0, 0.1, -1.0]), labels=list("abcd"))
-    assert len(fig.axes) == 5
-    static = ref.temperature_explorer(torch.tensor([2.0, 1.0, 0.1]))  # no kernel: a static figure
-    assert isinstance(static, plt.Figure)
-    plt.close("all")
-    with pytest.raises(ValueError):
+def test_temperature_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
         ref.softmax_with_temperature(torch.zeros(3), 0.0)
 
 
-# ---------------------------------------------------------------- stable_softmax
-
-def naive(x, dim=-1):
-    e = torch.exp(x)
-    return e / e.sum(dim, keepdim=True)
-
-
-def global_max(x, dim=-1):
-    e = torch.exp(x - x.max())
-    return e / e.sum(dim, keepdim=True)
-
-
-def global_max_eps(x, dim=-1):  # the same mistake, hidden behind an epsilon: rows of zeros
-    e = torch.exp(x - x.max())
-    return e / (e.sum(dim, keepdim=True) + 1e-9)
-
-
-def wrong_axis(x, dim=-1):
-    return torch.softmax(x, 0 if x.dim() > 1 else -1)
-
-
-def ignores_dim(x, dim=-1):
-    return torch.softmax(x, -1)
-
-
-def plain_normalisation(x, dim=-1):
-    return x / x.sum(dim, keepdim=True)
-
-
-@pytest.mark.parametrize(
-    "fn, phrase",
-    [
-        (naive, "maximum was not subtracted"),
-        (global_max, "over the whole tensor"),
-        (global_max_eps, "over the whole tensor"),
-        (wrong_axis, "wrong axis"),
-        (ignores_dim, "wrong axis"),
-        (plain_normalisation, "without exponentiating"),
-    ],
-)
-def test_stable_softmax_names_each_pitfall(fn, phrase):
-    rejects(check_stable_softmax, fn, phrase)
-
-
-def keepdim_values(x, dim=-1):
-    shifted = x - x.max(dim, keepdim=True).values
-    e = shifted.exp()
-    return e / e.sum(dim, keepdim=True)
-
-
-def unsqueeze_style(x, dim=-1):
-    e = torch.exp(x - x.amax(dim).unsqueeze(dim))
-    return e / e.sum(dim).unsqueeze(dim)
-
-
-def numpy_only(x, axis=-1):
-    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return e / np.sum(e, axis=axis, keepdims=True)
-
-
-def in_float64(x, dim=-1):
-    return torch.softmax(x.double(), dim)
-
-
-def via_logsumexp(x, dim=-1):
-    return torch.exp(x - torch.logsumexp(x, dim, keepdim=True))
-
-
-@pytest.mark.parametrize("fn", [keepdim_values, unsqueeze_style, numpy_only, in_float64, via_logsumexp, ref.softmax])
-def test_stable_softmax_accepts_correct_alternatives(fn, capsys):
-    accepts(check_stable_softmax, fn, capsys)
-
-
-def test_numpy_only_function_is_reported_as_numpy(capsys):
-    check_stable_softmax(numpy_only)
-    assert "NumPy arrays" in capsys.readouterr().out
-
-
-# ---------------------------------------------------------------- logsumexp
-
-def lse_naive(x, dim=-1):
-    return torch.log(torch.exp(x).sum(dim))
-
-
-def lse_no_add_back(x, dim=-1):
-    m = x.amax(dim, keepdim=True)
-    return torch.log(torch.exp(x - m).sum(dim))
-
-
-def lse_global_max(x, dim=-1):
-    return x.max() + torch.log(torch.exp(x - x.max()).sum(dim))
-
-
-def lse_wrong_axis(x, dim=-1):
-    return torch.logsumexp(x, 0 if x.dim() > 1 and dim != 0 else -1)
-
-
-@pytest.mark.parametrize(
-    "fn, phrase",
-    [
-        (lse_naive, "computed directly"),
-        (lse_no_add_back, "not added back"),
-        (lse_global_max, "over the whole tensor"),
-        (lse_wrong_axis, "wrong axis"),
-    ],
-)
-def test_logsumexp_names_each_pitfall(fn, phrase):
-    rejects(check_logsumexp, fn, phrase)
-
-
-def lse_keepdim(x, dim=-1):
-    return torch.logsumexp(x, dim, keepdim=True)
-
-
-def lse_numpy(x, axis=-1):
-    m = np.max(x, axis=axis, keepdims=True)
-    return np.squeeze(m, axis) + np.log(np.sum(np.exp(x - m), axis=axis))
-
-
-@pytest.mark.parametrize("fn", [lse_keepdim, lse_numpy, lambda x, dim=-1: torch.logsumexp(x.double(), dim), ref.logsumexp])
-def test_logsumexp_accepts_correct_alternatives(fn, capsys):
-    accepts(check_logsumexp, fn, capsys)
-
-
-# ---------------------------------------------------------------- log_softmax
-
-def log_of_softmax(x, dim=-1):
-    return torch.log(torch.softmax(x, dim))
-
-
-def log_naive(x, dim=-1):
-    return x - torch.log(torch.exp(x).sum(dim, keepdim=True))
-
-
-def no_keepdim(x, dim=-1):
-    return x - torch.logsumexp(x, dim)
-
-
-def log_wrong_axis(x, dim=-1):
-    return torch.log_softmax(x, 0 if x.dim() > 1 and dim != 0 else -1)
-
-
-@pytest.mark.parametrize(
-    "fn, phrase",
-    [
-        (log_of_softmax, "log(softmax(x))"),
-        (log_naive, "maximum was not subtracted"),
-        (no_keepdim, "without keepdim"),
-        (log_wrong_axis, "wrong axis"),
-    ],
-)
-def test_log_softmax_names_each_pitfall(fn, phrase):
-    rejects(check_log_softmax, fn, phrase)
-
-
-def log_of_softmax_float64_clamped(x, dim=-1):  # log of a clamped softmax: still loses the tail
-    return torch.log(torch.softmax(x, dim).clamp_min(1e-30))
-
-
-def test_log_softmax_rejects_clamped_log_of_softmax():
-    message = rejects(check_log_softmax, log_of_softmax_float64_clamped, "does not match")
-    assert "tiny probabilities" in message
-
-
-def log_numpy(x, axis=-1):
-    m = np.max(x, axis=axis, keepdims=True)
-    return x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
-
-
-@pytest.mark.parametrize(
-    "fn",
-    [log_numpy, lambda x, dim=-1: x - torch.logsumexp(x, dim, keepdim=True),
-     lambda x, dim=-1: torch.log_softmax(x.double(), dim), ref.log_softmax],
-)
-def test_log_softmax_accepts_correct_alternatives(fn, capsys):
-    accepts(check_log_softmax, fn, capsys)
-
-
-# ---------------------------------------------------------------- temperature
-
-@pytest.mark.parametrize(
-    "fn, phrase",
-    [
-        (lambda x, t: torch.softmax(x * t, -1), "multiplied by the temperature"),
-        (lambda x, t: torch.softmax(x, -1), "no effect"),
-        (lambda x, t: torch.softmax(x, -1) / t, "after the softmax"),
-        (lambda x, t: naive(x / t), "no maximum was subtracted"),
-    ],
-)
-def test_temperature_names_each_pitfall(fn, phrase):
-    rejects(check_softmax_temperature, fn, phrase)
-
-
-def temperature_numpy(x, temperature):
-    z = x / temperature
-    e = np.exp(z - z.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-@pytest.mark.parametrize(
-    "fn",
-    [temperature_numpy, lambda x, t: torch.softmax(x.double() / t, -1), lambda x, t, dim=-1: torch.softmax(x * (1 / t), dim),
-     ref.softmax_with_temperature],
-)
-def test_temperature_accepts_correct_alternatives(fn, capsys):
-    accepts(check_softmax_temperature, fn, capsys)
-
-
-# ---------------------------------------------------------------- every check: unfinished, wrong type, wrong shape, NaN
-
-def unfinished(*args, **kwargs):
-    raise NotImplementedError()
-
-
-ALL_CHECKS = [check_stable_softmax, check_logsumexp, check_log_softmax, check_softmax_temperature]
-
-
-@pytest.mark.parametrize("check", ALL_CHECKS)
-def test_unfinished_is_not_attempted(check):
-    with pytest.raises(NotAttempted, match="not attempted"):
-        check(unfinished)
-
-
-@pytest.mark.parametrize("check", ALL_CHECKS)
-def test_non_callable_gets_a_clear_message(check):
-    with pytest.raises(CheckFailed, match="Pass the function itself"):
-        check(torch.zeros(3))
-
-
-@pytest.mark.parametrize("check", ALL_CHECKS)
-def test_list_result_gets_a_clear_message(check):
-    with pytest.raises(CheckFailed, match="Python list"):
-        check(lambda x, *a: x.tolist())
-
-
-@pytest.mark.parametrize("check", [check_stable_softmax, check_log_softmax, check_softmax_temperature])
-def test_wrong_shape_gets_a_clear_message(check):
-    with pytest.raises(CheckFailed, match="has shape"):
-        check(lambda x, *a: x.reshape(-1))
-
-
-def test_logsumexp_wrong_shape_gets_a_clear_message():
-    with pytest.raises(CheckFailed, match="has shape"):
-        check_logsumexp(lambda x, dim=-1: torch.logsumexp(x, dim).reshape(1, -1, 1))
-
-
-@pytest.mark.parametrize("check", ALL_CHECKS)
-def test_nan_result_gets_a_clear_message(check):
-    with pytest.raises(CheckFailed, match="NaN"):
-        check(lambda x, *a: torch.full_like(x, float("nan")) if check is not check_logsumexp
-              else torch.full_like(torch.logsumexp(x, a[0] if a else -1), float("nan")))
-
-
-@pytest.mark.parametrize("check", ALL_CHECKS)
-def test_exception_in_learner_code_is_reported(check):
-    def broken(x, *args):
-        raise ValueError("boom")
-
-    with pytest.raises(CheckFailed, match="raised ValueError: boom"):
-        check(broken)
-
-
-def missing_keepdim(x, dim=-1):
-    e = torch.exp(x - x.amax(dim))  # (3, 5) - (3,) cannot broadcast
-    return e / e.sum(dim)
-
-
-def test_missing_keepdim_that_crashes_gets_the_keepdim_hint():
-    rejects(check_stable_softmax, missing_keepdim, "keepdim=True")
-
-
-def test_reference_entropy():
-    w = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]])
-    torch.testing.assert_close(ref.entropy(w), torch.tensor([np.log(4.0), 0.0], dtype=torch.float64))
+# ---------------------------------------------------------------- masked_softmax: the course's one mask rule
+def _sdpa_weights(scores: torch.Tensor, mask) -> torch.Tensor:
+    """The weights F.scaled_dot_product_attention uses: its output with V = I, for Q, K built so that
+    Q Kᵀ / √d equals ``scores`` (d = n_k, K = √d · I)."""
+    n_k = scores.shape[-1]
+    K = math.sqrt(n_k) * torch.eye(n_k, dtype=scores.dtype).expand(*scores.shape[:-2], n_k, n_k)
+    eye = torch.eye(n_k, dtype=scores.dtype).expand_as(K)
+    return F.scaled_dot_product_attention(scores, K, eye, attn_mask=mask)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "additive"])
+def test_masked_softmax_matches_sdpa_weights_including_fully_masked_rows(mask_kind):
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=g)  # (batch, heads, n_q, n_k)
+    keep = torch.rand(2, 1, 4, 5, generator=g) < 0.6  # broadcast over heads
+    keep[0, 0, 1] = False  # a fully masked row
+    keep[1, 0, 3] = False  # another one
+    keep[1, 0, 0] = True  # and a row that keeps everything
+    mask = keep if mask_kind == "bool" else torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -INF)
+    weights = ref.masked_softmax(scores, mask)
+    torch.testing.assert_close(weights, _sdpa_weights(scores, mask))
+    assert torch.equal(weights[0, :, 1], torch.zeros(3, 5, dtype=torch.float64))  # zeros, not NaN
+    assert (weights.masked_select(~keep.expand_as(weights)) == 0).all()
+    rows = weights.sum(-1)
+    torch.testing.assert_close(rows[keep.any(-1).expand_as(rows)], torch.ones_like(rows[keep.any(-1).expand_as(rows)]))
+
+
+def test_masked_softmax_without_mask_and_along_another_axis():
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(ref.masked_softmax(x), torch.softmax(x, -1))
+    keep = torch.tensor([[True, False, True, True], [False] * 4, [True, True, True, False]]).T  # (4, 3)
+    along_rows = ref.masked_softmax(x.T, keep, dim=0)  # normalise along axis 0 of (4, 3)
+    torch.testing.assert_close(along_rows, ref.masked_softmax(x, keep.T, dim=-1).T)
+    assert torch.equal(along_rows[:, 1], torch.zeros(4))
+
+
+def test_masked_softmax_gradient_is_finite_on_fully_masked_rows():
+    scores = torch.randn(2, 3, requires_grad=True)
+    keep = torch.tensor([[True, False, True], [False, False, False]])
+    ref.masked_softmax(scores, keep).sum().backward()
+    assert torch.isfinite(scores.grad).all()
+    assert torch.equal(scores.grad[1], torch.zeros(3))
+
+
+# ---------------------------------------------------------------- entropy: the course's one entropy
+def test_entropy_values_and_zero_weights():
+    w = torch.tensor([[0.25, 0.25, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0]])
+    torch.testing.assert_close(ref.entropy(w), torch.tensor([math.log(4.0), 0.0, math.log(2.0)], dtype=torch.float64))
+
+
+def test_entropy_matches_the_definition_along_any_axis():
+    p = torch.softmax(torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(3)), dim=1)
+    manual = -(p.double() * p.double().log()).sum(1)
+    torch.testing.assert_close(ref.entropy(p, dim=1), manual)
+    assert ref.entropy(p.numpy(), dim=1).dtype == torch.float64  # NumPy input, float64 result
+
+
+def test_normalised_entropy_bounds():
+    n = 6
+    assert ref.entropy(torch.full((n,), 1 / n)).item() / math.log(n) == pytest.approx(1.0)
+    assert ref.entropy(torch.eye(n)[2]).item() == 0.0
+
+
+# ---------------------------------------------------------------- figures and explorer
+TOKENS = ["the", "cat", "sat", "on", "the", "mat"]
+SCORES = torch.tensor([0.5, 2.0, 1.2, -0.3, 0.4, 1.6])
+
+
+def test_temperature_sweep_figure_is_readable():
+    fig = ref.temperature_sweep_figure(SCORES, [0.1, 0.5, 1.0, 2.0, 10.0], labels=TOKENS)
+    try:
+        assert len(fig.axes) == 5
+        assert plots.readability_problems(fig) == []
+    finally:
+        plt.close(fig)
+
+
+def test_temperature_explorer_static_figure_and_readout_agree():
+    t = 10 ** 1.3  # the slider's largest value, 19.95…
+    fig = ref.temperature_explorer(SCORES, labels=TOKENS, temperature=t)  # no kernel: a static figure
+    try:
+        assert isinstance(fig, plt.Figure)
+        assert plots.readability_problems(fig) == []
+        title = fig.axes[0].get_title()
+        assert title.startswith(f"T = {t:.2f}")  # 19.95, as the slider's readout (format .2f)
+    finally:
+        plt.close(fig)
+
+
+def test_explorer_slider_uses_the_titles_format(monkeypatch):
+    import ipywidgets as widgets
+
+    from attn_course import widgets as course_widgets
+
+    seen = {}
+
+    def fake_explorer(draw, controls, title=""):
+        seen.update(controls)
+        return draw(**{k: c.value for k, c in controls.items()})
+
+    monkeypatch.setattr(course_widgets, "explorer", fake_explorer)
+    plt.close(ref.temperature_explorer(SCORES, labels=TOKENS))
+    slider = seen["temperature"]
+    assert isinstance(slider, widgets.FloatLogSlider) and slider.readout_format == ".2f"
+    assert f"{10 ** slider.max:.2f}" == "19.95" and f"{10 ** slider.min:.2f}" == "0.05"

@@ -20,12 +20,18 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installe
 
 
 def test_nothing_else_in_the_course_imports_triton():
-    code = ("import sys, attn_course, attn_course.fast, attn_course.bench, attn_course.timing, "
-            "attn_course.triton_attention, attn_course.checks.fast; "
-            "print('triton' in sys.modules)")
+    code = ("import sys, attn_course, attn_course.fast, attn_course.benchmark, attn_course.timing, "
+            "attn_course.tools.bench, attn_course.triton_attention, attn_course.checks.fast; "
+            "attn_course.triton_attention.kernel_source(); print('triton' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_kernel_source_is_readable_without_triton():
+    source = triton_attention.kernel_source()
+    assert source.startswith("@triton.jit\ndef flash_attention_forward(")
+    assert "exp2" in source and "tl.dot" in source and "return" not in source.splitlines()[-1]
 
 
 def test_without_a_gpu_the_kernel_explains_why_it_cannot_run(monkeypatch):

@@ -1,434 +1,772 @@
 """Checks for notebook 04 (the softmax Jacobian): softmax_jacobian, softmax_vjp, SoftmaxFunction.
 
-The oracle is PyTorch's autograd: ``torch.autograd.functional.jacobian`` of ``torch.softmax`` for
-the Jacobian, the gradient of ``torch.softmax`` for the vector–Jacobian product and the custom
-``torch.autograd.Function`` (plus ``torch.autograd.gradcheck``).
+Oracle: PyTorch's autograd — ``torch.autograd.functional.jacobian`` of ``torch.softmax`` for J, the
+gradient of ``torch.softmax`` for the vector–Jacobian product and for the Function's backward, and
+``torch.autograd.gradcheck`` for the Function.
 
-"O(n) backward" is checked honestly, by watching allocations rather than timing (timings on a shared
-machine are noise): the learner's code runs once at n = 2048 while a PyTorch dispatch mode records
-the storage size of every tensor any operation creates, and ``tracemalloc`` records NumPy's peak.
-The O(n) route never holds more than a few vectors of n numbers; any single allocation of at least
-n²/8 numbers means an n×n object (the Jacobian, or an outer product) was built.
+The cases cover one vector (n,), batches (B, n) — square and not — and (B, H, n), size-1 axes, n = 1,
+float32 and float64, a saturated softmax, exact zeros in s (scores of -inf), and upstream gradients
+of ±1000: so a sign or transposition slip, sᵀs for s sᵀ, a missing term, a reduction over the whole
+tensor or without keepdim, and code for one vector only each fail, and are named.
+
+**O(n) memory and work** (the docstrings' promise for the VJP and the Function's backward) are
+measured where the learner's code runs, by the learner-side probes :func:`vjp_cost` and
+:func:`function_cost` (registered with :func:`~.boundary.probe`, asked for with
+``learner.observe(...)``): they run the code once at n = 2048 while one
+``torch.overrides.TorchFunctionMode`` records every tensor that a torch function called from
+Python returns, and ``tracemalloc`` records NumPy's peak. Only those numbers cross back; the
+verdict is the check's. The O(n) route holds a few vectors of n numbers (about 10⁴ in all); building
+J or its outer product holds n² = 4,194,304 at once, and recomputing ⟨g, s⟩ for every entry creates
+n² in total. The line is drawn at n²/8: 8× below the wrong answers and over 50× above the right
+ones. The mode is imported inside the probe, with a fallback (memory then reported as not measured),
+so a change in PyTorch can never break these checks at import.
+
+Shared pieces come from notebook 03's checks, where they are public and documented
+(:mod:`attn_course.checks.softmax`).
 """
 
 from __future__ import annotations
 
-import inspect
+import math
 import tracemalloc
 from typing import Any, Callable
 
+import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
-from ._core import CheckFailed, NotAttempted, as_tensor, call, check, describe, expect_shape, fail
-from .softmax import NO_MAX, _adapt, _compare, _kind, _naive_softmax, _softmax_hints
+from .boundary import probe
+from .compare import Failure, same
+from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, fail, fmt, learner_error)
+from .softmax import (RuledOut, TensorOrArray, compare, describe_input, expect_floating, expect_input_unchanged,
+                      explain_weights, probe_worth, raised_hint, same_as, softmax_mistakes, works_elsewhere)
 
-__all__ = ["check_softmax_jacobian", "check_softmax_vjp", "check_softmax_function"]
+__all__ = ["check_softmax_jacobian", "check_softmax_vjp", "check_SoftmaxFunction", "vjp_cost", "function_cost",
+           "BIG_N"]
 
-BIG_N = 2048  # the size at which the O(n) promise is checked: n² = 4,194,304 numbers
-
-SIGN_FLIPPED = "the sign is flipped: J = diag(s) − s sᵀ (diagonal entries s_i(1 − s_i) are positive)."
-INNER_PRODUCT = (
-    "the outer product s sᵀ (an n×n matrix, entry s_i·s_j) was replaced by the inner product "
-    "sᵀs = ⟨s, s⟩ (one number), a transposition slip. J is symmetric, so J and Jᵀ agree; the order "
-    "of the factors in s sᵀ is what matters."
-)
-ONLY_DIAG = "the − s sᵀ term is missing: off the diagonal, ∂s_i/∂x_j = −s_i s_j, not 0."
-ONLY_OUTER = "the diag(s) term is missing: the diagonal entries are s_i − s_i², not −s_i²."
-DIAG_ONLY_ENTRIES = "only the diagonal s_i(1 − s_i) is there: the off-diagonal entries −s_i s_j are missing."
-BATCH_SUMMED = (
-    "the outer products were summed over the batch (sᵀ @ s on a (B, n) tensor): build one n×n matrix per "
-    "row with s.unsqueeze(-1) * s.unsqueeze(-2)."
-)
-AXES_ORDER = (
-    "the axes are in the wrong order: the batch axes come first and the two Jacobian axes last, "
-    "J[..., i, j] = ∂s_i/∂x_j."
-)
-NO_BATCH = (
-    "batch dimensions are not supported: it works on one vector (n,) but not on s of shape (B, n) "
-    "or (B, H, n). Use torch.diag_embed(s) (torch.diag on a 2-D tensor extracts a diagonal instead "
-    "of building one) and s.unsqueeze(-1) * s.unsqueeze(-2) for the outer products."
-)
+#: The size at which O(n) is checked: n² = 4,194,304 numbers, 16 MiB in float32.
+BIG_N = 2048
+#: At least this many numbers in one tensor, or created in all, mean O(n²): n²/8.
+QUADRATIC = BIG_N * BIG_N // 8
+INF = float("inf")
 
 
-def _probs(generator: torch.Generator, *shape: int, dtype=torch.float64, scale: float = 1.5) -> torch.Tensor:
-    return torch.softmax(scale * torch.randn(*shape, generator=generator, dtype=dtype), -1)
-
-
+# ============================================================================ oracles
 def _oracle_jacobian(s: torch.Tensor) -> torch.Tensor:
-    """∂softmax/∂x from autograd at x = log s (softmax(log s) = s), batched by flattening."""
-    x = torch.log(s.to(torch.float64))
-    flat = x.reshape(-1, x.shape[-1])
-    blocks = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), row) for row in flat]
-    return torch.stack(blocks).reshape(*s.shape, s.shape[-1])
+    """∂softmax/∂x by autograd at x = log s (softmax(log s) = s), one row at a time: (..., n, n)."""
+    x = torch.log(s.double())
+    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), row) for row in x.reshape(-1, x.shape[-1])]
+    return torch.stack(rows).reshape(*s.shape, s.shape[-1])
 
 
 def _oracle_vjp(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    x = torch.log(s.to(torch.float64)).requires_grad_(True)
-    (grad,) = torch.autograd.grad(torch.softmax(x, -1), x, g.to(torch.float64))
+    """gᵀJ by autograd through torch.softmax at x = log s."""
+    x = torch.log(s.double()).requires_grad_(True)
+    (grad,) = torch.autograd.grad(torch.softmax(x, -1), x, g.double())
     return grad
 
 
-# ---------------------------------------------------------------------------------------------
-# Allocation watching: the honest way to tell O(n) from O(n²) memory.
-
-class _Largest:
-    """Keeps the largest storage (in elements) among the tensors it is shown."""
-
-    def _init_largest(self) -> None:
-        self.largest = 0
-        self.largest_shape: tuple[int, ...] = ()
-
-    def _record(self, out: Any) -> None:
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                try:
-                    size = t.untyped_storage().nbytes() // max(t.element_size(), 1)
-                except Exception:  # tensors without storage: count their elements
-                    size = t.numel()
-                if size > self.largest:
-                    self.largest, self.largest_shape = size, tuple(t.shape)
+def _probs(g: torch.Generator, *shape: int, dtype=torch.float64, scale: float = 1.5) -> torch.Tensor:
+    return torch.softmax(scale * torch.randn(*shape, generator=g, dtype=dtype), -1)
 
 
-class _AllocationWatch(_Largest, TorchFunctionMode):
-    """Sees every torch function and tensor method called from Python (light: no extra imports)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._init_largest()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self._record(out)
-        return out
+def _fixed(scores: list, dtype=torch.float64) -> torch.Tensor:
+    return torch.softmax(torch.tensor(scores, dtype=dtype), -1)
 
 
-class _DispatchWatch(_Largest, TorchDispatchMode):
-    """Sees every operator, also those the autograd engine runs (its first use costs an import)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._init_largest()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self._record(out)
-        return out
+# ============================================================================ learner-side cost probes
+def _tensors(value: Any, depth: int = 0):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)) and depth < 3:
+        for item in value:
+            yield from _tensors(item, depth + 1)
 
 
-def _watch_allocations(work: Callable[[], Any], mode: type = _AllocationWatch) -> tuple[Any, int, tuple[int, ...], int]:
-    """Run ``work()``; return its result, the largest tensor storage (elements) and its shape, and
-    the peak of NumPy/Python allocations in bytes (tracemalloc) during the call.
+def _storage_elements(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().nbytes() // max(t.element_size(), 1)
+    except Exception:  # noqa: BLE001 - tensors without a storage (sparse, meta…): count their elements
+        return t.numel()
 
-    Call it after one untraced run of the same work, so that one-off costs (imports, caches) are
-    not mistaken for the work's own memory. The torch side sees functions called from Python
-    (the learner's code), which is why a Function's backward is run directly, not by the autograd
-    engine, when it is watched (see :func:`_direct_backward`); ``mode=_DispatchWatch`` sees inside
-    the engine too."""
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
+
+def _measure(work: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``work()`` once while watching what it creates: the largest tensor storage (elements) and its
+    shape, the elements of every tensor a torch function returned, summed, and NumPy's peak (bytes)."""
+    try:  # imported here, not at the top: a PyTorch without it costs this measurement, never the module
+        from torch.overrides import TorchFunctionMode
+    except ImportError:  # pragma: no cover - every PyTorch the course supports has it
+        TorchFunctionMode = None
+    stats: dict[str, Any] = {"measured": TorchFunctionMode is not None, "largest": 0, "shape": [], "total": 0}
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
         tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
-    watch = mode()
     try:
-        with watch:
-            result = work()
-        peak = tracemalloc.get_traced_memory()[1] - base
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
-    return result, watch.largest, watch.largest_shape, peak
-
-
-class _Context:
-    """A stand-in for autograd's ctx: stores what forward saves, accepts any attribute."""
-
-    needs_input_grad = (True,)
-
-    def save_for_backward(self, *tensors):
-        self.saved_tensors = tensors
-
-    def mark_non_differentiable(self, *tensors):
-        pass
-
-    def set_materialize_grads(self, value):
-        pass
-
-
-def _direct_backward(owner: type, x: torch.Tensor, g: torch.Tensor) -> tuple[_Context, Callable[[], Any]]:
-    """Run ``owner``'s forward with a stand-in ctx; return it and a call of its backward on ``g``."""
-    ctx = _Context()
-    with torch.no_grad():
-        if owner.setup_context is not torch.autograd.Function.setup_context:  # forward(x) + setup_context style
-            out = owner.forward(x)
-            owner.setup_context(ctx, (x,), out)
+        if TorchFunctionMode is None:
+            work()
         else:
-            owner.forward(ctx, x)
-    def backward():
-        with torch.no_grad():
-            return owner.backward(ctx, g)
-    return ctx, backward
+            class Watch(TorchFunctionMode):
+                def __torch_function__(self, func, types, args=(), kwargs=None):
+                    out = func(*args, **(kwargs or {}))
+                    for t in _tensors(out):
+                        size = _storage_elements(t)
+                        stats["total"] += t.numel()
+                        if size > stats["largest"]:
+                            stats["largest"], stats["shape"] = size, list(t.shape)
+                    return out
+
+            with Watch():
+                work()
+        stats["numpy_peak"] = max(0, tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    return stats
 
 
-def _quadratic_message(what: str, largest: int, shape: tuple[int, ...], numpy_peak: int) -> str | None:
-    limit = BIG_N * BIG_N // 8
-    if largest >= limit:
-        return (f"{what} is O(n²): at n = {BIG_N} it built a tensor of shape {shape} ({largest:,} numbers; "
-                f"the O(n) route never needs more than a few vectors of {BIG_N}). Do not form the n×n "
-                "Jacobian: use s * (g − (g * s).sum(-1, keepdim=True)).")
-    if numpy_peak >= limit * 4:
-        return (f"{what} is O(n²): at n = {BIG_N} it allocated {numpy_peak / 2**20:.0f} MB of NumPy arrays at once "
-                "(an n×n matrix). Do not form the Jacobian: use s * (g − (g * s).sum(-1, keepdims=True)).")
-    return None
+@probe("softmax_vjp_cost")
+def vjp_cost(fn: Callable, s: torch.Tensor, g: torch.Tensor, numpy: bool = False) -> dict[str, Any]:
+    """Learner side: what one call ``fn(s, g)`` creates (see :func:`_measure`), after one unwatched
+    call (so that one-off costs are not counted). ``numpy``: call with arrays."""
+    args = (s.numpy(), g.numpy()) if numpy else (s, g)
+    fn(*args)
+    return _measure(lambda: fn(*args))
 
 
-# ---------------------------------------------------------------------------------------------
+@probe("softmax_function_cost")
+def function_cost(cls: type, x: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
+    """Learner side: what ``cls.apply(x)`` creates, and what its backward creates for upstream ``g``.
+
+    The backward is run by calling the output's ``grad_fn.apply(g)`` from Python: that is the learner's
+    own ``backward`` with its real ctx, and torch functions it calls are seen (the autograd engine's
+    own calls are not seen by a TorchFunctionMode)."""
+    x = x.detach().requires_grad_(True)
+    cls.apply(x)  # one unwatched forward
+    holder: dict[str, Any] = {}
+    forward = _measure(lambda: holder.setdefault("y", cls.apply(x)))
+    node = getattr(holder["y"], "grad_fn", None)
+    if node is None or not callable(getattr(node, "apply", None)):
+        return {"forward": forward, "backward": {"measured": False}}
+    with torch.no_grad():
+        node.apply(g)  # one unwatched backward
+        backward = _measure(lambda: node.apply(g))
+    return {"forward": forward, "backward": backward}
+
+
+def _quadratic(cost: dict, what: str, tried: str, fix: str) -> None:
+    """Fail when a measured cost shows an n×n object or n² work."""
+    if not isinstance(cost, dict) or not cost.get("measured", False):
+        return
+    largest, shape = int(cost.get("largest", 0)), tuple(cost.get("shape", ()))
+    total, peak = int(cost.get("total", 0)), int(cost.get("numpy_peak", 0))
+    expected = f"O(n) memory and work: a few vectors of {BIG_N} numbers (a full n×n matrix holds {BIG_N * BIG_N:,})"
+    if largest >= QUADRATIC:
+        fail(f"O(n²) memory in {what}", tried=tried,
+             got=f"at n = {BIG_N}, {what} built a tensor of shape {shape} ({largest:,} numbers)", expected=expected,
+             cause=f"{what} forms an n×n matrix (the Jacobian, or the outer product s sᵀ)", fix=fix)
+    if peak >= 4 * QUADRATIC:
+        fail(f"O(n²) memory in {what}", tried=tried,
+             got=f"at n = {BIG_N}, {what} held {peak / 2**20:.0f} MiB of NumPy arrays at once", expected=expected,
+             cause=f"{what} forms an n×n NumPy matrix (the Jacobian, or an outer product)", fix=fix)
+    if total >= QUADRATIC:
+        fail(f"O(n²) work in {what}", tried=tried,
+             got=f"at n = {BIG_N}, {what} created {total:,} numbers in all, about n²/{max(1, round(BIG_N ** 2 / total))}",
+             expected=expected, cause=f"{what} recomputes a whole row's worth of numbers for every entry (a Python "
+             "loop over the entries, each computing ⟨g, s⟩ or a row of J again)", fix=fix)
+
+
+# ============================================================================ after an exception
+_ANY_AXES_FIX = "write every step for shape (..., n): torch.diag_embed, s.unsqueeze(-1) * s.unsqueeze(-2), sums " \
+                "along -1 with keepdim=True"
+
+
+def _works_elsewhere(failed: tuple[int, ...], others: list) -> dict[str, str]:
+    return works_elsewhere(failed, others, fix=_ANY_AXES_FIX)
+
+
+def _size_one(n: int, passed: set[int]) -> dict[str, str]:
+    """``cause``/``fix`` for code that raised at n = 1 after working for longer rows."""
+    if n != 1 or not passed or 1 in passed:
+        return {}
+    return dict(cause=f"your code fails when n = 1, though it worked for n = {', '.join(map(str, sorted(passed)))}: "
+                      "something in it treats an axis of size 1 differently (.squeeze() without an axis removes "
+                      "it, for example)",
+                fix="keep every axis: no .squeeze() without an axis, and take n from s.shape[-1]")
+
+
+def same_as(out: Any, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
+    try:
+        t = as_tensor(out, tried="")
+    except Failure:
+        return False
+    return tuple(t.shape) == tuple(expected.shape) and same(t, expected, atol=atol, rtol=rtol)
+
+
+# ============================================================================ softmax_jacobian
+_BATCH_FIX = ("use operations that work for any leading axes: torch.diag_embed(s) (torch.diag on a 2-D tensor "
+              "extracts a diagonal instead of building one) and s.unsqueeze(-1) * s.unsqueeze(-2) (torch.outer and "
+              "np.outer flatten their inputs)")
+
+
+def _new_size(s: torch.Tensor, passed: set[int]) -> str:
+    """``"n = 5, though it worked for n = 3"`` when no earlier case had this row length, else ``""``."""
+    n = s.shape[-1]
+    if not passed or n in passed:
+        return ""
+    return f"n = {n}, though it worked for n = {', '.join(map(str, sorted(passed)))}"
+
+
+def _jacobian_cases() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return [
+        _fixed([1.0, 2.0, 3.0]),
+        _probs(g, 5, dtype=torch.float32),
+        _fixed([12.0, 0.0, -3.0, 1.0]),  # saturated
+        _fixed([2.0, -INF, 0.0, -INF]),  # exact zeros
+        torch.ones(1, dtype=torch.float64),  # n = 1: J = [[0]]
+        _probs(g, 2, 5),
+        _probs(g, 4, 4, dtype=torch.float32),  # a square batch
+        _probs(g, 3, 5),
+        _probs(g, 1, 5, dtype=torch.float32),  # batch of one
+        _probs(g, 2, 3, 4),  # batch and heads
+        _probs(g, 3, 1, 4, dtype=torch.float32),  # a size-1 axis in the middle
+    ]
+
+
+def _jacobian_mistakes(s: torch.Tensor, expected: torch.Tensor) -> list[Mistake]:
+    outer = s.unsqueeze(-1) * s.unsqueeze(-2)  # (..., n, n)
+    diag = torch.diag_embed(s)
+    n = s.shape[-1]
+    eye = torch.eye(n, dtype=s.dtype)
+    formula = "J = diag(s) − s sᵀ: torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)"
+    inner = ("sᵀs for s sᵀ", "you subtracted the inner product sᵀs = Σ s_i² (one number) where J needs the outer "
+             "product s sᵀ (an n×n matrix with entries s_i s_j)", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)")
+    out = [
+        Mistake("sign flipped", "your J is s sᵀ − diag(s), the negative of diag(s) − s sᵀ (its diagonal s_i(1 − s_i) "
+                "must be positive)", formula, lambda: outer - diag),
+        Mistake(*inner, lambda: diag - (s * s).sum(-1)[..., None, None]),
+        Mistake(*inner, lambda: diag - (s * s).sum()),
+        Mistake("− s sᵀ term missing", "you returned diag(s) alone: off the diagonal, ∂s_i/∂x_j = −s_i s_j, not 0",
+                formula, lambda: diag),
+        Mistake("diag(s) term missing", "you returned −s sᵀ alone: the diagonal entries are s_i − s_i², not −s_i²",
+                formula, lambda: -outer),
+        Mistake("only the diagonal", "you returned only the diagonal entries s_i(1 − s_i): the off-diagonal entries "
+                "−s_i s_j are missing", formula, lambda: torch.diag_embed(s * (1 - s))),
+        Mistake("s_i² for s_i s_j", "you subtracted s_i² in row i (s ⊙ s broadcast along the rows), not the outer "
+                "product s_i s_j", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)",
+                lambda: diag - (s * s).unsqueeze(-1)),
+        Mistake("s_j² for s_i s_j", "you subtracted s_j² in column j, not the outer product s_i s_j",
+                "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)", lambda: diag - (s * s).unsqueeze(-2)),
+        Mistake("s_i / s_j for s_i s_j", "you divided where the outer product multiplies: s_i / s_j", formula,
+                lambda: diag - s.unsqueeze(-1) / s.unsqueeze(-2)),
+        Mistake("outer product missing a factor", "you subtracted s_i (s broadcast along one axis), not the outer "
+                "product s_i s_j", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)",
+                lambda: diag - s.unsqueeze(-1)),
+        Mistake("outer product missing a factor", "you subtracted s_j (s broadcast along one axis), not the outer "
+                "product s_i s_j", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)",
+                lambda: diag - s.unsqueeze(-2)),
+        Mistake("s for diag(s)", "you subtracted the outer product from the vector s, which broadcasts along the "
+                "rows, where J needs the diagonal matrix diag(s)", "torch.diag_embed(s) builds diag(s) for any leading "
+                "axes", lambda: s.unsqueeze(-2) - outer),
+        Mistake("outer product added", "you added s sᵀ to diag(s); J subtracts it", formula, lambda: diag + outer),
+        Mistake("outer product alone", "you returned s sᵀ alone", formula, lambda: outer),
+        Mistake("identity for diag(s)", "you used the identity matrix where J has diag(s)", formula,
+                lambda: eye - outer),
+        Mistake("Jacobian of log-softmax", "you returned I − 1 sᵀ, the Jacobian of log-softmax; softmax's is "
+                "diag(s) − s sᵀ", formula, lambda: eye - s.unsqueeze(-2).expand(*s.shape[:-1], n, n)),
+        Mistake("softmax applied to s", "you took the softmax of s again: s is already the softmax output, and J is "
+                "written in terms of it", "use s as it is: " + formula,
+                lambda: torch.diag_embed(torch.softmax(s, -1)) - torch.softmax(s, -1).unsqueeze(-1) *
+                torch.softmax(s, -1).unsqueeze(-2)),
+        Mistake("outer product over the batch", "you multiplied sᵀ @ s over a (B, n) tensor, which sums the outer "
+                "products of all rows into one n×n matrix", "one matrix per row: s.unsqueeze(-1) * s.unsqueeze(-2)",
+                lambda: torch.diag_embed(s).sum(0) - s.T @ s if s.ndim == 2 else None),
+    ]
+    if s.ndim >= 2:
+        flat = s.reshape(-1)
+        out.append(Mistake("one Jacobian for the whole batch, flattened", "torch.outer and np.outer flatten their "
+                           "inputs, so your J treats the whole batch as one long vector: one (B·n)×(B·n) matrix",
+                           "one n×n matrix per row: " + formula, lambda: torch.diag(flat) - torch.outer(flat, flat)))
+        batch = list(range(s.ndim - 1))
+        out += [
+            Mistake("batch axes last", "your J has the batch axes after the two Jacobian axes",
+                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂s_i/∂x_j",
+                    lambda: expected.movedim(batch, [expected.ndim - len(batch) + k for k in batch])),
+            Mistake("batch axes in the wrong place", "your J has a batch axis between the two Jacobian axes",
+                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂s_i/∂x_j",
+                    lambda: expected.movedim(batch, [k + 1 for k in batch])),
+        ]
+    if s.ndim == 2:
+        out.append(Mistake("Jacobian across the batch", "you differentiated the whole (B, n) batch at once: that is "
+                           "a (B, n, B, n) array, most of it zeros between different rows",
+                           "one n×n matrix per row: " + formula,
+                           lambda: torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1),
+                                                                      torch.log(s.double()))))
+    return out
+
+
+def _explain_jacobian(out: torch.Tensor, s: torch.Tensor, expected: torch.Tensor, tried: str) -> None:
+    """Which property of J = diag(s) − s sᵀ the answer breaks (same shape, no known mistake)."""
+    a, e = out.detach().double(), expected
+    if not torch.isfinite(a).all():
+        return
+    eye = torch.eye(s.shape[-1], dtype=torch.bool)
+    close = torch.isclose(a, e, atol=1e-6, rtol=1e-4)
+    diag_ok, off_ok = bool(close[..., eye].all()), bool(close[..., ~eye].all())
+    formula = "J = diag(s) − s sᵀ: torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)"
+    if diag_ok and not off_ok:
+        fail("off-diagonal entries wrong", tried=tried, got="the diagonal of your J is right, the entries off it are not",
+             expected="J[i, j] = −s_i s_j for i ≠ j", fix=formula)
+    if off_ok and not diag_ok:
+        fail("diagonal wrong", tried=tried, got="the entries off the diagonal are right, the diagonal is not",
+             expected="J[i, i] = s_i (1 − s_i)", fix=formula)
+    if not torch.allclose(a, a.transpose(-1, -2), atol=1e-6):
+        fail("J not symmetric", tried=tried,
+             got=f"your J differs from its transpose (by up to {fmt(float((a - a.transpose(-1, -2)).abs().max()))})",
+             expected="a symmetric J: J[i, j] = J[j, i] = −s_i s_j off the diagonal", fix=formula)
+    rows = a.sum(-1)
+    if not torch.allclose(rows, torch.zeros_like(rows), atol=1e-6):
+        fail("rows of J do not sum to 0", tried=tried,
+             got=f"rows of your J sum to {fmt(float(rows.min()))} … {fmt(float(rows.max()))}",
+             expected="every row summing to 0 (Σ_i s_i = 1 whatever x is)", fix=formula)
+
 
 @check("softmax_jacobian", expects="a function softmax_jacobian(s) returning J of shape (..., n, n)")
-def check_softmax_jacobian(fn):
-    generator = torch.Generator().manual_seed(7)
-    run = _adapt(fn, getattr(fn, "__name__", "softmax_jacobian"))
-    single = [
-        ("s = softmax([1, 2, 3]), float64", torch.softmax(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64), -1)),
-        ("s of shape (5,), float32", _probs(generator, 5, dtype=torch.float32)),
-        ("a one-hot-ish s (saturated)", torch.softmax(torch.tensor([12.0, 0.0, -3.0, 1.0], dtype=torch.float64), -1)),
-    ]
-    batched = [
-        ("s of shape (2, 5)", _probs(generator, 2, 5)),
-        ("s of shape (4, 4), a square batch", _probs(generator, 4, 4, dtype=torch.float32)),
-        ("s of shape (2, 3, 4), batch and heads", _probs(generator, 2, 3, 4)),
-    ]
-    for index, (label, s) in enumerate(single + batched):
-        is_batched = index >= len(single)
-        n = s.shape[-1]
-        expected = _oracle_jacobian(s)
+def check_softmax_jacobian(fn: Learner) -> str:
+    run, ruled = TensorOrArray(fn), RuledOut()
+    cases = _jacobian_cases()
+    passed_ndim, passed_n, passed_ndims = 0, set(), set()
+    for s in cases:
+        tried = f"softmax_jacobian(s) on {describe_input(s, 's')}"
         try:
-            out = run(s, what="softmax_jacobian(s)")
-        except NotAttempted:
-            raise
-        except CheckFailed as exc:
-            if is_batched:
-                fail(f"softmax_jacobian(s) for {label}: {NO_BATCH} (It said: {exc})")
-            raise
-        if tuple(out.shape) != tuple(expected.shape):
-            if is_batched and sorted(out.shape) == sorted(expected.shape):
-                fail(f"softmax_jacobian(s) for {label} has shape {tuple(out.shape)}, expected {tuple(expected.shape)}: {AXES_ORDER}")
-            if is_batched and tuple(out.shape[-2:]) == (n, n) and out.dim() < expected.dim():
-                summed = torch.diag_embed(s).sum(0) - s.T @ s if s.dim() == 2 else None
-                hint = BATCH_SUMMED if summed is not None and _close(out, summed) else NO_BATCH
-                fail(f"softmax_jacobian(s) for {label} has shape {tuple(out.shape)}, expected {tuple(expected.shape)}: {hint}")
-            if is_batched:
-                fail(f"softmax_jacobian(s) for {label} has shape {tuple(out.shape)}, expected {tuple(expected.shape)}: {NO_BATCH}")
-            expect_shape(out, expected.shape, f"softmax_jacobian(s) for {label}",
-                         hint="For s of shape (n,), J has shape (n, n).")
-        outer = s.unsqueeze(-1) * s.unsqueeze(-2)
-        diag = torch.diag_embed(s)
-        pitfalls = [
-            (SIGN_FLIPPED, lambda: outer - diag),
-            (INNER_PRODUCT, lambda: diag - (s * s).sum(-1)[..., None, None]),
-            (INNER_PRODUCT, lambda: diag - (s * s).sum()),
-            (ONLY_DIAG, lambda: diag),
-            (ONLY_OUTER, lambda: -outer),
-            (DIAG_ONLY_ENTRIES, lambda: torch.diag_embed(s * (1 - s))),
-        ]
-        if s.dim() == 3:
-            pitfalls.append((AXES_ORDER, lambda: expected.transpose(0, 1)))
-        if s.dim() == 2 and s.shape[0] == s.shape[1]:
-            pitfalls += [(AXES_ORDER, lambda: expected.permute(1, 0, 2)), (AXES_ORDER, lambda: expected.permute(1, 2, 0))]
-        _compare(out, expected, "softmax_jacobian(s)", label, pitfalls=pitfalls, atol=1e-6, rtol=1e-4)
-    return (f"matches torch.autograd.functional.jacobian on {len(single + batched)} cases ({_kind(run)}), "
-            "shapes (n,), (B, n), (B, H, n)")
+            result = run(s)
+        except LearnerRaised as exc:
+            hint = raised_hint(exc, signature="softmax_jacobian(s)", batched=s.ndim > passed_ndim >= 1,
+                               reductions=False, new_size=_new_size(s, passed_n))
+            hint = _size_one(s.shape[-1], passed_n) or hint
+            if s.ndim not in passed_ndims and probe_worth(hint):
+                hint = _works_elsewhere(tuple(s.shape), [
+                    (tuple(c.shape), lambda c=c: same_as(run(c), _oracle_jacobian(c), atol=1e-6))
+                    for c in cases if c.ndim not in passed_ndims]) or hint
+            raise Failure(learner_error(exc, tried=tried, expected="J of shape (..., n, n)", **hint)) from None
+        out = as_tensor(result, tried=tried)
+        expect_floating(out, s.dtype, tried=tried, what="your J")
+        expected = _oracle_jacobian(s)
+        compare(out, expected, tried=tried, what="your J", mistakes=_jacobian_mistakes(s, expected), atol=1e-6,
+                rtol=1e-4, ruled_out=ruled, explain=lambda o, s=s, e=expected: _explain_jacobian(o, s, e, tried),
+                shape_fix="one n×n matrix per row of s: J has shape (*s.shape, n)" + (
+                    "; " + _BATCH_FIX if s.ndim > passed_ndim >= 1 else ""), factors={"n": float(s.shape[-1])})
+        passed_ndim = max(passed_ndim, s.ndim)
+        passed_ndims.add(s.ndim)
+        passed_n.add(s.shape[-1])
+    expect_input_unchanged(fn, cases[0], call="softmax_jacobian(s)", numpy=run.mode == "numpy", name="s")
+    return (f"matches torch.autograd.functional.jacobian on {len(cases)} cases ({run.kind}): (n,), (B, n), "
+            "(B, H, n), n = 1, saturated")
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return tuple(a.shape) == tuple(b.shape) and torch.allclose(a.to(torch.float64), b.to(torch.float64), atol=1e-6)
+# ============================================================================ softmax_vjp
+_VJP_FORMULA = "s * (grad - (grad * s).sum(-1, keepdim=True))"
 
 
-# ---------------------------------------------------------------------------------------------
-
-VJP_MISSING_DOT = (
-    "the ⟨g, s⟩ term is missing (s * g is only the diagonal part of the product): the gradient is "
-    "s ⊙ (g − ⟨g, s⟩), with ⟨g, s⟩ = (g * s).sum(-1, keepdim=True)."
-)
-VJP_SIGN = "the sign is flipped: the result is s ⊙ (g − ⟨g, s⟩), not s ⊙ (⟨g, s⟩ − g)."
-VJP_PLAIN_SUM = (
-    "it subtracts the plain sum or mean of g; the term to subtract is the s-weighted sum "
-    "⟨g, s⟩ = Σ_j g_j s_j."
-)
-VJP_NO_S = "the final multiplication by s is missing: the result is s ⊙ (g − ⟨g, s⟩)."
-VJP_GLOBAL_SUM = (
-    "⟨g, s⟩ was summed over the whole tensor instead of per row: batch dimensions are not "
-    "supported. Sum along the last axis only: (g * s).sum(-1, keepdim=True)."
-)
-VJP_NO_KEEPDIM = (
-    "⟨g, s⟩ was reduced without keepdim, so it broadcast along the wrong axis (each row got another "
-    "row's sum): use (g * s).sum(-1, keepdim=True)."
-)
-
-
-def _vjp_pitfalls(s: torch.Tensor, g: torch.Tensor) -> list[tuple[str, Any]]:
+def _vjp_mistakes(s: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
     dot = (g * s).sum(-1, keepdim=True)
+    fix = f"∂L/∂x = s ⊙ (g − ⟨g, s⟩): {_VJP_FORMULA}"
     return [
-        (VJP_MISSING_DOT, lambda: s * g),
-        (VJP_SIGN, lambda: s * (dot - g)),
-        (VJP_NO_S, lambda: g - dot),
-        (VJP_PLAIN_SUM, lambda: s * (g - g.sum(-1, keepdim=True))),
-        (VJP_PLAIN_SUM, lambda: s * (g - g.mean(-1, keepdim=True))),
-        (VJP_GLOBAL_SUM, lambda: s * (g - (g * s).sum())),
-        (VJP_NO_KEEPDIM, lambda: s * (g - (g * s).sum(-1))),
+        Mistake("grad returned unchanged", "you returned the upstream gradient as it is: the gradient with respect to "
+                "the scores is grad multiplied by the softmax Jacobian", fix, lambda: g.clone()),
+        Mistake("⟨g, s⟩ term missing", "you returned s ⊙ g, only the diagonal part of the product: the − s ⟨g, s⟩ "
+                "term is missing", fix, lambda: s * g),
+        Mistake("sign flipped", "you returned s ⊙ (⟨g, s⟩ − g), the negative of the gradient", fix,
+                lambda: s * (dot - g)),
+        Mistake("final multiplication by s missing", "you returned g − ⟨g, s⟩ without multiplying by s", fix,
+                lambda: g - dot),
+        Mistake("plain sum of g", "you subtracted the plain sum Σ_j g_j; the term is the s-weighted sum ⟨g, s⟩ = "
+                "Σ_j g_j s_j", fix, lambda: s * (g - g.sum(-1, keepdim=True))),
+        Mistake("mean of g", "you subtracted the mean of g; the term is the s-weighted sum ⟨g, s⟩ = Σ_j g_j s_j", fix,
+                lambda: s * (g - g.mean(-1, keepdim=True))),
+        Mistake("⟨g, s⟩ summed over the whole tensor", "you summed g ⊙ s over the whole tensor, not per row, so every "
+                "row gets the same ⟨g, s⟩", "sum along the last axis only: (grad * s).sum(-1, keepdim=True)",
+                lambda: s * (g - (g * s).sum())),
+        Mistake("keepdim missing", "you reduced ⟨g, s⟩ without keepdim=True, so it broadcast along the wrong axis "
+                "(each row got another row's sum)", "(grad * s).sum(-1, keepdim=True)",
+                lambda: s * (g - (g * s).sum(-1))),
+        Mistake("only the diagonal of J", "you multiplied g by the diagonal of J, s ⊙ (1 − s), leaving out the "
+                "off-diagonal −s_i s_j", fix, lambda: s * (1 - s) * g),
+        Mistake("s and grad swapped", "you used grad where the formula has s and s where it has grad", fix,
+                lambda: g * (s - dot)),
+        Mistake("mean instead of sum for ⟨g, s⟩", "you took the mean of g ⊙ s; ⟨g, s⟩ is its sum", fix,
+                lambda: s * (g - (g * s).mean(-1, keepdim=True))),
+        Mistake("g / s for g ⊙ s", "you divided grad by s inside ⟨g, s⟩; it is the sum of the products g_j s_j", fix,
+                lambda: s * (g - (g / s).sum(-1, keepdim=True))),
+        Mistake("⟨g, s⟩ replaced by Σ s", "you summed s alone (which is 1) where ⟨g, s⟩ sums g ⊙ s", fix,
+                lambda: s * (g - s.sum(-1, keepdim=True))),
+        Mistake("divided by (g − ⟨g, s⟩)", "you divided s by (g − ⟨g, s⟩); the two are multiplied", fix,
+                lambda: s / (g - dot)),
+        Mistake("returned s", "you returned s itself", fix, lambda: s.clone()),
+        Mistake("sign of the ⟨g, s⟩ term", "you added ⟨g, s⟩; the formula subtracts it", fix, lambda: s * (g + dot)),
+        Mistake("only the − s ⟨g, s⟩ part", "you returned s ⊙ ⟨g, s⟩: the s ⊙ g part is missing", fix,
+                lambda: s * dot),
+        Mistake("upstream gradient not used", "your result is J·1, the product with a vector of ones (which is 0), "
+                "not with grad", fix, lambda: torch.zeros_like(s)),
+        Mistake("upstream gradient not used", "your result is the diagonal of J, s ⊙ (1 − s): grad does not enter it",
+                fix, lambda: s * (1 - s)),
+        Mistake("softmax applied to s", "you took the softmax of s again: s is already the softmax output",
+                "use s as it is: " + _VJP_FORMULA, lambda: torch.softmax(s, -1) * (
+                    g - (g * torch.softmax(s, -1)).sum(-1, keepdim=True))),
+        Mistake("sᵀs for s sᵀ", "you used J = diag(s) − sᵀs (one number) in place of the outer product s sᵀ",
+                fix, lambda: s * g - (s * s).sum(-1, keepdim=True) * g),
+        Mistake("⟨g, s⟩ not multiplied by s", "you returned s ⊙ g − ⟨g, s⟩: the ⟨g, s⟩ term must be multiplied by "
+                "s too, s ⊙ g − s ⟨g, s⟩", fix, lambda: s * g - dot),
+        Mistake("⟨s, s⟩ for ⟨g, s⟩", "you subtracted ⟨s, s⟩ = Σ s_j² where the formula has ⟨g, s⟩ = Σ g_j s_j", fix,
+                lambda: s * (g - (s * s).sum(-1, keepdim=True))),
+        Mistake("⟨g, g⟩ for ⟨g, s⟩", "you subtracted ⟨g, g⟩ = Σ g_j² where the formula has ⟨g, s⟩ = Σ g_j s_j", fix,
+                lambda: s * (g - (g * g).sum(-1, keepdim=True))),
+    ] + [
+        Mistake(f"⟨g, s⟩ summed along axis {o}", f"you summed g ⊙ s along axis {o}; ⟨g, s⟩ is the sum along the "
+                "last axis, one number per row", "(grad * s).sum(-1, keepdim=True)",
+                lambda o=o: s * (g - (g * s).sum(o, keepdim=True))) for o in range(s.ndim - 1)
+    ] + [
+        Mistake("⟨g, s⟩ summed over a whole batch entry", "you summed g ⊙ s over each batch entry (a loop over the "
+                "first axis?), not over each row", "sum along the last axis only: (grad * s).sum(-1, keepdim=True)",
+                lambda: s * (g - (g * s).flatten(1).sum(1).reshape(-1, *[1] * (s.ndim - 1))) if s.ndim >= 3 else None),
     ]
 
 
-def _vjp_cases(generator: torch.Generator) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    s5 = _probs(generator, 5)
+def _vjp_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(8)
+
+    def grad(*shape, dtype=torch.float64, scale=1.0):
+        return scale * torch.randn(*shape, generator=g, dtype=dtype)
+
+    s5 = _probs(g, 5)
     return [
-        ("s and g of shape (5,), float64", s5, torch.randn(5, generator=generator, dtype=torch.float64)),
-        ("g = all ones (the gradient of Σ s = 1 is 0)", s5, torch.ones(5, dtype=torch.float64)),
-        ("s and g of shape (6,), float32", _probs(generator, 6, dtype=torch.float32), torch.randn(6, generator=generator)),
-        ("a square batch (4, 4)", _probs(generator, 4, 4), torch.randn(4, 4, generator=generator, dtype=torch.float64)),
-        ("batch and heads (2, 3, 6)", _probs(generator, 2, 3, 6, dtype=torch.float32), torch.randn(2, 3, 6, generator=generator)),
+        (s5, grad(5)),
+        (s5, torch.ones(5, dtype=torch.float64)),  # the gradient of Σ s = 1 is 0
+        (_probs(g, 6, dtype=torch.float32), grad(6, dtype=torch.float32)),
+        (_probs(g, 4, 4), grad(4, 4)),  # square: a keepdim slip broadcasts instead of failing
+        (_probs(g, 3, 5, dtype=torch.float32), grad(3, 5, dtype=torch.float32)),
+        (_probs(g, 2, 3, 6), grad(2, 3, 6)),
+        (_probs(g, 1, 5), grad(1, 5)),
+        (_probs(g, 3, 1, 4, dtype=torch.float32), grad(3, 1, 4, dtype=torch.float32)),
+        (torch.ones(2, 1, dtype=torch.float64), grad(2, 1)),  # n = 1: the gradient is 0
+        # saturated rows with large upstream gradients, and exact zeros in s
+        (_fixed([[20.0, 0.0, -5.0, 3.0], [2.0, -INF, 0.0, -INF]]),
+         torch.tensor([[1000.0, -1000.0, 500.0, 0.001], [-1000.0, 7.0, 1000.0, 3.0]], dtype=torch.float64)),
     ]
+
+
+def _explain_vjp(out: torch.Tensor, s: torch.Tensor, g: torch.Tensor, tried: str,
+                 x: torch.Tensor | None = None) -> None:
+    """What is wrong with a gradient that matches no known mistake. ``x``: the scores, when the answer is a
+    Function's backward (whose forward has already passed every case, ±1000 included)."""
+    a = out.detach().double()
+    if not torch.isfinite(a).all():
+        rows = (~torch.isfinite(a)).any(-1)  # (...,) the rows holding NaN or inf
+        cause = ""
+        if x is not None:
+            xs = x.double()
+            top = xs.masked_fill(~torch.isfinite(xs), -INF).amax(-1)
+            limit = math.log(torch.finfo(x.dtype).max)
+            if bool((top[rows] > limit).all()):
+                cause = (f"those rows hold scores above {limit:.2f}, where e^x overflows in "
+                         f"{str(x.dtype).replace('torch.', '')}; your forward handles them (it passed the cases at "
+                         "±1000), so your backward must be exponentiating x again without subtracting the maximum")
+        fail("NaN or inf in the gradient", tried=tried, got=f"{int((~torch.isfinite(a)).sum())} entries are NaN or inf",
+             expected="finite gradients (s and grad are finite)", cause=cause,
+             fix="save s in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
+             if cause else f"compute {_VJP_FORMULA}: no division, no log")
+    sums = a.sum(-1)
+    if not torch.allclose(sums, torch.zeros_like(sums), atol=1e-6 * max(1.0, float(g.abs().max()))):
+        fail("rows do not sum to 0", tried=tried,
+             got=f"rows of your result sum to {fmt(float(sums.min()))} … {fmt(float(sums.max()))}",
+             expected="every row summing to 0 (Σ_i s_i (g_i − ⟨g, s⟩) = ⟨g, s⟩ − ⟨g, s⟩ = 0)",
+             fix=f"∂L/∂x = s ⊙ (g − ⟨g, s⟩): {_VJP_FORMULA}")
+
+
+def _vjp_tried(name: str, s: torch.Tensor, g: torch.Tensor) -> str:
+    return f"{name} on {describe_input(s, 's')} and {describe_input(g, 'grad')}"
 
 
 @check("softmax_vjp", expects="a function softmax_vjp(s, grad) returning ∂L/∂x shaped like s")
-def check_softmax_vjp(fn):
-    generator = torch.Generator().manual_seed(8)
-    run = _adapt(fn, getattr(fn, "__name__", "softmax_vjp"))
-    cases = _vjp_cases(generator)
-    for index, (label, s, g) in enumerate(cases):
+def check_softmax_vjp(fn: Learner) -> str:
+    run, ruled = TensorOrArray(fn), RuledOut()
+    cases = _vjp_cases()
+    passed_ndim, passed_n, passed_ndims = 0, set(), set()
+    for s, g in cases:
+        tried = _vjp_tried("softmax_vjp(s, grad)", s, g)
         try:
-            out = run(s, g, what="softmax_vjp(s, grad)")
-        except NotAttempted:
-            raise
-        except CheckFailed as exc:
-            if s.dim() > 1:
-                fail(f"softmax_vjp(s, grad) for {label}: batch dimensions are not supported — "
-                     f"reduce along the last axis only, with keepdim=True. (It said: {exc})")
-            raise
-        expect_shape(out, s.shape, f"softmax_vjp(s, grad) for {label}",
-                     hint="The gradient with respect to the scores has the shape of s." if s.dim() == 1 else VJP_GLOBAL_SUM)
-        _compare(out, _oracle_vjp(s, g), "softmax_vjp(s, grad)", label, pitfalls=_vjp_pitfalls(s, g),
-                 atol=1e-6, rtol=1e-4)
-    big_s = _probs(generator, 1, BIG_N, dtype=torch.float32)
-    big_g = torch.randn(1, BIG_N, generator=generator)
-    run(big_s, big_g, what="softmax_vjp(s, grad)")  # warm-up, untraced
-    _, largest, shape, numpy_peak = _watch_allocations(lambda: run(big_s, big_g, what="softmax_vjp(s, grad)"))
-    quadratic = _quadratic_message("softmax_vjp", largest, shape, numpy_peak)
-    if quadratic:
-        fail(quadratic)
-    return f"matches autograd on {len(cases)} cases ({_kind(run)}), batched, O(n) memory at n = {BIG_N}"
-
-
-# ---------------------------------------------------------------------------------------------
-
-def _resolve_function(obj: Any) -> tuple[Callable, str, type]:
-    """Accept the class SoftmaxFunction (or its bound ``apply``); return (apply, name, the class)."""
-    owner = obj if inspect.isclass(obj) else getattr(obj, "__self__", None)
-    if not (inspect.isclass(owner) and issubclass(owner, torch.autograd.Function)):
-        fail(f"expected a subclass of torch.autograd.Function (the class itself, e.g. "
-             f"`check_softmax_function(SoftmaxFunction)`); got {describe(obj)}.")
-    apply = owner.apply
-
-    def applied(x):
-        return apply(x)
-
-    applied.__name__ = f"{owner.__name__}.forward"
-    return applied, owner.__name__, owner
-
-
-def _gradient(apply: Callable, name: str, x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Forward through the learner's Function, then backward with upstream gradient ``g``."""
-
-    def forward_backward(x_in: torch.Tensor) -> Any:
-        x_in = x_in.detach().requires_grad_(True)
-        y = apply(x_in)
-        if not isinstance(y, torch.Tensor):
-            return y
-        if not y.requires_grad:
-            raise RuntimeError("the output does not require grad: forward must return a tensor computed from x")
-        (grad,) = torch.autograd.grad(y, x_in, g, allow_unused=True)
-        return grad
-
-    forward_backward.__name__ = f"{name}.backward"
-    grad = call(forward_backward, x)
-    if grad is None:
-        fail(f"{name}.backward returned None: it must return ∂L/∂x, a tensor shaped like x.")
-    return as_tensor(grad, f"the gradient from {name}.backward")
-
-
-
-@check("softmax_function", expects="the class SoftmaxFunction (a subclass of torch.autograd.Function)")
-def check_softmax_function(cls):
-    apply, name, owner = _resolve_function(cls)
-    generator = torch.Generator().manual_seed(9)
-
-    # 1. forward: a stable softmax along the last axis, batched
-    forward_cases = [
-        ("scores (2, 5)", 2 * torch.randn(2, 5, generator=generator)),
-        ("scores (2, 3, 4), float64", torch.randn(2, 3, 4, generator=generator, dtype=torch.float64)),
-        ("rows [1000, 1001, 1002] and [0, 1, 2]", torch.tensor([[1000.0, 1001, 1002], [0, 1, 2]])),
-    ]
-    for label, x in forward_cases:
-        out = as_tensor(call(apply, x), f"{name}.apply(x)")
-        expect_shape(out, x.shape, f"{name}.apply(x) for {label}")
-        _compare(out, torch.softmax(x.to(torch.float64), -1), f"{name}.apply(x)", label,
-                 pitfalls=[(NO_MAX, lambda: _naive_softmax(x, -1))], hints=_softmax_hints(x, -1))
-
-    # 2. backward: the gradient autograd gets from torch.softmax
-    backward_cases = [
-        ("x of shape (5,), float64", torch.randn(5, generator=generator, dtype=torch.float64)),
-        ("x of shape (4, 4), float32", 2 * torch.randn(4, 4, generator=generator)),
-        ("x of shape (2, 3, 6), float64", torch.randn(2, 3, 6, generator=generator, dtype=torch.float64)),
-    ]
-    for label, x in backward_cases:
-        g = torch.randn(x.shape, generator=generator, dtype=x.dtype)
-        grad = _gradient(apply, name, x, g)
-        s = torch.softmax(x.to(torch.float64), -1)
-        g64 = g.to(torch.float64)
-        expect_shape(grad, x.shape, f"the gradient from {name}.backward for {label}",
-                     hint="backward returns ∂L/∂x, shaped like x." if x.dim() == 1 else VJP_GLOBAL_SUM)
-        _compare(grad, _oracle_vjp(s, g64), f"the gradient from {name}.backward", label,
-                 pitfalls=_vjp_pitfalls(s, g64), atol=1e-5, rtol=1e-4)
-
-    # 3. gradcheck: finite differences agree with backward (float64)
-    x = torch.randn(3, 4, generator=generator, dtype=torch.float64)
-
-    def run_gradcheck(x_in):
-        return torch.autograd.gradcheck(apply, (x_in.detach().requires_grad_(True),), raise_exception=False)
-
-    run_gradcheck.__name__ = "torch.autograd.gradcheck"
-    if not call(run_gradcheck, x):
-        fail(f"torch.autograd.gradcheck({name}.apply, x) failed: backward disagrees with finite differences.")
-
-    # 4. O(n): backward must not build the n×n Jacobian. Its forward and backward are called
-    # directly (a stand-in ctx) so that every tensor the backward creates can be watched.
-    x_big = torch.randn(1, BIG_N, generator=generator)
-    g_big = torch.randn(1, BIG_N, generator=generator)
-
-    def watched_backward():
-        _, backward = _direct_backward(owner, x_big.clone(), g_big)
-        backward()  # warm-up, untraced
-        return _watch_allocations(backward)
-
-    def watched_autograd():  # for a Function that needs autograd's real ctx
-        x_in = x_big.clone().requires_grad_(True)
-        y = apply(x_in)
-        torch.autograd.grad(y, x_in, g_big, retain_graph=True)  # warm-up, untraced
-        with _DispatchWatch():  # its first use imports modules: keep that out of the measurement
-            torch.zeros(1) + 1
-        return _watch_allocations(lambda: torch.autograd.grad(y, x_in, g_big), mode=_DispatchWatch)
-
-    watched_backward.__name__ = watched_autograd.__name__ = f"{name}.backward"
+            result = run(s, g)
+        except LearnerRaised as exc:
+            hint = raised_hint(exc, signature="softmax_vjp(s, grad)", batched=s.ndim > passed_ndim >= 1,
+                               new_size=_new_size(s, passed_n))
+            hint = _size_one(s.shape[-1], passed_n) or hint
+            if s.ndim not in passed_ndims and probe_worth(hint):
+                hint = _works_elsewhere(tuple(s.shape), [
+                    (tuple(c.shape), lambda c=c, h=h: same_as(run(c, h), _oracle_vjp(c, h), atol=1e-5))
+                    for c, h in cases if c.ndim not in passed_ndims]) or hint
+            raise Failure(learner_error(exc, tried=tried, expected="∂L/∂x shaped like s", **hint)) from None
+        out = as_tensor(result, tried=tried)
+        expect_floating(out, s.dtype, tried=tried)
+        atol = 1e-6 * max(1.0, float(g.abs().max()))
+        compare(out, _oracle_vjp(s, g), tried=tried, what="your result", mistakes=_vjp_mistakes(s, g), atol=atol,
+                rtol=1e-4, ruled_out=ruled, explain=lambda o, s=s, g=g: _explain_vjp(o, s, g, tried),
+                shape_fix="∂L/∂x has the shape of s")
+        passed_ndim = max(passed_ndim, s.ndim)
+        passed_ndims.add(s.ndim)
+        passed_n.add(s.shape[-1])
+    expect_input_unchanged(fn, cases[0][0], cases[0][1], call="softmax_vjp(s, grad)", numpy=run.mode == "numpy",
+                           name="s")
+    # O(n): measured in the learner's process
+    gen = torch.Generator().manual_seed(80)
+    big_s, big_g = _probs(gen, 1, BIG_N, dtype=torch.float32), torch.randn(1, BIG_N, generator=gen)
+    tried = f"softmax_vjp(s, grad) on s and grad of shape (1, {BIG_N}), float32, watching what it creates"
     try:
-        _, largest, shape, numpy_peak = call(watched_backward)
-    except NotAttempted:
-        raise
-    except CheckFailed:
-        _, largest, shape, numpy_peak = call(watched_autograd)
-    quadratic = _quadratic_message(f"{name}.backward", largest, shape, numpy_peak)
-    if quadratic:
-        fail(quadratic)
-    return f"forward stable and batched, backward matches autograd on {len(backward_cases)} cases, gradcheck passes, O(n) at n = {BIG_N}"
+        cost = fn.observe("softmax_vjp_cost", big_s, big_g, run.mode == "numpy")
+    except (LearnerRaised, LearnerTimedOut) as exc:
+        raise Failure(learner_error(exc, tried=tried, expected="∂L/∂x in O(n)",
+                                    cause="" if isinstance(exc, LearnerRaised) else
+                                    f"at n = {BIG_N} your function needs far more than O(n) work")) from None
+    _quadratic(cost, "your softmax_vjp", tried, fix=f"do not form J: {_VJP_FORMULA}")
+    memory = f"O(n) at n = {BIG_N}" if cost.get("measured") else "memory not measured (no TorchFunctionMode)"
+    return f"matches autograd on {len(cases)} cases ({run.kind}): (n,) to (B, H, n), n = 1, grads of ±1000; {memory}"
+
+
+# ============================================================================ SoftmaxFunction
+class _ThroughLearner(torch.autograd.Function):
+    """A Function whose forward and backward are the learner's, reached through Learner operations.
+
+    ``torch.autograd.gradcheck`` runs on it in the check's own process: every forward it asks for is a
+    ``learner.method("apply")(x)`` operation and every backward a ``learner.method("apply").vjp(...)``,
+    so the grader, replaying the log, feeds gradcheck exactly the same numbers (gradcheck's inputs
+    are deterministic) without running the learner's code. A probe would instead have to trust a
+    verdict computed in the learner's process."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, apply: Learner) -> torch.Tensor:
+        ctx.learner = apply  # (not ctx.apply: that name is the backward node's own method)
+        ctx.save_for_backward(x)
+        out = as_tensor(apply(x.detach()), tried="gradcheck's forward")
+        return out.to(x.dtype).reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():  # autograd runs backward with grad mode off; the learner's forward needs it on
+            _, grads = ctx.learner.vjp((x.detach(),), grad.detach())
+        if not grads or grads[0] is None:
+            return torch.zeros_like(x), None
+        return as_tensor(grads[0], tried="gradcheck's backward").to(x.dtype).reshape(x.shape), None
+
+
+#: Relative errors above this, on float64 inputs, are not float64 rounding (which stays near 1e-16).
+_FLOAT64_ROUNDING = 1e-10
+
+
+def _relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
+    a, e = out.detach().double(), expected.detach().double()
+    ok = torch.isfinite(a) & torch.isfinite(e)
+    if not ok.any():
+        return 0.0
+    return float((a[ok] - e[ok]).abs().max() / e[ok].abs().max().clamp(min=1e-300))
+
+
+def _saved_mistakes(x: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
+    """Backwards that use another tensor than s = softmax(x) as s: what forward saved was not the output."""
+    x = x.double()
+    e = torch.exp(x - x.amax(-1, keepdim=True))  # the exponentials before normalising
+    fix = "save the output of forward: ctx.save_for_backward(s) with s = e / e.sum(-1, keepdim=True) (or save x " \
+          "and recompute s from it, stably)"
+
+    def product(t: torch.Tensor) -> torch.Tensor:
+        return t * (g - (g * t).sum(-1, keepdim=True))
+
+    return [
+        Mistake("x used as s in backward", "your backward uses x, the scores, where the formula needs s = softmax(x): "
+                "forward saved its input, not its output", fix, lambda: product(x)),
+        Mistake("unnormalised e used as s in backward", "your backward uses e = exp(x − max) before it is divided "
+                "by its sum: forward saved e, not s = e / Σ e", fix, lambda: product(e)),
+        Mistake("e^x used as s in backward", "your backward uses exp(x), not s = softmax(x): forward saved the "
+                "exponentials before normalising", fix, lambda: product(torch.exp(x))),
+    ]
+
+
+def _forward_cases() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(9)
+    return [
+        2 * torch.randn(2, 5, generator=g),
+        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(6, generator=g),
+        torch.randn(1, 5, generator=g, dtype=torch.float64),
+        torch.randn(3, 1, 4, generator=g),
+        torch.tensor([[50.0, 48.0, 49.0], [-3.0, 0.0, 1.0]]),  # e^x finite in float32, e^(x + max) not
+        torch.tensor([[1000.0, 1001.0, 1002.0], [2.0, 1.0, 0.0]]),
+        torch.tensor([[-1000.0, -998.0, -999.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
+        torch.tensor([[0.0, -INF, 1.0], [-INF, 3.0, -INF]]),
+    ]
+
+
+def _backward_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(10)
+
+    def rand(*shape, dtype=torch.float64, scale=1.0):
+        return scale * torch.randn(*shape, generator=g, dtype=dtype)
+
+    return [
+        (rand(5), rand(5)),
+        (rand(4, 4, dtype=torch.float32, scale=2.0), rand(4, 4, dtype=torch.float32)),
+        (rand(3, 5), rand(3, 5)),
+        (rand(2, 3, 6), rand(2, 3, 6)),
+        (rand(1, 5, dtype=torch.float32), rand(1, 5, dtype=torch.float32)),
+        (rand(3, 1, 4), rand(3, 1, 4)),
+        (torch.tensor([[1000.0, 1001.0, 1002.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
+         torch.tensor([[1000.0, -1000.0, 5.0], [-1000.0, 1000.0, 3.0]], dtype=torch.float64)),
+        (torch.tensor([[0.0, -INF, 1.0], [2.0, 2.0, -INF]]), rand(2, 3, dtype=torch.float32)),
+    ]
+
+
+def _backward_right(apply: Learner, x: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether the learner's Function gives the right gradient on (x, g) (an attempt on another shape)."""
+    _, grads = apply.vjp((x,), g)
+    return bool(grads) and grads[0] is not None and \
+        same_as(grads[0], _oracle_vjp(torch.softmax(x.double(), -1), g.double()), atol=1e-5 * max(1.0, float(g.abs().max())))
+
+
+def _backward_error(exc: LearnerRaised, tried: str, x: torch.Tensor, passed_ndim: int,
+                    others: list | None = None) -> Failure:
+    hint: dict[str, str] = {}
+    if "invalid gradient" in exc.message or "expected shape" in exc.message:
+        hint = dict(cause="backward returned a gradient whose shape is not the shape of x",
+                    fix="return ∂L/∂x shaped like x: s * (grad - (grad * s).sum(-1, keepdim=True))")
+    elif "saved_tensors" in exc.code and "unpack" in exc.message:
+        hint = dict(cause="ctx.saved_tensors holds nothing: your forward did not save s",
+                    fix="in forward, call ctx.save_for_backward(s) before returning s")
+    elif "saved" in exc.message and ("freed" in exc.message or "saved_tensors" in exc.message):
+        hint = dict(cause="backward could not read what forward saved", fix="save with ctx.save_for_backward(s) "
+                    "in forward and read it back with (s,) = ctx.saved_tensors in backward")
+    else:
+        hint = raised_hint(exc, signature="forward(ctx, x) and backward(ctx, grad)", batched=x.ndim > passed_ndim >= 1)
+        if probe_worth(hint):
+            hint = _works_elsewhere(tuple(x.shape), others or []) or hint
+    return Failure(learner_error(exc, tried=tried, expected="∂L/∂x shaped like x", **hint))
+
+
+@check("SoftmaxFunction", kind="class",
+       expects="the class SoftmaxFunction, a subclass of torch.autograd.Function used as SoftmaxFunction.apply(x)")
+def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exercise X is check_X
+    info = fn.inspect()
+    if not info.get("autograd_function"):
+        fail("not a torch.autograd.Function", tried="checking the class SoftmaxFunction",
+             got=f"a class whose bases are {', '.join(info.get('bases', [])) or 'object'}",
+             expected="class SoftmaxFunction(torch.autograd.Function) with static forward and backward",
+             fix="keep `class SoftmaxFunction(torch.autograd.Function):` and define forward(ctx, x) and "
+                 "backward(ctx, grad) as @staticmethod")
+    apply = fn.method("apply")
+
+    # 1. forward: a stable softmax along the last axis, any leading axes
+    ruled = RuledOut()
+    passed_ndim, passed_ndims = 0, set()
+    forward_error = 0.0  # the largest error of forward on float64 input, relative to the largest weight
+    for x in _forward_cases():
+        tried = f"SoftmaxFunction.apply(x) on {describe_input(x)}"
+        try:
+            result = apply(x)
+        except LearnerRaised as exc:
+            hint = raised_hint(exc, signature="forward(ctx, x)", batched=x.ndim > passed_ndim >= 1)
+            if x.ndim not in passed_ndims and probe_worth(hint):
+                hint = _works_elsewhere(tuple(x.shape), [
+                    (tuple(c.shape), lambda c=c: same_as(apply(c), torch.softmax(c.double(), -1)))
+                    for c in _forward_cases() if c.ndim not in passed_ndims]) or hint
+            raise Failure(learner_error(exc, tried=tried, expected="s = softmax(x) along the last axis, shaped like x",
+                                        **hint)) from None
+        if isinstance(result, np.ndarray):
+            fail("forward returned a NumPy array", tried=tried, got=f"a NumPy array of shape {result.shape}",
+                 expected="a torch.Tensor s shaped like x",
+                 cause="autograd follows tensors only: a NumPy result leaves the graph, so backward can never run",
+                 fix="compute s with torch operations and return the tensor")
+        out = as_tensor(result, tried=tried, what="forward")
+        expect_floating(out, x.dtype, tried=tried, what="forward's output")
+        atol, rtol = (1e-5, 1e-4)
+        compare(out, torch.softmax(x.double(), -1), tried=tried, what="forward's output",
+                mistakes=softmax_mistakes(x, -1), atol=atol, rtol=rtol, ruled_out=ruled,
+                explain=lambda o, x=x: explain_weights(o, x, -1, tried=tried, what="forward's output"),
+                shape_fix="forward returns s shaped like x", reduced=x.ndim - 1)
+        passed_ndim = max(passed_ndim, x.ndim)
+        passed_ndims.add(x.ndim)
+        if x.dtype == torch.float64:
+            forward_error = max(forward_error, _relative_error(out, torch.softmax(x, -1)))
+
+    expect_input_unchanged(fn, _forward_cases()[0], call="SoftmaxFunction.apply(x)", apply=True)
+
+    # 2. backward: the gradient autograd gets through torch.softmax, for any upstream gradient
+    ruled = RuledOut()
+    passed_ndim, passed_ndims = 0, set()
+    backward_error = 0.0  # the same for backward's gradient
+    for x, g in _backward_cases():
+        tried = f"SoftmaxFunction.apply(x), then backward, on {describe_input(x)} and upstream {describe_input(g, 'grad')}"
+        try:
+            _, grads = apply.vjp((x,), g)
+        except LearnerRaised as exc:
+            others = [] if x.ndim in passed_ndims else [
+                (tuple(c.shape), lambda c=c, h=h: _backward_right(apply, c, h))
+                for c, h in _backward_cases() if c.ndim not in passed_ndims]
+            raise _backward_error(exc, tried, x, passed_ndim, others) from None
+        if grads is None:
+            fail("no gradient reaches x", tried=tried, got="the output of apply(x) does not depend on x through autograd",
+                 expected="∂L/∂x from your backward",
+                 fix="return s from forward as computed from x (no .detach(), no torch.no_grad())")
+        if grads[0] is None:
+            fail("backward returned None", tried=tried, got="None as the gradient for x",
+                 expected="∂L/∂x, a tensor shaped like x", fix=f"end backward with return {_VJP_FORMULA}")
+        grad = as_tensor(grads[0], tried=tried, what="backward's gradient")
+        s = torch.softmax(x.double(), -1)
+        g64 = g.double()
+        atol = 1e-5 * max(1.0, float(g.abs().max()))
+        compare(grad, _oracle_vjp(s, g64), tried=tried, what="backward's gradient",
+                mistakes=_saved_mistakes(x, g64) + _vjp_mistakes(s, g64), atol=atol, rtol=1e-4, ruled_out=ruled,
+                explain=lambda o, s=s, g64=g64, x=x: _explain_vjp(o, s, g64, tried, x=x),
+                shape_fix="backward returns ∂L/∂x shaped like x")
+        passed_ndim = max(passed_ndim, x.ndim)
+        passed_ndims.add(x.ndim)
+        if x.dtype == torch.float64:
+            backward_error = max(backward_error, _relative_error(grad, _oracle_vjp(s, g64)))
+
+    # 3. gradcheck: backward agrees with finite differences of the learner's own forward (float64)
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(11), dtype=torch.float64).requires_grad_(True)
+    tried = "torch.autograd.gradcheck(SoftmaxFunction.apply, x) with x of shape (3, 4), float64"
+    try:
+        ok = torch.autograd.gradcheck(lambda v: _ThroughLearner.apply(v, apply), (x,), raise_exception=False)
+    except LearnerRaised as exc:
+        raise _backward_error(exc, tried, x, 2) from None
+    if not ok:
+        # A forward that loses precision hands its backward a rounded s too: blame the forward first.
+        where, error = ("forward", forward_error) if forward_error > _FLOAT64_ROUNDING else ("backward", backward_error)
+        lossy = error > _FLOAT64_ROUNDING
+        fail(f"gradcheck fails: {where} not in float64 precision" if lossy else "gradcheck fails", tried=tried,
+             got="your backward disagrees with finite differences of your forward" + (
+                 f"; on the float64 cases above, your {where} was off by up to {error:.1e} of the largest value" if lossy
+                 else ""),
+             expected="backward = the derivative of forward, both accurate to float64's ~16 digits",
+             cause=f"your {where} loses precision (about {-math.log10(error):.0f} correct digits, as in float32 where "
+                   "float64 keeps ~16): finite differences divide that error by gradcheck's step of 1e-6" if lossy
+             else "",
+             fix="compute in x's dtype: leave out .float(), .to(torch.float32) or float32 constants" if lossy
+             else f"backward returns {_VJP_FORMULA}")
+
+    # 4. O(n): measured in the learner's process, forward and backward apart
+    gen = torch.Generator().manual_seed(12)
+    big_x, big_g = torch.randn(1, BIG_N, generator=gen), torch.randn(1, BIG_N, generator=gen)
+    tried = f"SoftmaxFunction.apply(x) and its backward on x of shape (1, {BIG_N}), float32, watching what they create"
+    try:
+        cost = fn.observe("softmax_function_cost", big_x, big_g)
+    except (LearnerRaised, LearnerTimedOut) as exc:
+        raise Failure(learner_error(exc, tried=tried, expected="softmax and its gradient in O(n)",
+                                    cause="" if isinstance(exc, LearnerRaised) else
+                                    f"at n = {BIG_N} your Function needs far more than O(n) work")) from None
+    fix = f"save s in forward; in backward compute {_VJP_FORMULA}, never J"
+    _quadratic(cost.get("forward", {}) if isinstance(cost, dict) else {}, "your forward", tried, fix)
+    backward = cost.get("backward", {}) if isinstance(cost, dict) else {}
+    _quadratic(backward, "your backward", tried, fix)
+    memory = f"O(n) at n = {BIG_N}" if backward.get("measured") else "memory not measured"
+    return (f"forward stable on {len(_forward_cases())} cases, backward matches autograd on "
+            f"{len(_backward_cases())} (grads of ±1000), gradcheck passes, {memory}")

@@ -1,277 +1,1127 @@
 """Checks for notebook 07 (multi-head attention): split_heads, merge_heads, MultiHeadAttention.
 
-Oracles: ``torch.nn.MultiheadAttention`` (weights copied in) wherever A·d_head = d_model, and the
-course's reference :class:`attn_course.multihead.MultiHeadAttention` (itself tested against it)
-where A·d_head ≠ d_model.
+Oracles: the course's reference :func:`attn_course.multihead.split_heads` / ``merge_heads`` (tested
+against ``torch.chunk`` / ``torch.cat`` in ``tests/test_multihead.py``); for the module,
+``torch.nn.MultiheadAttention`` with the same weights wherever it applies (A·d_head = d_model and no
+fully masked row), else :func:`_multihead` below, a plain float64 computation that the tests hold
+equal to ``nn.MultiheadAttention``.
+
+The learner's class is only ever reached through the learner boundary: ``inspect()`` tells its
+``nn.Linear`` layers, ``construct(...)`` builds an instance, ``set_parameters`` loads seeded weights
+into it, and calling it runs ``forward``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from ..multihead import merge_heads as ref_merge
 from ..multihead import split_heads as ref_split
-from ._core import CheckFailed, as_tensor, call, check, describe, expect_close, expect_shape, fail
+from ..multihead import torch_masks
+from ..softmax import masked_softmax
+from .compare import Failure, matching_mistakes, same
+from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, expect_shape, fail,
+                   fmt, learner_error)
 
-__all__ = ["check_split_heads", "check_merge_heads", "check_multi_head_attention"]
+__all__ = ["check_split_heads", "check_merge_heads", "check_MultiHeadAttention"]
 
-VIEW_HINT = (" `.view` needs a contiguous tensor and `.transpose` makes a non-contiguous one: use "
-             "`.reshape(...)`, or `.contiguous().view(...)`.")
-
-# ---- what the classic mistakes produce ------------------------------------------------------
-
-SPLIT_NO_TRANSPOSE = ("heads split by a reshape straight to (B, A, n, d_head) without a transpose: each "
-                      "'head' then holds pieces of several positions (heads mixed with positions). Reshape "
-                      "to (B, n, A, d_head) first, then swap axes 1 and 2 with .transpose(1, 2).")
-SPLIT_STRIDED = ("the features were split in the wrong order: head h got every A-th feature instead of the "
-                 "block of d_head consecutive features h·d_head … (h+1)·d_head − 1. Reshape the last axis "
-                 "as (A, d_head), not (d_head, A).")
-SPLIT_FORGOT_TRANSPOSE = ("the head axis is still after the positions, (B, n, A, d_head): add .transpose(1, 2) "
-                          "so that it becomes (B, A, n, d_head).")
-MERGE_NO_TRANSPOSE = ("heads merged by a reshape straight to (B, n, A·d_head) without a transpose: rows of "
-                      "the result mix positions (heads mixed with positions). Do .transpose(1, 2) first, "
-                      "giving (B, n, A, d_head), then reshape.")
-MERGE_INTERLEAVED = ("wrong concat order: the features come out interleaved, ordered (d_head, A) instead "
-                     "of (A, d_head). Concatenate whole heads: head 0's d_head features, then head 1's, …")
-MERGE_REVERSED = "wrong concat order: the heads are concatenated last head first; head 0 must come first."
-MERGE_FORGOT_RESHAPE = "the result is still (B, n, A, d_head): reshape the last two axes into one of size A·d_head."
-MERGE_AVERAGED = ("the heads were averaged (or summed) instead of concatenated; multi-head attention "
-                  "concatenates them to A·d_head features.")
+_VIEW = dict(cause="`.view` needs memory laid out in the new shape, and `.transpose` gives a tensor whose memory "
+                   "is not (a non-contiguous one)",
+             fix="use `.reshape(...)`, or `.contiguous().view(...)`, after the transpose")
 
 
-def _split_pitfalls(x: torch.Tensor, a: int):
+class _Evidence:
+    """Mistakes that earlier cases rule out: an answer that matched the oracle on a case where a mistake's
+    output differs from it did not make that mistake, so a later mismatch is never blamed on it.
+    Worked out lazily, only when a later case fails (right answers pay nothing)."""
+
+    def __init__(self) -> None:
+        self._history: list[tuple[list[Mistake], torch.Tensor, float, float]] = []
+        self._ruled: dict[str, bool] = {}
+
+    def passed(self, mistakes: list[Mistake], expected: torch.Tensor, *, atol: float, rtol: float) -> None:
+        self._history.append((mistakes, expected, atol, rtol))
+
+    def ruled_out(self, summary: str) -> bool:
+        if summary not in self._ruled:
+            self._ruled[summary] = False
+            for mistakes, expected, atol, rtol in self._history:
+                values = [m.value() for m in mistakes if m.summary == summary]
+                if values and all(v is not None and not same(v, expected, atol=atol, rtol=rtol) for v in values):
+                    self._ruled[summary] = True
+                    break
+        return self._ruled[summary]
+
+    def possible(self, mistakes: list[Mistake]) -> list[Mistake]:
+        return [Mistake(m.summary, m.cause, m.fix, lambda m=m: None if self.ruled_out(m.summary) else m.value())
+                for m in mistakes]
+
+
+def _raised(exc: LearnerRaised, tried: str, expected: str, **hint) -> Failure:
+    if not hint and ("view size is not compatible" in exc.message or "contiguous" in exc.message):
+        hint = _VIEW
+    return Failure(learner_error(exc, tried=tried, expected=expected, **hint))
+
+
+_BOOL_HINT = dict(cause="Python asked a tensor for one True/False (`x_kv or x_q`, `if mask:`, `and` / `or` between "
+                        "tensors); a tensor of several values has none",
+                  fix="test for None instead: `x_q if x_kv is None else x_kv`, `if mask is not None:`")
+
+
+def _bool_hint(exc: LearnerRaised) -> dict:
+    return _BOOL_HINT if "Boolean value of Tensor" in exc.message else {}
+
+
+def _probe_mismatch(failure: Failure, actual: torch.Tensor, expected: torch.Tensor, names: list[str], *,
+                    atol: float, rtol: float) -> bool:
+    """For a mismatch no known mistake explains, measure what it is: the right values in another order along one
+    axis, the same values for every index of an axis, or an affine map of the right values. Sets the diagnosis's
+    summary and cause and returns True when one of these holds exactly."""
+    d = failure.diagnosis
+    if d.cause or tuple(actual.shape) != tuple(expected.shape) or not actual.is_floating_point():
+        return False
+    a, e = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
+    for axis, name in enumerate(names):
+        size = a.shape[axis]
+        if size < 2:
+            continue
+        if same(a, e.flip(axis), atol=atol, rtol=rtol):
+            d.summary, d.cause = (f"{name} in reverse order", f"your result holds the right values, but with the {name} "
+                                  f"in reverse order (axis {axis}): the first belongs last")
+            return True
+        sa, se = a.movedim(axis, 0), e.movedim(axis, 0)
+        if all(same(sa[i], sa[0], atol=atol, rtol=rtol) for i in range(1, size)) and                 not all(same(se[i], se[0], atol=atol, rtol=rtol) for i in range(1, size)):
+            match = next((j for j in range(size) if same(sa[0], se[j], atol=atol, rtol=rtol)), None)
+            d.summary = f"the same values for every one of the {name}"
+            d.cause = (f"your result does not change along axis {axis} (the {name}): every one of them got "
+                       + (f"the values that belong to number {match}" if match is not None else "the same values"))
+            return True
+        perm: list[int] = []
+        for i in range(size):
+            j = next((j for j in range(size) if j not in perm and same(sa[i], se[j], atol=atol, rtol=rtol)), None)
+            if j is None:
+                break
+            perm.append(j)
+        if len(perm) == size and perm != list(range(size)):
+            shown = ", ".join(map(str, perm[:8])) + ("…" if size > 8 else "")
+            d.summary = f"{name} in the wrong order"
+            d.cause = (f"your result holds the right values with the {name} shuffled (axis {axis}): in order, yours are "
+                       f"the expected numbers {shown}")
+            return True
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    if finite.all() and e.numel() > 2 and float(e.std()) > 1e-9:
+        design = torch.stack([e.flatten(), torch.ones(e.numel(), dtype=torch.float64)], 1)
+        alpha, beta = (float(v) for v in torch.linalg.lstsq(design, a.flatten()[:, None]).solution.flatten())
+        if abs(beta) > atol and abs(alpha) > 1e-6 and same(a, alpha * e + beta, atol=atol, rtol=rtol):
+            if abs(alpha + 1) < 1e-6:
+                said = f"{fmt(beta)} − the expected value"
+            else:
+                said = f"{fmt(alpha)} × the expected value {'+' if beta > 0 else '−'} {fmt(abs(beta))}"
+            d.summary, d.cause = f"every value is {said}", f"your result is {said}, for every entry"
+            return True
+    return False
+
+
+def _tensor(value, *, tried: str, what: str = "your function") -> torch.Tensor:
+    """The answer as a tensor; the docstrings ask for a torch tensor, so a NumPy array is named as such."""
+    if isinstance(value, np.ndarray):
+        fail(f"{what} returned a NumPy array, not a tensor", tried=tried,
+             got=f"a NumPy array of shape {value.shape} ({value.dtype})", expected="a torch tensor, as the docstring says",
+             cause="you converted to NumPy along the way (.numpy(), np.asarray or a NumPy function)",
+             fix="stay with torch operations (torch.from_numpy(array) turns an array back into a tensor)")
+    return as_tensor(value, tried=tried, what=what)
+
+
+def _in_symbols(shape: tuple, sizes: dict[str, int]) -> str | None:
+    """``shape`` written with the names of ``sizes`` (``(B·A, n, d_head)``) when every axis is exactly one name or
+    one product of two names — and nothing else — on this input; else None."""
+    names = list(sizes)
+    reading: dict[int, list[str]] = {}
+    for i, name in enumerate(names):
+        reading.setdefault(sizes[name], []).append(name)
+        for other in names[i + 1:]:
+            reading.setdefault(sizes[name] * sizes[other], []).append(f"{name}·{other}")
+    parts = [reading.get(int(s), []) for s in shape]
+    if not shape or any(len(p) != 1 for p in parts):
+        return None
+    return "(" + ", ".join(p[0] for p in parts) + ")"
+
+
+def _fails_only_batched(call, x: torch.Tensor) -> bool:
+    """Whether ``call`` runs on the first batch entry alone (after raising on the whole batch)."""
+    if x.shape[0] == 1:
+        return False
+    try:
+        call(x[:1])
+    except (LearnerRaised, LearnerTimedOut):
+        return False
+    return True
+
+
+_BATCH_HINT = dict(cause="your code ran with a batch of one (B = 1) but raised with a batch of several: it does not keep "
+                         "the batch axis B (it treats x as a single sequence)",
+                   fix="keep B as the first axis throughout: reshape with x.shape[0] (or -1) in front, and "
+                       "transpose the axes by position counted from the end")
+
+_PRECISION = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
+
+
+def _expect_same_precision(out: torch.Tensor, x: torch.Tensor, *, tried: str, what: str) -> None:
+    """``what`` only moves numbers: a result in a narrower dtype than ``x`` has rounded them."""
+    if _PRECISION.get(out.dtype, 3) < _PRECISION.get(x.dtype, 0):
+        got, had = str(out.dtype)[6:], str(x.dtype)[6:]
+        fail(f"result rounded to {got}", tried=tried, got=f"the right numbers, but as {got}: x's {had} values rounded",
+             expected=f"x's own values, exactly: {what} only moves numbers (the docstring's equation is an equality)",
+             cause=f"you converted to {got} (.float(), .half() or dtype={got})",
+             fix="drop the conversion: reshape, transpose and cat keep x's dtype")
+
+
+# ============================================================================ split_heads
+_SPLIT_CASES = [  # (B, n, A, d_head, dtype); the first is the one every mistake differs on
+    (2, 5, 3, 4, torch.float32),
+    (2, 4, 4, 3, torch.float32),  # same width 12, another n_heads
+    (2, 4, 2, 6, torch.float32),
+    (2, 3, 4, 4, torch.float64),  # A = d_head: only the values tell (A, d_head) from (d_head, A)
+    (1, 4, 6, 1, torch.float32),  # heads of width 1
+    (3, 1, 2, 4, torch.float32),  # one position
+    (2, 3, 1, 8, torch.float32),  # one head
+    (1, 1, 1, 1, torch.float64),
+]
+
+_NO_TRANSPOSE_SPLIT = Mistake(
+    "heads split without a transpose", "you reshaped straight to (B, A, n, d_head), so each 'head' holds "
+    "pieces of several positions (heads mixed with positions)",
+    "reshape to (B, n, A, d_head) first, then swap the position and head axes: .transpose(1, 2)", None)
+_STRIDED_SPLIT = Mistake(
+    "features split in the wrong order", "you reshaped the last axis as (d_head, A), so head h got every A-th "
+    "feature instead of the block h·d_head … (h+1)·d_head − 1",
+    "reshape the last axis as (A, d_head), not (d_head, A)", None)
+_FORGOT_TRANSPOSE_SPLIT = Mistake(
+    "head axis not moved in front of the positions", "you reshaped to (B, n, A, d_head) but did not swap the "
+    "axes, so the heads are still after the positions", "add .transpose(1, 2) to get (B, A, n, d_head)", None)
+_SWAPPED_SIZES_SPLIT = Mistake(
+    "n_heads used as the head width", "you split into d_head heads of width A instead of A heads of width d_head",
+    "reshape the last axis as (n_heads, width // n_heads)", None)
+
+
+def _split_mistakes(x: torch.Tensor, a: int) -> list[Mistake]:
     b, n, width = x.shape
     d = width // a
+
+    def make(m: Mistake, fn) -> Mistake:
+        return Mistake(m.summary, m.cause, m.fix, fn)
+
     return [
-        (SPLIT_NO_TRANSPOSE, lambda: x.reshape(b, a, n, d)),
-        (SPLIT_STRIDED, lambda: x.reshape(b, n, d, a).permute(0, 3, 1, 2)),
-        (SPLIT_FORGOT_TRANSPOSE, lambda: x.reshape(b, n, a, d)),
+        make(_NO_TRANSPOSE_SPLIT, lambda: x.reshape(b, a, n, d)),
+        make(_STRIDED_SPLIT, lambda: x.reshape(b, n, d, a).permute(0, 3, 1, 2)),
+        make(_FORGOT_TRANSPOSE_SPLIT, lambda: x.reshape(b, n, a, d)),
+        make(_SWAPPED_SIZES_SPLIT, lambda: None if a == d else x.reshape(b, n, d, a).transpose(1, 2)),
+        Mistake("heads in reverse order", "your head 0 holds the last block of features: the heads come out in "
+                "reverse order", "head h takes features h·d_head … (h+1)·d_head − 1, head 0 first",
+                lambda: None if a == 1 else ref_split(x, a).flip(1)),
+        Mistake("batch and head axes merged into one", "you returned (B·A, n, d_head), as d2l's transpose_qkv does; "
+                "the docstring keeps them apart: (B, A, n, d_head)", "stop after the transpose: no final reshape to "
+                "(B·A, n, d_head)", lambda: None if b == 1 or a == 1 else ref_split(x, a).reshape(b * a, n, d)),
+        Mistake("positions and features swapped", "your last two axes are (d_head, n): one transpose too many "
+                "(or the wrong pair of axes)", "the result is (B, A, n, d_head): swap only the position and head axes",
+                lambda: None if n == d else ref_split(x, a).transpose(-2, -1)),
     ]
 
 
-def _merge_pitfalls(x: torch.Tensor):
-    b, a, n, d = x.shape
-    return [
-        (MERGE_NO_TRANSPOSE, lambda: x.reshape(b, n, a * d)),
-        (MERGE_INTERLEAVED, lambda: x.permute(0, 2, 3, 1).reshape(b, n, d * a)),
-        (MERGE_REVERSED, lambda: ref_merge(x.flip(1))),
-        (MERGE_FORGOT_RESHAPE, lambda: x.transpose(1, 2)),
-        (MERGE_AVERAGED, lambda: x.mean(1)),
-        (MERGE_AVERAGED, lambda: x.sum(1)),
-    ]
+def _heads_count_cause(shape: tuple, b: int, n: int, a: int, width: int, previous: tuple | None) -> dict:
+    """When the answer has the layout of a split into some other number of heads, say so (and whether that
+    count or width is the previous case's, i.e. hard-coded)."""
+    if len(shape) == 4 and shape[0] == b and shape[2] == n and shape[1] != a and shape[1] * shape[3] == width:
+        fix = "split into n_heads heads of width x.shape[-1] // n_heads, using the n_heads argument"
+        if previous and (shape[1], shape[3]) == previous:
+            return dict(cause=f"your result has {shape[1]} heads of width {shape[3]}, the split of the previous case: "
+                              f"the head count or the head width is hard-coded, while n_heads = {a} asks for {a} heads "
+                              f"of width {width // a}", fix=fix)
+        if previous and shape[3] == previous[1]:
+            return dict(cause=f"your result has {shape[1]} heads of width {shape[3]}, the head width of the previous "
+                              f"case: the width looks hard-coded, while n_heads = {a} asks for heads of width "
+                              f"{width // a}", fix=fix)
+        return dict(cause=f"your result has {shape[1]} heads of width {shape[3]}, but n_heads = {a}: the head "
+                          "count is hard-coded or taken from somewhere else", fix=fix)
+    return {}
 
 
-def _call_with_view_hint(fn, *args):
-    try:
-        return call(fn, *args)
-    except CheckFailed as exc:
-        text = str(exc)
-        if type(exc) is CheckFailed and ("view size is not compatible" in text or "contiguous" in text):
-            raise CheckFailed(text + VIEW_HINT) from None
-        raise
+def _wrong_shape(out: torch.Tensor, want: tuple, sizes: dict[str, int], target: str, *, tried: str,
+                 mistakes: list[Mistake], hint: dict | None = None) -> None:
+    """Fail on a wrong shape: a known mistake, else ``hint``, else the shape read in the docstring's letters."""
+    if tuple(out.shape) == tuple(want):
+        return
+    if matching_mistakes(out, mistakes, atol=1e-5, rtol=1e-4):
+        expect_shape(out, want, tried=tried, mistakes=mistakes)
+    if hint:
+        fail(f"split into {out.shape[1]} heads, not n_heads = {sizes['A']}", tried=tried,
+             got=f"a result of shape {tuple(out.shape)}", expected=f"shape {tuple(want)}", **hint)
+    reading = _in_symbols(tuple(out.shape), sizes)
+    if reading and reading != target:
+        fail(f"wrong shape {tuple(out.shape)} = {reading}, expected {target}", tried=tried,
+             got=f"a result of shape {tuple(out.shape)}, which on this input reads as {reading}",
+             expected=f"shape {tuple(want)} = {target}",
+             fix=f"follow the docstring's shapes step by step (print(t.shape) after each step); the result is {target}")
+    expect_shape(out, want, tried=tried, mistakes=mistakes)
 
 
-@check("split heads", expects="a function split_heads(x, n_heads) turning (B, n, A·d_head) into (B, A, n, d_head)")
-def check_split_heads(fn):
+@check("split_heads", expects="a function split_heads(x, n_heads) turning (B, n, A·d_head) into (B, A, n, d_head)")
+def check_split_heads(fn: Learner) -> str:
     gen = torch.Generator().manual_seed(7)
-    cases = [((2, 5, 12), 3, torch.float32), ((1, 4, 6), 6, torch.float32),
-             ((3, 1, 8), 2, torch.float32), ((2, 3, 8), 2, torch.float64)]
-    for shape, a, dtype in cases:
-        x = torch.randn(*shape, generator=gen, dtype=dtype)
-        b, n, width = shape
-        case = f"x of shape {shape}, n_heads={a}"
-        out = as_tensor(_call_with_view_hint(fn, x, a), f"split_heads(x, {a})")
-        expect_close(out, ref_split(x, a), f"split_heads(x, {a})", case=case, pitfalls=_split_pitfalls(x, a))
-    return f"matches the reference on {len(cases)} cases: (B, n, A·d_head) → (B, A, n, d_head), one block of features per head"
+    evidence = _Evidence()
+    previous = None
+    for b, n, a, d, dtype in _SPLIT_CASES:
+        x = torch.randn(b, n, a * d, generator=gen, dtype=torch.float64).to(dtype)
+        tried = f"split_heads(x, {a}) with x of shape {(b, n, a * d)} ({str(dtype)[6:]}): {a} heads of width {d}"
+        try:
+            out = _tensor(fn(x, a), tried=tried)
+        except LearnerRaised as exc:
+            hint = _bool_hint(exc) or (_BATCH_HINT if _fails_only_batched(lambda t: fn(t, a), x) else {})
+            raise _raised(exc, tried, f"a tensor of shape {(b, a, n, d)}", **hint) from None
+        mistakes = evidence.possible(_split_mistakes(x, a))
+        _wrong_shape(out, (b, a, n, d), {"B": b, "A": a, "n": n, "d_head": d}, "(B, A, n, d_head)", tried=tried,
+                     mistakes=mistakes, hint=_heads_count_cause(tuple(out.shape), b, n, a, a * d, previous))
+        try:
+            expect_close(out, ref_split(x, a), tried=tried, atol=1e-6, rtol=1e-5, mistakes=mistakes,
+                         factors={"A": a, "d_head": d, "n": n, "√d_head": math.sqrt(d)})
+        except Failure as failure:
+            _probe_mismatch(failure, out, ref_split(x, a), ["batch entries", "heads", "positions", "features"],
+                            atol=1e-6, rtol=1e-5)
+            raise
+        _expect_same_precision(out, x, tried=tried, what="split_heads")
+        evidence.passed(mistakes, ref_split(x, a), atol=1e-6, rtol=1e-5)
+        previous = (a, d)
+    return (f"matches the reference on {len(_SPLIT_CASES)} cases (1 to 6 heads, width 1 to 8, one position, "
+            "float32 and float64): one block of features per head")
 
 
-@check("merge heads", expects="a function merge_heads(x) turning (B, A, n, d_head) into (B, n, A·d_head)")
-def check_merge_heads(fn):
+# ============================================================================ merge_heads
+_MERGE_CASES = [  # (B, A, n, d_head, dtype)
+    (2, 3, 5, 4, torch.float32),
+    (2, 4, 3, 4, torch.float64),  # A = d_head
+    (1, 6, 4, 1, torch.float32),
+    (3, 2, 1, 4, torch.float32),
+    (2, 1, 3, 8, torch.float32),
+    (1, 2, 2, 3, torch.float32),
+]
+
+
+def _merge_mistakes(x: torch.Tensor) -> list[Mistake]:
+    b, a, n, d = x.shape
+    concat = "concatenate whole heads, head 0 first: transpose to (B, n, A, d_head), then reshape to (B, n, A·d_head)"
+    mistakes = [
+        Mistake("heads merged without a transpose", "you reshaped (B, A, n, d_head) straight to (B, n, A·d_head), "
+                "so each output row mixes several positions (heads mixed with positions)",
+                "first .transpose(1, 2) to (B, n, A, d_head), then reshape", lambda: x.reshape(b, n, a * d)),
+        Mistake("heads merged without a transpose", "you swapped the last two axes, (B, A, d_head, n), instead of the "
+                "head and position axes before reshaping, so each output row mixes several positions",
+                "first .transpose(1, 2) to (B, n, A, d_head), then reshape",
+                lambda: None if n == d else x.transpose(2, 3).reshape(b, n, a * d)),
+        Mistake("heads merged without a transpose", "you reshaped to (B, A·d_head, n) and then transposed, so each "
+                "output row mixes several positions and features", "first .transpose(1, 2) to (B, n, A, d_head), "
+                "then reshape", lambda: x.reshape(b, a * d, n).transpose(1, 2)),
+        Mistake("wrong concat order: features interleaved", "you put the feature axis before the head axis, so "
+                "the result is ordered (d_head, A): feature 0 of every head, then feature 1, …", concat,
+                lambda: x.permute(0, 2, 3, 1).reshape(b, n, d * a)),
+        Mistake("wrong concat order: last head first", "you concatenated the heads in reverse order", concat,
+                lambda: ref_merge(x.flip(1))),
+        Mistake("heads not concatenated", "you swapped the axes but did not reshape, so the result is still "
+                "(B, n, A, d_head)", "reshape the last two axes into one of size A·d_head", lambda: x.transpose(1, 2)),
+        Mistake("heads averaged instead of concatenated", "you averaged the heads, which leaves d_head features "
+                "instead of A·d_head", concat, lambda: x.mean(1)),
+        Mistake("heads summed instead of concatenated", "you summed the heads, which leaves d_head features "
+                "instead of A·d_head", concat, lambda: x.sum(1)),
+        Mistake("only one head kept", "you returned head 0 alone", concat, lambda: x[:, 0]),
+    ]
+    for k in range(2, a):  # a head count hard-coded smaller than A
+        mistakes.append(Mistake(f"only the first {k} of {a} heads concatenated", f"you concatenated heads 0 … {k - 1} "
+                                f"and dropped the rest: the number of heads looks hard-coded as {k}",
+                                "take the number of heads from the input, x.shape[1]",
+                                lambda k=k: ref_merge(x[:, :k])))
+    return mistakes
+
+
+@check("merge_heads", expects="a function merge_heads(x) turning (B, A, n, d_head) into (B, n, A·d_head)")
+def check_merge_heads(fn: Learner) -> str:
     gen = torch.Generator().manual_seed(8)
-    cases = [((2, 3, 5, 4), torch.float32), ((1, 6, 4, 1), torch.float32),
-             ((3, 2, 1, 4), torch.float32), ((2, 2, 3, 4), torch.float64)]
-    for shape, dtype in cases:
-        x = torch.randn(*shape, generator=gen, dtype=dtype)
-        # contiguous, as `weights @ v` gives it inside the module
-        case = f"x of shape {shape}"
-        out = as_tensor(_call_with_view_hint(fn, x), "merge_heads(x)")
-        expect_close(out, ref_merge(x), "merge_heads(x)", case=case, pitfalls=_merge_pitfalls(x))
-    return f"matches the reference on {len(cases)} cases and undoes split_heads: (B, A, n, d_head) → (B, n, A·d_head)"
+    evidence = _Evidence()
+    for b, a, n, d, dtype in _MERGE_CASES:
+        x = torch.randn(b, a, n, d, generator=gen, dtype=torch.float64).to(dtype)
+        tried = f"merge_heads(x) with x of shape {(b, a, n, d)} ({str(dtype)[6:]}): {a} heads of width {d}"
+        try:
+            out = _tensor(fn(x), tried=tried)
+        except LearnerRaised as exc:
+            hint = _bool_hint(exc) or (_BATCH_HINT if _fails_only_batched(fn, x) else {})
+            raise _raised(exc, tried, f"a tensor of shape {(b, n, a * d)}", **hint) from None
+        mistakes = evidence.possible(_merge_mistakes(x))
+        _wrong_shape(out, (b, n, a * d), {"B": b, "A": a, "n": n, "d_head": d}, "(B, n, A·d_head)", tried=tried,
+                     mistakes=mistakes)
+        try:
+            expect_close(out, ref_merge(x), tried=tried, atol=1e-6, rtol=1e-5, mistakes=mistakes,
+                         factors={"A": a, "d_head": d, "n": n, "√d_head": math.sqrt(d)})
+        except Failure as failure:
+            _probe_mismatch(failure, out, ref_merge(x), ["batch entries", "positions", "features"], atol=1e-6, rtol=1e-5)
+            raise
+        _expect_same_precision(out, x, tried=tried, what="merge_heads")
+        evidence.passed(mistakes, ref_merge(x), atol=1e-6, rtol=1e-5)
+    return (f"matches the reference on {len(_MERGE_CASES)} cases (1 to 6 heads, one position, float32 and "
+            "float64) and undoes split_heads")
 
 
-# ---- the module ---------------------------------------------------------------------------
+# ============================================================================ the module: finding its layers
+_ROLE_TOKENS = {
+    "q": {"q", "query", "queries", "wq"},
+    "k": {"k", "key", "keys", "wk"},
+    "v": {"v", "value", "values", "wv"},
+    "o": {"o", "out", "output", "wo", "c_proj", "proj", "dense"},
+    "qkv": {"qkv", "c_attn", "in_proj", "wqkv", "attn"},
+}
 
-def _linear(module: nn.Module, *names: str) -> nn.Linear | None:
-    for name in names:
-        layer = getattr(module, name, None)
-        if isinstance(layer, nn.Linear):
-            return layer
+
+def _role(name: str) -> str | None:
+    """Which projection a layer's name says it is (``q_proj``, ``W_q``, ``query``, ``out_proj``, ``c_attn``…)."""
+    last = name.rsplit(".", 1)[-1].lower()
+    tokens = {t for t in re.split(r"[_\W\d]+", last) if t} | {last}
+    for role in ("qkv", "q", "k", "v", "o"):
+        if tokens & _ROLE_TOKENS[role]:
+            return role
     return None
 
 
-def _projections(module: nn.Module, d_model: int, a: int, d_head: int):
-    """The module's W^Q, W^K, W^V, W^O as (Linear, rows) slices, after checking their sizes."""
-    q, k, v = (_linear(module, f"{p}_proj", f"W_{p}", f"w_{p}", f"W{p.upper()}") for p in "qkv")
-    o = _linear(module, "out_proj", "o_proj", "c_proj", "W_o", "w_o")
-    fused = _linear(module, "qkv_proj", "c_attn", "in_proj")
+def _layers(info: dict, d_model: int, a: int, d_head: int, tried: str) -> dict:
+    """The learner's W^Q, W^K, W^V, W^O as {"q": (linear name, first row), …} after checking their sizes."""
+    linears = {name: spec for name, kind, spec in info.get("modules", []) if spec is not None}
     width = a * d_head
-    if o is None or (fused is None and None in (q, k, v)):
-        found = [name for name, m in module.named_children() if isinstance(m, nn.Linear)]
-        fail(f"expected nn.Linear layers named q_proj, k_proj, v_proj and out_proj (W^Q, W^K, W^V, W^O); "
-             f"found Linear layers {found or 'none'}. Create them in __init__ with those names.")
-    if o.in_features != width:
-        if o.in_features == d_model:
-            fail(f"W^O (out_proj) has the wrong input size when A·d_head ≠ d_model: it takes {o.in_features} "
-                 f"= d_model inputs, but the concatenated heads have A·d_head = {a}·{d_head} = {width} features. "
-                 f"Use nn.Linear(n_heads * d_head, d_model).")
-        fail(f"W^O (out_proj) takes {o.in_features} inputs; the concatenated heads have A·d_head = {width}.")
-    if o.out_features != d_model:
-        fail(f"W^O (out_proj) gives {o.out_features} outputs; it must map back to d_model = {d_model}.")
-    layers = {"q": (q, 0), "k": (k, 0), "v": (v, 0)} if fused is None else {
-        "q": (fused, 0), "k": (fused, width), "v": (fused, 2 * width)}
-    if fused is not None and fused.out_features != 3 * width:
-        fail(f"the fused projection gives {fused.out_features} outputs; expected 3·A·d_head = {3 * width}.")
-    for name, (layer, _) in layers.items():
-        if layer.in_features != d_model:
-            fail(f"W^{name.upper()} takes {layer.in_features} inputs; the input vectors have d_model = {d_model}.")
-        if fused is None and layer.out_features != width:
-            hint = (" It should project to A·d_head, not to d_model — use the d_head you were given."
-                    if layer.out_features == d_model or layer.out_features == (d_model // a) * a else "")
-            fail(f"W^{name.upper()} ({name}_proj) gives {layer.out_features} outputs; expected "
-                 f"A·d_head = {a}·{d_head} = {width}.{hint}")
-    return layers, o, width
+    found: dict[str, list[str]] = {}
+    for name in linears:
+        role = _role(name)
+        if role:
+            found.setdefault(role, []).append(name)
+    names = ", ".join(f"{n} ({s[0]} → {s[1]})" for n, s in linears.items()) or "none"
+    expected = ("nn.Linear layers q_proj, k_proj, v_proj (d_model → A·d_head) and out_proj (A·d_head → d_model), "
+                "or one fused qkv_proj (d_model → 3·A·d_head) and out_proj")
+    named = len(found.get("o", [])) == 1 and (all(len(found.get(r, [])) == 1 for r in "qkv") or len(found.get("qkv", [])) == 1)
+    if not named and len(linears) == 4 and not found:
+        # Four unnamed layers (e.g. the Annotated Transformer's `linears = clones(nn.Linear(...), 4)`): take them
+        # in the order they were created, W^Q, W^K, W^V, W^O, and say so if the values then differ.
+        found = {role: [name] for role, name in zip("qkvo", linears)}
+        named, guessed = True, True
+    else:
+        guessed = False
+    if not named:
+        fail("W^Q, W^K, W^V, W^O not found", tried=tried, got=f"nn.Linear layers: {names}", expected=expected,
+             fix="create the projections in __init__ as nn.Linear layers with the names in the docstring")
+    if len(found.get("qkv", [])) == 1 and not all(len(found.get(r, [])) == 1 for r in "qkv"):
+        name = found["qkv"][0]
+        f_in, f_out = linears[name][:2]
+        if (f_in, f_out) != (d_model, 3 * width):
+            fail(f"the fused projection is nn.Linear({f_in}, {f_out})", tried=tried, got=f"{name} = nn.Linear({f_in}, {f_out})",
+                 expected=f"nn.Linear(d_model = {d_model}, 3·A·d_head = {3 * width})",
+                 fix="one fused layer gives q, k and v side by side: nn.Linear(d_model, 3 * n_heads * d_head)")
+        _check_out_proj(found["o"][0], linears, d_model, a, d_head, tried)
+        return {"q": (name, 0), "k": (name, width), "v": (name, 2 * width), "o": (found["o"][0], 0), "fused": True,
+                "guessed": False}
+    for role in "qkv":
+        name = found[role][0]
+        p_in, p_out = linears[name][:2]
+        got = f"{name} = nn.Linear({p_in}, {p_out})"
+        want = f"nn.Linear(d_model = {d_model}, A·d_head = {a}·{d_head} = {width})"
+        if p_in != d_model:
+            fail(f"W^{role.upper()} takes {p_in} inputs, not d_model = {d_model}", tried=tried, got=got, expected=want,
+                 fix=f"create {role}_proj = nn.Linear(d_model, n_heads * d_head)")
+        if p_out != width:
+            if p_out == d_model and d_model != width:
+                cause = (f"you projected to d_model = {d_model} features; the heads need A·d_head = {width} (they "
+                         "differ when d_head ≠ d_model / A)")
+            elif p_out == a * (d_model // a) and d_model // a != d_head:
+                cause = (f"you used d_head = d_model // n_heads = {d_model // a}: the d_head argument (or its default "
+                         f"⌈d_model / n_heads⌉ = {d_head}) was ignored")
+            elif p_out % d_head == 0:
+                cause = (f"your projection makes {p_out // d_head} heads of width d_head = {d_head}, but n_heads = {a}: "
+                         "the head count is hard-coded or taken from somewhere else")
+            else:
+                cause = ""
+            fail(f"W^{role.upper()} gives {p_out} outputs, not A·d_head = {width}", tried=tried, got=got, expected=want,
+                 cause=cause, fix="use the d_head you are given (default ⌈d_model / n_heads⌉): "
+                                  f"{role}_proj = nn.Linear(d_model, n_heads * d_head)")
+    _check_out_proj(found["o"][0], linears, d_model, a, d_head, tried)
+    return {"q": (found["q"][0], 0), "k": (found["k"][0], 0), "v": (found["v"][0], 0), "o": (found["o"][0], 0),
+            "fused": False, "guessed": guessed}
 
 
-@torch.no_grad()
-def _randomise(layers, o, width, gen, dtype):
-    """Fill the learner's weights with seeded values large enough that every mistake shows."""
-    seen = set()
-    for layer, start in list(layers.values()) + [(o, None)]:
-        rows = slice(None) if start is None else slice(start, start + width)
-        fan_in = layer.in_features
-        w = torch.randn(layer.weight[rows].shape, generator=gen, dtype=torch.float64) * 1.6 / math.sqrt(fan_in)
-        layer.weight[rows] = w.to(layer.weight.dtype)
-        if layer.bias is not None and (id(layer), start) not in seen:
-            layer.bias[rows] = (0.3 * torch.randn(layer.bias[rows].shape, generator=gen, dtype=torch.float64)).to(layer.bias.dtype)
-        seen.add((id(layer), start))
+def _check_out_proj(o_name: str, linears: dict, d_model: int, a: int, d_head: int, tried: str) -> None:
+    width = a * d_head
+    o_in, o_out = linears[o_name][:2]
+    if o_in != width:
+        if o_in == d_model:
+            fail("W^O takes d_model inputs, not A·d_head", tried=tried,
+                 got=f"{o_name} = nn.Linear({o_in}, {o_out})",
+                 expected=f"nn.Linear(A·d_head = {a}·{d_head} = {width}, d_model = {d_model})",
+                 cause=f"you sized W^O for d_model = {d_model} inputs, but the concatenated heads have A·d_head = "
+                       f"{width} features (they differ when d_head ≠ d_model / A)",
+                 fix="create out_proj = nn.Linear(n_heads * d_head, d_model)")
+        fail(f"W^O takes {o_in} inputs, not A·d_head = {width}", tried=tried, got=f"{o_name} = nn.Linear({o_in}, {o_out})",
+             expected=f"nn.Linear({width}, {d_model})", fix="create out_proj = nn.Linear(n_heads * d_head, d_model)")
+    if o_out != d_model:
+        fail(f"W^O gives {o_out} outputs, not d_model = {d_model}", tried=tried,
+             got=f"{o_name} = nn.Linear({o_in}, {o_out})", expected=f"nn.Linear({width}, {d_model})",
+             fix="W^O maps the concatenated heads back to d_model: nn.Linear(n_heads * d_head, d_model)")
 
 
-def _params(layers, o, width, d_model):
-    """Plain weight/bias tensors (float64) of W^Q, W^K, W^V, W^O, biases as zeros when absent."""
-    def take(layer, start):
-        rows = slice(None) if start is None else slice(start, start + width)
-        w = layer.weight[rows].detach().to(torch.float64)
-        b = (layer.bias[rows].detach().to(torch.float64) if layer.bias is not None
-             else torch.zeros(w.shape[0], dtype=torch.float64))
-        return w, b
-    p = {name: take(*layers[name]) for name in "qkv"}
-    p["o"] = take(o, None)
-    return p
+def _weights_for(layers: dict, linears: dict, d_model: int, width: int, gen: torch.Generator) -> tuple[dict, dict]:
+    """Seeded W^Q, W^K, W^V, W^O and biases: (float64 values for the oracle, float32 tensors by parameter name)."""
+    P, params = {}, {}
+    for role, fan_in, fan_out in (("q", d_model, width), ("k", d_model, width), ("v", d_model, width), ("o", width, d_model)):
+        w = torch.randn(fan_out, fan_in, generator=gen, dtype=torch.float64) * 1.2 / math.sqrt(fan_in)
+        b = 0.3 * torch.randn(fan_out, generator=gen, dtype=torch.float64)
+        name = layers[role][0]
+        if not linears[name][2]:
+            b = torch.zeros(fan_out, dtype=torch.float64)  # the learner's layer has no bias
+        P[role] = (w.to(torch.float32).to(torch.float64), b.to(torch.float32).to(torch.float64))
+    if layers["fused"]:
+        name = layers["q"][0]
+        params[f"{name}.weight"] = torch.cat([P[r][0] for r in "qkv"]).to(torch.float32)
+        if linears[name][2]:
+            params[f"{name}.bias"] = torch.cat([P[r][1] for r in "qkv"]).to(torch.float32)
+    else:
+        for role in "qkv":
+            name = layers[role][0]
+            params[f"{name}.weight"] = P[role][0].to(torch.float32)
+            if linears[name][2]:
+                params[f"{name}.bias"] = P[role][1].to(torch.float32)
+    name = layers["o"][0]
+    params[f"{name}.weight"] = P["o"][0].to(torch.float32)
+    if linears[name][2]:
+        params[f"{name}.bias"] = P["o"][1].to(torch.float32)
+    return P, params
 
 
-def _forward(p, x, a, *, scale, split="ok", merge="ok", softmax_dim=-1, out_proj=True):
-    """Multi-head attention from plain tensors, optionally with one classic mistake."""
-    b, n, _ = x.shape
+# ============================================================================ the module: oracle and mistakes
+def _multihead(P: dict, x_q: torch.Tensor, x_kv: torch.Tensor | None, mask: torch.Tensor | None, a: int,
+               d_head: int, *, scale: float | None = None, split: str = "ok", merge: str = "ok", dim: int = -1,
+               out_proj: bool = True, mask_mode: str = "ok", kv_source: str = "x_kv", q_source: str = "x_q",
+               v_weights: str = "v", qk_swapped: bool = False, scale_after: float = 0.0, k_source: str | None = None,
+               roles: str = "qkv", returns: str = "weights", v_scale: float = 1.0,
+               post: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head attention from plain float64 tensors, or one classic mistake in it. ``roles`` names the
+    projections used for the queries, keys and values (``"kqv"``: W^K for the queries…); ``returns`` what
+    comes back as the weights (``"scores"``: the scaled scores after masking, ``"raw_scores"``: before)."""
+    x_q = x_q.to(torch.float64)
+    x_kv = x_q if x_kv is None else x_kv.to(torch.float64)
+    sources = {"x_q": x_q, "x_kv": x_kv}
 
-    def lin(name, t):
-        w, bias = p[name]
-        return t @ w.T + bias
+    def lin(role, t):
+        w, b = P[role]
+        return t @ w.T + b
 
-    def do_split(t):
-        d = t.shape[-1] // a
+    def heads(t):
+        b, n, width = t.shape
         if split == "no_transpose":
-            return t.reshape(b, a, n, d)
+            return t.reshape(b, a, n, width // a)
+        if split == "strided":
+            return t.reshape(b, n, width // a, a).permute(0, 3, 1, 2)
         return ref_split(t, a)
 
-    q, k, v = (do_split(lin(name, x)) for name in "qkv")
-    weights = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=softmax_dim)
-    heads = weights @ v  # (B, A, n, d_head)
-    if merge == "no_transpose":
-        cat = heads.reshape(b, n, -1)
-    elif merge == "interleaved":
-        cat = heads.permute(0, 2, 3, 1).reshape(b, n, -1)
+    q_role, k_role, v_role = ("k", "q", roles[2]) if qk_swapped else tuple(roles)
+    q = heads(lin(q_role, sources[q_source]))                     # (B, A, n_q, d_head)
+    k = heads(lin(k_role, sources[k_source or kv_source]))        # (B, A, n_k, d_head)
+    if v_weights == "v_from_x_q":
+        v = heads(lin(v_role, x_q))                               # (B, A, n_q, d_head): the mistake
     else:
-        cat = ref_merge(heads)
-    return (lin("o", cat) if out_proj else cat), weights
-
-
-SCALE_D_MODEL = ("the scores were divided by √d_model; each head's dot product has only d_head terms, so the "
-                 "scale is 1/√d_head.")
-SCALE_NONE = "the scores were not scaled: divide them by √d_head before the softmax."
-SCALE_D_HEAD = "the scores were divided by d_head; divide by √d_head."
-SOFTMAX_AXIS = "the softmax ran over the queries (dim=-2); it must run over the keys (dim=-1)."
-NO_OUT_PROJ = "W^O was not applied: pass the concatenated heads through out_proj."
-
-
-@check("multi-head attention",
-       expects="an nn.Module class MultiHeadAttention(d_model, n_heads, d_head) whose forward(x) returns (out, weights)")
-def check_multi_head_attention(module_cls):
-    gen = torch.Generator().manual_seed(4)
-    # (d_model, A, d_head, B, n, dtype): A·d_head = d_model, ≠ d_model (twice, one GloVe-sized), one position
-    cases = [(12, 3, 4, 2, 5, torch.float32), (10, 3, 4, 2, 4, torch.float32),
-             (50, 3, 16, 1, 6, torch.float32), (8, 2, 4, 3, 1, torch.float32), (12, 4, 3, 2, 4, torch.float64)]
-    compared_with_torch = 0
-    for d_model, a, d_head, b, n, dtype in cases:
-        case = f"d_model={d_model}, n_heads={a}, d_head={d_head}, x of shape {(b, n, d_model)}"
-        if isinstance(module_cls, nn.Module):
-            fail("got a module instance; pass the class itself, `check_multi_head_attention(MultiHeadAttention)`, "
-                 "so that the check can build it with several sizes.")
-        module = call(module_cls, d_model, a, d_head=d_head)
-        if not isinstance(module, nn.Module):
-            fail(f"MultiHeadAttention({d_model}, {a}, d_head={d_head}) gave {describe(module)}; expected an "
-                 "nn.Module (does the class inherit from nn.Module and call super().__init__()?).")
-        layers, o, width = _projections(module, d_model, a, d_head)
-        module = module.to(dtype).eval()
-        _randomise(layers, o, width, gen, dtype)
-        p = _params(layers, o, width, d_model)
-        x = torch.randn(b, n, d_model, generator=gen, dtype=dtype)
-
-        with torch.no_grad():
-            result = call(module, x)
-        if isinstance(result, torch.Tensor) or not isinstance(result, (tuple, list)) or len(result) != 2:
-            fail(f"forward(x) returned {describe(result)}; expected a pair (out, weights): out (B, n, d_model) "
-                 f"and the attention weights (B, A, n, n).")
-        out = as_tensor(result[0], "out (the first value forward returns)")
-        weights = as_tensor(result[1], "weights (the second value forward returns)")
-        if tuple(out.shape) != (b, n, d_model):
-            hint = NO_OUT_PROJ if tuple(out.shape) == (b, n, width) else ""
-            expect_shape(out, (b, n, d_model), f"out ({case})", hint)
-        expect_shape(weights, (b, a, n, n), f"weights ({case})",
-                     "Return the weights of every head, before they are averaged, shaped (B, A, n, n).")
-
-        x64 = x.to(torch.float64)
-        if a * d_head == d_model:  # the independent oracle: PyTorch's own module with the same weights
-            oracle = nn.MultiheadAttention(d_model, a, batch_first=True).to(torch.float64).eval()
-            with torch.no_grad():
-                oracle.in_proj_weight.copy_(torch.cat([p["q"][0], p["k"][0], p["v"][0]]))
-                oracle.in_proj_bias.copy_(torch.cat([p["q"][1], p["k"][1], p["v"][1]]))
-                oracle.out_proj.weight.copy_(p["o"][0])
-                oracle.out_proj.bias.copy_(p["o"][1])
-                want_out, want_w = oracle(x64, x64, x64, average_attn_weights=False)
-            compared_with_torch += 1
+        v = heads(lin(v_role if v_weights == "v" else v_weights, sources[kv_source]))  # (B, A, n_k, d_head)
+    scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(d_head) if scale is None else scale)  # (B, A, n_q, n_k)
+    raw_scores = scores
+    if mask_mode == "causal":  # a causal mask built inside forward, whatever mask was given
+        causal = torch.ones(scores.shape[-2], scores.shape[-1], dtype=torch.bool).tril()
+        mask, mask_mode = causal, "ok"
+    if mask is not None and mask_mode != "ok":
+        full = torch.broadcast_to(mask, scores.shape)
+        if mask_mode == "inverted":
+            weights = masked_softmax(scores, ~full, dim)
+        elif mask_mode == "ignored":
+            weights = torch.softmax(scores, dim)
+        elif mask_mode == "after":
+            weights = torch.softmax(scores, dim) * full
+        elif mask_mode == "nan":
+            weights = torch.softmax(scores.masked_fill(~full, float("-inf")), dim)
+        elif mask_mode == "finite":
+            weights = torch.softmax(scores.masked_fill(~full, -1e9), dim)
+        elif mask_mode == "transposed":
+            weights = masked_softmax(scores, full.transpose(-2, -1), dim)
+        elif mask_mode == "added":
+            weights = torch.softmax(scores + full.to(scores.dtype), dim)
+        elif mask_mode == "zero_fill":
+            weights = torch.softmax(scores.masked_fill(~full, 0.0), dim)
+        elif mask_mode == "heads_batch_mixed":  # a (B·A, …) mask built head-major for batch-major scores
+            B, A = full.shape[:2]
+            weights = masked_softmax(scores, full.transpose(0, 1).reshape(B, A, *full.shape[2:]), dim)
         else:
-            want_out, want_w = _forward(p, x64, a, scale=1 / math.sqrt(d_head))
+            raise ValueError(mask_mode)
+    else:
+        weights = masked_softmax(scores, mask, dim)  # (B, A, n_q, n_k)
+    if mask is not None:
+        scores = scores.masked_fill(~torch.broadcast_to(mask, scores.shape), float("-inf"))
+    if scale_after:
+        weights = weights * scale_after  # the mistake of scaling the weights instead of the scores
+    out_heads = weights @ (v * v_scale)  # (B, A, n_q, d_head)
+    b, _, n, _ = out_heads.shape
+    if merge == "no_transpose":
+        cat = out_heads.reshape(b, n, -1)
+    elif merge == "interleaved":
+        cat = out_heads.permute(0, 2, 3, 1).reshape(b, n, -1)
+    elif merge == "reversed":
+        cat = ref_merge(out_heads.flip(1))
+    else:
+        cat = ref_merge(out_heads)  # (B, n_q, A·d_head)
+    shown = {"weights": weights, "scores": scores, "raw_scores": raw_scores}[returns]
+    out = lin("o", cat) if out_proj else cat
+    if post == "residual":
+        out = out + x_q
+    elif post == "layer_norm":
+        out = torch.nn.functional.layer_norm(out, out.shape[-1:])
+    elif post == "residual_layer_norm":
+        out = torch.nn.functional.layer_norm(out + x_q, out.shape[-1:])
+    return out, shown
 
-        def wrong(**kw):
-            return lambda: _forward(p, x64, a, **{"scale": 1 / math.sqrt(d_head), **kw})
 
-        mistakes = [
-            (SPLIT_NO_TRANSPOSE, wrong(split="no_transpose")),
-            (SCALE_D_MODEL, wrong(scale=1 / math.sqrt(d_model))),
-            (SCALE_NONE, wrong(scale=1.0)),
-            (SCALE_D_HEAD, wrong(scale=1 / d_head)),
-            (SOFTMAX_AXIS, wrong(softmax_dim=-2)),
-            (MERGE_NO_TRANSPOSE, wrong(merge="no_transpose")),
-            (MERGE_INTERLEAVED, wrong(merge="interleaved")),
-            (NO_OUT_PROJ, wrong(out_proj=False)),
+def _fused_per_head(P: dict, a: int, d_head: int) -> dict:
+    """The W^Q, W^K, W^V a learner gets who splits a fused qkv_proj head by head — (B, n, A, 3·d_head), then
+    chunk(3) — instead of into three blocks q | k | v."""
+    w = torch.cat([P[r][0] for r in "qkv"])  # (3·A·d_head, d_model), as the check loads it
+    b = torch.cat([P[r][1] for r in "qkv"])
+    rows = {r: torch.tensor([h * 3 * d_head + i * d_head + j for h in range(a) for j in range(d_head)])
+            for i, r in enumerate("qkv")}
+    return {**P, **{r: (w[rows[r]], b[rows[r]]) for r in "qkv"}}
+
+
+def _oracle(P: dict, x_q, x_kv, mask, a: int, d_head: int, d_model: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(out, weights, whether nn.MultiheadAttention gave them)."""
+    x_q64 = x_q.to(torch.float64)
+    x_kv64 = x_q64 if x_kv is None else x_kv.to(torch.float64)
+    b, n_q, n_k = x_q.shape[0], x_q.shape[1], x_kv64.shape[1]
+    full_row = mask is not None and bool((~torch.broadcast_to(mask, (b, a, n_q, n_k))).all(-1).any())
+    if a * d_head != d_model or full_row:
+        out, w = _multihead(P, x_q, x_kv, mask, a, d_head)
+        return out, w, False
+    torch_mha = nn.MultiheadAttention(d_model, a, batch_first=True, dtype=torch.float64).eval()
+    with torch.no_grad():
+        torch_mha.in_proj_weight.copy_(torch.cat([P[r][0] for r in "qkv"]))
+        torch_mha.in_proj_bias.copy_(torch.cat([P[r][1] for r in "qkv"]))
+        torch_mha.out_proj.weight.copy_(P["o"][0])
+        torch_mha.out_proj.bias.copy_(P["o"][1])
+        out, w = torch_mha(x_q64, x_kv64, x_kv64, attn_mask=torch_masks(mask, batch=b, n_heads=a, n_q=n_q, n_k=n_k),
+                           average_attn_weights=False)
+    return out, w, True
+
+
+_CONCAT_FIX = "concatenate whole heads, head 0 first: transpose to (B, n_q, A, d_head), then reshape"
+_MASK_FIX = "fill the scores where the mask is False with -inf before the softmax, or use masked_softmax(scores, mask)"
+
+
+def _module_mistakes(P, x_q, x_kv, mask, a, d_head, d_model, fused: bool = False) -> list[tuple[Mistake, bool]]:
+    """(mistake, whether it changes the weights) for one case; the output of each is (out, weights)."""
+    def run(P=P, **kw):
+        return lambda: _multihead(P, x_q, x_kv, mask, a, d_head, **kw)
+
+    width = a * d_head
+    items = [
+        (Mistake("heads split without a transpose", "you reshaped the projections straight to (B, A, n, d_head), so "
+                 "each head mixes several positions (heads mixed with positions)",
+                 "reshape to (B, n, A, d_head), then .transpose(1, 2)", run(split="no_transpose")), True),
+        (Mistake("features split in the wrong order", "you reshaped the last axis as (d_head, A), so head h got every "
+                 "A-th feature instead of a block of d_head", "reshape the last axis as (A, d_head)",
+                 run(split="strided")), True),
+        (Mistake("scaled by √d_model, not √d_head", "you divided the scores by √d_model" +
+                 (" (here also √(A·d_head), the width of all heads together)" if width == d_model else "") +
+                 "; each head's dot product has only d_head terms", "divide by math.sqrt(d_head)",
+                 run(scale=1 / math.sqrt(d_model))), True),
+        (Mistake("scores not scaled", "you did not divide the scores by √d_head", "divide q @ kᵀ by math.sqrt(d_head)",
+                 run(scale=1.0)), True),
+        (Mistake("divided by d_head instead of √d_head", "you divided the scores by d_head", "divide by math.sqrt(d_head)",
+                 run(scale=1 / d_head)), True),
+        (Mistake("multiplied by √d_head", "you multiplied the scores by √d_head", "divide by math.sqrt(d_head)",
+                 run(scale=math.sqrt(d_head))), True),
+        (Mistake("softmax over the queries", "you took the softmax over axis -2 (the queries)",
+                 "take it over the keys, dim=-1: each query's row of weights sums to 1", run(dim=-2)), True),
+        (Mistake("softmax over the heads", "you took the softmax over axis 1, the heads of (B, A, n_q, n_k)",
+                 "take it over the keys, dim=-1", run(dim=1)), True),
+        (Mistake("softmax over the batch", "you took the softmax over axis 0, the batch of (B, A, n_q, n_k)",
+                 "take it over the keys, dim=-1", run(dim=0)), True),
+        (Mistake("weights scaled instead of the scores", "you divided the weights by √d_head after the softmax, so "
+                 "the rows sum to 1/√d_head", "divide the scores q @ kᵀ by √d_head before the softmax",
+                 run(scale=1.0, scale_after=1 / math.sqrt(d_head))), True),
+        (Mistake("weights scaled instead of the scores", "you divided the weights by √d_head after the softmax, so "
+                 "the rows sum to 1/√d_head", "divide the scores q @ kᵀ by √d_head before the softmax",
+                 run(scale_after=1 / math.sqrt(d_head))), True),
+        *([] if fused else [  # with a fused qkv_proj this is its split order, named below
+            (Mistake("queries and keys swapped", "your scores are k·qᵀ instead of q·kᵀ (W^K used for the queries and "
+                     "W^Q for the keys, or k @ q.transpose(-2, -1))", "q = q_proj(x_q), k = k_proj(x_kv), scores = "
+                     "q @ k.transpose(-2, -1)", run(qk_swapped=True)), True)]),
+        (Mistake("values projected with W^K", "you computed the values with k_proj instead of v_proj",
+                 "v = v_proj(x_kv)", run(v_weights="k")), False),
+        (Mistake("heads merged without a transpose", "you reshaped (B, A, n_q, d_head) straight to (B, n_q, A·d_head), so "
+                 "each output row mixes several positions (heads mixed with positions)", _CONCAT_FIX,
+                 run(merge="no_transpose")), False),
+        (Mistake("wrong concat order: features interleaved", "you concatenated feature by feature, ordered (d_head, A), "
+                 "instead of head by head", _CONCAT_FIX, run(merge="interleaved")), False),
+        (Mistake("wrong concat order: last head first", "you concatenated the heads in reverse order", _CONCAT_FIX,
+                 run(merge="reversed")), False),
+        (Mistake("W^O not applied", "you returned the concatenated heads without passing them through out_proj",
+                 "return self.out_proj(concatenated heads)", run(out_proj=False)), False),
+        (Mistake("values scaled instead of the scores", "you divided the values (or the heads' outputs) by √d_head; "
+                 "the scaling belongs to the scores q·kᵀ, before the softmax",
+                 "scale only the scores: (q @ k.transpose(-2, -1)) / math.sqrt(d_head)",
+                 run(v_scale=1 / math.sqrt(d_head))), False),
+        (Mistake("residual added inside attention", "your out is the attention output plus x_q: the residual connection "
+                 "belongs to the transformer block around attention, not to attention itself",
+                 "return out_proj(concatenated heads) without adding x_q", run(post="residual")), False),
+        (Mistake("layer norm inside attention", "you applied a layer norm to out: normalisation belongs to the "
+                 "transformer block around attention, not to attention itself", "return out_proj(concatenated heads) "
+                 "as it is", run(post="layer_norm")), False),
+        (Mistake("residual and layer norm inside attention", "your out is layer_norm(attention output + x_q), a whole "
+                 "post-norm sub-layer: the residual and the norm belong to the transformer block around attention",
+                 "return out_proj(concatenated heads) as it is", run(post="residual_layer_norm")), False),
+    ]
+    items += [
+        (Mistake("queries projected with W^K", "you computed the queries with k_proj instead of q_proj",
+                 "q = q_proj(x_q)", run(roles="kkv")), True),
+        (Mistake("keys projected with W^Q", "you computed the keys with q_proj instead of k_proj",
+                 "k = k_proj(x_kv)", run(roles="qqv")), True),
+        (Mistake("scores returned as the weights", "you returned the scaled scores q·kᵀ/√d_head, not their softmax",
+                 "return the weights, softmax(scores) over the keys", run(returns="scores")), True),
+        (Mistake("scores returned as the weights", "you returned the scaled scores q·kᵀ/√d_head, not their softmax",
+                 "return the weights, softmax(scores) over the keys", run(returns="raw_scores")), True),
+        (Mistake("scores returned as the weights", "you returned the scores q·kᵀ (not even scaled), not their softmax",
+                 "return the weights, softmax(q·kᵀ/√d_head) over the keys", run(returns="raw_scores", scale=1.0)), True),
+    ]
+    items.append((Mistake("always causal", "you applied a causal mask (each query sees itself and the keys before it) "
+                          "whatever the mask argument says" + (" — here none was given" if mask is None else ""),
+                          "use the mask you are given (None: every key allowed); a causal mask is the caller's choice",
+                          run(mask_mode="causal")), True))
+    if abs(d_model / a - d_head) > 1e-9:
+        items.append((Mistake("scaled by √(d_model / A), not √d_head", f"you divided the scores by √(d_model / n_heads) "
+                              f"= √{d_model / a:g}; each head's dot product has d_head = {d_head} terms (d_head is "
+                              "given, or rounded up, so it need not be d_model / A)", "divide by math.sqrt(d_head)",
+                              run(scale=1 / math.sqrt(d_model / a))), True))
+    if fused:
+        names = {"kqv": "k, q, v", "qvk": "q, v, k", "vkq": "v, k, q", "kvq": "k, v, q", "vqk": "v, q, k"}
+        for order, said in names.items():
+            items.append((Mistake(f"qkv_proj split in the order {said}", f"you took qkv_proj's three blocks in the order "
+                                  f"{said}; the docstring orders them q, k, v", "q, k, v = qkv.split(n_heads * d_head, "
+                                  "dim=-1), in that order", run(roles=order)), True))
+        items.append((Mistake("qkv_proj split head by head", "you reshaped qkv_proj's output to (…, A, 3·d_head) and "
+                              "split each head's piece into q, k, v; the docstring's qkv_proj holds three blocks side by "
+                              "side, all of q, then all of k, then all of v", "split first, into three blocks of "
+                              "n_heads·d_head (qkv.split(n_heads * d_head, dim=-1)), then split each into heads",
+                              run(P=_fused_per_head(P, a, d_head))), True))
+    if width != d_model:
+        items.append((Mistake("scaled by √(A·d_head)", "you divided the scores by √(A·d_head), the width of all heads "
+                              "together", "divide by math.sqrt(d_head), one head's width",
+                              run(scale=1 / math.sqrt(width))), True))
+    if x_kv is not None:
+        items += [
+            (Mistake("x_kv ignored: keys and values from x_q", "you computed the keys and values from x_q, so this is "
+                     "self-attention even when x_kv is given", "k = k_proj(x_kv), v = v_proj(x_kv); use x_q only when "
+                     "x_kv is None", run(kv_source="x_q")), True),
+            (Mistake("values from x_q in cross-attention", "you computed the keys from x_kv but the values from x_q",
+                     "v = v_proj(x_kv)", run(v_weights="v_from_x_q")), False),
+            (Mistake("keys from x_q in cross-attention", "you computed the values from x_kv but the keys from x_q",
+                     "k = k_proj(x_kv)", run(k_source="x_q")), True),
+            (Mistake("queries from x_kv in cross-attention", "you computed the queries from x_kv; they come from x_q "
+                     "(the keys and values from x_kv)", "q = q_proj(x_q)", run(q_source="x_kv")), True),
+            (Mistake("x_q and x_kv swapped", "you took the queries from x_kv and the keys and values from x_q",
+                     "queries come from x_q, keys and values from x_kv", run(q_source="x_kv", kv_source="x_q")), True),
         ]
-        weight_pitfalls = [(msg, (lambda f=f: f()[1])) for msg, f in mistakes[:5]]
-        out_pitfalls = [(msg, (lambda f=f: f()[0])) for msg, f in mistakes]
-        tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-9, rtol=1e-7)
-        expect_close(weights, want_w, "the attention weights", case=case, pitfalls=weight_pitfalls, **tol)
-        expect_close(out, want_out, "out", case=case, pitfalls=out_pitfalls, **tol)
-    return (f"matches nn.MultiheadAttention on {compared_with_torch} cases (weights copied) and the reference "
-            f"on {len(cases) - compared_with_torch} with A·d_head ≠ d_model")
+    if mask is not None:
+        items += [
+            (Mistake("mask polarity inverted", "you blocked the positions where the mask is True; in this course (as in "
+                     "F.scaled_dot_product_attention) True means 'may attend' — nn.MultiheadAttention's masks are the "
+                     "ones where True means blocked", "fill the scores where the mask is False: "
+                     "scores.masked_fill(~mask, float('-inf'))", run(mask_mode="inverted")), True),
+            (Mistake("mask ignored", "you did not use the mask, so blocked keys still get weight", _MASK_FIX,
+                     run(mask_mode="ignored")), True),
+            (Mistake("mask applied after the softmax", "you zeroed the weights after the softmax, so the rows no longer "
+                     "sum to 1", "mask the scores before the softmax", run(mask_mode="after")), True),
+            (Mistake("mask transposed", "you applied the mask with its rows and columns swapped (rows are queries, "
+                     "columns keys)", "use mask[..., i, j] for query i and key j, as given",
+                     run(mask_mode="transposed")), True),
+            (Mistake("blocked scores set to 0", "you filled the blocked scores with 0 instead of -inf, so blocked keys "
+                     "still get weight (e^0 = 1 against the others)", _MASK_FIX, run(mask_mode="zero_fill")), True),
+            (Mistake("bool mask added to the scores", "you added the boolean mask to the scores: True counts as +1, "
+                     "which blocks nothing", _MASK_FIX, run(mask_mode="added")), True),
+            (Mistake("mask matched to the wrong batch entries and heads", "you flattened the mask to (B·A, n_q, n_k) head "
+                     "by head while the scores are flattened batch entry by batch entry (repeat vs repeat_interleave)",
+                     "let the mask broadcast: a (B, 1, n_q, n_k) mask against (B, A, n_q, n_k) scores needs no reshaping",
+                     run(mask_mode="heads_batch_mixed")), True),
+            (Mistake("NaN on a fully masked row", "a query whose keys are all blocked got softmax of -inf everywhere, "
+                     "which is 0/0 = NaN", "the course's rule gives such a row zero weights: use "
+                     "masked_softmax(scores, mask) from attn_course.softmax", run(mask_mode="nan")), True),
+            (Mistake("uniform weights on a fully masked row", "you filled blocked scores with a finite number, so a "
+                     "query whose keys are all blocked spreads its weight evenly over them",
+                     "the course's rule gives such a row zero weights: use masked_softmax(scores, mask) from "
+                     "attn_course.softmax (or fill with -inf and zero the rows that are all -inf)",
+                     run(mask_mode="finite")), True),
+        ]
+    return items
+
+
+# ============================================================================ the module: cases
+def _cases() -> list[dict]:
+    from ..masks import causal_mask
+
+    g = torch.Generator().manual_seed(11)
+    lengths = torch.tensor([6, 3])
+    key_padding = (torch.arange(6) < lengths[:, None])[:, None, None, :]  # (2, 1, 1, 6)
+    decoder = causal_mask(5) & (torch.arange(5) < torch.tensor([5, 2])[:, None])[:, None, None, :]  # (2, 1, 5, 5)
+    per_head = torch.rand(2, 3, 4, 6, generator=g) < 0.5  # (B, A, n_q, n_k)
+    per_head[..., 0] = True  # no fully masked row here
+    per_head[1, :, :, 0] = False
+    per_head[1, :, :, 5] = True
+    fully = torch.ones(2, 1, 4, 4, dtype=torch.bool)  # (B, 1, n_q, n_k)
+    fully[1, 0, 2] = False  # query 2 of sequence 1 may attend to nothing
+    fully[0, 0, :, 3] = False
+    return [
+        dict(name="self-attention, d_model = 15, 3 heads of 5", d=15, a=3, h=5, b=2, n=7),
+        dict(name="A·d_head ≠ d_model: d_model = 10, 3 heads of 4", d=10, a=3, h=4, b=2, n=4),
+        dict(name="A·d_head ≠ d_model: d_model = 6, 2 heads of 5", d=6, a=2, h=5, b=2, n=3),
+        dict(name="default d_head: MultiHeadAttention(16, 4), heads of 16 / 4 = 4", d=16, a=4, h=None, b=1, n=6),
+        dict(name="default d_head when 4 heads do not divide d_model = 10: ⌈10 / 4⌉ = 3", d=10, a=4, h=None, b=2, n=3),
+        dict(name="one head and one position", d=4, a=1, h=4, b=3, n=1),
+        dict(name="6 heads of width 1", d=6, a=6, h=1, b=2, n=4),
+        dict(name="a causal mask (5, 5)", d=12, a=3, h=4, b=2, n=5, mask=causal_mask(5)),
+        dict(name="cross-attention, x_kv another sequence of the same length", d=10, a=2, h=4, b=2, n=5, m=5),
+        dict(name="cross-attention, x_kv with n_k = 7 keys for n_q = 4 queries", d=12, a=2, h=6, b=2, n=4, m=7),
+        dict(name="cross-attention with a key-padding mask (2, 1, 1, 6)", d=12, a=3, h=4, b=2, n=3, m=6, mask=key_padding),
+        dict(name="a decoder mask (2, 1, 5, 5): causal and padding", d=8, a=2, h=4, b=2, n=5, mask=decoder),
+        dict(name="a different mask per head (2, 3, 4, 6), cross-attention", d=9, a=3, h=3, b=2, n=4, m=6, mask=per_head),
+        dict(name="a fully masked row (query 2 of sequence 1 may attend to nothing)", d=8, a=2, h=4, b=2, n=4,
+             mask=fully),
+    ]
+
+
+def _describe(case: dict) -> str:
+    b, n, d = case["b"], case["n"], case["d"]
+    call = f"MultiHeadAttention({d}, {case['a']}{', ' + str(case['h']) if case['h'] is not None else ''})"
+    args = f"x_q {(b, n, d)}" + (f", x_kv {(b, case['m'], d)}" if case.get("m") else ", x_kv=None")
+    if case.get("mask") is not None:
+        args += f", mask {tuple(case['mask'].shape)}"
+    return f"{call} then forward({args}) — {case['name']}"
+
+
+def _unpack(result, tried: str, b: int, a: int, n_q: int, n_k: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    expected = f"a pair (out, weights): out {(b, n_q, d)}, weights {(b, a, n_q, n_k)}"
+    if isinstance(result, torch.Tensor):
+        fail("forward returned one tensor, not (out, weights)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
+             expected=expected, fix="end forward with `return self.out_proj(...), weights`")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        got = f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list)) else type(result).__name__
+        fail("forward did not return (out, weights)", tried=tried, got=got, expected=expected,
+             fix="end forward with `return out, weights`")
+    first, second = result
+    shape = lambda t: tuple(t.shape) if isinstance(t, (torch.Tensor, np.ndarray)) else None  # noqa: E731
+    if shape(first) == (b, a, n_q, n_k) and shape(second) == (b, n_q, d):
+        fail("forward returned (weights, out), not (out, weights)", tried=tried,
+             got=f"first a tensor of shape {(b, a, n_q, n_k)} (the weights), then one of shape {(b, n_q, d)} (out)",
+             expected=expected, cause="you returned the two results in the opposite order",
+             fix="end forward with `return out, weights`")
+    return (as_tensor(first, tried=tried, what="out (the first value forward returns)"),
+            as_tensor(second, tried=tried, what="the weights (the second value forward returns)"))
+
+
+def _forward_accepts_three(info: dict) -> bool:
+    sig = info.get("forward_signature") or []
+    if any(p["kind"] == "VAR_POSITIONAL" for p in sig):
+        return True
+    return len([p for p in sig if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]) >= 3
+
+
+@check("MultiHeadAttention", kind="class",
+       expects="an nn.Module class MultiHeadAttention(d_model, n_heads, d_head=None) whose forward(x_q, x_kv=None, "
+               "mask=None) returns (out, weights)")
+def check_MultiHeadAttention(cls: Learner) -> str:
+    info = cls.inspect()
+    if not info.get("module_class"):
+        fail("MultiHeadAttention is not an nn.Module", tried="checking the class MultiHeadAttention",
+             got=f"a class with bases {', '.join(info.get('bases') or []) or 'object'}",
+             expected="a subclass of nn.Module", fix="define `class MultiHeadAttention(nn.Module):` and call "
+             "super().__init__() first in __init__")
+    gen = torch.Generator().manual_seed(4)
+    evidence = _Evidence()
+    with_torch = 0
+    cases = _cases()
+    for case in cases:
+        d, a, b, n = case["d"], case["a"], case["b"], case["n"]
+        d_head = case["h"] if case["h"] is not None else -(-d // a)
+        m = case.get("m")
+        n_k = m or n
+        mask = case.get("mask")
+        tried = _describe(case)
+        try:
+            module = cls.construct(d, a, case["h"]) if case["h"] is not None else cls.construct(d, a)
+        except LearnerRaised as exc:
+            hint = {}
+            if d % a and exc.type_name in ("AssertionError", "ValueError"):
+                hint = dict(cause=f"your __init__ refuses d_model = {d} with {a} heads; with d_head given (or its "
+                                  "default ⌈d_model / n_heads⌉) A need not divide d_model",
+                            fix="drop the divisibility requirement: W^Q maps d_model → n_heads·d_head, W^O maps it back")
+            raise Failure(learner_error(exc, tried=tried, expected="a module", **hint)) from None
+        minfo = module.inspect()
+        if minfo.get("kind") != "module":
+            fail("MultiHeadAttention(...) is not an nn.Module", tried=tried, got=str(minfo.get("type")),
+                 expected="an nn.Module", fix="define `class MultiHeadAttention(nn.Module):`")
+        module.method("eval")()  # a deterministic forward: dropout, if the learner added any, off
+        layers = _layers(minfo, d, a, d_head, tried)
+        linears = {name: spec for name, kind, spec in minfo.get("modules", []) if spec is not None}
+        P, params = _weights_for(layers, linears, d, a * d_head, gen)
+        try:
+            module.set_parameters(params)
+        except LearnerRaised as exc:
+            raise Failure(learner_error(exc, tried=f"loading weights into {tried}", expected="nn.Linear layers")) from None
+        x_q = torch.randn(b, n, d, generator=gen)
+        x_kv = torch.randn(b, m, d, generator=gen) if m else None
+        if (m or mask is not None) and not _forward_accepts_three(minfo):
+            fail("forward does not take (x_q, x_kv=None, mask=None)", tried=tried,
+                 got=f"forward({', '.join(p['name'] for p in minfo.get('forward_signature') or [])})",
+                 expected="forward(x_q, x_kv=None, mask=None)",
+                 fix="add the parameters x_kv=None (keys and values from x_q when None) and mask=None")
+        args = (x_q,) if m is None and mask is None else (x_q, x_kv) if mask is None else (x_q, x_kv, mask)
+        try:
+            result = module(*args)
+        except LearnerRaised as exc:
+            hint = {}
+            shapeish = any(w in exc.message for w in ("size", "shape", "dimension", "broadcast", "match"))
+            if mask is not None and shapeish:
+                hint = dict(cause=f"the same module ran without a mask; with the mask {tuple(mask.shape)} it fails, so "
+                                  "the mask does not broadcast against the scores (B, A, n_q, n_k): adding an axis "
+                                  "(unsqueeze) or reshaping it moves its axes",
+                            fix="use the mask as it is: (n_q, n_k), (B, 1, n_q, n_k), (B, 1, 1, n_k) and "
+                                "(B, A, n_q, n_k) all broadcast against (B, A, n_q, n_k)")
+            elif m is not None and m != n and shapeish:
+                hint = dict(cause=f"with x_kv of {m} positions and x_q of {n}, your code mixes the two lengths: keys "
+                                  "and values come from x_kv (n_k rows), queries from x_q (n_q rows)",
+                            fix="k = k_proj(x_kv), v = v_proj(x_kv); reshape each with its own length")
+            elif _bool_hint(exc):
+                hint = _bool_hint(exc)
+            elif a * d_head != d and shapeish:
+                hint = dict(cause="your forward assumes A·d_head = d_model somewhere (a reshape to d_model, or "
+                                  "d_model // n_heads as the head width)",
+                            fix="reshape with n_heads and d_head, and merge to n_heads·d_head features")
+            raise Failure(learner_error(exc, tried=tried, expected="(out, weights)", **hint)) from None
+        out, weights = _unpack(result, tried, b, a, n, n_k, d)
+        want_out, want_w, by_torch = _oracle(P, x_q, x_kv, mask, a, d_head, d)
+        with_torch += by_torch
+        mistakes = [(mk, changes, _memo(mk.output))
+                    for mk, changes in _module_mistakes(P, x_q, x_kv, mask, a, d_head, d, fused=layers["fused"])]
+
+        def part(index: int, only_weights: bool = False, consistent: bool = False) -> list[Mistake]:
+            """The mistakes' outputs number ``index``; ``consistent``: only mistakes whose weights are the learner's
+            (a mistake explains an answer only if it reproduces everything the answer returned)."""
+            def value(pair):
+                if consistent and not same(pair()[1], weights, atol=2e-5, rtol=1e-4):
+                    return None
+                return pair()[index]
+            return evidence.possible([Mistake(mk.summary, mk.cause, mk.fix, lambda pair=pair: value(pair))
+                                      for mk, changes, pair in mistakes if changes or not only_weights])
+
+        averaged = Mistake("weights averaged over the heads", "you returned one (n_q, n_k) matrix per batch entry, the "
+                           "mean over heads (nn.MultiheadAttention's default)",
+                           "return every head's weights, shaped (B, A, n_q, n_k)", want_w.mean(1))
+        w_mistakes = part(1, True)
+        hits = matching_mistakes(weights, w_mistakes, atol=2e-5, rtol=1e-4)
+        if len({m.summary for m in hits}) > 1:  # several mistakes give these weights: out may tell them apart
+            both = {m.summary for m in hits} & {m.summary for m in matching_mistakes(out, part(0), atol=2e-5, rtol=1e-4)}
+            w_mistakes = [m for m in w_mistakes if m.summary in both] if both else w_mistakes
+        try:
+            expect_shape(weights, want_w.shape, tried=tried, what="the weights", mistakes=[averaged, *w_mistakes],
+                         fix="return the weights of every head, shaped (B, A, n_q, n_k)")
+            expect_close(weights, want_w, tried=tried, what="the weights", atol=2e-5, rtol=1e-4, mistakes=w_mistakes)
+            expect_shape(out, want_out.shape, tried=tried, what="out", mistakes=part(0, consistent=True),
+                         fix="out has one row per query and d_model features: (B, n_q, d_model)")
+            expect_close(out, want_out, tried=tried, what="out", atol=2e-5, rtol=1e-4, mistakes=part(0, consistent=True))
+        except Failure as failure:
+            _explain_mismatch(failure, module, args, result, out, weights, want_out, want_w, mask, tried,
+                              model=(P, x_q, x_kv, a, d_head))
+            if layers["guessed"] and not failure.diagnosis.cause:
+                failure.diagnosis.cause = (f"your four nn.Linear layers ({', '.join(linears)}) have no names that say "
+                                           "which is which, so the check took them in the order they were created as "
+                                           "W^Q, W^K, W^V, W^O")
+                failure.diagnosis.fix = ("name them q_proj, k_proj, v_proj and out_proj as the docstring says (or create "
+                                         "them in that order); then compare your steps with the docstring")
+            raise
+        evidence.passed(part(1, True), want_w, atol=2e-5, rtol=1e-4)
+        evidence.passed([m for m in part(0) if m.summary not in {n.summary for n in part(1, True)}], want_out,
+                        atol=2e-5, rtol=1e-4)
+        if case is cases[0]:
+            _expect_gradient(module, P, x_q, a, d_head, tried, gen)
+    return (f"matches nn.MultiheadAttention on {with_torch} cases (weights copied) and the float64 reference on "
+            f"{len(cases) - with_torch} (A·d_head ≠ d_model, a fully masked row): self-, causal and cross-attention, "
+            "masks of four shapes")
+
+
+def _explain_mismatch(failure: Failure, module: Learner, args: tuple, result, out: torch.Tensor,
+                      weights: torch.Tensor, want_out: torch.Tensor, want_w: torch.Tensor, mask, tried: str, *,
+                      model: tuple) -> None:
+    """Add what the evidence says to a mismatch no known mistake explains: the right values reordered or mapped,
+    another scale of the scores, weight rows that do not sum to 1 or ignore the mask, out off by one vector,
+    randomness (a second identical call gives other numbers), a difference confined to fully masked queries."""
+    d = failure.diagnosis
+    if d.cause:
+        return
+    P, x_q, x_kv, a, d_head = model
+    try:
+        again = module(*args)
+    except (LearnerRaised, LearnerTimedOut):
+        again = None
+    if isinstance(again, (tuple, list)) and len(again) == 2 and all(isinstance(t, torch.Tensor) for t in again) \
+            and not all(isinstance(t, torch.Tensor) and t.shape == u.shape and torch.equal(t, u)
+                        for t, u in zip(again, result)):
+        fail("different results for the same input", tried=tried + ", twice",
+             got="two calls with the same input, in eval() mode, gave different numbers", expected="the same result",
+             cause="something random runs in forward even in eval() mode: dropout that ignores self.training "
+                   "(F.dropout(w, p) drops by default, training=True) or random numbers drawn in forward",
+             fix="use an nn.Dropout layer (eval() turns it off) or F.dropout(w, p, training=self.training)")
+    weights_ok = tuple(weights.shape) == tuple(want_w.shape) and same(weights, want_w, atol=2e-5, rtol=1e-4)
+    if weights_ok and tuple(out.shape) == tuple(want_out.shape):
+        if _probe_mismatch(failure, out, want_out, ["batch entries", "queries", "features"], atol=2e-5, rtol=1e-4):
+            return
+        diff = (out.to(torch.float64) - want_out).flatten(0, -2)  # (B·n_q, d_model)
+        if diff.shape[0] > 1 and same(diff, diff[:1].expand_as(diff), atol=2e-5, rtol=1e-4):
+            bias = P["o"][1]
+            if same(diff[0], -bias, atol=2e-5, rtol=1e-4):
+                d.summary, d.cause = "out_proj's bias not added", ("your out is the expected one minus out_proj's bias "
+                                                                  "at every position: W^O was applied without its bias")
+            elif same(diff[0], bias, atol=2e-5, rtol=1e-4):
+                d.summary, d.cause = "out_proj's bias added twice", ("your out is the expected one plus out_proj's "
+                                                                    "bias at every position")
+            else:
+                d.summary, d.cause = "out off by one vector at every position", (
+                    "your out differs from the expected one by the same vector at every batch entry and query: a "
+                    "constant (a bias) added or missing")
+            return
+    elif tuple(weights.shape) == tuple(want_w.shape) and weights.is_floating_point():
+        if _probe_mismatch(failure, weights, want_w, ["batch entries", "heads", "queries", "keys"], atol=2e-5, rtol=1e-4):
+            d.summary = f"weights: {d.summary}"
+            return
+        scale = _fitted_scale(P, x_q, x_kv, mask, a, d_head, weights)
+        if scale is not None:
+            named = {"1/(2·√d_head)": 1 / (2 * math.sqrt(d_head)), "1/√n_heads": 1 / math.sqrt(a),
+                     "1/(n_heads·√d_head)": 1 / (a * math.sqrt(d_head)), "1/d_head²": 1 / d_head ** 2,
+                     "2/√d_head": 2 / math.sqrt(d_head), "−1/√d_head": -1 / math.sqrt(d_head)}
+            name = next((k for k, v in named.items() if abs(scale - v) <= 1e-3 * abs(v)), "")
+            d.summary = f"scores multiplied by {name or fmt(scale)}, not 1/√d_head"
+            d.cause = (f"your weights are the softmax of q·kᵀ × {fmt(scale)} (= 1/{fmt(1 / scale)}"
+                       + (f", that is {name}" if name else "") + f"); the scale is 1/√d_head = 1/{fmt(math.sqrt(d_head))}")
+            d.fix = "divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_head), once"
+            return
+        if _weights_properties(failure, weights, want_w, mask):
+            return
+    if mask is None:
+        return
+    full = torch.broadcast_to(mask, want_w.shape)  # (B, A, n_q, n_k)
+    empty = ~full.any(-1)  # (B, A, n_q): queries that may attend to nothing
+    if not empty.any():
+        return
+    for got, want, rows, what in ((weights, want_w, empty, "weights"), (out, want_out, empty.all(1), "out")):
+        if tuple(got.shape) != tuple(want.shape) or same(got, want, atol=2e-5, rtol=1e-4):
+            continue
+        bad = ~torch.isclose(got.to(torch.float64), want, atol=2e-5, rtol=1e-4, equal_nan=True)
+        bad_rows = bad.any(-1)
+        if bad_rows.any() and not (bad_rows & ~rows).any():
+            d.summary = f"{what} wrong only for the queries that may attend to nothing"
+            d.cause = (f"your {what} {'differ' if what == 'weights' else 'differs'} only for the queries that may attend to nothing (every key masked): their "
+                       "weights are all 0, so their heads give zero vectors and their out is out_proj(0), the bias")
+            d.fix = ("for a fully masked row, return zero weights (masked_softmax(scores, mask) does) and let out_proj "
+                     "map the zero vector as it maps any other")
+            return
+
+
+def _fitted_scale(P: dict, x_q, x_kv, mask, a: int, d_head: int, weights: torch.Tensor) -> float | None:
+    """The factor c for which the learner's weights are masked_softmax(c·q·kᵀ), when there is one."""
+    raw = _multihead(P, x_q, x_kv, None, a, d_head, scale=1.0, returns="raw_scores")[1]  # (B, A, n_q, n_k)
+    w = weights.detach().to(torch.float64)
+    allowed = torch.ones_like(raw, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, raw.shape)
+    ok = allowed & (w > 0)
+    count = ok.sum(-1, keepdim=True).clamp(min=1)
+    log_w = torch.where(ok, w.clamp(min=1e-300).log(), 0.0)
+    r = torch.where(ok, raw, 0.0)
+    log_w = torch.where(ok, log_w - log_w.sum(-1, keepdim=True) / count, 0.0)
+    r = torch.where(ok, r - r.sum(-1, keepdim=True) / count, 0.0)
+    den = float((r * r).sum())
+    if den < 1e-12:
+        return None
+    c = float((log_w * r).sum()) / den
+    if not math.isfinite(c) or abs(c) < 1e-6 or abs(c * math.sqrt(d_head) - 1) < 1e-4:
+        return None
+    return c if same(w, _multihead(P, x_q, x_kv, mask, a, d_head, scale=c)[1], atol=2e-5, rtol=1e-4) else None
+
+
+def _weights_properties(failure: Failure, weights: torch.Tensor, want_w: torch.Tensor, mask) -> bool:
+    """Properties every right answer's weights have: rows that sum to 1 (0 for a fully masked row), no weight on
+    a blocked key, weight on every allowed key. Names the first one the learner's weights break."""
+    d = failure.diagnosis
+    w = weights.detach().to(torch.float64)
+    full = torch.ones_like(w, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, w.shape)
+    leak = (w.abs() > 1e-6) & ~full
+    if leak.any():
+        where = tuple(int(i) for i in leak.nonzero()[0])
+        d.summary = "weight on blocked keys"
+        d.cause = (f"your weights put {fmt(float(w[where]))} on entry {where} (batch, head, query, key), which the mask "
+                   "blocks (False = may not attend)")
+        return True
+    missing = (w.abs() <= 1e-12) & full & (want_w > 1e-6)
+    if missing.any():
+        where = tuple(int(i) for i in missing.nonzero()[0])
+        d.summary = "zero weight on keys the mask allows"
+        d.cause = (f"your weights are exactly 0 at entry {where} (batch, head, query, key), which "
+                   + ("no mask blocks" if mask is None else "the mask allows")
+                   + "; a softmax over the allowed keys is never exactly 0 on one of them")
+        return True
+    live = full.any(-1)  # rows with at least one allowed key
+    sums = w.sum(-1)[live]
+    if sums.numel() and torch.isfinite(sums).all() and float((sums - 1).abs().max()) > 1e-3:
+        lo, hi = float(sums.min()), float(sums.max())
+        d.summary = "weight rows do not sum to 1"
+        d.cause = ("each query's weights are a distribution over its keys and sum to 1; yours sum to "
+                   + (f"{fmt(lo)}" if hi - lo < 1e-6 else f"between {fmt(lo)} and {fmt(hi)}"))
+        return True
+    return False
+
+
+def _expect_gradient(module: Learner, P: dict, x_q: torch.Tensor, a: int, d_head: int, tried: str,
+                     gen: torch.Generator) -> None:
+    """out must be differentiable: gradients reach x_q (and so the projections), as autograd gives them."""
+    upstream = torch.randn(*x_q.shape[:-1], P["o"][0].shape[0], generator=gen)
+    x = x_q.to(torch.float64).requires_grad_(True)
+    (want,) = torch.autograd.grad((_multihead(P, x, None, None, a, d_head)[0] * upstream).sum(), x)
+    tried = f"{tried}, then out.backward(g): the gradient with respect to x_q"
+    try:
+        _, grads = module.vjp((x_q,), upstream, wrt=(0,), index=0)
+    except (LearnerRaised, LearnerTimedOut) as exc:
+        raise Failure(learner_error(exc, tried=tried, expected="a gradient for x_q")) from None
+    got = grads[0] if isinstance(grads, tuple) and grads else None
+    if not isinstance(got, torch.Tensor):
+        fail("no gradient flows back through out", tried=tried, got="out does not depend on x_q through autograd",
+             expected=f"a gradient of shape {tuple(x_q.shape)}",
+             cause="forward cut the autograd graph: .detach(), torch.no_grad(), .item()/.tolist() or a NumPy round trip, "
+                   "so W^Q, W^K, W^V, W^O could never be trained",
+             fix="compute out with torch operations only, without detaching it")
+    expect_close(got, want, tried=tried, what="the gradient", atol=1e-4, rtol=1e-3)
+
+
+def _memo(fn):
+    cache: dict = {}
+
+    def value():
+        if "v" not in cache:
+            try:
+                cache["v"] = fn()
+            except Exception:  # noqa: BLE001 - this mistake cannot happen on this case
+                cache["v"] = (None, None)
+        return cache["v"]
+
+    return value

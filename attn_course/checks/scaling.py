@@ -1,162 +1,684 @@
 """Checks for notebook 02 (why divide by √d_k).
 
-``check_mc_score_variance`` judges a Monte-Carlo estimate statistically: the learner's sampling is
-seeded through the ``generator`` argument, and each estimate must land within five standard errors
-of the theory σ⁴·d_k (the standard error of a sample variance, :func:`attn_course.scaling.mc_standard_error`).
-A correct estimator then fails with probability below 10⁻⁵ per check, while the usual mistakes —
-which change the answer by a factor of d_k, σ² or more — are rejected every time and named by
-comparing all the estimates with what each mistake would give.
+``check_mc_score_variance`` judges a Monte-Carlo estimate statistically. The learner's function is
+called with a seeded ``torch.Generator`` (built in the learner's process by a probe, which also
+reports whether the generator was drawn from), for five settings of (d_k, sigma, n_samples) that
+differ in every argument. Each estimate must land within :data:`Z` standard errors of σ⁴·d_k (the
+standard error of a sample variance, :func:`attn_course.scaling.mc_standard_error`), so a correct
+estimator fails with probability below 10⁻⁵, while the known mistakes — off by a factor of d_k, σ²,
+n_samples or more — are rejected on every seed and named by comparing all five estimates with what
+each mistake predicts. Separately: the same seed must give the same estimate (even when the global
+random state has moved), different seeds different ones, ``n_samples`` must matter (with
+``n_samples=2`` the estimates scatter widely), the estimates must scatter as much as a sample variance
+of random dot products does (150 seeds; a q or k that is not random scatters half as wide), and
+``generator=None`` must work.
 
-``check_scaled_scores`` compares ``scaled_scores(Q, K)`` with ``Q Kᵀ / √d_k`` on shapes whose axis
-sizes all differ, so that scaling by the wrong size can be told apart and named.
+``check_scaled_scores`` runs the case runner of notebook 01 (:mod:`.dot`) on shapes whose axis sizes
+all differ and whose d_k are not perfect squares, so that scaling by the wrong size, or by a rounded
+√d_k, can be told apart and named.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ..scaling import mc_standard_error
-from ._core import as_tensor, call, check, diagnose, expect_close, expect_finite, fail
-from .dot import _TRANSPOSE_HINT, _call_with_hint, _rand
+from .boundary import Opaque, probe
+from .core import Check, Learner, LearnerRaised, check, fail, fmt, learner_error
+from .compare import Failure
+from .dot import Case, Pitfall, expect_signature, random_tensor, run_cases, score_magnitude, transpose_pitfalls
 
-__all__ = ["check_mc_score_variance", "check_scaled_scores"]
+__all__ = ["check_mc_score_variance", "check_scaled_scores", "make_mc_check", "Z", "VARIANCE_CASES"]
 
-N_SAMPLES = 20_000
-Z = 5.0  # tolerance in standard errors: P(|N(0,1)| > 5) ≈ 6e-7 per case
-# (d_k, sigma): the sizes and spreads differ so that each mistake predicts a different set of answers
-VARIANCE_CASES = [(64, 1.0), (16, 2.0), (128, 0.5), (1, 1.0)]
+#: Tolerance in standard errors: a correct estimate lands outside it with probability ≈ 6·10⁻⁷.
+Z = 5.0
+DEFAULT_N = 20_000
+#: (d_k, sigma, n_samples): every argument varies; None means "not passed" (the default is used).
+VARIANCE_CASES = [(64, None, None), (16, 2.0, 5_000), (128, 0.5, 20_000), (1, 1.0, 20_000), (8, 3.0, 10_000)]
+#: n_samples = 2 on these many seeds: a function that ignores n_samples gives 8 accurate estimates.
+SPREAD_SEEDS, SPREAD_DK = 8, 16
+#: The scatter test: this many estimates with d_k = 1 and n_samples = SCATTER_N. Their relative variance, divided
+#: by the theory 8/n, is 1 ± 0.12 for a correct sampler and 0.25 ± 0.03 when q or k is not random (2000
+#: simulations each: ranges 0.60–1.50 and 0.16–0.37); the accepted range is ≥ 4 standard deviations from both.
+SCATTER_SEEDS, SCATTER_N, SCATTER_RANGE = 150, 1000, (0.45, 3.0)
 
-# What each known mistake would return for (d, σ), and how to say it.
-VARIANCE_PITFALLS = [
-    ("It looks like the dot product was divided by d_k (or the products were averaged with .mean "
-     "instead of added with .sum): that estimate is σ⁴/d_k. Add the d_k products, q·k = (q * k).sum(-1).",
-     lambda d, s: s**4 / d),
-    ("It looks like you measured the variance of the *scaled* score q·k/√d_k (≈ σ⁴); this exercise "
-     "asks for the raw dot product q·k, whose variance grows with d_k.",
-     lambda d, s: s**4),
-    ("It looks like the variance of q's entries alone (≈ σ²), not of the dot product q·k: draw q and k, "
-     "multiply them entrywise and sum over the last axis, then take the variance over the samples.",
-     lambda d, s: s**2),
-    ("It looks like σ was used as a variance (randn * σ²); σ is the standard deviation: multiply "
-     "torch.randn(...) by σ.",
-     lambda d, s: d * s**8),
-    ("It looks like only one of q and k was multiplied by σ; both have standard deviation σ.",
-     lambda d, s: d * s**2),
-    ("It looks like σ was ignored: scale both q and k by σ.",
-     lambda d, s: float(d)),
-    ("It looks like the standard deviation, not the variance, was returned: use .var() (or square the std).",
-     lambda d, s: math.sqrt(d) * s**2),
-    ("It looks like the entries came from torch.rand (uniform on [0, 1), mean ½) instead of torch.randn "
-     "(normal, mean 0).",
-     lambda d, s: 7 * d * s**4 / 144),
+
+# ============================================================================ learner side
+MC_PROBE = "attn_course.checks.scaling.mc"
+
+
+@probe(MC_PROBE)
+def _call_with_generator(fn: Callable, d_k: int, seed: int | None = None, disturb: bool = False,
+                         **kwargs: Any) -> tuple[Any, bool | None]:
+    """Call ``fn(d_k, generator=torch.Generator().manual_seed(seed), **kwargs)`` in the learner's process
+    (no generator argument when ``seed`` is None). Returns the result and whether the generator was drawn
+    from. ``disturb`` moves the global random state first. The global random state is restored after the
+    call, so checking leaves the learner's own random numbers alone."""
+    state = torch.random.get_rng_state()
+    try:
+        if disturb:
+            torch.rand(7)
+        if seed is None:
+            return fn(d_k, **kwargs), None
+        g = torch.Generator().manual_seed(seed)
+        before = g.get_state()
+        result = fn(d_k, generator=g, **kwargs)
+        return result, not torch.equal(before, g.get_state())
+    finally:
+        torch.random.set_rng_state(state)
+
+
+# ============================================================================ what each mistake predicts
+@dataclass
+class Prediction:
+    """A known mistake and the value it estimates for (d_k, σ, n); None where it predicts nothing usable."""
+
+    summary: str
+    cause: str
+    fix: str
+    predict: Callable[[int, float, int], float | None]
+    #: how far (as |log(estimate / prediction)|) an estimate of this mistake may land, given (d_k, n)
+    spread: Callable[[int, int], float] = lambda d, n: math.log(1.15)
+
+
+_SUM_FIX = "q·k = (q * k).sum(dim=-1): add the d_k products of each pair, then take .var() over the n_samples pairs"
+PREDICTIONS = [
+    Prediction("σ⁴/d_k: divided by d_k or averaged", "you divided the dot product by d_k (or took the mean of the "
+               "d_k products instead of their sum): that estimate is σ⁴/d_k", _SUM_FIX, lambda d, s, n: s**4 / d),
+    Prediction("σ⁴ instead of σ⁴·d_k", "your estimate is σ⁴, d_k times too small: the variance of a single "
+               "product qᵢ·kᵢ (the d_k products of a pair not added up into one score), or of the score divided by "
+               "√d_k, or the variance divided by d_k — these give the same numbers",
+               _SUM_FIX + "; no division by d_k or √d_k", lambda d, s, n: s**4),
+    Prediction("σ²: the variance of q's entries", "your estimate is σ², the variance of the entries of q alone, "
+               "not of the dot product q·k", "draw q and k, multiply them entry by entry and sum over the last axis, "
+               "then take the variance over the samples", lambda d, s, n: s**2),
+    Prediction("σ used as the variance", "you multiplied by σ² (or drew with standard deviation σ²): σ is the "
+               "standard deviation, so the estimate became σ⁸·d_k", "multiply torch.randn(...) by sigma",
+               lambda d, s, n: s**8 * d),
+    Prediction("σ²·d_k instead of σ⁴·d_k", "your estimate is σ²·d_k: only one of q and k was multiplied by σ, "
+               "or both by √σ (σ taken as the variance) — these give the same numbers; both have standard "
+               "deviation σ", "multiply both q and k by sigma", lambda d, s, n: s**2 * d),
+    Prediction("the variance of the mean", "your estimate is σ⁴·d_k / n_samples: you divided the variance by "
+               "n_samples once more, which gives the variance of the *mean* of the dot products (the squared "
+               "standard error), not of the dot products", "return scores.var() itself",
+               lambda d, s, n: s**4 * d / n),
+    Prediction("σ ignored", "your estimate is d_k whatever σ: the entries were not multiplied by σ",
+               "draw q = sigma * torch.randn(..., generator=generator), and k the same way", lambda d, s, n: float(d)),
+    Prediction("returned the standard deviation", "your estimate is σ²·√d_k, the standard deviation of q·k, not its "
+               "variance", "return .var() (or square the standard deviation)", lambda d, s, n: s**2 * math.sqrt(d)),
+    Prediction("torch.rand instead of torch.randn", "your estimate is (7/144)·σ⁴·d_k, which is what entries drawn "
+               "from torch.rand (uniform on [0, 1), mean ½) give", "draw the entries from torch.randn (normal, mean 0)",
+               lambda d, s, n: 7 * d * s**4 / 144),
+    Prediction("the same vector for q and k", "your estimate is 2·σ⁴·d_k, the variance of q·q: q and k were the "
+               "same random draw", "draw k separately from q (two torch.randn calls)", lambda d, s, n: 2 * d * s**4),
+    Prediction("n_samples·σ⁴: a sum over the samples", "your estimate is about n_samples·σ⁴: something is added "
+               "up over the n_samples axis where the d_k products of each pair should be added (a sum over axis 0, "
+               "or a sum of per-sample variances)", _SUM_FIX,
+               lambda d, s, n: None if d == 1 else n * s**4,
+               # a variance over only d_k sums: relative standard error √(2/(d_k − 1)), 3 of them allowed
+               lambda d, n: max(math.log(1.15), 3 * math.sqrt(2 / (d - 1)))),
+]
+_MEAN = Prediction("returned the mean, not the variance", "your estimates are all ≈ 0: that is the *mean* of q·k",
+                   "return the variance of the n_samples dot products: scores.var()", lambda d, s, n: 0.0)
+
+
+def _matches(prediction: Prediction, estimates: list[float], settings: list[tuple[int, float, int]]) -> bool:
+    used = 0
+    for est, (d, s, n) in zip(estimates, settings):
+        p = prediction.predict(d, s, n)
+        if p is None:
+            continue
+        used += 1
+        if not math.isfinite(est):
+            return False
+        if p == 0.0:
+            if abs(est) > Z * s**2 * math.sqrt(d / n):  # 5 standard errors of a mean of q·k
+                return False
+        elif est <= 0 or abs(math.log(est / p)) > prediction.spread(d, n):
+            return False
+    return used >= 3
+
+
+# ============================================================================ replaying the learner's draws
+#: (d_k, sigma, n_samples, seed) of the replay calls: few samples, so that every candidate below gives a clearly
+#: different number; two settings whose sizes (d_k, n_samples − 2 … n_samples + 1) and powers of σ all differ, so
+#: that a wrong denominator or factor cannot pass for another one on both.
+REPLAY_CALLS = ((7, 1.5, 5, 31), (7, 1.5, 5, 32), (4, 0.7, 8, 33), (4, 0.7, 8, 34))
+
+
+def _draws(order: str, g: torch.Generator, n: int, d: int, s: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k, each (n, d), as a learner who draws them in ``order`` from ``g`` gets them (as float64)."""
+    if order == "q then k":
+        return (s * torch.randn(n, d, generator=g)).double(), (s * torch.randn(n, d, generator=g)).double()
+    if order == "q then k, float64":
+        return (s * torch.randn(n, d, generator=g, dtype=torch.float64),
+                s * torch.randn(n, d, generator=g, dtype=torch.float64))
+    if order == "one (n, 2, d) draw":
+        x = (s * torch.randn(n, 2, d, generator=g)).double()
+        return x[:, 0], x[:, 1]
+    if order == "one (2, n, d) draw":
+        x = (s * torch.randn(2, n, d, generator=g)).double()
+        return x[0], x[1]
+    if order == "one (2n, d) draw":
+        x = (s * torch.randn(2 * n, d, generator=g)).double()
+        return x[:n], x[n:]
+    if order == "(d, n) layout":
+        return (s * torch.randn(d, n, generator=g)).double().T, (s * torch.randn(d, n, generator=g)).double().T
+    if order == "one pair at a time":
+        pairs = [(s * torch.randn(d, generator=g), s * torch.randn(d, generator=g)) for _ in range(n)]
+        return torch.stack([a for a, _ in pairs]).double(), torch.stack([b for _, b in pairs]).double()
+    raise ValueError(order)
+
+
+DRAW_ORDERS = ("q then k", "q then k, float64", "one (n, 2, d) draw", "one (2, n, d) draw", "one (2n, d) draw",
+               "(d, n) layout", "one pair at a time")
+
+
+@dataclass
+class Candidate:
+    """A number a learner may compute from their draws: right (the sample variance, either convention) or a
+    named mistake."""
+
+    summary: str
+    cause: str
+    fix: str
+    value: Callable[[torch.Tensor, torch.Tensor], float]  # (q, k) -> number
+    right: bool = False
+
+
+def _var(x: torch.Tensor, ddof: int) -> float:
+    return float(((x - x.mean()) ** 2).sum() / (x.numel() - ddof))
+
+
+def _dots(q, k):
+    return (q * k).sum(-1)
+
+
+_VAR_FIX = "return the sample variance of the dot products: scores.var() (or .var(unbiased=False))"
+CANDIDATES = [
+    Candidate("", "", "", lambda q, k: _var(_dots(q, k), 1), right=True),
+    Candidate("", "", "", lambda q, k: _var(_dots(q, k), 0), right=True),
+    Candidate("mean of the squares, not centred", "you averaged the squared dot products without subtracting "
+              "their mean: that is E[s²], not the sample variance (on many samples the two are close because the "
+              "mean is near 0, but they are different numbers)", _VAR_FIX,
+              lambda q, k: float((_dots(q, k) ** 2).mean())),
+    Candidate("sum of squares, not centred", "you divided the sum of the squared dot products by n_samples − 1 "
+              "without subtracting their mean first", _VAR_FIX,
+              lambda q, k: float((_dots(q, k) ** 2).sum() / (q.shape[0] - 1))),
+    Candidate("the mean was not squared", "you computed mean(s²) − mean(s): the mean must be squared, "
+              "mean(s²) − mean(s)²", _VAR_FIX, lambda q, k: float((_dots(q, k) ** 2).mean() - _dots(q, k).mean())),
+    Candidate("returned the standard deviation", "your estimate is the standard deviation of the dot products "
+              "(the square root of their variance)", "return .var() (or square the standard deviation)",
+              lambda q, k: _var(_dots(q, k), 1) ** 0.5),
+    Candidate("returned the standard deviation", "your estimate is the standard deviation of the dot products "
+              "(the square root of their variance)", "return .var() (or square the standard deviation)",
+              lambda q, k: _var(_dots(q, k), 0) ** 0.5),
+    Candidate("the variance of the mean", "you divided the variance of the dot products by n_samples once more: "
+              "that is the variance of their *mean* (the squared standard error)", "return scores.var() itself",
+              lambda q, k: _var(_dots(q, k), 1) / q.shape[0]),
+    Candidate("the variance of the mean", "you divided the variance of the dot products by n_samples once more: "
+              "that is the variance of their *mean* (the squared standard error)", "return scores.var() itself",
+              lambda q, k: _var(_dots(q, k), 0) / q.shape[0]),
+    Candidate("the products were not added up", "you took the variance of all the products qᵢ·kᵢ, one by one, "
+              "instead of first adding the d_k products of each pair into its dot product", _SUM_FIX,
+              lambda q, k: _var((q * k).flatten(), 1)),
+    Candidate("the products were not added up", "you took the variance of all the products qᵢ·kᵢ, one by one, "
+              "instead of first adding the d_k products of each pair into its dot product", _SUM_FIX,
+              lambda q, k: _var((q * k).flatten(), 0)),
+    Candidate("the scores were divided by √d_k", "you took the variance of q·k/√d_k, the scaled score (the "
+              "exercise measures the unscaled q·k)", "leave out the division by √d_k",
+              lambda q, k: _var(_dots(q, k), 1) / q.shape[1]),
+    Candidate("the scores were divided by √d_k", "you took the variance of q·k/√d_k, the scaled score (the "
+              "exercise measures the unscaled q·k)", "leave out the division by √d_k",
+              lambda q, k: _var(_dots(q, k), 0) / q.shape[1]),
+    Candidate("the same vector for q and k", "your estimate is the variance of q·q: q and k were the same random "
+              "draw", "draw k separately from q (two torch.randn calls)", lambda q, k: _var(_dots(q, q), 1)),
+    Candidate("the same vector for q and k", "your estimate is the variance of q·q: q and k were the same random "
+              "draw", "draw k separately from q (two torch.randn calls)", lambda q, k: _var(_dots(q, q), 0)),
+    Candidate("summed over the samples", "you added the products over the samples (axis 0) instead of over the "
+              "d_k entries of each pair, then took the variance of those d_k sums", _SUM_FIX,
+              lambda q, k: _var((q * k).sum(0), 1)),
+    Candidate("summed over the samples", "you added the products over the samples (axis 0) instead of over the "
+              "d_k entries of each pair, then took the variance of those d_k sums", _SUM_FIX,
+              lambda q, k: _var((q * k).sum(0), 0)),
+]
+
+#: Denominators a learner may divide the sum of squared deviations by, with their names.
+DENOMINATORS = {"n_samples − 2": lambda n, d: n - 2, "n_samples + 1": lambda n, d: n + 1, "d_k": lambda n, d: d,
+                "n_samples²": lambda n, d: n * n, "1 (no division)": lambda n, d: 1}
+
+
+def _same_number(a: float, b: float) -> bool:
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-9)
+
+
+def _replay(fn: Learner, seed: int) -> None:
+    """Call the learner with a few samples and seeded generators, redo the draws of each common way of
+    drawing here, and see which number the learner's estimate is. The sample variance (either convention):
+    fine. A named wrong number on every seed: that mistake, named for sure. Nothing: the learner draws in
+    some other way, and only the statistical tests judge it."""
+    values = [_estimate(fn, d, s, n, seed * 1000 + r)[0] for d, s, n, r in REPLAY_CALLS]
+    d, s, n, r = REPLAY_CALLS[0]
+    tried = f"{_describe_call(d, s, n, seed * 1000 + r)} (and {len(REPLAY_CALLS) - 1} more calls with few samples)"
+    for order in DRAW_ORDERS:
+        draws = [_draws(order, torch.Generator().manual_seed(seed * 1000 + r_), n_, d_, s_)
+                 for d_, s_, n_, r_ in REPLAY_CALLS]
+        for cand in CANDIDATES:
+            if all(_same_number(v, cand.value(q, k)) for v, (q, k) in zip(values, draws)):
+                if cand.right:
+                    return
+                fail(cand.summary, tried=tried, got=f"{fmt(values[0])}, exactly the {cand.summary.lower()} for "
+                     f"the {n} pairs that generator gives ({order})",
+                     expected=f"their sample variance: {fmt(_var(_dots(*draws[0]), 1))} (or "
+                              f"{fmt(_var(_dots(*draws[0]), 0))} dividing by n_samples)", cause=cand.cause, fix=cand.fix)
+        # the sum of squared deviations divided by a wrong number
+        ss = [float(((_dots(q, k) - _dots(q, k).mean()) ** 2).sum()) for q, k in draws]
+        for name, denominator in DENOMINATORS.items():
+            if all(_same_number(v, x / denominator(n_, d_)) for v, x, (d_, s_, n_, r_) in zip(values, ss, REPLAY_CALLS)):
+                c = denominator(n, d)
+                fail(f"divided by {name}", tried=tried,
+                     got=f"{fmt(values[0])}: the sum of the squared deviations of the {n} dot products that generator "
+                         f"gives ({order}) divided by {c} ({name})",
+                     expected=f"that sum divided by n_samples − 1 = {n - 1} (or n_samples = {n}): {fmt(ss[0] / (n - 1))}",
+                     cause=f"your variance divides by {name}; the sample variance divides by n_samples − 1 "
+                           "(or n_samples)", fix=_VAR_FIX)
+
+
+# ============================================================================ the Monte-Carlo check
+def _number(value: Any, tried: str) -> float:
+    """The learner's estimate as a float, or a diagnosis of what came back instead."""
+    expected = "one number (a float, or a tensor holding one value)"
+    if isinstance(value, (bool, np.bool_)):
+        fail("returned a bool", tried=tried, got=repr(value), expected=expected, fix="return the variance itself")
+    if isinstance(value, (int, np.integer)) or (isinstance(value, (torch.Tensor, np.ndarray)) and
+                                                value.dtype in (torch.int64, torch.int32, np.int64, np.int32)):
+        fail("returned an integer", tried=tried, got=f"the integer {int(value)}", expected=expected,
+             cause="int(…), // or an integer tensor dropped the fractional part of the estimate",
+             fix="return the variance as a float (or a float tensor)")
+    if isinstance(value, float):
+        return value
+    if isinstance(value, np.generic):
+        return float(value)
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        t = torch.as_tensor(value)
+        if t.numel() != 1:
+            shape = tuple(t.shape)
+            cause = ""
+            if shape and shape[-1] != 1:
+                cause = ("you took a variance (or sum) per sample or per entry; "
+                         "one number comes from .var() over the n_samples dot products")
+            fail(f"returned shape {shape}, not one number", tried=tried, got=f"a tensor of shape {shape}",
+                 expected=expected, cause=cause, fix="compute scores = (q * k).sum(dim=-1) (shape (n_samples,)), "
+                 "then return scores.var()")
+        if t.is_complex():
+            fail("returned a complex number", tried=tried, got=str(value), expected=expected,
+                 fix="return the variance of real dot products")
+        if t.dtype in (torch.float16, torch.bfloat16):
+            have = str(t.dtype).replace("torch.", "")
+            fail(f"returned a {have} tensor", tried=tried, got=f"a {have} tensor ({fmt(float(t.reshape(()).item()))})",
+                 expected="a float, or a float32/float64 tensor holding one value",
+                 cause=f"your computation ran in {have} (.half() or dtype={have}), which keeps only about 3 "
+                       "significant digits of each product and sum",
+                 fix="draw and compute in float32 (torch.randn's default) or float64")
+        return float(t.reshape(()).item())
+    if value is None:
+        fail("returned None", tried=tried, got="None", expected=expected,
+             cause="your function has no `return` (or returns before computing the result)",
+             fix="end the function with `return` and the estimate")
+    got = f"a {type(value).__name__}" if not isinstance(value, Opaque) else f"a {value.type_name}"
+    fail(f"returned {got}", tried=tried, got=got if not isinstance(value, (list, tuple)) else
+         f"a {type(value).__name__} of {len(value)} items", expected=expected,
+         fix="return one number: scores.var() (a 0-d tensor) or its .item()")
+
+
+def _describe_call(d: int, s: float | None, n: int | None, seed: int | None) -> str:
+    parts = [str(d)] + ([f"sigma={s:g}"] if s is not None else []) + ([f"n_samples={n}"] if n is not None else [])
+    parts.append(f"generator=torch.Generator().manual_seed({seed})" if seed is not None else "(no generator)")
+    return f"mc_score_variance({', '.join(parts)})"
+
+
+def _estimate(fn: Learner, d: int, s: float | None, n: int | None, seed: int | None, *, disturb: bool = False,
+              expected: str = "") -> tuple[float, bool | None]:
+    kwargs: dict[str, Any] = {}
+    if s is not None:
+        kwargs["sigma"] = s
+    if n is not None:
+        kwargs["n_samples"] = n
+    tried = _describe_call(d, s, n, seed)
+    try:
+        result = fn.observe(MC_PROBE, d, seed=seed, disturb=disturb, **kwargs)
+    except LearnerRaised as exc:
+        raise Failure(learner_error(exc, tried=tried, expected=expected or "one number")) from None
+    value, used = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+    return _number(value, tried), used
+
+
+def _mc_body(fn: Learner, seed: int = 0) -> str:
+    expect_signature(fn, ["sigma", "n_samples", "generator"], call="mc_score_variance(d_k, sigma=…, n_samples=…, generator=…)",
+                   signature="mc_score_variance(d_k, sigma=1.0, n_samples=20_000, generator=None)")
+    seeds = [seed * 1000 + i for i in range(len(VARIANCE_CASES))]
+    settings = [(d, 1.0 if s is None else s, DEFAULT_N if n is None else n) for d, s, n in VARIANCE_CASES]
+    calls = [_describe_call(d, s, n, g_seed) for (d, s, n), g_seed in zip(VARIANCE_CASES, seeds)]
+    estimates, used = [], []
+    for (d, s, n), (_, s_used, _), g_seed in zip(VARIANCE_CASES, settings, seeds):
+        est, drew = _estimate(fn, d, s, n, g_seed, expected=f"≈ σ⁴·d_k = {fmt(s_used**4 * d)}")
+        estimates.append(est)
+        used.append(drew)
+    if all(e == s_**4 * d_ for e, (d_, s_, n_) in zip(estimates, settings)):
+        fail("returned σ⁴·d_k itself", tried=calls[0], got=f"exactly {fmt(estimates[0])} = σ⁴·d_k, and exactly σ⁴·d_k "
+             f"in all {len(estimates)} settings", expected="a Monte-Carlo estimate: close to σ⁴·d_k, but never exactly",
+             cause="your function returns the formula's value instead of measuring the variance of sampled dot products",
+             fix="draw q and k with sigma * torch.randn(n_samples, d_k, generator=generator), compute "
+                 "(q * k).sum(dim=-1) and return its .var()")
+    _replay(fn, seed)
+    if not all(math.isfinite(e) for e in estimates):
+        _name_variance_mistake(estimates, settings, calls, lambda: _scatter(fn, seed))
+    never_drawn = all(u is False for u in used)
+    not_drawn = ("your random draws do not come from `generator`: it was never drawn from (the global random state, "
+                 "or a generator of your own)")
+
+    # The same seed must give the same estimate, even when the global random state has moved on.
+    d, s, n = VARIANCE_CASES[3]
+    again, _ = _estimate(fn, d, s, n, seeds[3], disturb=True)
+    if not math.isclose(again, estimates[3], rel_tol=1e-9, abs_tol=1e-12):
+        fail("the generator was not used" if never_drawn else "some draws ignore the generator",
+             tried=f"{_describe_call(d, s, n, seeds[3])} twice, the global random state moved in between",
+             got=f"{fmt(estimates[3])}, then {fmt(again)}", expected="the same estimate twice: the seed fixes the answer",
+             cause=not_drawn if never_drawn else "the same seed gave two different estimates, so part of your "
+                   "sampling does not follow the generator you are given (a draw without generator=generator, "
+                   "NumPy's random state, or a generator re-seeded inside your function with generator.seed())",
+             fix="pass generator=generator to every random draw")
+
+    # Different seeds: estimates with n_samples = 2 must scatter (and must differ at all).
+    spread = [_estimate(fn, SPREAD_DK, None, 2, seed * 1000 + 100 + i)[0] for i in range(SPREAD_SEEDS)]
+    tried_spread = f"mc_score_variance({SPREAD_DK}, n_samples=2, generator=…) with {SPREAD_SEEDS} different seeds"
+    if not all(math.isfinite(e) for e in spread):
+        bad = next(e for e in spread if not math.isfinite(e))
+        fail(f"{fmt(bad)} with n_samples = 2", tried=tried_spread, got=", ".join(fmt(e) for e in spread),
+             expected="finite estimates: the sample variance of 2 dot products is a number (≥ 0)",
+             fix="compute scores = (q * k).sum(dim=-1), shape (n_samples,), and return scores.var(); the docstring "
+                 "allows any n_samples ≥ 2")
+    if len(set(spread)) == 1:
+        fail("the generator was not used" if never_drawn else "the seed makes no difference", tried=tried_spread,
+             got=f"{fmt(spread[0])} every time", expected="a different estimate for each seed",
+             cause=not_drawn if never_drawn else "you re-seed the generator inside your function "
+                   "(generator.manual_seed(…)), so every seed gives the same draws",
+             fix="pass generator=generator to every torch.randn call, and use it as it is passed in")
+
+    close = sum(abs(e - SPREAD_DK) <= 0.1 * SPREAD_DK for e in spread)
+    if close >= SPREAD_SEEDS - 2:
+        fail("n_samples ignored", tried=tried_spread,
+             got=f"{close} of the {SPREAD_SEEDS} estimates within 10 % of σ⁴·d_k = {SPREAD_DK}: "
+                 + ", ".join(fmt(e) for e in spread),
+             expected="estimates scattered widely: the variance of just 2 dot products is far from exact",
+             cause="your function draws a fixed number of samples, whatever n_samples says",
+             fix="draw n_samples pairs: torch.randn(n_samples, d_k, generator=generator)")
+
+    # Each estimate within Z standard errors of the theory.
+    if any(abs(est - s**4 * d) > Z * mc_standard_error(d, s, n) for est, (d, s, n) in zip(estimates, settings)):
+        _name_variance_mistake(estimates, settings, calls, lambda: _scatter(fn, seed))
+
+
+    # The estimates must scatter as a sample variance of n_samples random dot products does: with d_k = 1,
+    # σ = 1, their variance is 8/n (E[s⁴] = 9). A q (or k) that is not random makes q·k Gaussian, 2/n.
+    spread = _scatter(fn, seed)
+    if not SCATTER_RANGE[0] <= spread <= SCATTER_RANGE[1]:
+        narrow = spread < SCATTER_RANGE[0]
+        fail("the estimates scatter too " + ("little" if narrow else "much"), tried=TRIED_SCATTER,
+             got=f"estimates whose relative variance is {fmt(spread)} × what a sample variance of {SCATTER_N} "
+                 "random dot products has", expected=f"between {SCATTER_RANGE[0]:g} and {SCATTER_RANGE[1]:g} × (1 within "
+                 "sampling error): relative to σ⁴·d_k, such estimates have variance (2 + 6/d_k)/n_samples",
+             cause=("that is what q·k gives when one of q and k is not random (q = sigma instead of "
+                    "sigma * torch.randn(…)): a fixed vector times a random one is exactly Gaussian")
+             if narrow and 0.15 <= spread <= 0.4 else "",
+             fix="draw both q and k afresh for every sample: sigma * torch.randn(n_samples, d_k, generator=generator)")
+
+    # generator=None (the default) must work too.
+    d, s, n = 32, 1.0, DEFAULT_N
+    est, _ = _estimate(fn, d, s, n, None, expected=f"≈ {d}")
+    se = mc_standard_error(d, s, n)
+    if not math.isfinite(est) or abs(est - d) > Z * se:
+        fail("wrong without a generator", tried=_describe_call(d, s, n, None), got=fmt(est),
+             expected=f"σ⁴·d_k = {d} ± {fmt(Z * se)} ({Z:g} standard errors)",
+             cause="with generator=None your function samples differently",
+             fix="pass generator=generator to torch.randn: None is what torch.randn expects for 'no generator'")
+    return (f"within {Z:g} standard errors of σ⁴·d_k in {len(estimates)} settings (d_k 1–128, σ 0.5–3, "
+            "n_samples 5000–20000); seeded")
+
+
+TRIED_SCATTER = (f"mc_score_variance(1, n_samples={SCATTER_N}, generator=…) with {SCATTER_SEEDS} different seeds, "
+                 "to see how much the estimates scatter")
+
+
+def _scatter(fn: Learner, seed: int) -> float:
+    """The relative variance (variance / mean²) of SCATTER_SEEDS estimates with d_k = 1, σ = 1, divided by the
+    theory's 8 / n_samples: 1 for a correct sampler, whatever constant factor the estimates may be off by."""
+    scatter = [_estimate(fn, 1, None, SCATTER_N, seed * 1000 + 500 + i)[0] for i in range(SCATTER_SEEDS)]
+    finite = [e for e in scatter if math.isfinite(e)]
+    if len(finite) < 3 or np.mean(finite) <= 0:
+        return float("nan")
+    return float(np.var(finite, ddof=1) / np.mean(finite) ** 2) / (8 / SCATTER_N)
+
+
+def _name_variance_mistake(estimates: list[float], settings: list[tuple[int, float, int]], calls: list[str],
+                           scatter: Callable[[], float]) -> None:
+    """Some estimate is off (or not finite): name the mistake that predicts all of them, or measure how they are off."""
+    i = next(i for i, (e, (d, s, n)) in enumerate(zip(estimates, settings))
+             if not math.isfinite(e) or abs(e - s**4 * d) > Z * mc_standard_error(d, s, n))
+    est, (d, s, n), tried = estimates[i], settings[i], calls[i]
+    se = mc_standard_error(d, s, n)
+    got = f"{fmt(est)}"
+    expected = f"σ⁴·d_k = {fmt(s**4 * d)} ± {fmt(Z * se)} ({Z:g} standard errors with n_samples = {n})"
+    found = [p for p in PREDICTIONS if _matches(p, estimates, settings)]
+    if not found and _matches(_MEAN, estimates, settings):
+        found = [_MEAN]  # after the variance of the mean, which is ≈ 0 too but always σ⁴·d_k / n_samples
+    if len(found) == 1:
+        p = found[0]
+        fail(p.summary, tried=tried, got=got, expected=expected, cause=p.cause, fix=p.fix)
+    not_finite = [d_ for e, (d_, s_, n_) in zip(estimates, settings) if not math.isfinite(e)]
+    if not_finite == [1]:
+        j = next(j for j, (d_, s_, n_) in enumerate(settings) if d_ == 1)
+        fail("NaN when d_k = 1", tried=calls[j], got=f"{fmt(estimates[j])} (all your estimates: " + "; ".join(
+             f"d_k = {d_}: {fmt(e)}" for e, (d_, s_, n_) in zip(estimates, settings)) + ")",
+             expected=f"a finite number ≈ {fmt(settings[j][1] ** 4)}",
+             cause="your estimate is NaN only when each pair has a single entry: you take a variance over the d_k "
+                   "products of each pair (undefined for one product) instead of adding them into one dot product",
+             fix=_SUM_FIX)
+    if not math.isfinite(est):
+        fail(f"{got} for d_k = {d}", tried=tried, got=got, expected=f"a finite number ≈ {fmt(s**4 * d)}",
+             fix="print the shape of the tensor whose variance you take: it should be (n_samples,), one dot "
+                 "product per sample (the variance of a single number is NaN)")
+    if all(e < 0 for e in estimates):
+        fail("negative estimates", tried=tried, got=f"{got} (every estimate is below 0)", expected=expected,
+             cause="a variance is never negative: a sign slipped into your estimate", fix="return scores.var()")
+    ratios = [e / (s_**4 * d_) for e, (d_, s_, n_) in zip(estimates, settings)]
+    all_estimates = "; ".join(f"d_k = {d_}, σ = {s_:g}: {fmt(e)}" for e, (d_, s_, n_) in zip(estimates, settings))
+    # Settings 0 and 3 differ only in d_k (64 and 1, σ = 1): the theory says 64 times apart.
+    small, large = estimates[3], estimates[0]
+    if small > 0 and large > 0 and max(small, large) <= 1.3 * min(small, large):
+        fail("the estimate does not grow with d_k", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+             expected=expected, cause=f"your estimates for d_k = 1 and d_k = 64 (σ = 1 both) are about equal "
+                                      f"({fmt(small)} and {fmt(large)}): the function does not use d_k",
+             fix="draw q and k with d_k entries each: torch.randn(n_samples, d_k, generator=generator)")
+    mean_ratio = sum(ratios) / len(ratios) if all(math.isfinite(r) for r in ratios) else float("nan")
+    # A constant factor: the estimates agree with each other far better than with the theory.
+    if math.isfinite(mean_ratio) and mean_ratio > 0 and \
+            all(abs(r - mean_ratio) <= min(0.1 * mean_ratio, 0.75 * abs(mean_ratio - 1)) for r in ratios):
+        fail(f"off by a factor of {fmt(mean_ratio)}", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+             expected=expected, cause="", fix=f"every estimate is about {fmt(mean_ratio)} × σ⁴·d_k: look for a "
+             "constant that scales q, k or the result")
+    # No common factor, estimates on both sides of the theory, but too far from it: too few samples.
+    if all(math.isfinite(r) for r in ratios) and min(ratios) < 1 < max(ratios):
+        per_setting = [2 + 6 / d_ for d_, s_, n_ in settings]
+        effective = sum(per_setting) / sum((r - 1) ** 2 for r in ratios)
+        # (below 30 pairs the estimates are too far off for sampling noise: the scatter test below names that)
+        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4:
+            fail("fewer samples than n_samples", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+                 expected=expected, cause=f"your estimates land on both sides of σ⁴·d_k, as far from it as estimates "
+                 f"from about {fmt(effective)} pairs would: your function uses fewer pairs than n_samples asks for "
+                 "(a cap on the number of samples, or only part of the draws)",
+                 fix="draw n_samples pairs, torch.randn(n_samples, d_k, generator=generator), and use all of them")
+    spread = scatter()
+    if spread > 30:
+        fail("the estimates scatter far too much", tried=tried, got=f"{got} (all your estimates: {all_estimates}); "
+             f"and {SCATTER_SEEDS} estimates for d_k = 1 scatter {fmt(spread)} × as much as they should",
+             expected=expected, cause="an estimate that scatters this much rests on far fewer independent dot products "
+             "than n_samples: a q or a k drawn once and shared by all the pairs",
+             fix="draw n_samples independent pairs: torch.randn(n_samples, d_k, generator=generator) for q and for k")
+    fail(f"{fmt(est)}, expected {fmt(s**4 * d)}", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+         expected=expected, fix="draw q and k with sigma * torch.randn(n_samples, d_k, generator=generator), "
+         "compute (q * k).sum(dim=-1) and return its .var()")
+
+
+_MC_EXPECTS = "a function mc_score_variance(d_k, sigma=1.0, n_samples=20000, generator=None) returning a number"
+
+
+def make_mc_check(seed: int) -> Check:
+    """The Monte-Carlo check with another set of generator seeds (the tests run it on many)."""
+    return check("mc_score_variance", expects=_MC_EXPECTS)(functools.partial(_mc_body, seed=seed))
+
+
+check_mc_score_variance = make_mc_check(0)
+
+
+# ============================================================================ scaled scores
+def _scaled_cases() -> list[Case]:
+    specs = [  # (label, Q shape, K shape, dtype, scale, tags): every axis size differs; d_k not a square
+        ("batch × heads: Q (2, 3, 5, 10) and K (2, 3, 7, 10), float32", (2, 3, 5, 10), (2, 3, 7, 10), torch.float32,
+         1.0, {"float32", "batched", "4-D"}),
+        ("Q (4, 6) and K (9, 6), float64", (4, 6), (9, 6), torch.float64, 1.0, {"float64"}),
+        ("a batch: Q (3, 2, 20) and K (3, 4, 20), float32", (3, 2, 20), (3, 4, 20), torch.float32, 1.0,
+         {"float32", "batched"}),
+        ("d_k = 1: Q (3, 1) and K (2, 1), float64", (3, 1), (2, 1), torch.float64, 1.0, {"float64", "size-1"}),
+        ("size-1 axes: Q (1, 1, 1, 12) and K (1, 1, 3, 12), float32", (1, 1, 1, 12), (1, 1, 3, 12), torch.float32,
+         1.0, {"float32", "batched", "4-D", "size-1"}),
+        ("square Q (5, 5) and K (5, 5), float64", (5, 5), (5, 5), torch.float64, 1.0, {"float64", "square"}),
+        ("five axes: Q (2, 1, 2, 3, 6) and K (2, 1, 2, 4, 6), float64", (2, 1, 2, 3, 6), (2, 1, 2, 4, 6),
+         torch.float64, 1.0, {"float64", "batched", "4-D", "size-1"}),
+        ("entries near 1000: Q (2, 7) and K (3, 7), float32", (2, 7), (3, 7), torch.float32, 1000.0,
+         {"float32", "large"}),
+    ]
+    cases = []
+    for i, (label, qs, ks, dtype, scale, tags) in enumerate(specs):
+        Q = random_tensor(*qs, seed=500 + 2 * i, dtype=dtype, scale=scale)
+        K = random_tensor(*ks, seed=501 + 2 * i, dtype=dtype, scale=scale)
+        expected = Q.double() @ K.double().transpose(-2, -1) / math.sqrt(qs[-1])
+        cases.append(Case(label, (Q, K), expected, tags=frozenset(tags), magnitude=score_magnitude(Q, K) / math.sqrt(qs[-1])))
+    return cases
+
+
+def _S(Q, K):
+    return Q @ K.transpose(-2, -1)
+
+
+_SQRT_FIX = "divide by math.sqrt(d_k) once, with d_k = Q.shape[-1] (the last axis)"
+SCALE_PITFALLS = [
+    Pitfall("scores not scaled", "you did not divide the scores by √d_k", "divide Q Kᵀ by math.sqrt(Q.shape[-1])",
+            [_S]),
+    Pitfall("divided by d_k instead of √d_k", "you divided by d_k (or divided both Q and K by √d_k, which divides "
+            "the product by d_k)", _SQRT_FIX,
+            [lambda Q, K: _S(Q, K) / Q.shape[-1],
+             lambda Q, K: _S(Q / math.sqrt(Q.shape[-1]), K / math.sqrt(K.shape[-1]))]),
+    Pitfall("multiplied by √d_k", "you multiplied the scores by √d_k; they must be *divided* by it", _SQRT_FIX,
+            [lambda Q, K: _S(Q, K) * math.sqrt(Q.shape[-1])]),
+    Pitfall("d_k ** 1/2 is d_k / 2", "in Python, d_k ** 1/2 means (d_k ** 1) / 2: ** binds tighter than /, so "
+            "you scaled by d_k/2, not √d_k", "write d_k ** 0.5 or math.sqrt(d_k)",
+            [lambda Q, K: _S(Q, K) / Q.shape[-1] ** 1 / 2, lambda Q, K: _S(Q, K) / (Q.shape[-1] ** 1 / 2),
+             lambda Q, K: _S(Q, K) * Q.shape[-1] ** -1 / 2]),
+    Pitfall("√d_k rounded to an integer", "you rounded √d_k to a whole number (int(math.sqrt(d_k)), math.isqrt or "
+            "//), which is wrong whenever d_k is not a perfect square", "divide by math.sqrt(d_k) itself",
+            [lambda Q, K: _S(Q, K) / int(math.sqrt(Q.shape[-1])), lambda Q, K: _S(Q, K) / round(math.sqrt(Q.shape[-1])),
+             lambda Q, K: _S(Q, K) / math.ceil(math.sqrt(Q.shape[-1]))]),
+    Pitfall("floor division //", "// rounds every scaled score down to a whole number", "use / (true division)",
+            [lambda Q, K: _S(Q, K) // math.sqrt(Q.shape[-1])]),
+    Pitfall("scaled by the number of keys", "you divided by √n_k, the number of keys (K.shape[-2]); d_k is the "
+            "size of each vector, the last axis", _SQRT_FIX, [lambda Q, K: _S(Q, K) / math.sqrt(K.shape[-2])]),
+    Pitfall("scaled by the number of queries", "you divided by √n_q, the number of queries (Q.shape[-2]); d_k is "
+            "the last axis", _SQRT_FIX, [lambda Q, K: _S(Q, K) / math.sqrt(Q.shape[-2])]),
+    Pitfall("d_k taken from axis 0", "you took d_k from Q.shape[0] (or K.shape[0]), which counts the queries of "
+            "2-D input and the batch of batched input; d_k is the last axis", _SQRT_FIX,
+            [lambda Q, K: _S(Q, K) / math.sqrt(Q.shape[0]), lambda Q, K: _S(Q, K) / math.sqrt(K.shape[0])]),
+    Pitfall("d_k taken from axis 1", "you took d_k from Q.shape[1] (or Q.size(1)): right for 2-D input only; with "
+            "batched input axis 1 counts queries or heads", _SQRT_FIX,
+            [lambda Q, K: _S(Q, K) / math.sqrt(Q.shape[1]), lambda Q, K: _S(Q, K) / math.sqrt(K.shape[1])]),
+    Pitfall("scaled by √d_model", "you divided by √(heads · d_k), the model width; each head scales by its own "
+            "vector size d_k = Q.shape[-1]", _SQRT_FIX,
+            [lambda Q, K: _S(Q, K) / math.sqrt(Q.shape[1] * Q.shape[-1]) if Q.ndim == 4 else
+             _S(Q, K) / math.sqrt(Q.shape[-1])]),
+    Pitfall("torch.sqrt of a Python int", "torch.sqrt takes a tensor, but d_k = Q.shape[-1] is a Python int",
+            "use math.sqrt(d_k) (or d_k ** 0.5)", [lambda Q, K: _S(Q, K) / torch.sqrt(Q.shape[-1])]),
+    Pitfall("softmax applied", "you took the softmax of the scaled scores: that is the next step (notebook 05)",
+            "return the scaled scores themselves", [lambda Q, K: torch.softmax(_S(Q, K) / math.sqrt(Q.shape[-1]), -1)]),
+    Pitfall("cosine similarity instead of the dot product", "you divided by the vectors' lengths (cosine "
+            "similarity) before scaling", "divide the dot products Q Kᵀ by √d_k only",
+            [lambda Q, K: _S(Q / Q.norm(dim=-1, keepdim=True), K / K.norm(dim=-1, keepdim=True)) / math.sqrt(Q.shape[-1]),
+             lambda Q, K: _S(Q / Q.norm(dim=-1, keepdim=True), K / K.norm(dim=-1, keepdim=True))]),
 ]
 
 
-def _as_number(value, what: str) -> float:
-    t = as_tensor(value, what)
-    if t.numel() != 1:
-        fail(f"{what} has shape {tuple(t.shape)}; expected one number (a float or a 0-d tensor). "
-             "Take the variance over the samples of q·k: scores.var(), not per sample or per dimension.")
-    expect_finite(t.reshape(()), what, hint="Is n_samples ≥ 2, and are q and k drawn with torch.randn?")
-    return float(t.reshape(()).item())
+def _scale_factors(case: Case) -> dict[str, float]:
+    Q, K = case.args
+    d = float(Q.shape[-1])
+    return {"√d_k": math.sqrt(d), "d_k": d, "√n_k": math.sqrt(K.shape[-2]), "√n_q": math.sqrt(Q.shape[-2])}
 
 
-@check("mc_score_variance",
-       expects="a function mc_score_variance(d_k, sigma=1.0, n_samples=20000, generator=None) returning a number")
-def check_mc_score_variance(fn, seed: int = 0):
-    estimates = []
-    for index, (d, s) in enumerate(VARIANCE_CASES):
-        g = torch.Generator().manual_seed(seed * 1000 + index)
-        what = f"mc_score_variance({d}, sigma={s}, n_samples={N_SAMPLES}, generator=g)"
-        estimates.append(_as_number(call(fn, d, sigma=s, n_samples=N_SAMPLES, generator=g), what))
-
-    # Same seed, same answer: the sampling must use the generator it is given.
-    last = len(VARIANCE_CASES) - 1  # the cheapest case, d_k = 1
-    d, s = VARIANCE_CASES[last]
-    again = _as_number(call(fn, d, sigma=s, n_samples=N_SAMPLES, generator=torch.Generator().manual_seed(seed * 1000 + last)),
-                       f"mc_score_variance({d}, sigma={s}, ...)")
-    if again != estimates[last]:
-        fail("two calls with generators seeded alike gave different estimates "
-             f"({estimates[last]:.4g} and {again:.4g}): pass `generator=generator` to every torch.randn call, "
-             "so that results are reproducible.")
-
-    misses = []
-    for (d, s), est in zip(VARIANCE_CASES, estimates):
-        expected, se = s**4 * d, mc_standard_error(d, s, N_SAMPLES)
-        if abs(est - expected) > Z * se:
-            misses.append((d, s, est, expected, se))
-    if not misses:
-        return (f"estimates agree with σ⁴·d_k in {len(VARIANCE_CASES)} cases "
-                f"(d_k from 1 to 128, σ = 0.5, 1, 2), each within {Z:.0f} standard errors")
-
-    d, s, est, expected, se = misses[0]
-    msg = (f"mc_score_variance({d}, sigma={s}) returned {est:.4g}, but Var(q·k) = σ⁴·d_k = {expected:.4g}; "
-           f"with {N_SAMPLES} samples an estimate lands within ±{Z * se:.3g} ({Z:.0f} standard errors) of it.")
-    named = _name_variance_mistake(estimates)
-    if named:
-        msg += " " + named
-    elif all(abs(e) <= Z * math.sqrt(dd * ss**4 / N_SAMPLES) for (dd, ss), e in zip(VARIANCE_CASES, estimates)):
-        msg += " The answers are all ≈ 0: that is the *mean* of q·k; return its variance."
-    fail(msg)
+#: Divisors a learner may use by mistake, each a function of (Q, K), for "divided by …" diagnoses.
+NAMED_DIVISORS = {
+    "d_k²": lambda Q, K: Q.shape[-1] ** 2,
+    "√(d_k + 1)": lambda Q, K: math.sqrt(Q.shape[-1] + 1),
+    "√(d_k − 1)": lambda Q, K: math.sqrt(Q.shape[-1] - 1),
+    "2·√d_k": lambda Q, K: 2 * math.sqrt(Q.shape[-1]),
+    "√d_k / 2": lambda Q, K: math.sqrt(Q.shape[-1]) / 2,
+    "√ of the number of entries of Q": lambda Q, K: math.sqrt(Q.numel()),
+    "√ of the number of entries of K": lambda Q, K: math.sqrt(K.numel()),
+    "√(n_q · n_k)": lambda Q, K: math.sqrt(Q.shape[-2] * K.shape[-2]),
+}
 
 
-def _name_variance_mistake(estimates: list[float]) -> str | None:
-    """The pitfall whose predictions match every estimate within 15% (they differ by far more)."""
-    for message, predict in VARIANCE_PITFALLS:
-        predicted = [predict(d, s) for d, s in VARIANCE_CASES]
-        if all(abs(e - p) <= 0.15 * abs(p) for e, p in zip(estimates, predicted)):
-            return message
-    return None
-
-
-def _scaling_pitfalls(Qt: torch.Tensor, Kt: torch.Tensor) -> list:
-    raw = Qt @ Kt.transpose(-2, -1)
-    d_k, n_q, n_k = Qt.shape[-1], Qt.shape[-2], Kt.shape[-2]
-    pits = [
-        ("the scores were not scaled at all: divide Q Kᵀ by √d_k.", raw),
-        ("you divided by d_k instead of √d_k (or scaled both Q and K by √d_k): divide Q Kᵀ by math.sqrt(d_k) once.",
-         raw / d_k),
-        ("you multiplied by √d_k; the scores must be *divided* by √d_k.", raw * math.sqrt(d_k)),
-        (f"you divided by √(number of keys) = √{n_k} (K.shape[-2]); d_k is the size of each vector, "
-         "the last axis: Q.shape[-1].", raw / math.sqrt(n_k)),
-        (f"you divided by √(number of queries) = √{n_q} (Q.shape[-2]); d_k is the last axis, Q.shape[-1].",
-         raw / math.sqrt(n_q)),
-    ]
-    if Qt.ndim >= 3:
-        pits.append((f"you divided by √{Qt.shape[0]}, the size of the first (batch) axis; d_k is the last axis, "
-                     "Q.shape[-1] (Q.size(1) or Q.shape[0] change meaning with batched input).",
-                     raw / math.sqrt(Qt.shape[0])))
-    if Qt.ndim == 4:
-        heads = Qt.shape[1]
-        pits += [
-            (f"you divided by √{heads}, the size of axis 1 (the heads); d_k is the last axis, Q.shape[-1].",
-             raw / math.sqrt(heads)),
-            (f"you divided by √(heads · d_k) = √{heads * d_k}, the model width d_model; each head scales by its "
-             "own vector size d_k = Q.shape[-1].", raw / math.sqrt(heads * d_k)),
-        ]
-    return pits
+def _implied_divisors(cases, outcomes, tried: str) -> None:
+    """When every result is Q Kᵀ divided by *some* number, say which number for each d_k."""
+    divisors = []
+    for case, out in zip(cases, outcomes):
+        Q, K = case.args
+        if out.value is None or tuple(out.value.shape) != tuple(case.expected.shape):
+            return
+        S = Q.double() @ K.double().transpose(-2, -1)
+        a = out.value.detach().double()
+        if not torch.isfinite(a).all() or float((a * S).sum()) == 0:
+            return
+        c = float((S * S).sum() / (a * S).sum())  # least squares: a ≈ S / c
+        if not torch.allclose(a, S / c, rtol=1e-4, atol=1e-6 * float(S.abs().max())):
+            return
+        divisors.append((Q.shape[-1], c))
+    pairs = "; ".join(f"d_k = {d}: ÷ {fmt(c)}" for d, c in divisors)
+    cs = [c for _, c in divisors]
+    for name, size in NAMED_DIVISORS.items():
+        sizes = [size(case.args[0], case.args[1]) for case in cases]
+        if all(abs(c - z) <= 1e-3 * abs(z) for c, z in zip(cs, sizes)) and len(set(sizes)) > 1:
+            fail(f"divided by {name}", tried=tried, got=f"Q Kᵀ divided by {name} ({pairs})",
+                 expected="Q Kᵀ / √d_k: " + "; ".join(f"d_k = {d}: ÷ {fmt(math.sqrt(d))}" for d, _ in divisors),
+                 cause=f"your divisor is {name}, not √d_k (d_k = Q.shape[-1], the size of each vector)",
+                 fix="divide by math.sqrt(Q.shape[-1])")
+    if max(cs) - min(cs) <= 1e-3 * max(abs(c) for c in cs):
+        fail(f"divided by a fixed {fmt(cs[0])}", tried=tried, got=f"Q Kᵀ divided by {fmt(cs[0])} for every d_k ({pairs})",
+             expected="Q Kᵀ / √d_k, a divisor that follows the input's d_k",
+             cause="your divisor does not depend on the input: d_k (or √d_k) is a fixed number in your code",
+             fix="take d_k from the input: d_k = Q.shape[-1], then divide by math.sqrt(d_k)")
+    fail("scores divided by the wrong number", tried=tried, got=f"Q Kᵀ divided by the wrong number ({pairs})",
+         expected="Q Kᵀ / √d_k: " + "; ".join(f"d_k = {d}: ÷ {fmt(math.sqrt(d))}" for d, _ in divisors),
+         fix="divide by math.sqrt(Q.shape[-1])")
 
 
 @check("scaled_scores", expects="a function scaled_scores(Q, K) returning a tensor of shape (..., n_q, n_k)")
-def check_scaled_scores(fn):
-    cases = [
-        ("batch 2, heads 3: Q (2, 3, 5, 16), K (2, 3, 7, 16)", _rand(2, 3, 5, 16, seed=51), _rand(2, 3, 7, 16, seed=52)),
-        ("Q (4, 9), K (6, 9), float64", _rand(4, 9, seed=53, dtype=torch.float64), _rand(6, 9, seed=54, dtype=torch.float64)),
-        ("batched: Q (3, 2, 25), K (3, 4, 25)", _rand(3, 2, 25, seed=55), _rand(3, 4, 25, seed=56)),
-        ("d_k = 1: Q (3, 1), K (2, 1)", _rand(3, 1, seed=57), _rand(2, 1, seed=58)),
-    ]
-    for label, Q, K in cases:
-        Qt, Kt = Q.double(), K.double()
-        out = as_tensor(_call_with_hint(fn, (Q, K), _TRANSPOSE_HINT.format(q=tuple(Q.shape), k=tuple(K.shape))),
-                        "scaled_scores(Q, K)")
-        expected = torch.einsum("...qd,...kd->...qk", Qt, Kt) / math.sqrt(Qt.shape[-1])
-        pitfalls = _scaling_pitfalls(Qt, Kt)
-        if out.shape != expected.shape:
-            named = diagnose(out.double(), [("you multiplied by K instead of Kᵀ.", lambda: Qt @ Kt)])
-            fail(f"scaled_scores(Q, K) for {label} has shape {tuple(out.shape)}, expected {tuple(expected.shape)} "
-                 "(..., n_q, n_k). " + (named or "Compute Q @ K.transpose(-2, -1), then divide by √d_k."))
-        expect_finite(out, f"scaled_scores(Q, K) for {label}")
-        expect_close(out.double(), expected, "scaled_scores(Q, K)", case=label, pitfalls=pitfalls, atol=1e-5, rtol=1e-4)
-    return f"matches Q Kᵀ/√d_k on {len(cases)} cases (batch × heads, float64, d_k = 1)"
+def check_scaled_scores(fn: Learner) -> str:
+    cases = _scaled_cases()
+    pitfalls = transpose_pitfalls(after=lambda S, Q: S / math.sqrt(Q.shape[-1])) + SCALE_PITFALLS
+    run_cases(fn, name="scaled_scores", call="scaled_scores(Q, K)", cases=cases, pitfalls=pitfalls,
+              arg_names=("Q", "K"), factors=_scale_factors, expected_text="Q Kᵀ / √d_k", explain=_implied_divisors)
+    return f"matches Q Kᵀ/√d_k on {len(cases)} cases (2-D to 5-D, d_k = 1 and non-squares, float32/64)"

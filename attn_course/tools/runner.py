@@ -1,7 +1,8 @@
 """Execute a notebook in a fresh kernel and measure it: the one place the course tooling runs notebooks.
 
-Used by ``grade`` (learners' work), ``bench-course`` (time and memory budgets) and
-``run-solutions`` (maintainers re-executing the instructor notebooks in place).
+Used by ``bench-course`` (time and memory budgets), ``schedule --measure`` and ``run-solutions``
+(maintainers re-executing the instructor notebooks in place). Grading does not start kernels: it
+runs only a notebook's exercise and check cells, in a forked process (:mod:`.grading`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def execute(
         kernel_name="python3",
         resources={"metadata": {"path": str(cwd)}},
         record_timing=False,
+        # The kernel's own warnings (e.g. "Kernel is running over TCP without encryption": it only ever
+        # talks to this process on localhost) are noise in every command's output.
+        extra_arguments=["--IPKernelApp.log_level=ERROR"],
     )
     start = time.perf_counter()
     problem = run_client(client, kernel_env, cell_timeout)

@@ -166,7 +166,7 @@ def attn_tuple_with_baddbmm_free_matmul(Q, K, V, mask=None):
 
 @pytest.mark.parametrize("fn", [
     attention, attn_matmul, attn_einsum_where_1e9, attn_finfo_before_scale, attn_additive_list_return,
-    attn_numpy_result, attn_manual_stable_softmax, attn_annotated_transformer, attn_nanogpt_style,
+    attn_manual_stable_softmax, attn_annotated_transformer, attn_nanogpt_style,
     attn_sdpa_plus_weights, attn_scale_q_first, attn_quarter_root_each, attn_log_softmax_exp, attn_logsumexp,
     attn_float64_inside, attn_where_inf_tensor, attn_bool_cast_mask, attn_additive_minus_1e9,
     attn_tuple_with_baddbmm_free_matmul, _std(fill=-1e5),  # -1e5 blocks as well as -inf at the check's ±3·10⁴
@@ -392,8 +392,8 @@ WRONG = [
     (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1) / Q.shape[-1]), ["divided by d_k instead of √d_k"]),
     (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1) * math.sqrt(Q.shape[-1])), ["multiplied by √d_k"]),
     (_std(scores_fn=lambda Q, K: Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-2])), ["√n_q"]),
-    (attn_dk_from_axis1, ["√n_q"]),
-    (attn_dk_from_len, ["√n_k"]),
+    (attn_dk_from_axis1, ["√Q.shape[1]", "counted from the front", "Q.shape[-1]"]),
+    (attn_dk_from_len, ["√Q.shape[0]", "len(K)"]),
     (attn_mask_after_zero, ["mask applied after the softmax"]),
     (attn_renormalise_after, ["then renormalised", "0/0"]),
     (attn_polarity, ["mask polarity inverted"]),
@@ -432,8 +432,120 @@ WRONG = [
      ["weights transposed"]),
     (lambda Q, K, V, mask=None: attn_matmul(Q, K, V, None if mask is None else mask.bool() | True), ["mask ignored"]),
     (attn_returns_output_only, ["one tensor", "(output, weights)"]),
+    (_std(softmax=lambda s: torch.log_softmax(s, -1)), ["log-softmax instead of softmax"]),
+    (lambda Q, K, V, mask=None: (V, attn_matmul(Q, K, V, mask)[1]), ["V returned as the output"]),
     (attn_dropout_train, ["dropout", "training"]),
     (lambda Q, K, V, mask=None: tuple(t * 1.5 for t in attn_matmul(Q, K, V, mask)), ["every row sums to 1.5"]),
+]
+
+
+# ---------------------------------------------------------------------------- unforeseen mistakes (red team)
+def attn_divides_Q_in_place(Q, K, V, mask=None):
+    Q /= math.sqrt(Q.shape[-1])  # changes the caller's Q
+    w = torch.softmax(masked(Q @ K.transpose(-2, -1), mask), -1)
+    return w @ V, w
+
+
+def attn_flips_mask_in_place(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s.masked_fill(mask.logical_not_(), float("-inf"))  # logical_not_ flips the caller's mask
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_mask_transposed(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s.masked_fill(~(mask.mT if mask.dim() >= 2 else mask), float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_always_causal(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    s = s.masked_fill(~torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(), float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_K_reshaped(Q, K, V, mask=None):
+    s = Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]) / math.sqrt(Q.shape[-1])
+    w = torch.softmax(masked(s, mask), -1)
+    return w @ V, w
+
+
+def attn_mask_only_when_2d(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None and mask.dim() == 2:
+        s = s.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_inverted_mask_added(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s + (~mask).float()  # "1 blocks"
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_blocked_raised(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s + (1.0 - mask.float()) * 1e9  # the sign of the fill is wrong
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+def attn_rounded(Q, K, V, mask=None):
+    out, w = attn_matmul(Q, K, V, mask)
+    return out, w.round(decimals=3)
+
+
+d_k = 8  # a notebook variable, as the worked example's cell defines
+
+
+def attn_global_dk(Q, K, V, mask=None):
+    w = torch.softmax(masked(Q @ K.transpose(-2, -1) / math.sqrt(d_k), mask), -1)
+    return w @ V, w
+
+
+def attn_loop_with_K_T(Q, K, V, mask=None):
+    if Q.dim() == 2:
+        return attn_matmul(Q, K, V, mask)
+    outs, ws = [], []
+    for b in range(Q.shape[0]):
+        w = torch.softmax(masked(Q[b] @ K[b].T / math.sqrt(Q.shape[-1]), mask), -1)
+        outs.append(w @ V[b])
+        ws.append(w)
+    return torch.stack(outs), torch.stack(ws)
+
+
+def attn_mask_last_axis(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s.masked_fill(~mask[..., None] if mask.dim() == 1 else ~mask, float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+WRONG += [
+    (attn_numpy_result, ["NumPy arrays, not tensors"]),
+    (attn_divides_Q_in_place, ["changed Q in place", "/="]),
+    (attn_flips_mask_in_place, ["changed mask in place", "logical_not_"]),
+    (attn_mask_transposed, ["mask transposed"]),
+    (attn_always_causal, ["causal mask although none was given"]),
+    (attn_K_reshaped, ["K reshaped instead of transposed", "K.transpose(-2, -1)"]),
+    (_std(softmax=torch.sigmoid), ["sigmoid instead of softmax"]),
+    (attn_mask_only_when_2d, ["mask of shape (3, 1, 1, 5) ignored", "only for some shapes"]),
+    (attn_inverted_mask_added, ["bool mask added to the scores"]),
+    (attn_blocked_raised, ["all the weight on blocked keys", "wrong way round"]),
+    (attn_rounded, ["rounded to 3 decimals"]),
+    (attn_global_dk, ["divided by √8", "earlier input with d_k = 8", "worked example"]),
+    (attn_loop_with_K_T, ["K.T reverses every axis"]),
+    (attn_mask_last_axis, ["added an axis at the end of the mask"]),
 ]
 
 
@@ -506,9 +618,8 @@ def bytes_ok(n, batch=1, heads=1, dtype=torch.float32):
 @pytest.mark.parametrize("fn", [
     bytes_ok,
     score_matrix_bytes,
-    lambda n, batch=1, heads=1, dtype=torch.float32: float(bytes_ok(n, batch, heads, dtype)),  # an integral float
     lambda n, batch=1, heads=1, dtype=torch.float32: np.int64(bytes_ok(n, batch, heads, dtype)),
-    lambda n, batch=1, heads=1, dtype=torch.float32: torch.tensor(bytes_ok(n, batch, heads, dtype)),
+    lambda n, batch=1, heads=1, dtype=torch.float32: torch.tensor(bytes_ok(n, batch, heads, dtype)).item(),
     lambda n, batch=1, heads=1, dtype=torch.float32: torch.zeros(batch, heads, n, n, dtype=dtype, device="meta").nbytes,
     lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n**2 * (torch.finfo(dtype).bits // 8),
     lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * dtype.itemsize,
@@ -533,12 +644,34 @@ def _element(dtype):
     (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n, "entries, not bytes"),
     (lambda n, batch=1, heads=1, dtype=torch.float32: batch * batch * heads * n * n * _element(dtype), "batch counted twice"),
     (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) / 1e9, "GB"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n / _element(dtype), "divided by the bytes"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: n * n * _element(dtype), "batch and heads missing"),
     (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) / 2**30, "GiB"),
     (lambda n, batch=2, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype), "wrong default"),
     (lambda n, batch=1, heads=1, dtype=torch.float16: bytes_ok(n, batch, heads, dtype), "wrong default"),
 ])
 def test_check_score_matrix_bytes_names_pitfalls(fn, phrase, rejects):
     rejects(check_score_matrix_bytes, fn, phrase)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda n, batch=1, heads=1, dtype=torch.float32: float(bytes_ok(n, batch, heads, dtype)), ["a float, not an int"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * math.pow(n, 2) * _element(dtype),
+     ["a float, not an int", "math.pow"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: torch.tensor(bytes_ok(n, batch, heads, dtype)),
+     ["an int64 tensor, not an int", ".item()"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * 2 * n * _element(dtype), ["2 × n instead of n × n"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * (n + 1) // 2 * _element(dtype),
+     ["one triangle"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * {torch.float16: 2, torch.float32: 4,
+                                                                               torch.float64: 8}[dtype],
+     ["KeyError", "no entry for torch.bfloat16"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * (4 if dtype == torch.float32 else 2),
+     ["2 bytes per float64 entry, not 8"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: 64 * bytes_ok(n, batch, heads, dtype), ["64 times too many"]),
+])
+def test_check_score_matrix_bytes_measures_unforeseen_mistakes(fn, phrases, rejects):
+    rejects(check_score_matrix_bytes, fn, *phrases)
 
 
 def test_check_score_matrix_bytes_not_attempted_and_bad_values(rejects, unfinished):

@@ -18,14 +18,10 @@ from attn_course.checks.result import Status
 from attn_course.softmax import masked_softmax
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These checks run many tiny matrix products, which a second thread only slows down (on a busy
-    machine, by far): run this module's tests on one, and give the setting back afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def quick(params, keep):
+    """pytest params: those whose first value is in ``keep`` run in the quick suite, the rest only in the
+    whole suite (``-m slow`` selects them)."""
+    return [pytest.param(*p, marks=() if p[0] in keep else (pytest.mark.slow,)) for p in params]
 
 
 # ============================================================================ attention_backward
@@ -47,9 +43,13 @@ def chain_rule(q, k, v, dout, mask=None, *, bug=""):
         p = masked_softmax(s, None if mask is None else ~mask)
     elif bug == "p_unscaled":
         p = masked_softmax(q @ k.transpose(-2, -1), mask)
+    elif bug == "softmax_queries":
+        p = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-2)
     else:
         p = masked_softmax(s, mask)
     dv = p @ dout if bug == "dv_T" else p.transpose(-2, -1) @ dout
+    if bug == "dv_scaled":
+        dv = dv / math.sqrt(d)
     dp = dout @ v.transpose(-2, -1)
     if bug == "no_rowsum":
         ds = p * dp
@@ -59,6 +59,8 @@ def chain_rule(q, k, v, dout, mask=None, *, bug=""):
         ds = p * (dp - (dp * p).sum(dim=-1).unsqueeze(-2))
     elif bug == "rowsum_plain":
         ds = p * (dp - dp.sum(dim=-1, keepdim=True))
+    elif bug == "rowsum_total":
+        ds = p * (dp - (dp * p).sum())
     elif bug == "sign":
         ds = p * ((dp * p).sum(-1, keepdim=True) - dp)
     else:
@@ -127,11 +129,11 @@ def test_attention_backward_accepts_correct_answers(fn, accepts):
     accepts(check_attention_backward, fn)
 
 
-@pytest.mark.parametrize("bug,phrases", [
+@pytest.mark.parametrize("bug,phrases", quick([
     ("no_scale_dq", ["1/√d_k missing in dQ"]),
     ("no_scale_dk", ["1/√d_k missing in dK"]),
     ("no_scale", ["1/√d_k missing in dQ and dK"]),
-    ("by_d", ["divided by D instead of √d_k"]),
+    ("by_d", ["divided by d_k instead of √d_k"]),
     ("p_unscaled", ["scores not scaled when P is recomputed"]),
     ("dk_T", ["dK transposed"]),
     ("dv_T", ["dV = P dO instead of Pᵀ dO"]),
@@ -140,6 +142,9 @@ def test_attention_backward_accepts_correct_answers(fn, accepts):
     ("rowsum_no_keepdim", ["subtracted along the wrong axis", "keepdim=True"]),
     ("rowsum_plain", ["rowsum(dP) instead of rowsum(dP ⊙ P)"]),
     ("sign", ["sign flipped"]),
+    ("softmax_queries", ["softmax over the wrong axis"]),
+    ("dv_scaled", ["dV scaled by 1/√d_k"]),
+    ("rowsum_total", ["one sum over the whole matrix"]),
     ("mask_ignored", ["mask ignored in the backward"]),
     ("mask_inverted", ["mask polarity inverted"]),
     ("softmax_nan", ["NaN from a fully masked row", "masked_softmax"]),
@@ -147,9 +152,17 @@ def test_attention_backward_accepts_correct_answers(fn, accepts):
     ("exp_by_hand", ["maximum subtracted"]),
     ("order", ["wrong order", "return dq, dk, dv"]),
     ("float32", ["float32, not float64", "dtype"]),
-])
+], keep={"no_scale_dq", "dk_T", "no_rowsum", "softmax_nan", "order"}))
 def test_attention_backward_names_each_pitfall(bug, phrases, rejects):
     rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask, bug=bug), *phrases)
+
+
+def scales_q_in_place(q, k, v, dout, mask=None):
+    q /= math.sqrt(q.shape[-1])  # the right numbers, but the caller's q is changed
+    p = masked_softmax(q @ k.mT, mask)
+    dp = dout @ v.mT
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return ds @ k / math.sqrt(q.shape[-1]), ds.mT @ q, p.mT @ dout
 
 
 def with_autograd(q, k, v, dout, mask=None):
@@ -168,6 +181,7 @@ def with_backward_call(q, k, v, dout, mask=None):
 def test_attention_backward_rejects_autograd_and_bad_results(rejects, unfinished):
     rejects(check_attention_backward, with_autograd, "used autograd instead of the chain rule", "torch.autograd.grad")
     rejects(check_attention_backward, with_backward_call, "called a fused attention")
+    rejects(check_attention_backward, scales_q_in_place, "overwrote its input q")
     rejects(check_attention_backward, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
     rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask)[0],
             "returned one tensor, not (dq, dk, dv)")
@@ -296,6 +310,8 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
     scale = 1 / math.sqrt(d)
     if bug == "ignore_block":
         block_size = 32
+    if bug == "key_strip":  # query blocks of block_size, but every key at once
+        return tiled_key_strip(q, k, v, o, lse, dout, block_size, causal)
     delta = (dout * o).sum(-1, keepdim=True)  # (..., n_q, 1)
     if bug == "delta_pass":  # right, more work: D = rowsum(dP ⊙ P) over whole rows, in a first pass
         delta = torch.zeros_like(delta)
@@ -309,7 +325,7 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 dp = dout[..., qs:qs + block_size, :] @ v[..., ks:ks + block_size, :].mT
                 delta[..., qs:qs + block_size, :] += (dp * p).sum(-1, keepdim=True)
     dq = torch.zeros(q.shape) if bug == "float32_acc" else torch.zeros_like(q)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    dk, dv = (k, v) if bug == "dk_is_k" else (torch.zeros_like(k), torch.zeros_like(v))
     n_stop = (n // block_size) * block_size if bug in ("tail", "q_tail") else n
     m_stop = (m // block_size) * block_size if bug in ("tail", "k_tail") else m
     if bug == "full_p":  # the whole (..., n_q, n_k) matrix at once
@@ -344,11 +360,14 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 p = torch.exp(s) / torch.exp(li).unsqueeze(-1)
             elif bug == "full_p":
                 p = p_full[..., qs:qe, ks:ke]
+            elif bug == "exp2_no_log2e":
+                p = torch.exp2(s - li.unsqueeze(-1))
             elif bug == "exp2":  # right: exp(x) = 2^(x·log2 e), the GPU's fast exponential
                 p = torch.exp2((s - li.unsqueeze(-1)) / math.log(2))
             else:
                 p = torch.exp(s - li.unsqueeze(-1))
             pv = p @ doi if bug == "dv_T" else p.mT @ doi
+            pv = pv * scale if bug == "dv_scaled" else pv
             dp = doi @ vj.mT
             if bug == "no_rowsum":
                 ds = p * dp
@@ -371,9 +390,30 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 dkj, dvj = dk_term, pv
             else:
                 dkj, dvj = dkj + dk_term, dvj + pv
-        dk[..., ks:ke, :], dv[..., ks:ke, :] = dkj, dvj
+        if bug == "dk_is_k":  # right numbers (block j of k is not read again), but k and v are overwritten
+            dk[..., ks:ke, :], dv[..., ks:ke, :] = dkj.clone(), dvj.clone()
+        else:
+            dk[..., ks:ke, :], dv[..., ks:ke, :] = dkj, dvj
     if bug == "order":
         return dk, dq, dv
+    return dq, dk, dv
+
+
+def tiled_key_strip(q, k, v, o, lse, dout, block_size=64, causal=False):
+    """Right values, wrong structure: each query block against all keys at once (a (block, n_k) strip)."""
+    n, m, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    delta = (dout * o).sum(-1, keepdim=True)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for qs in range(0, n, block_size):
+        s = q[..., qs:qs + block_size, :] @ k.mT * scale  # (..., b, n_k)
+        if causal:
+            s = s.masked_fill(torch.arange(m)[None, :] > torch.arange(qs, qs + s.shape[-2])[:, None], float("-inf"))
+        p = torch.exp(s - lse[..., qs:qs + block_size, None])
+        do = dout[..., qs:qs + block_size, :]
+        ds = p * (do @ v.mT - delta[..., qs:qs + block_size, :])
+        dq[..., qs:qs + block_size, :] = ds @ k * scale
+        dk += ds.mT @ q[..., qs:qs + block_size, :] * scale
+        dv += p.mT @ do
     return dq, dk, dv
 
 
@@ -415,15 +455,17 @@ def test_tiled_backward_accepts_correct_answers(fn, accepts):
     accepts(check_tiled_attention_backward, fn)
 
 
-@pytest.mark.parametrize("bug,phrases", [
+@pytest.mark.parametrize("bug,phrases", quick([
     ("no_scale_dq", ["1/√d_k missing in dQ"]),
     ("no_scale_dk", ["1/√d_k missing in dK"]),
     ("no_scale", ["1/√d_k missing in dQ and dK"]),
-    ("by_d", ["divided by D instead of √d_k"]),
+    ("by_d", ["divided by d_k instead of √d_k"]),
     ("s_unscaled", ["scores not scaled when P is recomputed"]),
     ("dk_T", ["dK transposed"]),
     ("dv_T", ["dV = P dO instead of Pᵀ dO"]),
     ("no_rowsum", ["rowsum term is missing"]),
+    ("dv_scaled", ["dV scaled by 1/√d_k"]),
+    ("exp2_no_log2e", ["exp2 without the log₂e factor"]),
     ("fresh_max", ["fresh max instead of the stored L"]),
     ("tile_softmax", ["softmax over one tile"]),
     ("lse_as_sum", ["L used as a sum"]),
@@ -447,8 +489,10 @@ def test_tiled_backward_accepts_correct_answers(fn, accepts):
     ("exp_separately", ["NaN", "exp overflowed", "S − L"]),
     ("full_p", ["built an n × n tensor"]),
     ("mask_all", ["tiles above the diagonal not skipped"]),
-    ("ignore_block", ["block_size ignored"]),
-])
+    ("ignore_block", ["block_size ignored", "32×32"]),
+    ("key_strip", ["block_size ignored", "a whole strip"]),
+    ("dk_is_k", ["overwrote its input k", "torch.zeros_like(k)"]),
+], keep={"fresh_max", "delta_from_tile", "no_causal", "dq_assigned", "tail", "full_p"}))
 def test_tiled_backward_names_each_pitfall(bug, phrases, rejects):
     def learner(q, k, v, o, lse, dout, block_size=64, causal=False):
         return tiled(q, k, v, o, lse, dout, block_size, causal, bug=bug)

@@ -191,6 +191,7 @@ ONE_QUERY_WRONG = [
     W(lambda q, K: torch.mm(K, q), "torch.mm"),
     W(lambda q, K: np.dot(K, q), "NumPy"),
     W(lambda q, K: K.numpy() @ q.numpy(), "NumPy"),
+    W(lambda q, K: torch.from_numpy(K) @ q, "torch.from_numpy"),
     W(mul_in_place, "K in place", "x = x * y"),
     W(times_equals, "K in place"),
     W(lambda q, K: (K.half() @ q.half()).float(), "float16"),
@@ -315,6 +316,8 @@ SCORE_WRONG = [
     W(lambda Q, K: Q[..., :-1] @ K[..., :-1].mT, "last entry of each vector"),
     W(lambda Q, K: np.einsum("...qd,...kd->...qk", Q.numpy(), K.numpy()), "NumPy"),
     W(transpose_in_place, "K in place"),
+    W(lambda Q, K: torch.from_numpy(Q) @ K.mT, "torch.from_numpy"),
+    W(lambda Q, K: torch.from_numpy(Q.numpy() @ K.numpy().T), "ValueError", "line", named=False),
     W(lambda Q, K: (Q.half() @ K.half().mT).to(Q.dtype), "float16"),
     W(lambda Q, K: (Q @ K.mT).long(), "integer"),
     W(lambda Q, K: (Q @ K.mT).tolist(), "Python list", ".tolist()"),
@@ -322,6 +325,8 @@ SCORE_WRONG = [
     W(lambda Q, K: (Q @ K.mT).reshape(-1), "wrong shape", "reshape"),
     W(lambda Q, K: Q @ K.mT / 0 * 0, "NaN", named=False),
     W(lambda Q, K: Q @ K.mT * 2, "factor of 2", "2 times"),
+    W(lambda Q, K: Q @ K.mT if Q.ndim < 4 else 1.5 * Q @ K.mT, "wrong with 4-D input only"),
+    W(lambda Q, K: Q @ K.mT if Q.ndim == 2 else (Q @ K.mT).flatten(0, 1), "wrong shape with batched input only"),
 ]
 
 
@@ -409,6 +414,7 @@ COSINE_WRONG = [
     W(lambda Q, K: unit(Q, 1e-8) @ unit(K, 1e-8).mT, "no parameter eps"),
     W(lambda Q, K, eps: unit(Q, eps) @ unit(K, eps).mT, "no default value", "eps=1e-8"),
     W(lambda Q, K, eps=1e-8: 0.99 * unit(Q, eps) @ unit(K, eps).mT, "factor of 0.99", named=False),
+    W(lambda Q, K, eps=1e-8: unit(Q, eps / 2) @ unit(K, eps / 2).mT, "wrong with a given eps only", "other than the default"),
 ]
 
 

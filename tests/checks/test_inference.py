@@ -148,6 +148,12 @@ class CacheAttendSqueezed(ref.KVCache):
         return super().attend(q).squeeze(-2)
 
 
+class CacheListsReturned(CacheList):
+    def append(self, k, v):
+        super().append(k, v)
+        return self.keys, self.values
+
+
 class CacheNeedsLength:
     def __init__(self, max_len):
         self.max_len = max_len
@@ -187,6 +193,10 @@ class CacheStackList:
     (CacheNeedsLength, ["raised TypeError", "takes no arguments"]),
     (CacheStackList, ["wrong axis"]),
     (cache_class(attend_rule=lambda q, K, V: V.mean(-2, keepdim=True)), ["wrong values"]),
+    (cache_class(attend_rule=lambda q, K, V: F.scaled_dot_product_attention(q, K, V, is_causal=True)),
+     ["top-left alignment"]),
+    (cache_class(append_rule=lambda old, new: torch.cat([old, new], dim=2)), ["dim=-2"]),
+    (CacheListsReturned, ["as a Python list", "torch.cat"]),
 ])
 def test_check_kvcache_names_each_pitfall(cls, phrases, rejects):
     rejects(check_KVCache, cls, *phrases)
@@ -368,7 +378,8 @@ def test_check_window_mask_names_each_pitfall(fn, phrases, rejects):
 
 # ================================================================================== sliding_window_attention
 def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divide=True, scale=None, tail=True,
-                 full=False, sdpa=False, ragged=False):
+                 full=False, sdpa=False, ragged=False, early=0, out_dtype=None, global_max=False, zero_init=False,
+                 block_max=False):
     """A tiled sliding-window attention with switches: right with the defaults."""
 
     def fn(q, k, v, window, block_size):
@@ -384,14 +395,14 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
         for qs in range(0, n, block_size):
             qe = min(qs + block_size, n)
             qb = q[..., qs:qe, :] * sc
-            m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+            m = torch.full(qb.shape[:-1] + (1,), 0.0 if zero_init else -math.inf, dtype=q.dtype)
             l = torch.zeros_like(m)
             acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
             first = max(0, qs - window + 1)
             if ragged:
                 starts = [(first, qe)]
             else:
-                start0 = 0 if causal_skip_only else first // block_size * block_size
+                start0 = 0 if causal_skip_only else max(0, first - early) // block_size * block_size
                 stop = qe if tail else min(qe, n - n % block_size)
                 starts = [(ks, min(ks + block_size, n)) for ks in range(start0, stop, block_size)]
             for ks, ke in starts:
@@ -400,7 +411,9 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 if local:
                     r, c = r - qs, c - ks
                 s = s.masked_fill((c > r) | (c <= r - window + w_lo), -math.inf)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                m_new = torch.maximum(m, s.amax() if global_max else s.amax(-1, keepdim=True))
+                if block_max:
+                    m_new = s.amax(-1, keepdim=True)
                 safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
                 alpha = torch.exp(m - safe) if rescale else torch.ones_like(m)
                 p = torch.exp(s - safe)
@@ -408,7 +421,7 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 acc = acc * alpha + p @ v[..., ks:ke, :]
                 m = m_new
             out[..., qs:qe, :] = acc / l if divide else acc
-        return out
+        return out if out_dtype is None else out.to(out_dtype)
 
     return fn
 
@@ -437,6 +450,11 @@ def test_check_window_attention_accepts(fn, accepts):
     (window_tiled(scale=1.0), ["scores not scaled"]),
     (window_tiled(tail=False), ["last key block dropped"]),
     (window_tiled(causal_skip_only=True), ["blocks outside the window are computed"]),
+    (window_tiled(early=1), ["blocks outside the window are computed"]),
+    (window_tiled(out_dtype=torch.float32), ["result in float32"]),
+    (window_tiled(global_max=True), ["one running maximum for all rows"]),
+    (window_tiled(zero_init=True), ["running maximum started at 0"]),
+    (window_tiled(block_max=True), ["the block's maximum instead of the running maximum"]),
     (window_tiled(full=True), ["full N × N score matrix"]),
     (window_tiled(sdpa=True), ["calls F.scaled_dot_product_attention"]),
     (lambda q, k, v, window, block_size: ref.masked_attention(q, k, v, ref.bottom_right_causal_mask(
@@ -450,3 +468,75 @@ def test_check_window_attention_names_each_pitfall(fn, phrases, rejects):
 
 def test_check_window_attention_not_attempted(rejects, unfinished):
     rejects(check_sliding_window_attention, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ================================================================================== ports of common code
+class CacheHuggingFaceStyle:
+    """Hugging Face's DynamicCache.update, for one layer: cat along -2, return the whole cache."""
+
+    def __init__(self):
+        self.key_cache, self.value_cache = [], []
+
+    def append(self, k, v):
+        if not self.key_cache:
+            self.key_cache.append(k)
+            self.value_cache.append(v)
+        else:
+            self.key_cache[0] = torch.cat([self.key_cache[0], k], dim=-2)
+            self.value_cache[0] = torch.cat([self.value_cache[0], v], dim=-2)
+        return self.key_cache[0], self.value_cache[0]
+
+    def attend(self, q):
+        return F.scaled_dot_product_attention(q, self.key_cache[0], self.value_cache[0])
+
+
+class CachePreallocated:
+    def __init__(self, max_len=64):
+        self.max_len, self.k, self.t = max_len, None, 0
+
+    def append(self, k, v):
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], self.max_len, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], self.max_len, v.shape[-1])
+        n = k.shape[-2]
+        self.k[..., self.t:self.t + n, :], self.v[..., self.t:self.t + n, :] = k, v
+        self.t += n
+        return self.k[..., :self.t, :], self.v[..., :self.t, :]
+
+    def attend(self, q):
+        K, V = self.k[..., :self.t, :], self.v[..., :self.t, :]
+        return torch.softmax(q @ K.transpose(-1, -2) / q.shape[-1] ** 0.5, -1) @ V
+
+
+@pytest.mark.parametrize("cls", [CacheHuggingFaceStyle, CachePreallocated])
+def test_ported_caches_are_accepted(cls, accepts):
+    accepts(check_KVCache, cls)
+
+
+class CacheTransposeFromFront(ref.KVCache):
+    def attend(self, q):
+        return torch.softmax(q @ self.k.transpose(2, 3) / math.sqrt(q.shape[-1]), -1) @ self.v
+
+
+class CacheReturnsKK(ref.KVCache):
+    def append(self, k, v):
+        K, _ = super().append(k, v)
+        return K, K
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (CacheTransposeFromFront, ["raised IndexError", "transpose(-2, -1)"]),
+    (CacheReturnsKK, ["keys as V"]),
+])
+def test_check_kvcache_more_pitfalls(cls, phrases, rejects):
+    rejects(check_KVCache, cls, *phrases)
+
+
+def test_masks_built_from_a_square_one(accepts, rejects):
+    accepts(check_bottom_right_causal_mask, lambda n_q, n_k: torch.ones(n_k, n_k, dtype=torch.bool).tril()[-n_q:])
+    rejects(check_bottom_right_causal_mask, lambda n_q, n_k: torch.ones(n_k, n_k, dtype=torch.bool).tril()[:n_q],
+            "top-left alignment")
+    accepts(check_sliding_window_mask,
+            lambda n_q, n_k, w: torch.ones(n_k, n_k, dtype=torch.bool).tril().triu(-(w - 1))[-n_q:])
+    rejects(check_sliding_window_mask,
+            lambda n_q, n_k, w: torch.ones(n_k, n_k, dtype=torch.bool).tril().triu(-w)[-n_q:], "one key too many")

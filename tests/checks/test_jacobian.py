@@ -31,7 +31,7 @@ def j_inner(s):
 
 
 def j_inner_matmul(s):  # s @ s.T on a vector is the inner product
-    return torch.diag_embed(s) - s @ s.T if s.ndim == 1 else J_of(s)
+    return torch.diag_embed(s) - s @ s if s.ndim == 1 else J_of(s)
 
 
 def j_only_diag(s):
@@ -122,15 +122,15 @@ JACOBIAN_WRONG = [
     (j_only_diag, ["− s sᵀ term missing"]),
     (j_only_outer, ["diag(s) term missing"]),
     (j_diagonal_entries, ["only the diagonal"]),
-    (j_unbatched, ["batch axes in front", "diag_embed"]),
-    (j_numpy_unbatched, ["batch axes in front"]),
+    (j_unbatched, ["worked on inputs with fewer axes", "diag_embed"]),
+    (j_numpy_unbatched, ["worked on inputs with fewer axes"]),
     (j_batch_summed, ["outer product over the batch"]),
     (j_axes_last, ["batch axes last"]),
     (j_axes_middle, ["batch axes in the wrong place"]),
     (j_s_i_squared, ["s_i² for s_i s_j"]),
     (j_identity, ["identity for diag(s)"]),
     (j_softmax_again, ["softmax applied to s"]),
-    (j_row_loop, ["batch axes in front"]),
+    (j_row_loop, ["worked on inputs with fewer axes"]),
     (j_log_softmax, ["Jacobian of log-softmax"]),
     (j_autograd_whole_batch, ["Jacobian across the batch"]),
     (j_hard_coded_n, ["a size written into your code", "n = 5"]),
@@ -235,7 +235,7 @@ def v_via_jacobian(s, g):
 
 def v_via_autograd_jacobian(s, g):
     flat_s, flat_g = s.reshape(-1, s.shape[-1]), g.reshape(-1, s.shape[-1])
-    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), torch.log(r)) @ q
+    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), torch.log(r), vectorize=True) @ q
             for r, q in zip(flat_s, flat_g)]
     return torch.stack(rows).reshape(s.shape)
 
@@ -302,14 +302,14 @@ VJP_WRONG = [
     (v_per_batch_entry, ["⟨g, s⟩ summed over a whole batch entry"]),
     (v_via_jacobian, ["O(n²) memory", "(1, 2048, 2048)"]),
     (v_via_autograd_jacobian, ["O(n²) memory"]),
-    (v_per_entry_loop, ["O(n²) work"]),
+    (v_per_entry_loop, ["n = 2048", "work"]),  # O(n²) work (or, on a very slow machine, stopped at the time limit)
     (v_diagonal_only, ["only the diagonal of J"]),
     (v_swapped, ["s and grad swapped"]),
     (v_grad_unused, ["upstream gradient not used"]),
     (v_zeros, ["upstream gradient not used"]),
     (v_grad_unchanged, ["grad returned unchanged"]),
     (v_softmax_again, ["softmax applied to s"]),
-    (v_dot_for_vectors_only, ["batch axes in front"]),
+    (v_dot_for_vectors_only, ["worked on inputs with fewer axes"]),
     (v_inner_for_outer, ["sᵀs for s sᵀ"]),
     (v_half, ["result in float16"]),
     (v_double_dot, ["rows do not sum to 0"]),
@@ -449,7 +449,7 @@ FUNCTION_WRONG = [
     (make_function(v_grad_unused), ["upstream gradient not used"]),
     (make_function(v_grad_unchanged), ["grad returned unchanged"]),
     (make_function(lambda s, g: None), ["backward returned None"]),
-    (make_function(lambda s, g: (torch.diag(s) - torch.outer(s, s)) @ g), ["batch axes in front", "diag_embed"]),
+    (make_function(lambda s, g: (torch.diag(s) - torch.outer(s, s)) @ g), ["worked on inputs with fewer axes", "diag_embed"]),
     (make_function(lambda s, g: v_expanded(s, g).sum(-1)), ["shape is not the shape of x"]),
     (make_function(v_half), ["float16 precision"]),
     (make_function(lambda s, g: 2 * ref.softmax_vjp(s, g)), ["off by a factor of 2"]),
@@ -583,3 +583,29 @@ def test_gradcheck_runs_through_learner_operations_only(tmp_path):
     ops = [e["op"] for e in json.loads(data["__events__"].tobytes().decode())]
     assert ops.count("vjp") > 20 and ops.count("observe") == 1  # gradcheck's backward calls, one cost probe
     assert check_SoftmaxFunction.evaluate(session=ReplaySession(log)).to_json() == live.to_json()
+
+
+# =============================================================================== one change to the solution
+def _dot(s, g):
+    return (g * s).sum(-1, keepdim=True)
+
+
+MUTANT_LIKE = [
+    (check_softmax_jacobian, lambda s: torch.diag_embed(s) - s.unsqueeze(-1) / s.unsqueeze(-2), "s_i / s_j"),
+    (check_softmax_jacobian, lambda s: torch.diag_embed(s) + s.unsqueeze(-1) * s.unsqueeze(-2), "outer product added"),
+    (check_softmax_jacobian, lambda s: s.unsqueeze(-1) * s.unsqueeze(-2), "outer product alone"),
+    (check_softmax_jacobian, lambda s: torch.diag_embed(s) - s.unsqueeze(-1), "outer product missing a factor"),
+    (check_softmax_jacobian, lambda s: s.unsqueeze(-2) - s.unsqueeze(-1) * s.unsqueeze(-2), "s for diag(s)"),
+    (check_softmax_vjp, lambda s, g: s * (g - (g * s).mean(-1, keepdim=True)), "mean instead of sum"),
+    (check_softmax_vjp, lambda s, g: s * (g - (g / s).sum(-1, keepdim=True)), "g / s"),
+    (check_softmax_vjp, lambda s, g: s * (g - s.sum(-1, keepdim=True)), "replaced by Σ s"),
+    (check_softmax_vjp, lambda s, g: s / (g - _dot(s, g)), "divided by (g − ⟨g, s⟩)"),
+    (check_softmax_vjp, lambda s, g: s.clone(), "returned s"),
+    (check_softmax_vjp, lambda s, g: s * (g + _dot(s, g)), "sign of the ⟨g, s⟩ term"),
+    (check_softmax_vjp, lambda s, g: s * _dot(s, g), "only the − s ⟨g, s⟩ part"),
+]
+
+
+@pytest.mark.parametrize("check,fn,phrase", MUTANT_LIKE, ids=[f"{c.exercise}-{i}" for i, (c, _, p) in enumerate(MUTANT_LIKE)])
+def test_one_change_slips_are_named(check, fn, phrase, rejects):
+    rejects(check, fn, phrase)

@@ -1,5 +1,7 @@
 """Checks of notebook 06 (attn_course.checks.masks): each wrong mask rejected with its diagnosis, correct
-alternatives accepted (NumPy, additive, other shapes that broadcast), and the same verdict on replay.
+alternatives accepted (tril/triu/arange/loops, where/ne/logical_not, expand/repeat, additive via log…), what
+the docstrings rule out named as such (a NumPy array, an additive mask where a bool one is asked for, a shape
+that only broadcasts, a finite fill), and the same verdict on replay.
 
 The wrong answers are written the way learners write them, classic and unforeseen.
 """
@@ -36,11 +38,9 @@ def tri(n):
     lambda n: torch.arange(n)[:, None] >= torch.arange(n)[None, :],
     lambda n: ~torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1),
     lambda n: torch.ones(n, n).tril() == 1,
-    lambda n: np.tril(np.ones((n, n), dtype=bool)),  # NumPy result
-    lambda n: torch.ones(n, n).tril().log(),  # additive: 0 kept, -inf blocked
-    lambda n: torch.zeros(n, n).masked_fill(tri(n).triu(1), torch.finfo(torch.float32).min),  # additive, finfo.min
-    lambda n: tri(n).tril()[None, None],  # (1, 1, n, n)
     lambda n: torch.tensor([[j <= i for j in range(n)] for i in range(n)]),
+    lambda n: torch.from_numpy(np.tril(np.ones((n, n), dtype=bool))),  # built with NumPy, returned as a tensor
+    lambda n: torch.triu(torch.ones((1, n, n)), diagonal=1).type(torch.uint8)[0] == 0,  # the Annotated Transformer's
 ])
 def test_causal_accepts(fn, accepts):
     accepts(check_causal_mask, fn)
@@ -58,8 +58,14 @@ def test_causal_accepts(fn, accepts):
     (lambda n: tri(n).tril().flip(-1), ["flipped"]),
     (lambda n: torch.ones(n, n).tril(), ["float mask of 0s and 1s", ".bool()"]),
     (lambda n: torch.ones(n, n, dtype=torch.long).tril(), ["integer mask"]),
-    (lambda n: torch.zeros(n, n).masked_fill(tri(n).triu(1), -1e4), ["fill value too weak"]),
-    (lambda n: tri(n + 1).tril(), ["does not fit"]),
+    (lambda n: torch.zeros(n, n).masked_fill(tri(n).triu(1), -1e4), ["additive float mask, not a bool mask"]),
+    (lambda n: torch.ones(n, n).tril().log(), ["additive float mask", "-inf"]),
+    (lambda n: torch.zeros(n, n).masked_fill(tri(n).triu(1), torch.finfo(torch.float32).min), ["additive float mask"]),
+    (lambda n: np.tril(np.ones((n, n), dtype=bool)), ["NumPy array, not a tensor", "torch.from_numpy"]),
+    (lambda n: tri(n).tril()[None, None], ["shape (1, 1, 5, 5), not (5, 5)", "size-1 axes added"]),
+    (lambda n: tri(n + 1).tril(), ["size n + 1"]),
+    (lambda n: tri(n - 1).tril() if n > 1 else tri(1), ["size n - 1"]),
+    (lambda n: tri(n).tril()[:, :-1], ["does not fit"]),
     (lambda n: tri(5).tril(), ["n is ignored"]),
     (lambda n: tri(n).tril().tolist(), ["Python list"]),
     (lambda n: (~tri(n).tril()).float() * float("-inf"), ["NaN", "0 × (-inf)"]),
@@ -82,7 +88,6 @@ def test_causal_not_attempted_and_not_callable(rejects, unfinished):
 @pytest.mark.parametrize("fn", [
     M.padding_mask_from_lengths,
     lambda lengths, max_len=None: torch.stack([torch.arange(max_len or int(lengths.max())) < L for L in lengths]),
-    lambda lengths, max_len=None: (torch.arange(max_len or int(max(lengths)))[None, :] < lengths[:, None]).numpy(),
     lambda lengths, max_len=None: torch.arange(int(lengths.max()) if max_len is None else max_len).expand(
         len(lengths), -1) < lengths.unsqueeze(1),
     lambda lengths, max_len=None: torch.tensor([[j < int(L) for j in range(max_len if max_len is not None
@@ -105,8 +110,14 @@ def _arange(lengths, max_len):
     (lambda lengths, max_len=None: torch.arange(max_len or len(lengths)) < lengths[:, None], ["default max_len wrong"]),
     (lambda lengths, max_len=None: (_arange(lengths, max_len) < lengths[:, None]).float(), ["float mask of 0s and 1s"]),
     (lambda lengths, max_len=None: _arange(lengths, max_len).flip(0) < lengths[:, None], ["padding on the left"]),
-    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths[:1, None], ["<pad> positions allowed"]),
-    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths.max(), ["<pad> positions allowed"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths[:1, None], ["wrong shape", "<pad> positions allowed"]),
+    (lambda lengths, max_len=None: _arange(lengths, max_len) < lengths.max(), ["wrong shape", "<pad> positions allowed"]),
+    (lambda lengths, max_len=None: (_arange(lengths, max_len)[None, :] < lengths[:, None]).numpy(), ["NumPy array"]),
+    (lambda lengths, max_len=None: torch.arange(int(lengths[0]) if max_len is None else max_len) < lengths[:, None],
+     ["default max_len wrong", "lengths[0]"]),
+    (lambda lengths, max_len=None: torch.arange(int(lengths.max()) + 1 if max_len is None else max_len) < lengths[:, None],
+     ["default max_len wrong", "one more than the largest length"]),
+    (lambda lengths, max_len=None: torch.arange(6) < lengths[:, None], ["width fixed at 6"]),
 ])
 def test_lengths_rejects(fn, phrases, rejects):
     rejects(check_padding_mask_from_lengths, fn, *phrases)
@@ -123,9 +134,8 @@ def test_lengths_bad_results(rejects, unfinished):
     M.padding_mask_from_ids,
     lambda ids, pad_id: ids.ne(pad_id),
     lambda ids, pad_id: ~(ids == pad_id),
-    lambda ids, pad_id: torch.where(ids == pad_id, float("-inf"), 0.0),  # additive
-    lambda ids, pad_id: (ids != pad_id).numpy(),
     lambda ids, pad_id: torch.logical_not(torch.eq(ids, pad_id)),
+    lambda ids, pad_id: torch.where(ids == pad_id, False, True),
 ])
 def test_ids_accepts(fn, accepts):
     accepts(check_padding_mask_from_ids, fn)
@@ -141,7 +151,11 @@ def test_ids_accepts(fn, accepts):
     (lambda ids, pad_id: (ids != pad_id).tolist(), ["Python list"]),
     (lambda ids, pad_id: torch.arange(ids.shape[1]) < (ids != pad_id).sum(-1, keepdim=True), ["padding assumed at the end"]),
     (lambda ids, pad_id: torch.cumprod((ids != pad_id).long(), -1).bool(), ["after the first <pad>"]),
-    (lambda ids, pad_id: ids > pad_id, ["real tokens blocked"]),
+    (lambda ids, pad_id: ids > pad_id, ["ids below pad_id blocked"]),
+    (lambda ids, pad_id: (ids != pad_id) & (ids != 0), ["id 0 treated as padding too"]),
+    (lambda ids, pad_id: torch.where(ids == pad_id, float("-inf"), 0.0), ["additive float mask"]),
+    (lambda ids, pad_id: (ids != pad_id).numpy(), ["NumPy array"]),
+    (lambda ids, pad_id: (ids != pad_id)[:, None, None, :], ["shape (B, 1, 1, S), not (B, S)"]),
 ])
 def test_ids_rejects(fn, phrases, rejects):
     rejects(check_padding_mask_from_ids, fn, *phrases)
@@ -165,12 +179,8 @@ def real(ids, pad):
     M.decoder_mask,
     lambda ids, pad: causal(ids.shape[1])[None, None] & real(ids, pad)[:, None, None, :],
     lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad).unsqueeze(1)).unsqueeze(1),
-    lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).expand(-1, 3, -1, -1),  # (B, H, T, T)
-    lambda ids, pad: M.additive_mask(M.decoder_mask(ids, pad)),  # additive form
     lambda ids, pad: torch.logical_and(torch.tril(torch.ones(ids.shape[1], ids.shape[1])).bool(),
                                        (ids != pad)[:, None, None, :]),
-    # seed 004's style, padding queries blocked too: accepted (their outputs are never used)
-    lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, None, :] & real(ids, pad)[:, None, :, None],
     # annotated-transformer style, ported: (B, 1, T) & (1, T, T), then a heads axis
     lambda ids, pad: ((ids != pad).unsqueeze(-2) & (torch.triu(torch.ones(1, ids.shape[1], ids.shape[1]),
                                                                 diagonal=1) == 0)).unsqueeze(1),
@@ -179,11 +189,12 @@ def test_decoder_accepts(fn, accepts):
     accepts(check_decoder_mask, fn)
 
 
-def test_decoder_key_only_answer_gets_no_note(accepts):
-    """E5: a key-only answer (the course's convention) passes without a remark about padding rows."""
-    assert "padding" not in accepts(check_decoder_mask, M.decoder_mask).summary.split("broadcasting over heads")[-1]
-    both = accepts(check_decoder_mask, lambda ids, pad: M.decoder_mask(ids, pad) & real(ids, pad)[:, None, :, None])
-    assert "rows of <pad> queries" in both.summary
+def test_decoder_key_only_answer_gets_no_note(accepts, rejects):
+    """E5: a key-only answer (the docstring's mask) passes without a remark; blocking the <pad> query rows as
+    well is not what the docstring describes, and is named (seed 004's style)."""
+    assert "query" not in accepts(check_decoder_mask, M.decoder_mask).summary
+    rejects(check_decoder_mask, lambda ids, pad: M.decoder_mask(ids, pad) & real(ids, pad)[:, None, :, None],
+            "<pad> query rows blocked as well", "fully masked")
 
 
 @pytest.mark.parametrize("fn,phrases", [
@@ -201,9 +212,17 @@ def test_decoder_key_only_answer_gets_no_note(accepts):
     (lambda ids, pad: causal(ids.shape[1]) & (torch.arange(ids.shape[1]) < real(ids, pad).sum(-1, keepdim=True))[:, None, None, :],
      ["padding assumed at the end"]),
     (lambda ids, pad: torch.zeros(ids.shape[0], 1, ids.shape[1], ids.shape[1]).masked_fill(
-        ~(causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]), -1e4), ["fill value too weak"]),
+        ~(causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]), -1e4), ["additive float mask"]),
+    (lambda ids, pad: M.additive_mask(M.decoder_mask(ids, pad)), ["additive float mask", "additive_mask"]),
+    (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).expand(-1, 3, -1, -1),
+     ["heads axis of size 3, not 1"]),
+    (lambda ids, pad: causal(ids.shape[0]) & real(ids, pad)[:, None, None, :], ["tgt_ids.shape[0] (the batch size B)"]),
     (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).float(), ["float mask of 0s and 1s"]),
     (lambda ids, pad: [[True]], ["Python list"]),
+    (lambda ids, pad: ~torch.ones(ids.shape[1], ids.shape[1]).tril() & real(ids, pad)[:, None, None, :], ["~ and masked_fill"]),
+    (lambda ids, pad: (1 - causal(ids.shape[1])) & real(ids, pad)[:, None, None, :], ["~mask"]),
+    (lambda ids, pad: torch.zeros(ids.shape[0], 1, ids.shape[1], ids.shape[1], dtype=torch.bool), ["everything is masked"]),
+    (lambda ids, pad: M.decoder_mask(ids, pad).transpose(-2, -1), ["transposed"]),
     # unforeseen: padding rows and columns both blocked, and the diagonal kept for <pad> queries
     (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]) | torch.eye(ids.shape[1], dtype=torch.bool),
      ["<pad> keys"]),
@@ -222,10 +241,8 @@ def test_decoder_not_attempted(rejects, unfinished):
 # ============================================================================ cross_attention_mask
 @pytest.mark.parametrize("fn", [
     M.cross_attention_mask,
-    lambda tgt, src, pad: (src != pad)[:, None, None, :],  # (B, 1, 1, S) broadcasts over heads and queries
     lambda tgt, src, pad: (src != pad)[:, None, None, :].repeat(1, 1, tgt.shape[1], 1),
-    lambda tgt, src, pad: M.additive_mask(M.cross_attention_mask(tgt, src, pad), torch.float64),
-    lambda tgt, src, pad: (src != pad).unsqueeze(1).unsqueeze(1).expand(-1, -1, tgt.size(1), -1).numpy(),
+    lambda tgt, src, pad: (src != pad).unsqueeze(1).unsqueeze(1).expand(-1, -1, tgt.size(1), -1),
     lambda tgt, src, pad: torch.ones(tgt.shape[0], 1, tgt.shape[1], src.shape[1], dtype=torch.bool)
     & (src != pad)[:, None, None, :],
 ])
@@ -244,9 +261,15 @@ def test_cross_accepts(fn, accepts):
      ["causal part in cross-attention"]),
     (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad)[:, 0], ["no heads axis"]),
     (lambda tgt, src, pad: ~M.cross_attention_mask(tgt, src, pad), ["polarity inverted"]),
-    (lambda tgt, src, pad: (src != 0)[:, None, None, :], ["pad_id ignored"]),
+    (lambda tgt, src, pad: (src != 0)[:, None, None, :], ["pad_id ignored", "return shape (2, 1, 6, 4)"]),
     (lambda tgt, src, pad: (torch.arange(src.shape[1]) < (src != pad).sum(-1, keepdim=True))[:, None, None, :],
      ["padding assumed at the end"]),
+    (lambda tgt, src, pad: (src != pad)[:, None, None, :], ["not expanded to the T target rows", "tgt_ids"]),
+    (lambda tgt, src, pad: M.additive_mask(M.cross_attention_mask(tgt, src, pad), torch.float64), ["additive float mask"]),
+    (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad).numpy(), ["NumPy array"]),
+    (lambda tgt, src, pad: (src != pad)[:, None, None, :].expand(-1, 1, src.shape[1], -1), ["one row per source token"]),
+    (lambda tgt, src, pad: (src != pad)[:, None, None, :].expand(-1, 1, tgt.shape[0], -1),
+     ["rows counted from tgt_ids.shape[0]"]),
     (lambda tgt, src, pad: (tgt != pad)[:, None, None, :], ["columns are target tokens"]),
     (lambda tgt, src, pad: M.decoder_mask(tgt, pad), ["columns are target tokens"]),
     (lambda tgt, src, pad: torch.ones(tgt.shape[0], 1, tgt.shape[1], src.shape[1], dtype=torch.bool), ["nothing is masked"]),
@@ -265,10 +288,8 @@ def test_cross_not_attempted(rejects, unfinished):
 @pytest.mark.parametrize("fn", [
     M.additive_mask,
     lambda mask, dtype=torch.float32: torch.where(mask, torch.tensor(0.0, dtype=dtype), torch.tensor(float("-inf"), dtype=dtype)),
-    lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min),
-    lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, max(-1e9, torch.finfo(dtype).min)),
-    lambda mask, dtype=torch.float32: ((~mask).to(dtype) * -1e9).to(dtype),  # 0·(-1e9) = 0; in float16 -1e9 → -inf
     lambda mask, dtype=torch.float32: mask.to(dtype).log(),  # log 1 = 0, log 0 = -inf
+    lambda mask, dtype=torch.float32: torch.zeros(mask.shape).masked_fill(~mask, float("-inf")).to(dtype),
     lambda mask, dtype=torch.float32: torch.full(mask.shape, float("-inf"), dtype=dtype).masked_fill(mask, 0.0),
     lambda mask, dtype=torch.float32: torch.zeros_like(mask, dtype=dtype).masked_fill_(mask.logical_not(), float("-inf")),
 ])
@@ -279,7 +300,12 @@ def test_additive_accepts(fn, accepts):
 @pytest.mark.parametrize("fn,phrases", [
     (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -1e4), ["fill value too weak"]),
     (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -1e9),
-     ["float16", "65504"]),
+     ["a finite fill instead of -inf", "-1e+09"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min),
+     ["a finite fill instead of -inf", "torch.finfo(float32).min", "uniform weights"]),
+    (lambda mask, dtype=torch.float32: ((~mask).to(dtype) * -1e9).to(dtype), ["a finite fill instead of -inf"]),
+    (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(
+        ~mask, torch.finfo(torch.float32).min), ["a finite fill instead of -inf"]),  # float32's minimum, any dtype
     (lambda mask, dtype=torch.float32: (~mask).to(dtype) * float("-inf"), ["0 × (-inf) is NaN"]),
     (lambda mask, dtype=torch.float32: mask.to(dtype), ["blocks nothing"]),
     (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf")),
@@ -357,6 +383,12 @@ def test_masked_softmax_accepts(fn, accepts):
     accepts(check_masked_softmax, fn)
 
 
+def ms_log_softmax(scores, mask):
+    empty = ~mask.any(dim=-1, keepdim=True)
+    weights = torch.log_softmax(scores.masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0), dim=-1)
+    return weights.masked_fill(empty, 0.0)
+
+
 @pytest.mark.parametrize("fn,phrases", [
     (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1), ["NaN in fully masked rows", "~mask.any"]),
     (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1), ["uniform weights in fully masked rows"]),
@@ -378,6 +410,9 @@ def test_masked_softmax_accepts(fn, accepts):
      ["uniform weights in fully masked rows"]),
     (lambda s, m: torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.5), ["fully masked rows are not zero"]),
     (lambda s, m: ms_nan_to_num(s, m)[..., :-1], ["shape"]),
+    (ms_log_softmax, ["log-softmax"]),
+    (lambda s, m: torch.log_softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(nan=0.0), ["outside [0, 1]"]),
+    (lambda s, m: s.masked_fill(~m, float("-inf")).masked_fill(~m.any(-1, keepdim=True), 0.0), ["scores returned"]),
 ])
 def test_masked_softmax_rejects(fn, phrases, rejects):
     rejects(check_masked_softmax, fn, *phrases)

@@ -185,7 +185,7 @@ def make_mha(*, names=("q_proj", "k_proj", "v_proj", "out_proj"), fused=None, bi
             else:
                 q, k, v = (_split(t, self.a) for t in (q, k, v))
             factor = {"d_head": 1 / math.sqrt(self.d), "d_model": 1 / math.sqrt(self.d_model), "none": 1.0,
-                      "d_head_linear": 1 / self.d, "width": 1 / math.sqrt(self.a * self.d)}[scale]
+                      "d_head_linear": 1 / self.d, "width": 1 / math.sqrt(self.a * self.d), "after": 1.0}[scale]
             if style == "einsum":
                 scores = torch.einsum("bhid,bhjd->bhij", q, k) * factor
             else:
@@ -206,12 +206,18 @@ def make_mha(*, names=("q_proj", "k_proj", "v_proj", "out_proj"), fused=None, bi
                 w = torch.softmax(scores.masked_fill(mask == 0, -1e9), dim=dim)
             elif mask_mode == "unsqueeze":  # assumes a (B, n_q, n_k) mask
                 w = masked_softmax(scores, mask.unsqueeze(1), dim)
+            elif mask_mode == "transposed":
+                w = masked_softmax(scores, mask.transpose(-2, -1), dim)
+            elif mask_mode == "added":
+                w = torch.softmax(scores + mask, dim=dim)
             elif mask_mode == "repeat":  # nn.MultiheadAttention's (B·A, n_q, n_k), built with repeat instead of repeat_interleave
                 full = torch.broadcast_to(mask, scores.shape)[:, 0]  # (B, n_q, n_k): one mask per sequence
                 flat = full.repeat(self.a, 1, 1)  # (A·B, …) head-major — wrong
                 w = masked_softmax(scores.flatten(0, 1), flat, dim).view(scores.shape)
             else:
                 raise ValueError(mask_mode)
+            if scale == "after":
+                w = w / math.sqrt(self.d)
             heads = w @ v  # (B, A, n_q, d_head)
             if merge == "no_transpose":
                 cat = heads.reshape(b, n_q, -1)
@@ -383,6 +389,11 @@ def test_mha_accepts_alternatives(cls, accepts):
     (make_mha(scale="d_head_linear"), ["divided by d_head instead of √d_head"]),
     (make_mha(scale="width"), ["√(A·d_head)"]),
     (make_mha(dim=-2), ["softmax over the queries"]),
+    (make_mha(dim=1), ["softmax over the heads"]),
+    (make_mha(dim=0), ["softmax over the batch"]),
+    (make_mha(scale="after"), ["weights scaled instead of the scores"]),
+    (make_mha(mask_mode="transposed"), ["mask transposed"]),
+    (make_mha(mask_mode="added"), ["bool mask added to the scores"]),
     (make_mha(out_proj=False), ["W^O not applied"]),
     (make_mha(o_in="d_model"), ["W^O takes d_model inputs, not A·d_head", "nn.Linear(n_heads * d_head, d_model)"]),
     (make_mha(q_out="d_model"), ["W^Q gives 10 outputs, not A·d_head = 12", "projected to d_model"]),
@@ -391,7 +402,7 @@ def test_mha_accepts_alternatives(cls, accepts):
     (make_mha(kv="ignored"), ["x_kv ignored: keys and values from x_q"]),
     (make_mha(kv="swapped"), ["x_q and x_kv swapped"]),
     (make_mha(kv="values_from_q"), ["mixes the two lengths"]),
-    (make_mha(qk_swapped=True), ["W^Q and W^K swapped"]),
+    (make_mha(qk_swapped=True), ["queries and keys swapped"]),
     (make_mha(v_from="k"), ["values projected with W^K"]),
     (make_mha(mask_mode="inverted"), ["mask polarity inverted"]),
     (make_mha(mask_mode="ignored"), ["mask ignored"]),

@@ -111,6 +111,8 @@ def _h(w):
     (lambda w, mask=None: ref.normalised_entropy(w, w > 0), ["counted the nonzero weights"]),
     (lambda w, mask=None: _h(w) / math.log(2), ["entropy in bits, not normalised"]),
     (lambda w: ref.normalised_entropy(w), ["does not take the mask"]),
+    (lambda w, mask=None: (lambda h, k: torch.where(k > 1, h / k.clamp(min=2).log(), 0.0))(
+        _h(w), _allowed(w, None) if mask is None else mask.sum(-1).double()), ["mask not broadcast before counting"]),
 ])
 def test_entropy_names_each_pitfall(fn, phrases, rejects):
     rejects(check_normalised_entropy, fn, *phrases)

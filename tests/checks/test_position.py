@@ -86,7 +86,8 @@ def no_return(attn):
      ["rejects functions that ignore positions", "attn(x)[perm]"]),
     (perm_test(compare=lambda a, b, perm: torch.allclose(a, b, atol=1e-5)), ["rejects functions that ignore"]),
     (perm_test(make_perm=lambda n, g: torch.arange(n).flip(0)), ["misses symmetric distance bias", "reversal"]),
-    (perm_test(make_perm=keep_first, n=3), ["misses symmetric distance bias"]),
+    (perm_test(make_perm=lambda n, g: torch.tensor([1, 0]), n=2), ["misses symmetric distance bias", "sequence of 2"]),
+    (perm_test(make_perm=lambda n, g: torch.arange(n)), ["calls everything equivariant", "leaves every token"]),
     (perm_test(n=1), ["calls everything equivariant", "single token"]),
     (perm_test(make_x=lambda g: 1e-3 * torch.randn(6, 8, generator=g)), ["misses RoPE", "tiny"]),
     (no_return, ["calls everything equivariant", "returns None"]),
@@ -115,20 +116,6 @@ def test_check_equivariance_test_feature_axis(rejects):
 
 def test_check_equivariance_test_not_attempted(rejects, unfinished):
     rejects(check_is_permutation_equivariant, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
-
-
-def test_the_variants_are_what_they_claim():
-    g = torch.Generator().manual_seed(9)
-    x = torch.randn(2, 7, 6, generator=g)
-    perm = torch.randperm(7, generator=g)
-    for name in ref.EQUIVARIANT:
-        f = ref.attention_variant(name)
-        assert torch.allclose(f(x[:, perm]), f(x)[:, perm], atol=1e-6), name
-    for name in ref.POSITION_AWARE:
-        f = ref.attention_variant(name)
-        assert (f(x[:, perm]) - f(x)[:, perm]).abs().max() > 0.05, name
-    for d in (1, 3):  # any width
-        assert ref.attention_variant("RoPE")(torch.randn(4, d)).shape == (4, d)
 
 
 # ================================================================================== sinusoidal_encoding
@@ -523,3 +510,73 @@ def test_check_additive_names_each_pitfall(fn, phrases, rejects):
 
 def test_check_additive_scaled(rejects):
     rejects(check_additive_attention, additive_rule(scale=1 / math.sqrt(7)), "scaled by √d_h")
+
+
+# ================================================================================== ports of common code
+def test_ported_right_answers_are_accepted(accepts):
+    def assert_close_style(attn):
+        g = torch.Generator().manual_seed(6)
+        x = torch.randn(7, 5, generator=g)
+        perm = torch.randperm(7, generator=g)
+        torch.testing.assert_close(attn(x[perm]), attn(x)[perm])
+
+    def numpy_test(attn):
+        rng = np.random.default_rng(0)
+        x, perm = rng.standard_normal((6, 8)), rng.permutation(6)
+        return np.allclose(attn(x[perm]), attn(x)[perm])
+
+    def roll_test(attn):
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(7))
+        perm = torch.roll(torch.arange(6), 1)
+        return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+    for fn in (assert_close_style, numpy_test, roll_test):
+        accepts(check_is_permutation_equivariant, fn)
+
+    def slopes_fairseq(n):  # the ALiBi authors' get_slopes
+        def power_of_2(n):
+            start = 2 ** (-2 ** -(math.log2(n) - 3))
+            return [start * start ** i for i in range(n)]
+        if math.log2(n).is_integer():
+            return power_of_2(n)
+        c = 2 ** math.floor(math.log2(n))
+        return power_of_2(c) + slopes_fairseq(2 * c)[0::2][: n - c]
+
+    def alibi_fairseq(n, n_heads):
+        i = torch.arange(n)
+        return -torch.tensor(slopes_fairseq(n_heads))[:, None, None] * (i[None, :] - i[:, None]).abs()
+
+    accepts(check_alibi_bias, alibi_fairseq)
+
+    def rope_meta_llama(x, positions=None, base=10000.0):  # float32 internals, as Meta's code
+        n, d = x.shape[-2:]
+        positions = torch.arange(n) if positions is None else positions
+        freqs = 1.0 / (base ** (torch.arange(0, d, 2)[: d // 2].float() / d))
+        angles = torch.outer(positions.float(), freqs)
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * torch.polar(torch.ones_like(angles), angles)).flatten(-2).type_as(x)
+
+    accepts(check_apply_rope, rope_meta_llama)
+
+    def additive_d2l(q, k, v, W_q, W_k, w, mask=None):
+        features = torch.tanh((q @ W_q.T).unsqueeze(-2) + (k @ W_k.T).unsqueeze(-3))
+        scores = (features * w).sum(-1)
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e6)
+        weights = F.softmax(scores, dim=-1)
+        return torch.matmul(weights, v), weights
+
+    accepts(check_additive_attention, additive_d2l)
+
+
+def test_hugging_face_rotate_half_is_named(rejects):
+    def rope_hf(x, positions=None, base=10000.0):
+        n, d = x.shape[-2:]
+        positions = torch.arange(n) if positions is None else positions
+        inv = 1.0 / (base ** (torch.arange(0, d, 2).float() / d))
+        f = positions.float()[:, None] * inv
+        emb = torch.cat((f, f), -1)
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * emb.cos().to(x.dtype) + torch.cat((-x2, x1), -1) * emb.sin().to(x.dtype)
+
+    rejects(check_apply_rope, rope_hf, "(i, i + d/2) instead of (2i, 2i + 1)", "rotate_half")

@@ -74,7 +74,13 @@ def numpy_scalar(d_k, sigma=1.0, n_samples=20_000, generator=None):
     return np.float64(reference_style(d_k, sigma, n_samples, generator).item())
 
 
-MC_RIGHT = [reference_style, one_draw_float64, via_numpy, mean_of_squares, normal_with_std, keys_by_column,
+def numpy_from_initial_seed(d_k, sigma=1.0, n_samples=20_000, generator=None):  # the seed, not a draw, from it
+    rng = np.random.default_rng(generator.initial_seed() if generator is not None else None)
+    q, k = rng.normal(0, sigma, (n_samples, d_k)), rng.normal(0, sigma, (n_samples, d_k))
+    return float(np.var(np.einsum("nd,nd->n", q, k)))
+
+
+MC_RIGHT = [numpy_from_initial_seed, reference_style, one_draw_float64, via_numpy, mean_of_squares, normal_with_std, keys_by_column,
             in_chunks, numpy_scalar, scaling.mc_score_variance]
 
 
@@ -83,7 +89,7 @@ def test_variance_check_accepts_correct_estimators(fn, accepts):
     accepts(check_mc_score_variance, fn)
 
 
-@pytest.mark.parametrize("seed", range(1, 6))
+@pytest.mark.parametrize("seed", range(1, 4))
 @pytest.mark.parametrize("fn", [reference_style, one_draw_float64, via_numpy])
 def test_variance_check_accepts_correct_estimators_on_every_seed(fn, seed, accepts):
     accepts(make_mc_check(seed), fn)
@@ -97,7 +103,7 @@ def biased(factor):
     return estimator
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("factor", [1.10, 0.90])
 def test_variance_check_rejects_a_10_percent_bias_on_every_seed(factor, seed, rejects):
     result = rejects(make_mc_check(seed), biased(factor), "standard errors")
@@ -213,6 +219,11 @@ def reseeds_generator(d, s, n, g):
 
 
 @mk
+def own_fixed_generator(d, s, n, g):
+    return _scores(d, s, n, torch.Generator().manual_seed(0)).var()
+
+
+@mk
 def integer_result(d, s, n, g):
     return int(_scores(d, s, n, g).var())
 
@@ -242,6 +253,18 @@ def sample_size_one(d, s, n, g):
     return _scores(d, s, 1, g).var()
 
 
+@mk
+def q_not_random(d, s, n, g):  # the surviving mutant of `q = sigma * torch.randn(...)`: right mean, wrong spread
+    q = s
+    return (q * R(n, d, g, s)).sum(-1).var()
+
+
+@mk
+def one_key_for_all_samples(d, s, n, g):
+    q, k = R(n, d, g, s), R(1, d, g, s)
+    return (q * k).sum(-1).var()
+
+
 MC_WRONG = [
     W(divided_by_dk, "σ⁴/d_k", "divided the dot product by d_k"),
     W(mean_not_sum, "σ⁴/d_k", "mean"),
@@ -261,10 +284,13 @@ MC_WRONG = [
     W(global_random_state, "generator was not used", "generator=generator"),
     W(generator_for_q_only, "some draws ignore the generator"),
     W(reseeds_generator, "seed makes no difference", "re-seed"),
+    W(own_fixed_generator, "generator was not used", "never drawn from"),
     W(integer_result, "returned an integer"),
     W(variance_per_entry, "not one number", "per sample or per entry"),
     W(variance_per_sample, "not one number", "per sample or per entry"),
     W(negated, "negative", "never negative"),
+    W(q_not_random, "scatter too little", "not random"),
+    W(one_key_for_all_samples, "scatter far too much", "shared by all the pairs"),
     W(list_result, "returned a list", named=False),
     W(sample_size_one, "NaN", named=False),
     W(lambda d_k, sigma=1.0, n_samples=20_000: 1.0, "no parameter generator", "renamed"),
@@ -279,9 +305,9 @@ def test_variance_check_names_each_mistake(fn, phrases, named, rejects):
     rejects_as(rejects, check_mc_score_variance, fn, phrases, named)
 
 
-@pytest.mark.parametrize("seed", range(1, 4))
-@pytest.mark.parametrize("fn", [divided_by_dk, scaled_score, sigma_ignored, std_returned, summed_over_samples,
-                                same_vector, fixed_n, uniform_draws])
+@pytest.mark.parametrize("seed", range(1, 3))
+@pytest.mark.parametrize("fn", [divided_by_dk, scaled_score, std_returned, summed_over_samples, fixed_n,
+                                q_not_random])
 def test_variance_check_names_the_same_mistake_on_every_seed(fn, seed, rejects):
     expected = next(p.values[1] for p in MC_WRONG if p.values[0] is fn)
     rejects(make_mc_check(seed), fn, *expected)

@@ -799,3 +799,50 @@ def test_the_module_imports_no_private_torch_module_and_shares_public_names():
                 assert not any(alias.name.startswith("_") for alias in node.names), (name, node.module)
             if isinstance(node, ast.Import):
                 assert not any(part.startswith("_") for alias in node.names for part in alias.name.split("."))
+
+
+# =============================================================================== one change to the solution
+# Mechanical slips of the kind the mutation harness makes (attn_course.tools.mutants), each named.
+def _m(x, d):
+    return x.amax(d, keepdim=True)
+
+
+MUTANT_LIKE = [
+    (check_stable_softmax, lambda x, dim=-1: (x - _m(x, dim)) / (x - _m(x, dim)).sum(dim, keepdim=True),
+     "exponential missing"),
+    (check_stable_softmax, lambda x, dim=-1: torch.exp(x - _m(x, dim)) * torch.exp(x - _m(x, dim)).sum(dim, keepdim=True),
+     "multiplied by the sum"),
+    (check_stable_softmax, lambda x, dim=-1: torch.exp(x - _m(x, dim)).sum(dim, keepdim=True), "one value per slice"),
+    (check_softmax_temperature, lambda x, t: torch.log(x / t - _m(x / t, -1)) / torch.log(x / t - _m(x / t, -1)).sum(
+        -1, keepdim=True), "log instead of exp"),
+    (check_logsumexp, lambda x, dim=-1: (_m(x, dim) - torch.log(torch.exp(x - _m(x, dim)).sum(dim, keepdim=True))).squeeze(dim),
+     "log term subtracted"),
+    (check_logsumexp, lambda x, dim=-1: (_m(x, dim) + torch.exp(x - _m(x, dim)).sum(dim, keepdim=True)).squeeze(dim),
+     "log missing"),
+    (check_logsumexp, lambda x, dim=-1: (_m(x, dim) + torch.log(torch.exp(x - _m(x, dim)).sum(-1, keepdim=True))).squeeze(dim),
+     "sum taken along the wrong axis"),
+    (check_logsumexp, lambda x, dim=-1: torch.logsumexp(x, dim, keepdim=True).squeeze(-1), "squeezed the wrong axis"),
+    (check_logsumexp, lambda x, dim=-1: (_m(x, dim) + torch.log((x - _m(x, dim)).sum(dim, keepdim=True))).squeeze(dim),
+     "exponential missing"),
+    (check_log_softmax, lambda x, dim=-1: x - (_m(x, dim) + torch.exp(x - _m(x, dim)).sum(dim, keepdim=True)),
+     "log missing"),
+    (check_log_softmax, lambda x, dim=-1: x - (_m(x, dim) + torch.log(torch.exp(x - _m(x, dim)).mean(dim, keepdim=True))),
+     "mean instead of sum"),
+    (check_log_softmax, lambda x, dim=-1: x + torch.logsumexp(x, dim, keepdim=True), "logsumexp added"),
+    (check_log_softmax, lambda x, dim=-1: x - (_m(x, 0) + torch.log(torch.exp(x - _m(x, 0)).sum(dim, keepdim=True))),
+     "maximum taken along the wrong axis"),
+]
+
+
+@pytest.mark.parametrize("check,fn,phrase", MUTANT_LIKE, ids=[f"{c.exercise}-{p}" for c, _, p in MUTANT_LIKE])
+def test_one_change_slips_are_named(check, fn, phrase, rejects):
+    rejects(check, fn, phrase)
+
+
+def sm_max_pair(x, dim=-1):  # x.max(dim) is a (values, indices) pair
+    e = torch.exp(x - x.max(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def test_max_returning_a_pair_is_explained(rejects):
+    rejects(check_stable_softmax, sm_max_pair, "(values, indices)", ".values")

@@ -8,10 +8,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attn_course import schedule
-from attn_course.schedule import Estimate, build, count_words, estimate, load_timings, render
+from attn_course.tools.cli import main as cli
+from attn_course.tools.schedule import Estimate, _title, build, count_words, estimate, load_timings, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _notebook(path: Path, *, words: int, code_lines: int, exercises: int) -> Path:
@@ -23,6 +23,12 @@ def _notebook(path: Path, *, words: int, code_lines: int, exercises: int) -> Pat
         cells.append(cell)
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     return path
+
+
+def test_title_is_the_first_heading_even_after_plain_lines():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("[![Colab](badge.svg)](link)\n\n# 03 · Softmax, stably")])
+    assert _title(nb) == "Softmax, stably"
+    assert _title(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("no heading at all")])) == ""
 
 
 def test_count_words_ignores_markup_and_links():
@@ -89,7 +95,7 @@ def test_cli_writes_the_schedule(tmp_path, capsys):
     timings = tmp_path / "t.json"
     timings.write_text(json.dumps({"00_a.ipynb": 3.0, "01_b.ipynb": 6.0}))
     out = tmp_path / "schedule.md"
-    assert schedule.main(["--notebooks", str(folder), "--timings", str(timings), "--out", str(out)]) == 0
+    assert cli(["schedule", "--notebooks", str(folder), "--timings", str(timings), "--out", str(out)]) == 0
     text = out.read_text()
     assert "| 01_b · Toy topic | 260 | 30 | 2 | 6 |" in text
     assert "Take-home (does not fit): nothing." in text
@@ -106,6 +112,6 @@ def test_docs_schedule_is_what_the_script_computes_from_the_notebooks_now(tmp_pa
     missing = [p.name for p in solutions if p.name not in timings]
     assert not missing, f"no measured time for {missing}: run `python -m attn_course schedule --measure`"
     out = tmp_path / "schedule.md"
-    assert schedule.main(["--timings", str(TIMINGS), "--out", str(out)]) == 0
+    assert cli(["schedule", "--notebooks", str(ROOT / "solutions"), "--timings", str(TIMINGS), "--out", str(out)]) == 0
     assert out.read_text() == SCHEDULE_MD.read_text(), (
         "docs/schedule.md is stale (a notebook changed): run `python -m attn_course schedule`")

@@ -1,0 +1,593 @@
+"""The attention benchmark (notebook 09; ``python -m attn_course bench`` is its command line).
+
+A sweep over the sequence length n with the number of tokens B·n and the model width A·d_k held
+fixed (the FlashAttention papers' setup), so that every point does the same amount of projection
+work and only attention's n² part grows. Implementations (:data:`IMPLEMENTATIONS`):
+
+* ``naive`` — :func:`attn_course.fast.naive_attention` (the full score matrix);
+* ``tiled`` — the course's tiled loop, :func:`attn_course.fast.tiled_attention` (forward); its
+  forward + backward is :func:`attn_course.backward.flash_attention` (notebook 10), whose backward
+  recomputes the tiles instead of storing them;
+* ``sdpa-math``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` — ``F.scaled_dot_product_attention``
+  pinned to one backend with ``torch.nn.attention.sdpa_kernel`` (those this device has);
+* ``compile`` — ``torch.compile(naive_attention)``; its compile time is reported in its own column;
+* ``triton`` — the course's Triton kernel (forward only; a CUDA GPU with Triton installed).
+
+Each :class:`Impl` says how to run its forward and, separately, what to differentiate for the
+forward + backward mode: autograd through the forward itself, a function with its own backward
+(a ``torch.autograd.Function``), or nothing (forward only).
+
+**Correctness first**: before anything is timed, each output (batch 0, heads 0–1) is compared with a
+float64 reference computed tile by tile; in forward + backward mode the gradients are compared too.
+A wrong implementation is reported as ``WRONG`` and not timed. Out of memory is a result (``OOM``),
+not a crash. Times are medians after warm-up (:func:`attn_course.timing.time_ms`), memory the peak
+above what was allocated before the call (:func:`attn_course.timing.peak_memory_bytes`). FLOPs
+follow the papers (:func:`attn_course.fast.attention_flops`).
+
+Use: ``results, stamp = run_sweep(BenchOptions(ns=[256, 512]))``, then :func:`results_table` and
+:func:`plot_results`. :class:`BenchOptions` has a default for everything (a small CPU sweep), so
+pass only what you change.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+from . import datasheet, fast, timing
+from .attention import score_matrix_bytes
+from .plots import styled
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "SDPA_BACKENDS",
+    "DTYPES",
+    "TOLERANCE",
+    "Impl",
+    "implementations",
+    "BenchOptions",
+    "Config",
+    "Result",
+    "configs",
+    "reference",
+    "measure",
+    "run_sweep",
+    "results_table",
+    "plot_results",
+    "load_recorded",
+]
+
+SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION",
+                 "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}
+IMPLEMENTATIONS = ("naive", "tiled", *SDPA_BACKENDS, "compile", "triton")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+#: Largest |error| allowed against the float64 reference, per element: tol · (1 + |reference|).
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2, torch.float64: 1e-9}
+#: Gradients: largest |error| allowed, relative to the largest |reference gradient|.
+GRAD_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1, torch.float64: 1e-9}
+MODES = ("fwd", "fwd+bwd")
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+
+
+# ============================================================================ implementations
+@dataclass
+class Impl:
+    """One attention implementation.
+
+    ``forward(q, k, v, causal)`` → output (B, A, n, d_v). ``differentiable`` is what the forward +
+    backward mode runs and differentiates: by default (``"autograd"``) ``forward`` itself; an
+    implementation with its own backward gives a function built on a ``torch.autograd.Function``;
+    None means forward only. ``prepare()``, when given, runs before each configuration (e.g. a fresh
+    ``torch.compile``); with ``compiles`` the first call's time is reported as compile time.
+    ``materialises``: it holds an n × n matrix (the CPU memory guard skips it when that cannot fit).
+    """
+
+    name: str
+    forward: Attention
+    differentiable: Attention | None | str = "autograd"
+    note: str = ""
+    materialises: bool = False
+    prepare: Callable[[], None] | None = None
+    compiles: bool = False
+
+    def __post_init__(self) -> None:
+        if self.differentiable == "autograd":
+            self.differentiable = self.forward
+
+
+def _sdpa(backend_name: str) -> Attention:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def _sdpa_works(backend_name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    q = torch.randn(1, 1, 32, 64, device=device, dtype=dtype)
+    try:
+        with warnings.catch_warnings():  # CUDA explains at length why a backend declines: not our output
+            warnings.simplefilter("ignore")
+            _sdpa(backend_name)(q, q, q, False)
+        return True
+    except RuntimeError:
+        return False
+
+
+class _Compiled:
+    """``torch.compile(naive_attention)``, compiled afresh (and timed) once per configuration."""
+
+    def __init__(self) -> None:
+        self.fn: Callable[..., torch.Tensor] | None = None
+
+    def reset(self) -> None:
+        import torch._dynamo
+
+        torch._dynamo.reset()  # forget earlier shapes: no recompile limit, an honest compile time
+        self.fn = torch.compile(fast.naive_attention, dynamic=False)
+
+    def __call__(self, q, k, v, causal):
+        if self.fn is None:
+            self.reset()
+        return self.fn(q, k, v, causal=causal)
+
+
+def _tiled(block: int) -> Impl:
+    def forward(q, k, v, causal):
+        return (fast.causal_tiled_attention if causal else fast.tiled_attention)(q, k, v, block)
+
+    try:
+        from .backward import flash_attention
+    except ImportError:  # notebook 10's module absent: forward only
+        return Impl("tiled", forward, differentiable=None, note=f"block {block}")
+
+    def differentiable(q, k, v, causal):
+        return flash_attention(q, k, v, block, causal)
+
+    return Impl("tiled", forward, differentiable=differentiable, note=f"block {block}")
+
+
+def implementations(names: Iterable[str], device: str | torch.device, dtype: torch.dtype, *,
+                    tiled_block: int = 256) -> tuple[list[Impl], dict[str, str]]:
+    """The implementations in ``names`` that can run on ``device`` in ``dtype``, and for each one that
+    cannot, why not."""
+    device = torch.device(device)
+    found: list[Impl] = []
+    missing: dict[str, str] = {}
+    for name in names:
+        if name == "naive":
+            found.append(Impl("naive", lambda q, k, v, causal: fast.naive_attention(q, k, v, causal=causal),
+                              materialises=True))
+        elif name == "tiled":
+            found.append(_tiled(tiled_block))
+        elif name in SDPA_BACKENDS:
+            backend = SDPA_BACKENDS[name]
+            if _sdpa_works(backend, device, dtype):
+                found.append(Impl(name, _sdpa(backend), materialises=name == "sdpa-math"))
+            else:
+                missing[name] = f"backend {backend} has no kernel for {device.type}/{str(dtype).replace('torch.', '')}"
+        elif name == "compile":
+            compiled = _Compiled()
+            found.append(Impl("compile", compiled, note="torch.compile(naive_attention)", materialises=True,
+                              prepare=compiled.reset, compiles=True))
+        elif name == "triton":
+            from . import triton_attention
+
+            reason = (triton_attention.unavailable_reason(device) if device.type == "cuda" else
+                      "the Triton kernel runs on CUDA GPUs (its CPU interpreter is for tests only)")
+            if reason:
+                missing[name] = reason
+            else:
+                found.append(Impl("triton", lambda q, k, v, causal: triton_attention.attention(q, k, v, causal=causal),
+                                  differentiable=None, note="forward only"))
+        else:
+            missing[name] = f"unknown implementation (known: {', '.join(IMPLEMENTATIONS)})"
+    return found, missing
+
+
+# ============================================================================ what to measure
+@dataclass
+class BenchOptions:
+    """What a sweep measures. Every field has a default (a small CPU sweep that takes seconds).
+
+    ``ns``: sequence lengths; ``head_dims``: d_k (= d_v); ``tokens``: B·n held fixed (B = tokens // n,
+    at least 1); ``hidden``: A·d_k held fixed (A = hidden // d_k, at least 1); ``modes``: "fwd" and/or
+    "fwd+bwd"; ``tiled_block``: the block size of the course's tiled loop; ``min_run_time``: seconds
+    of timed calls per CPU measurement; ``max_memory``: on the CPU, skip implementations that hold an
+    n × n matrix when they would need more bytes than this (Linux may grant a huge allocation and then
+    kill the process); ``seed``: of the random inputs.
+    """
+
+    device: str = "cpu"
+    ns: Sequence[int] = (256, 512, 1024)
+    head_dims: Sequence[int] = (64,)
+    dtypes: Sequence[str] = ("float32",)
+    causal: Sequence[bool] = (False, True)
+    modes: Sequence[str] = ("fwd",)
+    impls: Sequence[str] = ("naive", "tiled", *SDPA_BACKENDS)
+    tokens: int = 1024
+    hidden: int = 128
+    tiled_block: int = 256
+    min_run_time: float = 0.05
+    warmup: int = 1
+    max_memory: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("ns", "head_dims", "dtypes", "causal", "modes", "impls"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int, bool)) or not len(value):
+                raise ValueError(f"{name} must be a non-empty list, got {value!r}")
+            setattr(self, name, list(value))
+        if any(not isinstance(n, int) or n < 1 for n in [*self.ns, *self.head_dims, self.tokens, self.hidden,
+                                                          self.tiled_block]):
+            raise ValueError("ns, head_dims, tokens, hidden and tiled_block must be positive integers")
+        unknown = [d for d in self.dtypes if d not in DTYPES] + [m for m in self.modes if m not in MODES]
+        if unknown:
+            raise ValueError(f"unknown dtype or mode {unknown}: dtypes from {list(DTYPES)}, modes from {list(MODES)}")
+        torch.device(self.device)  # raises on a malformed device string
+
+    @classmethod
+    def preset(cls, device: str, *, quick: bool = False) -> "BenchOptions":
+        """The command line's defaults: on a CUDA GPU the papers' sizes in float16/bfloat16, on the CPU a
+        smaller float32 sweep; ``quick`` is a small sweep to see that everything works."""
+        gpu = torch.device(device).type == "cuda"
+        if quick:
+            return cls(device=device, ns=[1024, 2048, 4096] if gpu else [256, 512, 1024], head_dims=[64],
+                       dtypes=["float16"] if gpu else ["float32"], modes=["fwd"],
+                       impls=[i for i in IMPLEMENTATIONS if i != "compile"],
+                       tokens=8192 if gpu else 1024, hidden=1024 if gpu else 128,
+                       tiled_block=1024 if gpu else 256, min_run_time=0.05)
+        return cls(device=device, ns=[512, 1024, 2048, 4096, 8192, 16384] if gpu else [256, 512, 1024, 2048, 4096],
+                   head_dims=[64, 128], dtypes=["float16", "bfloat16"] if gpu else ["float32"],
+                   modes=list(MODES), impls=list(IMPLEMENTATIONS), tokens=16384 if gpu else 4096,
+                   hidden=2048 if gpu else 256, tiled_block=1024 if gpu else 256, min_run_time=0.2, warmup=2)
+
+
+@dataclass
+class Config:
+    """One point of a sweep."""
+
+    n: int
+    head_dim: int
+    batch: int
+    heads: int
+    dtype: str
+    causal: bool
+    mode: str  # "fwd" or "fwd+bwd"
+
+
+@dataclass
+class Result:
+    """One implementation at one :class:`Config`: a row of the CSV."""
+
+    impl: str
+    device: str
+    dtype: str
+    batch: int
+    heads: int
+    n: int
+    head_dim: int
+    causal: bool
+    mode: str
+    status: str  # ok, WRONG, OOM, unsupported, skipped, error
+    ms: float | None = None
+    tflops: float | None = None
+    pct_of_peak: float | None = None
+    peak_memory_bytes: int | None = None
+    compile_s: float | None = None
+    max_abs_error: float | None = None
+    note: str = ""
+
+
+FIELDS = [f.name for f in fields(Result)]
+
+
+def configs(options: BenchOptions) -> list[Config]:
+    """Every (n, d_k, dtype, causal, mode) point, with B = tokens // n and A = hidden // d_k."""
+    return [Config(n, d, max(1, options.tokens // n), max(1, options.hidden // d), dtype, causal, mode)
+            for dtype in options.dtypes for d in options.head_dims for causal in options.causal
+            for mode in options.modes for n in options.ns]
+
+
+# ============================================================================ one measurement
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+              dout: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """float64 output for batch 0, heads 0–1, computed tile by tile (little memory even for long n),
+    and, given ``dout`` (the upstream gradient), the gradients for q, k, v of those heads (by
+    :func:`attn_course.backward.tiled_attention_backward`; None when that module is absent)."""
+    q0, k0, v0 = (t[0, :2].detach().double() for t in (q, k, v))
+    block = min(q.shape[-2], 1024)
+    if dout is None:
+        return (fast.causal_tiled_attention if causal else fast.tiled_attention)(q0, k0, v0, block), None
+    try:
+        from .backward import tiled_attention_backward, tiled_attention_forward
+    except ImportError:
+        return (fast.causal_tiled_attention if causal else fast.tiled_attention)(q0, k0, v0, block), None
+    out, lse = tiled_attention_forward(q0, k0, v0, block, causal=causal)
+    grads = tiled_attention_backward(q0, k0, v0, out, lse, dout[0, :2].double(), block, causal=causal)
+    return out, grads
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _first_error(what: str, got: torch.Tensor, want: torch.Tensor, tol: float, *, relative_to_max: bool) -> str | None:
+    """Why ``got`` is not close enough to ``want`` (None when it is)."""
+    got = got.double()
+    if not torch.isfinite(got).all():
+        return f"{what}: NaN or inf"
+    err = (got - want).abs()
+    bound = tol * float(want.abs().max()) if relative_to_max else tol * (1 + want.abs())
+    if bool((err <= bound).all()):
+        return None
+    return f"{what}: max |error| {float(err.max()):.3g} vs float64"
+
+
+def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *,
+            device: str | torch.device, peak: float | None = None, options: BenchOptions | None = None) -> Result:
+    """Check ``impl`` on one configuration against float64, then time it and measure its peak memory."""
+    options = options or BenchOptions()
+    device = torch.device(device)
+    dtype = DTYPES[cfg.dtype]
+    res = Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim, cfg.causal,
+                 cfg.mode, "ok", note=impl.note)
+    backward = cfg.mode == "fwd+bwd"
+    if backward and impl.differentiable is None:
+        res.status, res.note = "unsupported", "forward only"
+        return res
+    if device.type == "cpu" and options.max_memory and impl.materialises:
+        need = 3 * score_matrix_bytes(cfg.n, batch=cfg.batch, heads=cfg.heads, dtype=dtype) * (2 if backward else 1)
+        if need > options.max_memory:
+            res.status = "skipped"
+            res.note = f"would need about {timing.format_bytes(need)} > max_memory {timing.format_bytes(options.max_memory)}"
+            return res
+    q, k, v = inputs
+    try:
+        if backward:
+            qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+            dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(options.seed + 1)).to(device, dtype)
+
+            def step():
+                o = impl.differentiable(qg, kg, vg, cfg.causal)
+                return torch.autograd.grad(o, (qg, kg, vg), dout)
+
+            def first():  # the output and gradients to check (torch.compile compiles both passes here)
+                o = impl.differentiable(qg, kg, vg, cfg.causal)
+                return o.detach(), torch.autograd.grad(o, (qg, kg, vg), dout)
+        else:
+            dout = None
+
+            def step():
+                return impl.forward(q, k, v, cfg.causal)
+
+            def first():
+                return step(), None
+        if impl.prepare is not None:
+            impl.prepare()
+        want_out, want_grads = reference(q, k, v, cfg.causal, dout)
+        start = time.perf_counter()
+        out, grads = first()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if impl.compiles:
+            res.compile_s = time.perf_counter() - start  # compiling + one run
+        res.max_abs_error = float((out[0, :2].double() - want_out).abs().max())
+        problems = [_first_error("output", out[0, :2], want_out, TOLERANCE[dtype], relative_to_max=False)]
+        if grads is not None and want_grads is not None:
+            problems += [_first_error(f"d{name}", g[0, :2], w, GRAD_TOLERANCE[dtype], relative_to_max=True)
+                         for name, g, w in zip("qkv", grads, want_grads)]
+        problems = [p for p in problems if p]
+        if problems:
+            res.status = "WRONG"
+            res.note = "; ".join(problems) + ": not timed"
+            return res
+        del out, grads
+        res.ms = timing.time_ms(step, device=device, warmup=options.warmup, min_run_time=options.min_run_time)
+        flops = fast.attention_flops(cfg.batch, cfg.heads, cfg.n, cfg.head_dim, causal=cfg.causal, backward=backward)
+        res.tflops = flops / (res.ms * 1e-3) / 1e12
+        if peak:
+            res.pct_of_peak = 100.0 * res.tflops / peak
+        res.peak_memory_bytes = timing.peak_memory_bytes(step, device=device)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+        if _is_oom(exc):
+            res.status, res.note = "OOM", f"OOM at n={cfg.n}"
+        elif "No available kernel" in str(exc) or "No viable backend" in str(exc):
+            res.status, res.note = "unsupported", "no kernel for this configuration"
+        else:
+            first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
+            res.status, res.note = "error", f"{type(exc).__name__}: {first_line}"
+        res.ms = res.tflops = res.pct_of_peak = None
+    finally:
+        _free(device)
+    return res
+
+
+# ============================================================================ the sweep
+def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
+              log: Callable[[str], None] = print) -> tuple[list[Result], dict[str, Any]]:
+    """Measure every implementation on every configuration of ``options``; returns the rows and the
+    run's stamp (device, versions, shapes, how FLOPs, memory and peaks were counted). ``log`` gets one
+    line per implementation that cannot run here, per out-of-memory and per wrong result."""
+    from tqdm.auto import tqdm
+
+    options = options or BenchOptions()
+    device = torch.device(options.device)
+    points = configs(options)
+    impls_by_dtype: dict[str, list[Impl]] = {}
+    missing_all: dict[str, str] = {}
+    for dt in options.dtypes:
+        found, missing = implementations(options.impls, device, DTYPES[dt], tiled_block=options.tiled_block)
+        impls_by_dtype[dt] = found
+        missing_all.update({f"{name} ({dt})": why for name, why in missing.items()})
+    for name, why in missing_all.items():
+        log(f"not measured: {name}: {why}")
+    name = timing.device_name(device)
+    results: list[Result] = []
+    oom_at: dict[tuple, int] = {}
+    total = sum(len(impls_by_dtype[c.dtype]) for c in points)
+    bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr)
+    gen = torch.Generator(device="cpu").manual_seed(options.seed)
+    for cfg in points:
+        dtype = DTYPES[cfg.dtype]
+        shape = (cfg.batch, cfg.heads, cfg.n, cfg.head_dim)  # (B, A, n, d_k)
+        try:
+            inputs = tuple(torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
+        except Exception as exc:  # noqa: BLE001
+            if not _is_oom(exc):
+                raise
+            for impl in impls_by_dtype[cfg.dtype]:
+                results.append(Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim,
+                                      cfg.causal, cfg.mode, "OOM", note=f"OOM at n={cfg.n} (inputs)"))
+                bar.update(1)
+            _free(device)
+            continue
+        peak = datasheet.peak_tflops(name, dtype)[0] if device.type == "cuda" else None
+        for impl in impls_by_dtype[cfg.dtype]:
+            key = (impl.name, cfg.head_dim, cfg.dtype, cfg.causal, cfg.mode)
+            bar.set_postfix_str(f"{impl.name} n={cfg.n} d={cfg.head_dim} {cfg.dtype} "
+                                f"{'causal' if cfg.causal else 'full'} {cfg.mode}")
+            if key in oom_at and cfg.n > oom_at[key]:
+                res = Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim,
+                             cfg.causal, cfg.mode, "skipped", note=f"already OOM at n={oom_at[key]}")
+            else:
+                res = measure(impl, cfg, inputs, device=device, peak=peak, options=options)
+                if res.status == "OOM":
+                    oom_at[key] = cfg.n
+                if res.status in ("OOM", "WRONG", "error"):
+                    log(f"{impl.name}: {res.status} at n={cfg.n} (d={cfg.head_dim}, {cfg.dtype}, "
+                        f"{'causal' if cfg.causal else 'non-causal'}, {cfg.mode}): {res.note}")
+            results.append(res)
+            bar.update(1)
+        del inputs
+        _free(device)
+    bar.close()
+    return results, _stamp(options, device, name, missing_all)
+
+
+def _stamp(options: BenchOptions, device: torch.device, name: str, missing: dict[str, str]) -> dict[str, Any]:
+    info = timing.stamp(device, None, {"tokens (B·n)": options.tokens, "hidden (A·d_k)": options.hidden,
+                                       "n": list(options.ns), "head_dims": list(options.head_dims),
+                                       "dtypes": list(options.dtypes)})
+    if device.type == "cuda":
+        info["peak_tflops"] = {dt: datasheet.peak_tflops(name, DTYPES[dt])[0] for dt in options.dtypes}
+        model = datasheet.peak_tflops(name, DTYPES[options.dtypes[0]])[1]
+        info["peak_source"] = f"{datasheet.PEAK_SOURCE} ({model})" if model else "no known peak for this GPU"
+    else:
+        info["peak_tflops"], info["peak_source"] = None, "no peak for CPUs"
+    info["not_measured"] = missing
+    info["flops"] = "4·B·A·n²·d_k forward, half when causal; forward+backward = 3.5 × forward"
+    info["correctness"] = ("each output (and, forward+backward, each gradient) compared with float64 on batch 0, "
+                           "heads 0-1, before timing")
+    info["memory"] = ("torch.cuda.max_memory_allocated above the memory allocated before the call"
+                      if device.type == "cuda" else
+                      "peak of PyTorch CPU allocations recorded by torch.profiler (profile_memory=True)")
+    info["options"] = asdict(options)
+    return info
+
+
+# ============================================================================ showing results
+def _rows(results: Iterable[Result | dict]) -> list[dict[str, Any]]:
+    return [asdict(r) if isinstance(r, Result) else dict(r) for r in results]
+
+
+def results_table(results: Iterable[Result | dict], *, max_width: int | None = None) -> str:
+    """A text table, one row per measurement (through the package's one table writer)."""
+    from .tools.tables import format_table
+
+    headers = ["impl", "dtype", "n", "d", "B×A", "causal", "mode", "ms", "TFLOP/s", "% peak", "peak mem",
+               "compile s", "status"]
+    rows = []
+    for r in _rows(results):
+        status = r["status"] + (f" ({r['note']})" if r.get("note") and r["status"] != "ok" else "")
+        rows.append([r["impl"], r["dtype"], r["n"], r["head_dim"], r["batch"] * r["heads"], r["causal"], r["mode"],
+                     r["ms"], r["tflops"], r["pct_of_peak"],
+                     None if r["peak_memory_bytes"] is None else timing.format_bytes(r["peak_memory_bytes"]),
+                     r["compile_s"], status])
+    return format_table(headers, rows, formats={"ms": ".3f", "TFLOP/s": ".4f", "% peak": ".1f", "compile s": ".1f"},
+                        align={"peak mem": ">"}, max_width=max_width, flex="status")
+
+
+@styled
+def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtype: str | None = None,
+                 mode: str = "fwd") -> plt.Figure | None:
+    """Time (ms) and peak extra memory vs n, log–log: a pair of rows per head dim, one column per
+    causal setting. None when there is no successful measurement of ``dtype`` (default: the first
+    measured) in ``mode``."""
+    ok = [r for r in _rows(results) if r["status"] == "ok" and r["mode"] == mode]
+    dtype = dtype or (ok[0]["dtype"] if ok else None)
+    ok = [r for r in ok if r["dtype"] == dtype]
+    if not ok:
+        return None
+    dims = sorted({r["head_dim"] for r in ok})
+    causals = sorted({r["causal"] for r in ok})
+    fig, axes = plt.subplots(2 * len(dims), len(causals), figsize=(4.7 * len(causals), 3.4 * 2 * len(dims)),
+                             squeeze=False)
+    impls = list(dict.fromkeys(r["impl"] for r in ok))
+    markers = "osD^vP*X"
+    shapes = info.get("shapes", {})
+    fixed = (f"B·n = {shapes.get('tokens (B·n)', '?')} tokens, A·d_k = {shapes.get('hidden (A·d_k)', '?')}"
+             if shapes else "")
+    for i, d in enumerate(dims):
+        for j, causal in enumerate(causals):
+            time_ax, mem_ax = axes[2 * i][j], axes[2 * i + 1][j]
+            for m, impl in enumerate(impls):
+                pts = sorted((r["n"], r["ms"], r["peak_memory_bytes"]) for r in ok
+                             if r["impl"] == impl and r["head_dim"] == d and r["causal"] == causal)
+                if not pts:
+                    continue
+                style = dict(marker=markers[m % len(markers)], label=impl)
+                time_ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+                mem = [(p[0], p[2] / 2**20) for p in pts if p[2] is not None]
+                if mem:
+                    mem_ax.plot(*zip(*mem), **style)
+            time_ax.set_title(f"d_k = {d}, {'causal' if causal else 'non-causal'}, {dtype}, {mode}")
+            for ax, ylabel in ((time_ax, "median time (ms)"), (mem_ax, "peak extra memory (MiB)")):
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel("sequence length n")
+                ax.set_ylabel(ylabel)
+                ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=9)
+    fig.suptitle(f"{info.get('device', '?')} · torch {info.get('torch', '?')}"
+                 + (f" · triton {info['triton']}" if info.get("triton") else "")
+                 + (f"\n{fixed} held fixed" if fixed else ""), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def load_recorded(root: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every recorded run under ``root`` (``<root>/*/attention-bench.json``), sorted by path; files that
+    cannot be read are left out."""
+    found = []
+    for path in sorted(Path(root).glob("*/attention-bench.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("results"), list):
+            found.append((path, data))
+    return found

@@ -1,0 +1,707 @@
+"""Checks for notebook 12 (position): is_permutation_equivariant (a test the learner writes),
+sinusoidal_encoding, relative_position_bias, alibi_bias, apply_rope and additive_attention.
+
+The learner's *test* is checked by running it, in the learner's process (the probe
+``position.permutation_test``), on functions whose answer is known: four that treat every position
+alike (it must say "equivariant") and five that see positions in different ways (it must say "not
+equivariant") — a test that cannot tell them apart fails, and the pattern of its answers names the flaw
+(no permutation at all, an exact comparison, a reversal, a permutation that keeps token 0 in place…).
+
+The other checks compare with the course's references in float64 (``attn_course.position``), which
+``tests/test_position.py`` holds to the papers' formulas and to Hugging Face's T5 buckets, and name the
+conventions' classic mistakes (RoPE pairs or angle sign, j − i vs i − j, slopes not geometric,
+sin/cos interleaving…).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import position as ref
+from .boundary import Opaque, probe
+from .compare import Failure, same
+from .core import (Learner, LearnerRaised, Mistake, as_tensor, check, expect_close, expect_shape, fail, fmt,
+                   learner_error)
+
+__all__ = ["check_is_permutation_equivariant", "check_sinusoidal_encoding", "check_relative_position_bias",
+           "check_alibi_bias", "check_apply_rope", "check_additive_attention"]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ================================================================================== the learner's test
+@probe("position.permutation_test")
+def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
+    """Learner-side: call the learner's test on one of the course's attention variants. Returns its verdict
+    (as returned), whether it failed an ``assert``, and what it passed to the attention (shapes, size)."""
+    attn = ref.attention_variant(variant)
+    calls: list[dict[str, Any]] = []
+
+    def watched(x):
+        if isinstance(x, np.ndarray) and x.dtype.kind == "f" and len(calls) < 50:
+            calls.append({"shape": list(x.shape), "absmax": float(np.abs(x).max()) if x.size else 0.0})
+        if isinstance(x, torch.Tensor) and len(calls) < 50:
+            calls.append({"shape": list(x.shape),
+                          "absmax": float(x.detach().abs().max()) if x.numel() and x.is_floating_point() else 0.0})
+        return attn(x)
+
+    watched.__name__ = attn.__name__
+    try:
+        verdict = test(watched)
+    except AssertionError as exc:
+        return {"verdict": False, "asserted": True, "message": str(exc)[:200], "calls": calls}
+    if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
+        verdict = bool(verdict.item()) if verdict.dtype == torch.bool else verdict.item()
+    return {"verdict": verdict, "asserted": False, "calls": calls}
+
+
+def _as_verdict(result: Any, tried: str) -> bool:
+    """True (equivariant) or False from what the learner's test returned; None counts as a pytest-style pass."""
+    verdict = result.get("verdict") if isinstance(result, dict) else result
+    if verdict is None or isinstance(verdict, (bool, np.bool_)):
+        return True if verdict is None else bool(verdict)
+    if isinstance(verdict, (int, np.integer)) and verdict in (0, 1):
+        return bool(verdict)
+    got = verdict.text if isinstance(verdict, Opaque) else repr(verdict)[:60]
+    fail("the test did not return True or False", tried=tried, got=f"{type(verdict).__name__}: {got}",
+         expected="True (equivariant) or False (not)",
+         fix="end with `return torch.allclose(...)` (a bool), or assert it pytest-style")
+
+
+_TEST_FIX = ("draw x = torch.randn(n, d) with a few tokens (n ≥ 3, d ≥ 2), a random permutation perm = "
+             "torch.randperm(n), and return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
+
+
+@check("is_permutation_equivariant",
+       expects="a function is_permutation_equivariant(attn) returning True or False")
+def check_is_permutation_equivariant(fn: Learner) -> str:
+    results: dict[str, dict] = {}
+    verdicts: dict[str, bool] = {}
+    for name in ref.EQUIVARIANT + ref.POSITION_AWARE:
+        tried = f"is_permutation_equivariant(attn) with attn = {name}"
+        try:
+            result = fn.observe("position.permutation_test", name)
+        except LearnerRaised as exc:
+            hint = {}
+            if "attn takes" in exc.message:
+                hint = dict(cause="you called attn with something other than a tensor of shape (n, d)",
+                            fix="call attn(x) with x = torch.randn(n, d)")
+            raise Failure(learner_error(exc, tried=tried, expected="True or False", **hint)) from None
+        results[name] = result if isinstance(result, dict) else {"verdict": result}
+        verdicts[name] = _as_verdict(result, tried)
+    calls = [c for r in results.values() for c in r.get("calls", []) if isinstance(c, dict)]
+    missed = [n for n in ref.POSITION_AWARE if verdicts[n]]
+    rejected = [n for n in ref.EQUIVARIANT if not verdicts[n]]
+    tried = (f"is_permutation_equivariant(attn) on {len(ref.EQUIVARIANT)} permutation-equivariant functions and "
+             f"{len(ref.POSITION_AWARE)} position-aware attentions")
+    shown = "; ".join(f"{n}: {'equivariant' if verdicts[n] else 'not equivariant'}" for n in verdicts)
+    if not calls:
+        fail("the test never calls attn", tried=tried, got=shown, expected="a verdict computed from attn's outputs",
+             cause="your function returns without running the attention it is given",
+             fix=_TEST_FIX)
+    if rejected:
+        if "elementwise tanh" in rejected:
+            fail("the test rejects functions that ignore positions", tried=tried, got=shown,
+                 expected="equivariant for the first five (even tanh(x), which treats every number alone)",
+                 cause="your comparison is wrong even where the answer is exact: permuting the input must permute "
+                       "the output's rows the same way — compare attn(x[perm]) with attn(x)[perm], not with attn(x) "
+                       "or with the inverse permutation",
+                 fix=_TEST_FIX)
+        if "feature mixing" in rejected:
+            fail("the test rejects functions that ignore positions", tried=tried, got=shown,
+                 expected="equivariant for the first five",
+                 cause="your test accepts tanh(x) but rejects a function that only mixes each token's own features: "
+                       "your permutation moves the features (the last axis), not the tokens (the rows)",
+                 fix="permute the rows: x[perm] (or x[..., perm, :] with batch axes)")
+        fail("the test rejects attention without positions", tried=tried, got=shown,
+             expected="equivariant for plain attention and its variants",
+             cause="your test accepts the functions whose permuted outputs are bit-for-bit equal but rejects "
+                   "attention, whose sums are added up in another order once the rows move: you compared without a "
+                   "tolerance (==, torch.equal) or with one too tight for rounding",
+             fix="compare with a tolerance: torch.allclose(a, b, atol=1e-5)")
+    if len(missed) == len(ref.POSITION_AWARE):
+        sizes = sorted({c["shape"][-2] for c in calls if len(c.get("shape", [])) >= 2})
+        none = all(r.get("verdict") is None and not r.get("asserted") for r in results.values())
+        if sizes == [1]:
+            cause = "your inputs have a single token (n = 1): there is nothing to permute"
+        elif none:
+            cause = "your function returns None and never fails an assert: it computes a comparison but does not " \
+                    "return it"
+        else:
+            cause = ("your test never permutes the input, or its permutation leaves every token in place, or it "
+                     "compares an output with itself: nothing can differ")
+        fail("the test calls everything equivariant", tried=tried, got=shown,
+             expected="not equivariant for the five attentions that see positions (even a causal mask)",
+             cause=cause, fix=_TEST_FIX)
+    if missed:
+        small = calls and max(c.get("absmax", 1.0) for c in calls) < 0.1
+        sizes = sorted({c["shape"][-2] for c in calls if len(c.get("shape", [])) >= 2})
+        if missed == ["symmetric distance bias"]:
+            cause = ("your permutation keeps every distance |i − j| (a reversal does, as does swapping two tokens "
+                     "of a sequence of 2): a bias that depends only on |i − j| goes unnoticed")
+            fix = "use a random permutation of a few tokens: perm = torch.randperm(n) with n ≥ 3"
+        elif small:
+            cause = "your inputs are tiny (|x| < 0.1), so the scores barely differ and positional effects vanish"
+            fix = "use inputs of a typical size: x = torch.randn(n, d)"
+        elif sizes and max(sizes) <= 2:
+            cause = f"your inputs have only {max(sizes)} tokens: a permutation of 2 is a reversal or nothing"
+            fix = "use a few more tokens (n ≥ 3) and a random permutation"
+        else:
+            cause, fix = "", _TEST_FIX
+        fail(f"the test misses {', '.join(missed)}", tried=tried, got=shown,
+             expected=f"not equivariant for {', '.join(missed)}", cause=cause, fix=fix)
+    return (f"tells {len(ref.EQUIVARIANT)} permutation-equivariant functions from {len(ref.POSITION_AWARE)} attentions "
+            "that see positions")
+
+
+# ================================================================================== sinusoidal encoding
+def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor:
+    p = torch.arange(n, dtype=torch.float64)[:, None] + (1 if mistake == "from1" else 0)
+    base = 10000.0 if mistake == "base" else base
+    cols = torch.arange(d, dtype=torch.float64)
+    pair = torch.div(cols, 2, rounding_mode="floor")
+    exponent = {"col": cols / d, "half": pair / d, "twocol": 2 * cols / d}.get(mistake, 2 * pair / d)
+    angle = p * base ** exponent if mistake == "times" else p / base ** exponent
+    even = (cols % 2 == 0)
+    if mistake == "halves":
+        half = (d + 1) // 2
+        angle = p / base ** (2 * torch.arange(half, dtype=torch.float64) / d)
+        return torch.cat([torch.sin(angle), torch.cos(angle[:, : d - half])], dim=-1)
+    if mistake == "halves_cos_first":
+        half = (d + 1) // 2
+        angle = p / base ** (2 * torch.arange(half, dtype=torch.float64) / d)
+        return torch.cat([torch.cos(angle), torch.sin(angle[:, : d - half])], dim=-1)
+    if mistake == "swapped":
+        return torch.where(even, torch.cos(angle), torch.sin(angle))
+    return torch.where(even, torch.sin(angle), torch.cos(angle))
+
+
+_SIN_FIX = "column 2i = sin(p / base^(2i/d)) and column 2i + 1 = cos(p / base^(2i/d)), with p = 0 … n − 1"
+_SIN_MISTAKES = [
+    ("swapped", "sin and cos swapped", "your even columns hold cosines and the odd ones sines", _SIN_FIX),
+    ("halves", "sin and cos in halves, not interleaved", "you put all the sines in the first half of the columns "
+     "and the cosines in the second (tensor2tensor's layout), but the docstring interleaves them: sin in even "
+     "columns, cos in odd ones", "pe[:, 0::2] = sin(…) and pe[:, 1::2] = cos(…)"),
+    ("halves_cos_first", "sin and cos in halves, not interleaved", "you put all the cosines in the first half of the "
+     "columns and the sines in the second", "pe[:, 0::2] = sin(…) and pe[:, 1::2] = cos(…)"),
+    ("col", "cos columns use the exponent (2i + 1)/d", "your exponent is the column index over d, so the cos column "
+     "2i + 1 gets a frequency of its own instead of sharing its sine's", "both columns of pair i use base^(2i/d)"),
+    ("half", "exponent i/d instead of 2i/d", "your frequencies use the pair index i over d", _SIN_FIX),
+    ("twocol", "exponent 2j/d with j the column", "your exponent doubles the column index, not the pair index",
+     _SIN_FIX),
+    ("times", "multiplied by base^(2i/d) instead of dividing", "your angles grow with the dimension instead of "
+     "shrinking", _SIN_FIX),
+    ("from1", "positions start at 1", "your first row is position 1; it is position 0 (all sines 0, cosines 1)",
+     _SIN_FIX),
+    ("base", "base ignored", "your encoding uses 10000 whatever `base` is passed", "use the `base` argument"),
+]
+
+
+@check("sinusoidal_encoding", expects="a function sinusoidal_encoding(n, d, base=10000.0) returning an (n, d) tensor")
+def check_sinusoidal_encoding(fn: Learner) -> str:
+    cases = [(6, 8, None), (12, 6, 100.0), (1, 4, None), (10, 7, None), (50, 16, None), (4, 2, 10.0), (9, 1, None),
+             (20, 9, 500.0)]
+    for n, d, base in cases:
+        tried = f"sinusoidal_encoding({n}, {d})" if base is None else f"sinusoidal_encoding({n}, {d}, {base:g})"
+        b = 10000.0 if base is None else base
+        try:
+            out = as_tensor(fn(n, d) if base is None else fn(n, d, base), tried=tried)
+        except LearnerRaised as exc:
+            hint = {}
+            if d % 2 and any(w in exc.message for w in ("size", "shape", "match")):
+                hint = dict(cause=f"with an odd d = {d} there is one sine column more than cosine columns",
+                            fix="fill pe[:, 0::2] with sines and pe[:, 1::2] with the first d // 2 cosines")
+            raise Failure(learner_error(exc, tried=tried, expected=f"an ({n}, {d}) tensor", **hint)) from None
+        expected = _sinusoid(n, d, b)
+        mistakes = [Mistake(s, c, f, lambda m=m: _sinusoid(n, d, b, m)) for m, s, c, f in _SIN_MISTAKES
+                    if m != "base" or base not in (None, 10000.0)]
+        if d % 2:
+            mistakes.append(Mistake("one column too many for an odd d", f"you returned d + 1 = {d + 1} columns",
+                                    "keep d columns: the last one (column d − 1, even) is a sine",
+                                    lambda: _sinusoid(n, d + 1, b)))
+        mistakes.append(Mistake("rows and columns swapped", "your result has one row per dimension", "return (n, d): "
+                                "one row per position", lambda: expected.T))
+        if not (out.is_floating_point()):
+            fail(f"integer result ({str(out.dtype).replace('torch.', '')})", tried=tried, got=str(out.dtype),
+                 expected="a floating-point tensor", fix="compute in floating point (torch.arange(n, dtype=torch.float32))")
+        expect_close(out, expected, tried=tried, what="your encoding", atol=1e-4, rtol=1e-4, mistakes=mistakes,
+                     fix=_SIN_FIX)
+    return f"matches Vaswani et al.'s interleaved sin/cos on {len(cases)} cases (odd d, d = 1, other bases)"
+
+
+# ================================================================================== T5 relative position bias
+def _t5_buckets(n: int, nb: int, bidirectional: bool, max_distance: int, mistake: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, n) buckets of j − i computed in float64, and an alternative bucket where the logarithm lands on a
+    whole number (float32 code may fall one below there). With ``mistake``, one classic error."""
+    pos = torch.arange(n)
+    rel = pos[None, :] - pos[:, None]  # j − i
+    if mistake == "i_minus_j":
+        rel = -rel
+    bidirectional = not bidirectional if mistake == "direction" else bidirectional
+    md = 128 if mistake == "max_distance" else max_distance
+    offset = torch.zeros_like(rel)
+    half = nb // 2 if bidirectional and mistake != "no_halving" else nb
+    if bidirectional:
+        offset = (rel > 0).long() * half
+        dist = rel.abs()
+    else:
+        dist = (-rel).clamp(min=0)
+    max_exact = (nb // 2 if mistake == "max_exact" else half // 2)
+    out = torch.empty_like(rel)
+    alt = torch.empty_like(rel)
+    for idx, dd in np.ndenumerate(dist.numpy()):
+        dd = int(dd)
+        if dd < max_exact:
+            out[idx] = alt[idx] = dd
+            continue
+        if mistake == "linear":
+            val = float(dd)
+        else:
+            val = max_exact + math.log(dd / max_exact) / math.log(md / max_exact) * (half - max_exact)
+        near = round(val)
+        if mistake == "round":
+            first = second = near
+        elif abs(val - near) < 1e-6:
+            first, second = near, near - 1
+        else:
+            first = second = math.floor(val)
+        cap = half - 1 if mistake != "no_clamp" else 10**9
+        out[idx], alt[idx] = min(first, cap), min(second, cap)
+    return out + offset, alt + offset
+
+
+_T5_FIX = ("bias[h, i, j] = table[bucket(j − i), h]: with bidirectional, keys after the query (j − i > 0) use the "
+           "upper half of the buckets; distances below half a half are exact; larger ones are logarithmic up to "
+           "max_distance, then clamped to the last bucket")
+_T5_MISTAKES = [
+    ("i_minus_j", "relative positions indexed i − j instead of j − i", "you measured the query's position relative "
+     "to the key (i − j); the docstring's relative position is j − i, positive when the key comes after the query",
+     "rel = positions[None, :] - positions[:, None]  # j − i"),
+    ("direction", "`bidirectional` ignored", "your buckets do not follow the `bidirectional` argument",
+     "bidirectional: halve the buckets, the upper half for j − i > 0; otherwise distance = max(i − j, 0)"),
+    ("no_halving", "buckets not halved for bidirectional", "in bidirectional mode you used all num_buckets for each "
+     "direction", "num_buckets //= 2 first: each direction gets half of them"),
+    ("max_exact", "max_exact from the whole number of buckets", "you computed max_exact = num_buckets // 2 before "
+     "halving the buckets", "halve num_buckets first (bidirectional), then max_exact = num_buckets // 2"),
+    ("round", "logarithmic bucket rounded instead of floored", "you rounded the logarithmic bucket to the nearest "
+     "integer", "truncate it: .long() (or floor), as T5 does"),
+    ("linear", "no logarithmic buckets", "your distances beyond max_exact each get their own bucket until the last",
+     "for distance ≥ max_exact: max_exact + log(distance / max_exact) / log(max_distance / max_exact) "
+     "× (num_buckets − max_exact)"),
+    ("max_distance", "max_distance ignored", "your buckets use 128 whatever `max_distance` is passed",
+     "use the max_distance argument"),
+]
+
+
+def _t5_cases() -> list[dict]:
+    g = _gen(7)
+    cases = []
+    for n, nb, heads, bi, md, dtype in [(6, 32, 2, True, 128, torch.float64), (40, 32, 3, True, 128, torch.float64),
+                                         (40, 32, 1, False, 20, torch.float64), (1, 8, 4, True, 16, torch.float64),
+                                         (30, 8, 2, True, 12, torch.float64), (25, 16, 2, False, 64, torch.float64),
+                                         (35, 32, 2, True, 24, torch.float32), (12, 4, 2, True, 8, torch.float64),
+                                         (30, 10, 2, True, 20, torch.float64), (30, 9, 1, False, 24, torch.float64),
+                                         (8, 3, 2, False, 2, torch.float64)]:
+        table = torch.randn(nb, heads, generator=g, dtype=torch.float64).to(dtype)
+        cases.append(dict(n=n, table=table, bidirectional=bi, max_distance=md))
+    return cases
+
+
+@check("relative_position_bias",
+       expects="a function relative_position_bias(n, table, bidirectional=True, max_distance=128) returning (H, n, n)")
+def check_relative_position_bias(fn: Learner) -> str:
+    cases = _t5_cases()
+    for case in cases:
+        n, table, bi, md = case["n"], case["table"], case["bidirectional"], case["max_distance"]
+        nb, heads = table.shape
+        tried = (f"relative_position_bias({n}, table ({nb} buckets × {heads} heads), bidirectional={bi}, "
+                 f"max_distance={md})")
+        try:
+            out = as_tensor(fn(n, table, bi, md), tried=tried)
+        except LearnerRaised as exc:
+            hint = {}
+            if exc.type_name == "IndexError" or "out of bounds" in exc.message or "out of range" in exc.message:
+                hint = dict(cause="a bucket index reached num_buckets or more: distances beyond max_distance must be "
+                                  "clamped to the last bucket of their half, and in bidirectional mode each half has "
+                                  "num_buckets // 2 buckets", fix="clamp the logarithmic bucket: "
+                                  "torch.clamp(bucket, max=num_buckets - 1) (num_buckets already halved)")
+            raise Failure(learner_error(exc, tried=tried, expected=f"a ({heads}, {n}, {n}) tensor", **hint)) from None
+        buckets, alt = _t5_buckets(n, nb, bi, md)
+        expected = table[buckets].permute(2, 0, 1).double()
+        if tuple(out.shape) == (n, n, heads) and heads != n:
+            fail("heads last: shape (n, n, H)", tried=tried, got=f"shape {tuple(out.shape)}",
+                 expected=f"shape {(heads, n, n)}", cause="table[buckets] has the heads last",
+                 fix="move them first: table[buckets].permute(2, 0, 1)")
+        expect_shape(out, expected.shape, tried=tried, what="your bias", fix="(H, n, n): one (n, n) matrix per head")
+        tol = dict(atol=1e-6, rtol=1e-5)
+        alt_expected = table[alt].permute(2, 0, 1).double()
+        ok = torch.isclose(out.double(), expected, **tol) | torch.isclose(out.double(), alt_expected, **tol)
+        if bool(ok.all()):
+            continue
+        mistakes = []
+        for key, summary, cause, fix in _T5_MISTAKES:
+            if key == "max_distance" and md == 128:
+                continue
+
+            def wrong(key=key):
+                b, a = _t5_buckets(n, nb, bi, md, key)
+                if int(b.max()) >= nb:
+                    return None
+                return table[b].permute(2, 0, 1)
+            mistakes.append(Mistake(summary, cause, fix, wrong))
+        mistakes.append(Mistake("relative positions indexed i − j instead of j − i", _T5_MISTAKES[0][2],
+                                _T5_MISTAKES[0][3], lambda: expected.transpose(-2, -1)))
+        expect_close(out, expected, tried=tried, what="your bias", mistakes=mistakes, fix=_T5_FIX, **tol)
+    return (f"matches T5's buckets on {len(cases)} cases (bidirectional and not, logarithmic buckets, clamping "
+            "beyond max_distance)")
+
+
+# ================================================================================== ALiBi
+def _alibi(n: int, heads: int, slopes: torch.Tensor | None = None, form: str = "abs") -> torch.Tensor:
+    i = torch.arange(n, dtype=torch.float64)
+    diff = i[:, None] - i[None, :]  # i − j
+    m = ref.alibi_slopes(heads) if slopes is None else slopes
+    shape = {"abs": -diff.abs(), "signed": -diff, "positive": diff.abs()}[form]
+    return m[:, None, None] * shape
+
+
+def _alibi_mistakes(n: int, heads: int) -> list[Mistake]:
+    h = torch.arange(1, heads + 1, dtype=torch.float64)
+    slope_fix = "m_h = 2^(−8(h+1)/H) for h = 0 … H − 1: a geometric sequence starting at 2^(−8/H) with ratio 2^(−8/H)"
+    return [
+        Mistake("slopes halve from head to head whatever H", "your slopes are 1/2, 1/4, 1/8, …: right only for 8 heads",
+                slope_fix, lambda: _alibi(n, heads, 0.5 ** h) if heads != 8 else None),
+        Mistake("slopes start at 1", "your first slope is 2^0 = 1: you counted heads from 0 in 2^(−8h/H)", slope_fix,
+                lambda: _alibi(n, heads, 2.0 ** (-8 * (h - 1) / heads))),
+        Mistake("slopes in reverse order", "your smallest slope is on head 0", "head 0 has the largest slope, "
+                "2^(−8/H)", lambda: _alibi(n, heads, ref.alibi_slopes(heads).flip(0)) if heads > 1 else None),
+        Mistake("slopes not geometric", "your slopes grow linearly (h / H)", slope_fix,
+                lambda: _alibi(n, heads, h / heads)),
+        Mistake("slopes not geometric", "your slopes are 1/h", slope_fix, lambda: _alibi(n, heads, 1 / h)),
+        Mistake("slopes not geometric", "your slopes fall linearly (1 − h / (H + 1))", slope_fix,
+                lambda: _alibi(n, heads, 1 - h / (heads + 1))),
+        Mistake("bias positive", "your bias grows with distance (+m·|i − j|): far keys are favoured",
+                "negate it: bias = −m_h·|i − j|", lambda: _alibi(n, heads, form="positive")),
+        Mistake("not symmetric: −m·(i − j) without the absolute value", "your bias is positive above the diagonal "
+                "(keys after the query); the docstring asks for −m_h·|i − j| everywhere",
+                "use the distance: (i − j).abs()", lambda: _alibi(n, heads, form="signed")),
+        Mistake("not symmetric: −m·(i − j) without the absolute value", "your bias is positive below the diagonal",
+                "use the distance: (i − j).abs()", lambda: -_alibi(n, heads, form="signed")),
+        Mistake("heads last: shape (n, n, H)", "your heads are on the last axis", "stack the heads first: (H, n, n)",
+                lambda: _alibi(n, heads).permute(1, 2, 0) if heads != n else None),
+    ]
+
+
+def _slope_report(out: torch.Tensor, heads: int) -> tuple[str, str] | None:
+    """When the bias has the right form −m_h·|i − j| but wrong slopes, say what the slopes are."""
+    n = out.shape[-1]
+    if n < 2:
+        return None
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().double()
+    slopes = -out[:, 1, 0].double()  # (H,)
+    if not same(out.double(), -slopes[:, None, None] * distance, atol=1e-6, rtol=1e-5):
+        return None
+    shown = ", ".join(fmt(float(s)) for s in slopes[:6]) + ("…" if heads > 6 else "")
+    expected = ", ".join(fmt(float(s)) for s in ref.alibi_slopes(heads)[:6]) + ("…" if heads > 6 else "")
+    if heads > 2 and (slopes[:-1] != 0).all():
+        ratios = slopes[1:] / slopes[:-1]
+        if not torch.allclose(ratios, ratios[0].expand_as(ratios), rtol=1e-4):
+            return (f"your slopes {shown} are not geometric (ratios {', '.join(fmt(float(r)) for r in ratios[:4])}…)",
+                    expected)
+        return (f"your slopes {shown} are geometric with ratio {fmt(float(ratios[0]))}, expected 2^(−8/H) = "
+                f"{fmt(2 ** (-8 / heads))} starting at the same value", expected)
+    return f"your slopes are {shown}", expected
+
+
+_ALIBI_CASES = [(5, 8), (7, 4), (1, 4), (6, 1), (6, 16), (12, 2), (3, 32)]
+
+
+@check("alibi_bias", expects="a function alibi_bias(n, n_heads) returning an (n_heads, n, n) tensor")
+def check_alibi_bias(fn: Learner) -> str:
+    for n, heads in _ALIBI_CASES:
+        tried = f"alibi_bias({n}, {heads})"
+        out = as_tensor(fn(n, heads), tried=tried)
+        expected = _alibi(n, heads)
+        if not out.is_floating_point():
+            fail(f"integer result ({str(out.dtype).replace('torch.', '')})", tried=tried, got=str(out.dtype),
+                 expected="a floating-point tensor", fix="the slopes are fractions: compute in floating point")
+        mistakes = _alibi_mistakes(n, heads)
+        if tuple(out.shape) != tuple(expected.shape):
+            expect_shape(out, expected.shape, tried=tried, what="your bias", mistakes=mistakes,
+                         fix="(n_heads, n, n): one (n, n) matrix per head")
+        try:
+            expect_close(out, expected, tried=tried, what="your bias", atol=1e-7, rtol=1e-5, mistakes=mistakes,
+                         fix="bias[h, i, j] = −m_h·|i − j| with m_h = 2^(−8(h+1)/H)")
+        except Failure as failure:
+            report = None if failure.diagnosis.cause else _slope_report(out, heads)
+            if report is None:
+                raise
+            fail("slopes not geometric" if "not geometric" in report[0] else "wrong slopes", tried=tried,
+                 got=report[0], expected=f"slopes {report[1]}: 2^(−8(h+1)/H) for h = 0 … H − 1",
+                 cause="the form −m·|i − j| is right; the slopes are not", fix="m = 2 ** (-8 * (h + 1) / H)")
+    return f"matches −m_h·|i − j| on {len(_ALIBI_CASES)} cases (1 to 32 heads, n = 1, slopes 2^(−8(h+1)/H))"
+
+
+# ================================================================================== RoPE
+def _rope(x: torch.Tensor, positions=None, base: float = 10000.0, mistake: str = "") -> torch.Tensor:
+    x = x.double()
+    n, d = x.shape[-2:]
+    pos = torch.arange(n) if positions is None or mistake == "positions" else torch.as_tensor(positions)
+    pos = pos.double() + (1 if mistake == "from1" else 0)
+    base = 10000.0 if mistake == "base" else base
+    exponent = torch.arange(d // 2, dtype=torch.float64) / d if mistake == "half" else \
+        torch.arange(0, d, 2, dtype=torch.float64) / d
+    angles = pos[:, None] * base ** (-exponent)
+    if mistake == "sign":
+        angles = -angles
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if mistake == "swap":
+        cos, sin = sin, cos
+    if mistake == "halves":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    first, second = a * cos - b * sin, a * sin + b * cos
+    if mistake == "unpaired":
+        return torch.cat([first, second], dim=-1)
+    return torch.stack([first, second], dim=-1).flatten(-2)
+
+
+_ROPE_FIX = ("pair dimensions (2i, 2i + 1) and rotate the pair at position p by +p·θ_i, θ_i = base^(−2i/d): "
+             "(x_2i cos − x_2i+1 sin, x_2i sin + x_2i+1 cos)")
+_ROPE_MISTAKES = [
+    ("halves", "rotated pairs (i, i + d/2) instead of (2i, 2i + 1)", "you paired each dimension with the one half a "
+     "vector away (GPT-NeoX / Hugging Face LLaMA's rotate_half); the docstring pairs neighbours, as the RoFormer paper",
+     "rotate x[..., 0::2] with x[..., 1::2]"),
+    ("sign", "rotated by −θ instead of +θ", "your rotation goes the other way: (x_2i cos + x_2i+1 sin, −x_2i sin + "
+     "x_2i+1 cos)", _ROPE_FIX),
+    ("half", "frequencies base^(−i/d) instead of base^(−2i/d)", "your exponent uses the pair index i over d",
+     "θ_i = base ** (-2 * i / d) for i = 0 … d/2 − 1 (torch.arange(0, d, 2) / d)"),
+    ("swap", "cos and sin swapped", "you multiplied by sin where cos belongs and the other way round", _ROPE_FIX),
+    ("unpaired", "rotated pairs written back as halves", "you rotated the right pairs but returned all the rotated "
+     "first members, then all the second members, instead of putting each pair back in place",
+     "interleave them back: torch.stack([first, second], dim=-1).flatten(-2)"),
+    ("positions", "positions ignored", "you rotated by 0 … n − 1 whatever `positions` is passed",
+     "use the positions argument when it is given (a KV cache passes the true positions of the new tokens)"),
+    ("from1", "positions off by one", "you counted positions from 1", "position 0 is not rotated at all"),
+    ("base", "base ignored", "your angles use 10000 whatever `base` is passed", "use the base argument"),
+]
+
+
+def _rope_cases() -> list[dict]:
+    g = _gen(12)
+
+    def x(*shape, dtype=torch.float64):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    return [
+        dict(name="x (6, 8), default positions", x=x(6, 8)),
+        dict(name="x (2, 3, 5, 16): batch × heads, default positions", x=x(2, 3, 5, 16)),
+        dict(name="x (1, 4): one new token at position 7", x=x(1, 4), positions=torch.tensor([7])),
+        dict(name="x (4, 2): d = 2", x=x(4, 2), positions=torch.arange(4)),
+        dict(name="x (2, 6, 8) at positions 10 … 15", x=x(2, 6, 8), positions=torch.arange(10, 16)),
+        dict(name="x (3, 8) at positions [0, 5, 2]", x=x(3, 8), positions=torch.tensor([0, 5, 2])),
+        dict(name="x (5, 8), base 500", x=x(5, 8), positions=torch.arange(5), base=500.0),
+        dict(name="x (2, 7, 12) float32, default positions", x=x(2, 7, 12, dtype=torch.float32)),
+        dict(name="x (3, 8) at positions [1000, 2500, 4096]", x=x(3, 8), positions=torch.tensor([1000, 2500, 4096]),
+             atol=3e-3),
+    ]
+
+
+def _call_rope(fn: Learner, case: dict):
+    args = [case["x"]]
+    if "positions" in case or "base" in case:
+        args.append(case.get("positions"))
+    if "base" in case:
+        args.append(case["base"])
+    return fn(*args)
+
+
+@check("apply_rope", expects="a function apply_rope(x, positions=None, base=10000.0) returning a tensor shaped like x")
+def check_apply_rope(fn: Learner) -> str:
+    cases = _rope_cases()
+    for case in cases:
+        x = case["x"]
+        pos_text = "" if "positions" not in case and "base" not in case else \
+            (", positions" if case.get("positions") is not None else ", None")
+        tried = f"apply_rope(x{pos_text}{', base=' + format(case['base'], 'g') if 'base' in case else ''}) on {case['name']}"
+        try:
+            out = as_tensor(_call_rope(fn, case), tried=tried)
+        except LearnerRaised as exc:
+            hint = {}
+            if exc.type_name == "TypeError" and "argument" in exc.message:
+                hint = dict(cause="your function does not take positions and base", fix="keep the signature "
+                            "apply_rope(x, positions=None, base=10000.0)")
+            raise Failure(learner_error(exc, tried=tried, expected="a tensor shaped like x", **hint)) from None
+        expected = _rope(x, case.get("positions"), case.get("base", 10000.0))
+        expect_shape(out, x.shape, tried=tried, what="your result", fix="the result has x's shape (..., n, d)")
+        if out.dtype != x.dtype and out.is_floating_point():
+            fail(f"dtype changed from {str(x.dtype).replace('torch.', '')} to {str(out.dtype).replace('torch.', '')}",
+                 tried=tried, got=str(out.dtype), expected=str(x.dtype), cause="your cos and sin are in another dtype, "
+                 "and multiplying promoted the result", fix="convert cos and sin to x.dtype before multiplying")
+        given = case.get("positions")
+        mistakes = [Mistake(s, c, f, lambda m=m: _rope(x, given, case.get("base", 10000.0), m))
+                    for m, s, c, f in _ROPE_MISTAKES
+                    if not (m == "positions" and (given is None or torch.equal(given, torch.arange(x.shape[-2]))))
+                    and not (m == "base" and "base" not in case)]
+        atol = case.get("atol", 1e-5 if x.dtype == torch.float64 else 1e-4)
+        expect_close(out, expected, tried=tried, what="your rotated x", atol=atol, rtol=1e-4, mistakes=mistakes,
+                     fix=_ROPE_FIX)
+    # The relative property, on the learner's own rotations: q·k depends only on the distance.
+    g = _gen(13)
+    q, k = torch.randn(1, 16, generator=g, dtype=torch.float64), torch.randn(1, 16, generator=g, dtype=torch.float64)
+    pairs = [(0, 3), (5, 8), (40, 43), (200, 203)]
+    scores = []
+    for m, n in pairs:
+        tried = f"apply_rope(q, tensor([{m}])) · apply_rope(k, tensor([{n}]))"
+        rq = as_tensor(fn(q, torch.tensor([m])), tried=tried)
+        rk = as_tensor(fn(k, torch.tensor([n])), tried=tried)
+        scores.append(float((rq.double() * rk.double()).sum()))
+    if max(scores) - min(scores) > 1e-3 * max(1.0, abs(scores[0])):  # float32 angles at position 200: ~1e-5
+        fail("scores depend on absolute positions", tried="q at position m, k at m + 3, for m = 0, 5, 40, 200",
+             got="scores " + ", ".join(fmt(s) for s in scores), expected="the same score for every m",
+             fix=_ROPE_FIX)
+    return (f"matches RoFormer's interleaved rotation on {len(cases)} cases, and q·k depends only on j − i "
+            f"(checked at distance 3 from positions 0 to 200)")
+
+
+# ================================================================================== additive attention
+def _additive(q, k, v, Wq, Wk, w, mask=None, mistake: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v, Wq, Wk, w = (t.double() for t in (q, k, v, Wq, Wk, w))
+    hq = q @ (Wq if mistake == "transposed" else Wq.T)
+    hk = k @ (Wk if mistake == "transposed" else Wk.T)
+    pre = hq[..., :, None, :] + hk[..., None, :, :]  # (..., n_q, n_k, d_h)
+    hidden = {"no_tanh": pre, "separate": torch.tanh(hq)[..., :, None, :] + torch.tanh(hk)[..., None, :, :]}.get(
+        mistake, torch.tanh(pre))
+    scores = hidden @ (torch.ones_like(w) if mistake == "no_w" else w)
+    if mistake == "scaled":
+        scores = scores / math.sqrt(Wq.shape[0])
+    if mistake == "scaled_dk":
+        scores = scores / math.sqrt(k.shape[-1])
+    dim = -2 if mistake == "dim" else -1
+    if mask is not None and mistake == "polarity":
+        scores = scores.masked_fill(mask, float("-inf"))
+    elif mask is not None and mistake not in ("after", "ignored"):
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=dim)
+    if mistake == "after" and mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    if mistake == "weights_T":
+        return weights @ v, weights.transpose(-2, -1)
+    if mistake == "scores_v":
+        return scores @ v, weights
+    return weights @ v, weights
+
+
+_ADD_FIX = "scores[i, j] = w · tanh(W_q q_i + W_k k_j); weights = softmax over the keys (no scale); output = weights @ v"
+_ADD_MISTAKES = [
+    ("transposed", "W_q and W_k used transposed", "you computed q @ W_q, but W_q has shape (d_h, d_q): W_q q_i is "
+     "q @ W_q.T", "project with q @ W_q.T and k @ W_k.T"),
+    ("no_tanh", "tanh missing", "you summed the projections without tanh, so the score is linear and splits into a "
+     "query part and a key part", "apply torch.tanh to W_q q_i + W_k k_j before the dot product with w"),
+    ("separate", "tanh applied to each projection separately", "you computed tanh(W_q q) + tanh(W_k k); the tanh "
+     "acts on their sum", "torch.tanh(hq[..., :, None, :] + hk[..., None, :, :])"),
+    ("no_w", "w ignored", "you summed the hidden units instead of weighting them with w", "take the dot product "
+     "with w: hidden @ w"),
+    ("scaled", "scores scaled by √d_h", "additive attention has no 1/√d scale", "leave the scores unscaled"),
+    ("scaled_dk", "scores scaled by √d_k", "additive attention has no 1/√d scale", "leave the scores unscaled"),
+    ("dim", "softmax over the queries", "you took the softmax over axis -2", "torch.softmax(scores, dim=-1)"),
+    ("polarity", "mask polarity inverted", "you blocked the positions where the mask is True; True means 'may "
+     "attend'", "scores.masked_fill(~mask, float('-inf'))"),
+    ("after", "mask applied after the softmax", "you zeroed the blocked weights after the softmax, so the rows no "
+     "longer sum to 1", "fill blocked scores with -inf before the softmax"),
+    ("ignored", "mask ignored", "blocked keys still get weight", "fill blocked scores with -inf before the softmax"),
+    ("weights_T", "weights transposed", "your weights have one row per key", "keep (..., n_q, n_k)"),
+    ("scores_v", "output from the scores", "you multiplied v by the scores, not by the weights",
+     "output = weights @ v"),
+]
+
+
+def _additive_cases() -> list[dict]:
+    g = _gen(21)
+
+    def r(*shape, dtype=torch.float64, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+    keep = torch.rand(4, 5, generator=g) < 0.6
+    keep[torch.arange(4), torch.randint(0, 5, (4,), generator=g)] = True
+    keep[0] = torch.tensor([True, False, True, False, False])
+    padding = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])[:, None, :]  # (2, 1, 7)
+    return [
+        dict(name="q (4, 3), k (6, 5), v (6, 2), d_h = 7", q=r(4, 3), k=r(6, 5), v=r(6, 2), Wq=r(7, 3), Wk=r(7, 5),
+             w=r(7)),
+        dict(name="batch × heads (2, 3), n_q = 4, n_k = 5, d_h = 8, with a (4, 5) mask", q=r(2, 3, 4, 6),
+             k=r(2, 3, 5, 6), v=r(2, 3, 5, 3), Wq=r(8, 6), Wk=r(8, 6), w=r(8), mask=keep),
+        dict(name="square weights: d_q = d_k = d_h = 4", q=r(3, 4), k=r(5, 4), v=r(5, 2), Wq=r(4, 4), Wk=r(4, 4),
+             w=r(4)),
+        dict(name="one query per sequence, key padding mask (2, 1, 7)", q=r(2, 1, 5), k=r(2, 7, 5), v=r(2, 7, 4),
+             Wq=r(6, 5), Wk=r(6, 5), w=r(6), mask=padding),
+        dict(name="float32, n_q = 3, n_k = 3", q=r(3, 4, dtype=torch.float32), k=r(3, 4, dtype=torch.float32),
+             v=r(3, 2, dtype=torch.float32), Wq=r(5, 4, dtype=torch.float32), Wk=r(5, 4, dtype=torch.float32),
+             w=r(5, dtype=torch.float32)),
+        dict(name="large w (scores beyond ±100, float32)", q=r(2, 4, dtype=torch.float32),
+             k=r(6, 4, dtype=torch.float32), v=r(6, 3, dtype=torch.float32), Wq=r(8, 4, dtype=torch.float32),
+             Wk=r(8, 4, dtype=torch.float32), w=r(8, dtype=torch.float32, scale=120.0), large=True),
+    ]
+
+
+def _unpack_pair(result, tried: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(result, torch.Tensor):
+        fail("returned one tensor, not (output, weights)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
+             expected="a tuple (output, weights)", fix="end with `return output, weights`")
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        got = f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list)) else \
+            ("None" if result is None else type(result).__name__)
+        fail("did not return (output, weights)", tried=tried, got=got, expected="a tuple (output, weights)",
+             fix="end with `return output, weights`")
+    return (as_tensor(result[0], tried=tried, what="the output (first element)"),
+            as_tensor(result[1], tried=tried, what="the weights (second element)"))
+
+
+@check("additive_attention",
+       expects="a function additive_attention(q, k, v, W_q, W_k, w, mask=None) returning (output, weights)")
+def check_additive_attention(fn: Learner) -> str:
+    cases = _additive_cases()
+    for case in cases:
+        q, k, v, Wq, Wk, w = (case[n] for n in ("q", "k", "v", "Wq", "Wk", "w"))
+        mask = case.get("mask")
+        args = (q, k, v, Wq, Wk, w) if mask is None else (q, k, v, Wq, Wk, w, mask)
+        tried = f"additive_attention(q, k, v, W_q, W_k, w{', mask' if mask is not None else ''}) on {case['name']}"
+        try:
+            result = fn(*args)
+        except LearnerRaised as exc:
+            hint = {}
+            if "must match" in exc.message and q.shape[-2] != k.shape[-2]:
+                hint = dict(cause="you added W_q q_i and W_k k_j position by position (query i with key i); every "
+                                  "query must meet every key", fix="broadcast: hq[..., :, None, :] + hk[..., None, :, :]"
+                                  " gives (..., n_q, n_k, d_h)")
+            elif exc.type_name == "TypeError" and mask is not None and "argument" in exc.message:
+                hint = dict(cause="your function does not take the mask", fix="keep the signature "
+                            "additive_attention(q, k, v, W_q, W_k, w, mask=None)")
+            raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **hint)) from None
+        out, weights = _unpack_pair(result, tried)
+        exp_out, exp_w = _additive(q, k, v, Wq, Wk, w, mask)
+        tol = dict(atol=1e-6, rtol=1e-5) if q.dtype == torch.float64 else dict(atol=3e-5, rtol=1e-3)
+
+        def variant(m):
+            return lambda: _additive(q, k, v, Wq, Wk, w, mask, m)
+
+        applicable = [row for row in _ADD_MISTAKES if mask is not None or row[0] not in ("polarity", "after", "ignored")]
+        w_mistakes = [Mistake(s, c, f, lambda m=m: variant(m)()[1]) for m, s, c, f in applicable]
+        if case.get("large"):
+            s = ref.additive_scores(q.double(), k.double(), Wq.double(), Wk.double(), w.double()).to(q.dtype)
+            e = torch.exp(s)
+            w_mistakes.insert(0, Mistake("no maximum subtracted", "your softmax exponentiates the raw scores, and "
+                                         "e^100 overflows float32 (inf / inf = NaN)",
+                                         "use torch.softmax (or subtract each row's maximum first)",
+                                         lambda: e / e.sum(-1, keepdim=True)))
+        expect_close(weights, exp_w, tried=tried, what="the weights", mistakes=w_mistakes, fix=_ADD_FIX, **tol)
+        o_mistakes = [Mistake(s, c, f, lambda m=m: variant(m)()[0]) for m, s, c, f in applicable]
+        expect_close(out, exp_out, tried=tried, what="the output", mistakes=o_mistakes, fix=_ADD_FIX, **tol)
+    return f"matches wᵀ tanh(W_q q + W_k k) attention on {len(cases)} cases (batched, masks, n_q = 1, square weights, large scores)"

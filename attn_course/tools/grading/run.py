@@ -1,0 +1,286 @@
+"""Run one notebook's plan in a learner process, watch it, end it, and bring back only plain data.
+
+:class:`Runner` owns the grader's private folder and one fork server (:mod:`.zygote`) per job slot.
+For each notebook it makes a fresh folder for the learner process (its only writable place), hands
+the plan to the server, and watches the process tree from the grader: wall time, the memory every
+process the submission started allocated (the cgroup's count, else their unique set sizes summed:
+libraries shared with the server are not counted), and how much the folder grew. When the notebook is
+done or a limit is passed, every process of the submission is killed (the server's whole subtree,
+the cgroup if there is one, anything still carrying the run's token). Only then are the learner's
+outputs read back — ``progress.jsonl`` and each check's log, opened without following links,
+size-limited, copied into the grader's own folder, which no learner process can write — and the
+learner's folder is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import files, sandbox
+from .learner import PROGRESS, RECORD
+from .plan import PlanCell
+from .zygote import Zygote, ZygoteDied, copy_course
+
+__all__ = ["Run", "Runner", "MAX_LOG_BYTES"]
+
+#: The largest check log read back (bytes on disk).
+MAX_LOG_BYTES = 256 * 2**20
+_MAX_PROGRESS = 4 * 2**20
+_EXERCISE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+_WORK_PREFIX = "attn-grade-"
+
+
+@dataclass
+class Run:
+    """What came back from one learner process (untrusted except ``stopped``, ``seconds``, ``peak_mb``)."""
+
+    progress: list[dict[str, Any]] = field(default_factory=list)  # one entry per planned cell, as reported
+    logs: dict[str, Path] = field(default_factory=dict)  # exercise id -> the grader's private copy of its log
+    stopped: str = ""  # why the grader stopped the process ("" when it ended by itself)
+    exit: dict[str, Any] = field(default_factory=dict)  # how the learner process ended
+    seconds: float = 0.0
+    peak_mb: float | None = None
+    sandbox: list[str] = field(default_factory=list)  # what confinement the learner process reported
+    problems: list[str] = field(default_factory=list)  # files that could not be read back, and why
+
+    def finished(self) -> bool:
+        return any(entry.get("done") for entry in self.progress)
+
+    def cell(self, index: int) -> dict[str, Any]:
+        for entry in self.progress:
+            if entry.get("cell") == index:
+                return entry
+        return {}
+
+
+def _rmtree(path: Path) -> None:
+    def retry(func, target, _exc):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), stat.S_IRWXU)
+            os.chmod(target, stat.S_IRWXU)
+            func(target)
+
+    shutil.rmtree(path, onerror=retry)
+
+
+def _clean_stale(base: Path) -> None:
+    """Delete private folders left by graders that were killed (their owner process is gone)."""
+    with contextlib.suppress(OSError):
+        for folder in base.glob(_WORK_PREFIX + "*"):
+            try:
+                owner = int((folder / "owner").read_text())
+            except (OSError, ValueError):
+                continue
+            try:
+                os.kill(owner, 0)
+            except ProcessLookupError:
+                _rmtree(folder)
+            except PermissionError:
+                pass
+
+
+class Runner:
+    """Runs plans in learner processes; use as a context manager (everything is cleaned up at exit)."""
+
+    def __init__(self, limits: sandbox.Limits, *, jobs: int = 1, confine: bool = True, threads: int | None = None,
+                 temp_root: Path | None = None):
+        import psutil  # noqa: F401 - imported now, before any learner code runs, like everything the grader uses
+
+        self.limits, self.jobs, self.confine = limits, max(1, jobs), confine
+        self.threads = threads or max(1, (os.cpu_count() or 1) // self.jobs)
+        base = Path(temp_root or tempfile.gettempdir())
+        _clean_stale(base)
+        sandbox.Cgroup.clean_stale()
+        self.private = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=base))
+        (self.private / "owner").write_text(str(os.getpid()))
+        os.chmod(self.private, 0o711)  # learner processes may pass through to their own folder, not list
+        self.logs = self.private / "logs"
+        self.logs.mkdir(mode=0o700)
+        self.course_root = copy_course(self.private / "course")
+        self.token = f"{os.getpid()}-{secrets.token_hex(6)}"
+        self._zygotes: dict[int, Zygote] = {}
+        # Fork servers die with the thread that started them (PR_SET_PDEATHSIG), so one thread that
+        # lives as long as this runner starts them all.
+        self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="attn-grade-spawner")
+        self._lock = threading.Lock()
+        self._count = 0
+        self.running: dict[int, str] = {}  # slot -> what it is grading (for attributing changes)
+
+    # ------------------------------------------------------------------ lifetime
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for zygote in list(self._zygotes.values()):
+            zygote.close()
+        self._zygotes.clear()
+        self._spawner.shutdown(wait=False)
+        sandbox.sweep(self.token)
+        with contextlib.suppress(OSError):
+            os.chmod(self.private / "course", 0o755)
+        _rmtree(self.private)
+
+    def _start(self, slot: int) -> Zygote:
+        zygote = self._zygotes.get(slot)
+        if zygote is None or not zygote.alive():
+            if zygote is not None:
+                zygote.close()
+            zygote = self._spawner.submit(Zygote, course_root=self.course_root, cwd=self.private).result()
+            self._zygotes[slot] = zygote
+        return zygote
+
+    def _zygote(self, slot: int) -> Zygote:
+        return self._start(slot).wait_ready()
+
+    def start(self) -> "Runner":
+        """Start every slot's fork server now (each imports PyTorch: seconds) without waiting for them."""
+        for slot in range(self.jobs):
+            self._start(slot)
+        return self
+
+    def warm(self) -> None:
+        """Start every slot's fork server and wait until all are ready."""
+        for zygote in [self._start(slot) for slot in range(self.jobs)]:
+            zygote.wait_ready()
+
+    # ------------------------------------------------------------------ one notebook
+    def run(self, cells: list[PlanCell], exercises: list[str], *, slot: int = 0, label: str = "",
+            limits: sandbox.Limits | None = None) -> Run:
+        limits = limits or self.limits
+        with self._lock:
+            self._count += 1
+            number = self._count
+        work = self.private / f"work-{number}"
+        for sub in ("", RECORD, "tmp", "home"):
+            (work / sub).mkdir(mode=0o755, exist_ok=True)
+        token = f"{self.token}-{number}"
+        group = sandbox.Cgroup.create(f"{self.token}-{number}", limits)
+        timeout = float(limits.cell_timeout)
+        job = {"work": str(work), "token": token, "limits": asdict(limits), "threads": self.threads,
+               "confine": self.confine, "cgroup": group.join_path() if group else [],
+               "cells": [c.job(timeout * 2 if c.kind == "check" else timeout) for c in cells]}
+        self.running[slot] = label
+        run = Run()
+        start = time.monotonic()
+        try:
+            zygote = self._zygote(slot)
+            try:
+                pid = zygote.start(job)
+                run.stopped, run.exit, run.peak_mb = self._watch(zygote, pid, work, start, group, limits)
+            except ZygoteDied as exc:
+                run.stopped = f"the grading process died ({exc})"
+                zygote.close()
+        finally:
+            run.seconds = round(time.monotonic() - start, 2)
+            if group is not None:
+                if not run.stopped and group.out_of_memory():
+                    run.stopped = f"used more than {limits.memory_mb} MB of memory and was killed"
+                group.kill()
+            sandbox.sweep(token)
+            self.running.pop(slot, None)
+            self._collect(work, exercises, number, run)
+            _rmtree(work)
+        return run
+
+    def _watch(self, zygote: Zygote, pid: int, work: Path, start: float, group,
+               limits: sandbox.Limits) -> tuple[str, dict, float | None]:
+        peak = 0
+        stopped = ""
+        disk_start = shutil.disk_usage(work).free
+        next_disk = 0.0
+        while True:
+            elapsed = time.monotonic() - start
+            # Most notebooks end within a second: look often at first, then every quarter second.
+            ended = zygote.ended(0.02 if elapsed < 0.5 else 0.25)
+            if ended is not None:
+                return stopped, ended.get("status", {}), round(peak / 2**20, 1) if peak else None
+            elapsed = time.monotonic() - start
+            if elapsed < 0.5:
+                continue
+            used = group.memory() if group is not None else None
+            if used is None:
+                used = sandbox.tree_memory(zygote.pid)
+            peak = max(peak, used)
+            if not stopped:
+                if used > limits.memory_mb * 2**20:
+                    stopped = f"used more than {limits.memory_mb} MB of memory and was stopped"
+                elif elapsed > limits.notebook_timeout:
+                    stopped = f"ran past {limits.notebook_timeout:g} s in all and was stopped"
+                elif elapsed >= next_disk:
+                    next_disk = elapsed + 0.5
+                    if disk_start - shutil.disk_usage(work).free > limits.disk_mb * 2**20 and \
+                            _size(work) > limits.disk_mb * 2**20:
+                        stopped = f"wrote more than {limits.disk_mb} MB of files and was stopped"
+                if stopped:
+                    if group is not None:
+                        group.kill()
+                    sandbox.kill_tree(zygote.pid, include_root=False)
+                    ended = zygote.ended(30.0)
+                    if ended is None:  # the server itself is stuck: replace it
+                        zygote.close()
+                        return stopped, {}, round(peak / 2**20, 1) if peak else None
+                    return stopped, ended.get("status", {}), round(peak / 2**20, 1) if peak else None
+
+    def _collect(self, work: Path, exercises: list[str], number: int, run: Run) -> None:
+        try:
+            text = files.read_file(work / PROGRESS, limit=_MAX_PROGRESS).decode("utf-8", "replace")
+        except files.Unreadable as exc:
+            run.problems.append(f"progress: {exc}")
+            text = ""
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                if entry.get("start") and isinstance(entry.get("sandbox"), list):
+                    run.sandbox = [str(s)[:200] for s in entry["sandbox"]][:10]
+                elif "cell" in entry or "done" in entry:
+                    run.progress.append(entry)
+        target = self.logs / str(number)
+        for exercise in exercises:
+            if not _EXERCISE.match(exercise):
+                continue
+            source = work / RECORD / f"{exercise}.npz"
+            if not os.path.lexists(source):
+                continue
+            try:
+                data = files.read_file(source, limit=MAX_LOG_BYTES)
+            except files.Unreadable as exc:
+                run.problems.append(f"{exercise}: the check's log is {exc}")
+                continue
+            target.mkdir(mode=0o700, exist_ok=True)
+            copy = target / f"{exercise}.npz"
+            copy.write_bytes(data)
+            run.logs[exercise] = copy
+
+    def forget(self, run: Run) -> None:
+        """Delete the private copies of a run's logs (once its verdicts are reached)."""
+        for folder in {path.parent for path in run.logs.values()}:
+            _rmtree(folder)
+        run.logs = {}
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total

@@ -1,0 +1,195 @@
+"""The verdicts: every check replayed in the grader's own process, from nothing but the learner's outputs.
+
+For each exercise of the course notebook, the course's :class:`~attn_course.checks.core.Check` (imported
+before any learner code ran) is evaluated on a :class:`~attn_course.checks.boundary.ReplaySession`
+over the log the check wrote in the learner's process: every call of the learner's code is answered
+from that log as decoded plain data, and comparison and diagnosis run here, in code no submission
+touched. Whatever the learner's process printed, displayed, patched or forged, the status comes from
+this replay — or, when there is no log, from why there is none, found without trusting the learner's
+process to pass anything: a syntax error (the grader compiles the cell), no exercise cell, a cell
+that raised or ran too long, a limit the grader enforced, a check that was stopped or replaced.
+
+The learner process's own report (``progress.jsonl``) is used only to *explain* a missing log; it can
+make a verdict worse, never better. Flags (copied solutions, the course's own functions returned as
+answers, tampering) go beside the status for the instructor to judge.
+"""
+
+from __future__ import annotations
+
+from ...checks.boundary import ReplayMismatch, ReplaySession, decode
+from .collect import Submission
+from .model import ERROR, FAILED, NOT_ATTEMPTED, Row
+from .plan import PlanCell, exercise_cells
+from .run import Run
+from . import static
+
+__all__ = ["judge", "unreadable_rows"]
+
+_SHORT = 120
+
+
+def _short(text: str, limit: int = _SHORT) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _raised(entry: dict) -> str:
+    error = entry.get("error") or {}
+    name = _short(error.get("type", "an exception"), 40)
+    line = error.get("line")
+    where = f" in line {line}" if isinstance(line, int) else ""
+    message = _short(error.get("message", ""), 80)
+    return f"{name}{where}" + (f": {message}" if message else "")
+
+
+class _Replay(ReplaySession):
+    """A replay that remembers whether the check asked for something the log does not hold."""
+
+    incomplete = False
+
+    def run(self, *args, **kwargs):
+        try:
+            return super().run(*args, **kwargs)
+        except ReplayMismatch:
+            self.incomplete = True
+            raise
+
+
+def _log_flags(session: ReplaySession, name: str) -> list[str]:
+    """Evidence in the log itself: the exercise is a function of the course's package."""
+    flags = []
+    for event in session.events:
+        outcome = event.get("outcome")
+        if event.get("op") != "inspect" or not isinstance(outcome, dict) or "ok" not in outcome:
+            continue
+        prefix = str(event.get("prefix", ""))
+        arrays = {k[len(prefix):]: v for k, v in session.arrays.items() if k.startswith(prefix)}
+        try:
+            info = decode(outcome["ok"], arrays)
+        except (ReplayMismatch, KeyError, TypeError, ValueError):
+            continue
+        where = str(info.get("defined_in", "")) if isinstance(info, dict) else ""
+        if where.split(".")[0] == "attn_course":
+            flags.append(f"`{name}` is the course's own {where} code, not the learner's")
+        break
+    return flags
+
+
+def unreadable_rows(sub: Submission) -> list[Row]:
+    """Rows for a course notebook whose file could not be read or run."""
+    assert sub.notebook is not None
+    return [Row(sub.learner, sub.notebook.slug, ident, ERROR, _short(sub.problem), list(sub.flags), source=sub.rel)
+            for ident in sub.notebook.exercises]
+
+
+def judge(sub: Submission, cells: list[PlanCell], run: Run) -> list[Row]:
+    """One row per exercise of ``sub``'s course notebook (see the module docstring)."""
+    course_nb = sub.notebook
+    assert course_nb is not None and sub.nb is not None
+    mine = exercise_cells(sub.nb, course_nb)
+    position = {(c.kind, c.exercise): k for k, c in enumerate(cells) if c.exercise}
+    notebook_flags = list(sub.flags)
+    for cell in cells:
+        if cell.kind == "added":
+            for flag in static.suspicious(cell.source, allowed_imports=course_nb.allowed_imports):
+                flag = f"a cell the learner added {flag}"
+                if flag not in notebook_flags:
+                    notebook_flags.append(flag)
+    notes = _notes(cells, run)
+    rows = []
+    for ident, ex in course_nb.exercises.items():
+        source = sub.nb.cells[mine[ident]].source if ident in mine else None
+        flags = list(notebook_flags)
+        if source is not None:
+            found = static.suspicious(source, allowed_imports=course_nb.allowed_imports)
+            flags += [f"its exercise cell {f}" for f in found]
+        ex_entry = run.cell(position.get(("exercise", ident), -1))
+        check_entry = run.cell(position.get(("check", ident), -1))
+        status, message = _verdict(ex, source, ex_entry, check_entry, run, flags)
+        rows.append(Row(sub.learner, course_nb.slug, ident, status, message, flags, notes, sub.rel, run.seconds,
+                        run.peak_mb))
+    return rows
+
+
+def _verdict(ex, source: str | None, ex_entry: dict, check_entry: dict, run: Run, flags: list[str]) -> tuple[str, str]:
+    if ex.check is None:
+        return ERROR, _short(f"not graded: {ex.problem}")
+    log = run.logs.get(ex.id)
+    if log is not None:
+        try:
+            session = _Replay(log)
+        except ReplayMismatch as exc:
+            flags.append("the check's log was damaged or forged")
+            return FAILED, _short(f"the check's record cannot be used ({exc})")
+        result = ex.check.evaluate(session=session)
+        flags += [f for f in _log_flags(session, ex.name) if f not in flags]
+        if session.incomplete:  # the check was cut short in the learner's process: say by what
+            if check_entry.get("timeout"):
+                return FAILED, "the check ran too long and was stopped (is your code very slow, or endless?)"
+            if check_entry.get("error"):
+                return FAILED, _short(f"your code stopped the check: it raised {_raised(check_entry)}")
+            if run.stopped:
+                return FAILED, _short(f"never finished: your notebook {run.stopped}")
+        return result.status.value, _short(result.summary)
+    return _without_log(ex, source, ex_entry, check_entry, run, flags)
+
+
+def _without_log(ex, source, ex_entry, check_entry, run: Run, flags: list[str]) -> tuple[str, str]:
+    name = ex.name
+    if source is not None:
+        syntax = static.syntax_error(source)
+        if syntax is not None:
+            return FAILED, _short(syntax.text())
+    if not check_entry:  # the check cell never reported: the process stopped before it
+        if run.stopped.startswith("the grading process"):
+            return ERROR, _short(f"not graded: {run.stopped}")
+        if run.stopped:
+            return FAILED, _short(f"never checked: your notebook {run.stopped}")
+        if ex_entry.get("timeout"):
+            return FAILED, _short(f"your exercise cell ran too long and was stopped; `{name}` was never checked")
+        return FAILED, _short(f"never checked: your code ended the grading process ({_ending(run)})")
+    if source is None:
+        if check_entry.get("defined") is False:
+            return NOT_ATTEMPTED, f"no exercise cell for `{name}` (deleted?)"
+    elif ex_entry.get("timeout"):
+        return FAILED, _short(f"your exercise cell ran past its time and was stopped, so `{name}` was never defined")
+    elif ex_entry.get("error") and check_entry.get("defined") is False:
+        return FAILED, _short(f"your exercise cell raised {_raised(ex_entry)}, so `{name}` was never defined")
+    elif not static.defines(source, name) and check_entry.get("defined") is False:
+        return FAILED, _short(f"your exercise cell does not define `{name}`")
+    if check_entry.get("timeout"):
+        return FAILED, "the check ran too long and was stopped (is your code very slow, or endless?)"
+    if check_entry.get("defined") is False:
+        return FAILED, _short(f"`{name}` was not defined when the check ran (did a later cell delete it?)")
+    flags.append("the course's check ran but left no record: something in the notebook stopped or replaced it")
+    return FAILED, "the check left no record (something in your notebook stopped or replaced it)"
+
+
+def _ending(run: Run) -> str:
+    status = run.exit or {}
+    if "signal" in status:
+        return f"killed by signal {status['signal']}"
+    if status.get("exit") is not None:
+        return f"exit status {status['exit']}"
+    return "it ended early"
+
+
+def _notes(cells: list[PlanCell], run: Run) -> str:
+    """What else happened: the grader's stop, cells the learner added that raised, unread files."""
+    notes = []
+    if run.stopped:
+        notes.append(f"stopped: {run.stopped}")
+    elif run.progress and not run.finished():
+        notes.append(f"the learner's process ended early ({_ending(run)})")
+    for k, cell in enumerate(cells):
+        if cell.kind not in ("added", "demo"):
+            continue
+        entry = run.cell(k)
+        if entry.get("timeout"):
+            notes.append(f"cell {cell.origin + 1} (added) ran too long and was stopped")
+        elif entry.get("error"):
+            notes.append(f"cell {cell.origin + 1} ({cell.kind}) raised {_raised(entry)}")
+        if len(notes) >= 3:
+            break
+    notes += run.problems[:2]
+    return _short("; ".join(notes), 300)

@@ -1,0 +1,567 @@
+"""Checks of notebook 09 (attn_course.checks.fast): every wrong answer is rejected and named, every right
+one accepted, on record → replay.
+
+The learners' answers below are written independently of the check's own variants of the loop
+(:class:`~attn_course.checks.fast.Pass`, :class:`~attn_course.checks.fast.Loop`): each is code a learner
+could type. Right answers use other loop orders, torch.split, a running log-sum-exp, einsum, float64
+inside, a −1e9 fill, a per-tile triu mask…; wrong ones make one mistake each.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_course.checks import fast as cf
+from attn_course.checks.fast import check_causal_tiled_attention, check_online_softmax, check_tiled_attention
+from attn_course.checks.result import Status
+from tests.checks.test_voice import assert_voice
+
+pytestmark = pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # one learner's answer uses k.T
+
+
+# ============================================================================ online softmax: learners
+def os_ref(x, block_size=1):
+    n = x.shape[-1]
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for start in range(0, n, block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+def os_split(x, block_size=1):
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for blk in torch.split(x, block_size, dim=-1):
+        new = torch.max(m, blk.max(dim=-1, keepdim=True).values)
+        l = torch.exp(m - new) * l + torch.exp(blk - new).sum(-1, keepdim=True)
+        m = new
+    return torch.exp(x - m) / l
+
+
+def os_logsumexp(x, block_size=1):  # a running log-sum-exp instead of (m, l)
+    lse = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        lse = torch.logaddexp(lse, torch.logsumexp(x[..., s:s + block_size], dim=-1, keepdim=True))
+    return torch.exp(x - lse)
+
+
+def os_while_first_block(x, block_size=1):  # state starts from the first block, while loop
+    n, i, m, l = x.shape[-1], 0, None, None
+    while i < n:
+        blk = x[..., i:i + block_size]
+        bm = blk.amax(-1, keepdim=True)
+        if m is None:
+            m, l = bm, torch.exp(blk - bm).sum(-1, keepdim=True)
+        else:
+            new = torch.maximum(m, bm)
+            l = l * torch.exp(m - new) + torch.exp(blk - new).sum(-1, keepdim=True)
+            m = new
+        i += block_size
+    return torch.exp(x - m) / l
+
+
+def os_float64_inside(x, block_size=1):
+    return os_ref(x.double(), block_size).to(x.dtype)
+
+
+def os_numpy(x, block_size=1):  # NumPy inside, a NumPy array out
+    a = np.asarray(x, dtype=np.float64)
+    m = np.full(a.shape[:-1] + (1,), -np.inf)
+    l = np.zeros_like(m)
+    for s in range(0, a.shape[-1], block_size):
+        blk = a[..., s:s + block_size]
+        new = np.maximum(m, blk.max(-1, keepdims=True))
+        l = l * np.exp(m - new) + np.exp(blk - new).sum(-1, keepdims=True)
+        m = new
+    return np.exp(a - m) / l
+
+
+def _os(x, b, *, factor="shrink", newmax="running", final="ok", stop=None, end=lambda s, b: s + b, m0=-math.inf):
+    n = x.shape[-1]
+    m = torch.full(x.shape[:-1] + (1,), m0, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for s in range(0, n if stop is None else stop(n, b), b):
+        blk = x[..., s:end(s, b)]
+        bm = blk.amax(-1, keepdim=True)
+        new = {"running": torch.maximum(m, bm), "block": bm, "zero": torch.zeros_like(bm)}[newmax]
+        f = {"shrink": torch.exp(m - new), "none": 1.0, "grow": torch.exp(new - m),
+             "grow_guard": torch.where(torch.isinf(m), torch.ones_like(m), torch.exp(new - m))}[factor]
+        l = l * f + torch.exp(blk - new).sum(-1, keepdim=True)
+        m = new
+    if final == "nodiv":
+        return torch.exp(x - m)
+    if final == "raw":
+        return torch.exp(x) / l
+    return torch.exp(x - m) / l
+
+
+def os_no_keepdim(x, block_size=1):
+    m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], block_size):
+        blk = x[..., s:s + block_size]
+        new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        l = l * torch.exp(m - new) + torch.exp(blk - new).sum(-1, keepdim=True)
+        m = new
+    return torch.exp(x - m) / l
+
+
+def os_global_max(x, block_size=1):  # two passes: the row's maximum first
+    m = x.amax(-1, keepdim=True)
+    l = sum(torch.exp(x[..., s:s + block_size] - m).sum(-1, keepdim=True) for s in range(0, x.shape[-1], block_size))
+    return torch.exp(x - m) / l
+
+
+OS_RIGHT = {"reference": os_ref, "torch.split": os_split, "running logsumexp": os_logsumexp,
+            "while, first block": os_while_first_block, "float64 inside": os_float64_inside, "numpy": os_numpy}
+
+# name -> (answer, words the diagnosis must contain)
+OS_WRONG = {
+    "no max": (lambda x, b=1: torch.exp(x) / torch.exp(x).sum(-1, keepdim=True), "no running maximum"),
+    "sum not rescaled": (lambda x, b=1: _os(x, b, factor="none"), "running sum not rescaled"),
+    "rescaled by exp(m_new - m_old), guarded": (lambda x, b=1: _os(x, b, factor="grow_guard"), "exp(m_new − m_old)"),
+    "rescaled by exp(m_new - m_old)": (lambda x, b=1: _os(x, b, factor="grow"), "NaN from the first block on"),
+    "per-block max": (lambda x, b=1: _os(x, b, newmax="block"), "per-block maximum instead of a running one"),
+    "max started at 0": (lambda x, b=1: _os(x, b, m0=0.0), "running max started at 0"),
+    "no final division": (lambda x, b=1: _os(x, b, final="nodiv"), "final division missing"),
+    "exp(x) at the end": (lambda x, b=1: _os(x, b, final="raw"), "exp(x) instead of exp(x − m)"),
+    "last partial block dropped": (lambda x, b=1: _os(x, b, stop=lambda n, b: n - n % b), "last, shorter block dropped"),
+    "last block always dropped": (lambda x, b=1: _os(x, b, stop=lambda n, b: n - b), "last block dropped"),
+    "slice one short": (lambda x, b=1: _os(x, b, end=lambda s, b: s + b - 1), "each block one column short"),
+    "slice one long": (lambda x, b=1: _os(x, b, end=lambda s, b: s + b + 1), "blocks overlap by one column"),
+    "softmax per block": (lambda x, b=1: torch.cat([torch.softmax(x[..., s:s + b], -1)
+                                                     for s in range(0, x.shape[-1], b)], -1),
+                          "each block normalised on its own"),
+    "torch.softmax": (lambda x, b=1: torch.softmax(x, -1), "calls torch.softmax"),
+    "F.log_softmax": (lambda x, b=1: F.log_softmax(x, -1).exp(), "calls torch.softmax"),
+    "global max first": (os_global_max, "the whole row"),
+    "renormalised over the whole row": (lambda x, b=1: (lambda e: e / e.sum(-1, keepdim=True))(os_ref(x, b)),
+                                        "the whole row"),
+    "block_size ignored (1)": (lambda x, b=1: os_ref(x, 1), "block_size not used"),
+    "block_size ignored (64)": (lambda x, b=1: os_ref(x, 64), "block_size not used"),
+    "keepdim missing": (os_no_keepdim, "keepdim=True"),
+    "float16 result": (lambda x, b=1: os_ref(x, b).half(), "float16"),
+    "returns a tuple": (lambda x, b=1: (os_ref(x, b), None), "returned a Python tuple"),
+}
+
+
+# ============================================================================ tiled attention: learners
+def ta_ref(q, k, v, block_size=64):
+    n, m_keys, scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        q_blk = q[..., qs:qs + block_size, :]
+        row_max = torch.full(q_blk.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, m_keys, block_size):
+            scores = q_blk @ k[..., ks:ks + block_size, :].transpose(-2, -1) * scale
+            new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
+            correction = torch.exp(row_max - new_max)
+            probs = torch.exp(scores - new_max)
+            row_sum = row_sum * correction + probs.sum(dim=-1, keepdim=True)
+            acc = acc * correction + probs @ v[..., ks:ks + block_size, :]
+            row_max = new_max
+        out[..., qs:qs + block_size, :] = acc / row_sum
+    return out
+
+
+def attn(q, k, v, b, causal=False, *, scale=None, m0=-math.inf, sum_f="shrink", acc_f="shrink", newmax="running",
+         final="div", q_stop=None, k_range=None, k_end=lambda s, b: s + b, hide=lambda r, c, qs, ks: c > r,
+         masked=lambda qs, qe, ks, ke: ke - 1 > qs, fill=-math.inf, tile_max="row", pv="plain", zero_guard=False):
+    """A learner's tiled loop in which each of the options below can go wrong."""
+    n, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1 / math.sqrt(d) if scale is None else scale(q, k, v, b)
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n if q_stop is None else q_stop(n, b), b):
+        qe = min(qs + b, n)
+        qb = q[..., qs:qe, :]
+        m = torch.full(qb.shape[:-1] + (1,), m0, dtype=q.dtype)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in (k_range(n, nk, b, qs, qe) if k_range else range(0, qe if causal else nk, b)):
+            ke = min(k_end(ks, b), nk)
+            if ke <= ks:
+                continue
+            s = qb @ k[..., ks:ke, :].transpose(-2, -1) * scale
+            if causal and masked(qs, qe, ks, ke):
+                s = s.masked_fill(hide(torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :], qs, ks), fill)
+            tm = s.amax(-1, keepdim=True) if tile_max == "row" else s.amax(dim=(-2, -1), keepdim=True)
+            new = {"running": torch.maximum(m, tm), "block": tm, "zero": torch.zeros_like(tm)}[newmax]
+
+            def f(kind):
+                return {"shrink": torch.exp(m - new), "none": torch.ones_like(new), "grow": torch.exp(new - m),
+                        "grow_guard": torch.where(torch.isinf(m), torch.ones_like(m), torch.exp(new - m))}[kind]
+
+            p = torch.exp(s - new)
+            l_new = l * f(sum_f) + p.sum(-1, keepdim=True)
+            if pv == "tile softmax":
+                acc = acc * f(acc_f) + (p / p.sum(-1, keepdim=True)) @ v[..., ks:ke, :]
+            elif pv == "normalise each tile":
+                acc = (acc * f(acc_f) + p @ v[..., ks:ke, :]) / l_new
+            else:
+                acc = acc * f(acc_f) + p @ v[..., ks:ke, :]
+            l, m = l_new, new
+        res = acc / l if final == "div" else acc
+        if zero_guard:
+            res = torch.where(l > 0, acc / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(acc))
+        out[..., qs:qe, :] = res
+    return out
+
+
+def T(**kw):
+    return lambda q, k, v, b=64: attn(q, k, v, b, **kw)
+
+
+def C(**kw):
+    return lambda q, k, v, b=64: attn(q, k, v, b, True, **kw)
+
+
+def ta_key_outer(q, k, v, block_size=64):  # FlashAttention-1's loop order: keys outside, queries inside
+    n, nk = q.shape[-2], k.shape[-2]
+    scale = q.shape[-1] ** -0.5
+    m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for ks in range(0, nk, block_size):
+        kb, vb = k[..., ks:ks + block_size, :], v[..., ks:ks + block_size, :]
+        for qs in range(0, n, block_size):
+            sl = slice(qs, qs + block_size)
+            s = torch.einsum("...id,...jd->...ij", q[..., sl, :], kb) * scale
+            new = torch.maximum(m[..., sl, :], s.amax(-1, keepdim=True))
+            c = torch.exp(m[..., sl, :] - new)
+            p = torch.exp(s - new)
+            l[..., sl, :] = l[..., sl, :] * c + p.sum(-1, keepdim=True)
+            acc[..., sl, :] = acc[..., sl, :] * c + p @ vb
+            m[..., sl, :] = new
+    return acc / l
+
+
+def ta_lse(q, k, v, block_size=64):  # a running log-sum-exp, torch.split, mT
+    scale = 1 / math.sqrt(q.shape[-1])
+    outs = []
+    for qb in torch.split(q, block_size, dim=-2):
+        lse = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        o = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for kb, vb in zip(torch.split(k, block_size, dim=-2), torch.split(v, block_size, dim=-2)):
+            s = qb @ kb.mT * scale
+            new = torch.logaddexp(lse, torch.logsumexp(s, -1, keepdim=True))
+            o = o * torch.exp(lse - new) + torch.exp(s - new) @ vb
+            lse = new
+        outs.append(o)
+    return torch.cat(outs, -2)
+
+
+def ta_first_tile(q, k, v, block_size=64):  # the state starts from the first tile, q scaled once
+    n, nk = q.shape[-2], k.shape[-2]
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qb = q[..., qs:qs + block_size, :] / math.sqrt(q.shape[-1])
+        m = l = acc = None
+        for ks in range(0, nk, block_size):
+            s = qb @ k[..., ks:ks + block_size, :].transpose(-1, -2)
+            tm = s.amax(-1, keepdim=True)
+            if m is None:
+                m = tm
+                p = torch.exp(s - m)
+                l, acc = p.sum(-1, keepdim=True), p @ v[..., ks:ks + block_size, :]
+                continue
+            new = torch.maximum(m, tm)
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            l, acc, m = c * l + p.sum(-1, keepdim=True), c * acc + p @ v[..., ks:ks + block_size, :], new
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
+
+def ta_row_block(q, k, v, b=64):  # a block of queries against all keys at once
+    outs = [torch.softmax(q[..., s:s + b, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
+            for s in range(0, q.shape[-2], b)]
+    return torch.cat(outs, -2)
+
+
+def ta_two_pass(q, k, v, b=64, causal=False):  # the row maxima in a first pass over the tiles
+    n, nk, scale = q.shape[-2], k.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, b):
+        qe = min(qs + b, n)
+        qb = q[..., qs:qe, :]
+
+        def tile(ks):
+            s = qb @ k[..., ks:ks + b, :].transpose(-2, -1) * scale
+            if causal:
+                s = s.masked_fill(torch.arange(ks, min(ks + b, nk))[None] > torch.arange(qs, qe)[:, None], -math.inf)
+            return s
+
+        stop = qe if causal else nk
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        for ks in range(0, stop, b):
+            m = torch.maximum(m, tile(ks).amax(-1, keepdim=True))
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, stop, b):
+            p = torch.exp(tile(ks) - m)
+            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v[..., ks:ks + b, :]
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
+def ta_garbage_tail(q, k, v, block_size=64):  # torch.empty output, last partial block never written
+    n = q.shape[-2]
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype).fill_(7.0)
+    full = n - n % block_size
+    if full:
+        out[..., :full, :] = ta_ref(q[..., :full, :], k, v, block_size)
+    return out
+
+
+def ta_out_width_q(q, k, v, block_size=64):
+    out = torch.empty(q.shape, dtype=q.dtype)  # d_k columns, not d_v
+    for qs in range(0, q.shape[-2], block_size):
+        out[..., qs:qs + block_size, :] = ta_ref(q[..., qs:qs + block_size, :], k, v, block_size)
+    return out
+
+
+def ta_kT(q, k, v, block_size=64):
+    n, nk, scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qb = q[..., qs:qs + block_size, :]
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, nk, block_size):
+            s = qb @ k[..., ks:ks + block_size, :].T * scale  # .T reverses every axis of a batched k
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ks + block_size, :], new
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
+
+TA_RIGHT = {"reference": ta_ref, "options at their right values": T(), "keys outside (FlashAttention-1 order)":
+            ta_key_outer, "running logsumexp": ta_lse, "state from the first tile": ta_first_tile,
+            "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype)}
+
+TA_WRONG = {
+    "not scaled": (T(scale=lambda q, k, v, b: 1.0), "scores not scaled"),
+    "divided by d_k": (T(scale=lambda q, k, v, b: 1 / q.shape[-1]), "divided by d_k instead of √d_k"),
+    "multiplied by √d_k": (T(scale=lambda q, k, v, b: math.sqrt(q.shape[-1])), "multiplied by √d_k"),
+    "scaled by √d_v": (T(scale=lambda q, k, v, b: 1 / math.sqrt(v.shape[-1])), "scaled by √d_v"),
+    "scaled by √n_k": (T(scale=lambda q, k, v, b: 1 / math.sqrt(k.shape[-2])), "scaled by √n_k"),
+    "sum not rescaled": (T(sum_f="none"), "running sum not rescaled"),
+    "acc not rescaled": (T(acc_f="none"), "accumulator not rescaled"),
+    "neither rescaled": (T(sum_f="none", acc_f="none"), "running sum and accumulator not rescaled"),
+    "rescaled by exp(m_new - m_old)": (T(sum_f="grow", acc_f="grow"), "NaN from the first block on"),
+    "rescaled by exp(m_new - m_old), guarded": (T(sum_f="grow_guard", acc_f="grow_guard"), "exp(m_new − m_old)"),
+    "per-tile max": (T(newmax="block"), "per-tile maximum instead of a running one"),
+    "one max per tile": (T(tile_max="tile"), "one maximum for the whole tile"),
+    "no max": (T(newmax="zero"), "no running maximum subtracted"),
+    "max started at 0": (T(m0=0.0), "running max started at 0"),
+    "no final division": (T(final="none"), "final division missing"),
+    "normalised at every tile": (T(pv="normalise each tile"), "accumulator normalised at every tile"),
+    "each tile normalised": (T(pv="tile softmax"), "each tile normalised on its own"),
+    "last partial key block dropped": (T(k_range=lambda n, nk, b, qs, qe: range(0, nk - nk % b, b)),
+                                       "last, shorter key block dropped"),
+    "last key block always dropped": (T(k_range=lambda n, nk, b, qs, qe: range(0, nk - b, b)), "last key block dropped"),
+    "key slice one short": (T(k_end=lambda s, b: s + b - 1), "each key block one key short"),
+    "key slice one long": (T(k_end=lambda s, b: s + b + 1), "key blocks overlap by one key"),
+    "last partial query block skipped": (T(q_stop=lambda n, b: n - n % b), "last, shorter query block not computed"),
+    "last partial query block left as garbage": (ta_garbage_tail, "wrong only in the last, partial block"),
+    "output with q's width": (ta_out_width_q, "allocated"),
+    "k.T on a batch": (ta_kT, "k.T"),
+    "F.scaled_dot_product_attention": (lambda q, k, v, b=64: F.scaled_dot_product_attention(q, k, v),
+                                       "calls a fused attention"),
+    "full score matrix": (lambda q, k, v, b=64: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v,
+                          "builds a full 192 × 192 matrix"),
+    "a row of tiles at once": (ta_row_block, "builds a whole row of tiles at once"),
+    "two passes over the keys": (ta_two_pass, "reads the keys twice"),
+    "block_size ignored (64)": (lambda q, k, v, b=64: ta_ref(q, k, v, 64), "tiles larger than block_size"),
+    "block_size ignored (8)": (lambda q, k, v, b=64: ta_ref(q, k, v, 8), "block_size not used"),
+    "float16 result": (lambda q, k, v, b=64: ta_ref(q, k, v, b).half(), "float16"),
+}
+
+
+# ============================================================================ causal: learners
+def ca_triu(q, k, v, block_size=64):  # a per-tile mask from triu with an offset, −1e9 fill
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        qb = q[..., qs:qe, :]
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, qe, block_size):
+            ke = min(ks + block_size, n)
+            s = qb @ k[..., ks:ke, :].transpose(-2, -1) * scale
+            s = s.masked_fill(torch.ones(qe - qs, ke - ks, dtype=torch.bool).triu(qs - ks + 1), -1e9)
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], new
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
+def ca_full_mask(q, k, v, block_size=64):  # slices an (n, n) mask built up front
+    n = q.shape[-2]
+    allowed = torch.ones(n, n, dtype=torch.bool).tril()
+    return attn(q, k, v, block_size, True, hide=lambda r, c, qs, ks: ~allowed[r[:, 0]][:, c[0]])
+
+
+CA_RIGHT = {"reference": C(), "global mask on every tile": C(masked=lambda qs, qe, ks, ke: True), "triu per tile, −1e9": ca_triu,
+            "tile-local mask on the diagonal tiles only": C(hide=lambda r, c, qs, ks: (c - ks) > (r - qs)),
+            "float64 inside": lambda q, k, v, b=64: attn(q.double(), k.double(), v.double(), b, True).to(q.dtype)}
+
+CA_WRONG = {
+    "not causal": (lambda q, k, v, b=64: ta_ref(q, k, v, b), "not causal"),
+    "every tile computed, masked": (C(k_range=lambda n, nk, b, qs, qe: range(0, nk, b), masked=lambda qs, qe, ks, ke: True),
+                                    "computes the tiles above the diagonal"),
+    "one tile past the diagonal, masked": (C(k_range=lambda n, nk, b, qs, qe: range(0, min(qe + b, nk), b),
+                                             masked=lambda qs, qe, ks, ke: True), "computes one tile past the diagonal"),
+    "every tile computed, only the diagonal masked": (C(k_range=lambda n, nk, b, qs, qe: range(0, nk, b),
+                                                        masked=lambda qs, qe, ks, ke: ks == qs),
+                                                      "computed and not masked"),
+    "one tile past the diagonal, not masked": (C(k_range=lambda n, nk, b, qs, qe: range(0, min(qe + b, nk), b),
+                                                 masked=lambda qs, qe, ks, ke: ks == qs), "computed and not masked"),
+    "diagonal tile not masked": (C(hide=lambda r, c, qs, ks: torch.zeros_like(c > r)), "diagonal tile not masked"),
+    "mask key >= query": (C(hide=lambda r, c, qs, ks: c >= r), "mask hides the query's own key"),
+    "mask key > query + 1": (C(hide=lambda r, c, qs, ks: c > r + 1), "mask one position late"),
+    "mask key < query": (C(hide=lambda r, c, qs, ks: c < r), "mask hides the past instead of the future"),
+    "tile-local mask on every tile": (C(hide=lambda r, c, qs, ks: (c - ks) > (r - qs), masked=lambda qs, qe, ks, ke: True),
+                                      "mask from positions inside the tile"),
+    "diagonal tile skipped": (C(k_range=lambda n, nk, b, qs, qe: range(0, qs, b)), "diagonal tile skipped"),
+    "diagonal tile skipped, zeros": (C(k_range=lambda n, nk, b, qs, qe: range(0, qs, b), zero_guard=True),
+                                     "diagonal tile skipped"),
+    "weak fill −1e4": (C(fill=-1e4), "masked scores filled with a finite value"),
+    "weak fill −30": (C(fill=-30.0), "masked scores filled with a finite value"),
+    "sum not rescaled": (C(sum_f="none"), "running sum not rescaled"),
+    "acc not rescaled": (C(acc_f="none"), "accumulator not rescaled"),
+    "per-tile max": (C(newmax="block"), "per-tile maximum"),
+    "max started at 0": (C(m0=0.0), "running max started at 0"),
+    "no final division": (C(final="none"), "final division missing"),
+    "not scaled": (C(scale=lambda q, k, v, b: 1.0), "scores not scaled"),
+    "last partial query block skipped": (C(q_stop=lambda n, b: n - n % b), "last, shorter query block not computed"),
+    "last partial key block dropped": (C(k_range=lambda n, nk, b, qs, qe: [s for s in range(0, nk - nk % b, b) if s < qe]),
+                                       "last, shorter key block dropped"),
+    "two passes over the keys": (lambda q, k, v, b=64: ta_two_pass(q, k, v, b, causal=True), "reads the keys twice"),
+    "an (n, n) mask": (ca_full_mask, "builds a full 192 × 192 matrix"),
+    "F.scaled_dot_product_attention": (lambda q, k, v, b=64: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                       "calls a fused attention"),
+}
+
+CHECKS = {"online_softmax": (check_online_softmax, OS_RIGHT, OS_WRONG),
+          "tiled_attention": (check_tiled_attention, TA_RIGHT, TA_WRONG),
+          "causal_tiled_attention": (check_causal_tiled_attention, CA_RIGHT, CA_WRONG)}
+
+#: A few of each kind run in the quick suite; `pytest -m slow` runs every one.
+QUICK = {"sum not rescaled", "rescaled by exp(m_new - m_old), guarded", "last partial block dropped", "torch.softmax",
+         "global max first", "block_size ignored (1)", "acc not rescaled", "last partial query block left as garbage",
+         "a row of tiles at once", "two passes over the keys", "every tile computed, masked", "mask key >= query",
+         "diagonal tile skipped", "per-tile max", "keepdim missing"}
+
+
+def _cases(kind):
+    for exercise, (check, right, wrong) in CHECKS.items():
+        table = right if kind == "right" else wrong
+        for name, value in table.items():
+            marks = () if kind == "right" or name in QUICK else (pytest.mark.slow,)
+            yield pytest.param(check, value, id=f"{exercise}: {name}", marks=marks)
+
+
+# ============================================================================ the tests
+@pytest.mark.parametrize("check, fn", list(_cases("right")))
+def test_right_answers_are_accepted(check, fn, accepts):
+    accepts(check, fn)
+
+
+@pytest.mark.parametrize("check, wrong", list(_cases("wrong")))
+def test_wrong_answers_are_rejected_and_named(check, wrong, rejects):
+    fn, phrase = wrong
+    assert_voice(rejects(check, fn, phrase))
+
+
+@pytest.mark.parametrize("check", [c for c, _, _ in CHECKS.values()], ids=list(CHECKS))
+def test_unfinished_is_not_attempted(check, rejects, unfinished):
+    rejects(check, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+def test_an_exception_shows_the_learners_line(rejects):
+    def broken(q, k, v, block_size=64):
+        scores = q @ k.transpose(-2, -1)
+        return scores @ v[..., :1, :]  # the wrong slice of v
+
+    result = rejects(check_tiled_attention, broken, "your code raised RuntimeError", "of your cell",
+                     "return scores @ v")
+    assert result.diagnosis.cause == ""  # no known construct raises that message: no guessed cause
+
+
+def _learner(make, causal=None):
+    if causal is None:
+        return lambda x, block_size=1: make(x, block_size)
+    return lambda q, k, v, block_size=64: make(q, k, v, block_size, causal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exercise, mistakes, causal", [
+    ("online_softmax", cf.SOFTMAX_MISTAKES, None), ("tiled_attention", cf.TILED_MISTAKES, False),
+    ("causal_tiled_attention", cf.CAUSAL_MISTAKES, True)])
+def test_every_known_mistake_is_named_by_its_own_summary(exercise, mistakes, causal):
+    check = CHECKS[exercise][0]
+    for mistake in mistakes:
+        result = check.evaluate(_learner(mistake.make, causal))
+        assert result.status is Status.FAILED, f"{mistake.summary}: {result.text()}"
+        if mistake.key == "sign" and "NaN from the first block on" in result.summary:
+            continue  # the unguarded sign error gives NaN everywhere: named by that property
+        assert mistake.summary in result.summary, f"{mistake.summary!r} not in:\n{result.text()}"
+
+
+@pytest.mark.parametrize("exercise, mistakes, cases", [
+    ("online_softmax", cf.SOFTMAX_MISTAKES, cf.softmax_cases), ("tiled_attention", cf.TILED_MISTAKES, cf.tiled_cases),
+    ("causal_tiled_attention", cf.CAUSAL_MISTAKES, cf.causal_cases)])
+def test_the_cases_tell_every_known_mistake_apart(exercise, mistakes, cases):
+    """Each mistake is wrong on some case, and two mistakes with different names differ on some case (so
+    "explains every case" never has to choose between them)."""
+    cases = cases()
+
+    def outputs(m):
+        return [cf._value(m.make, c) for c in cases]
+
+    table = {id(m): outputs(m) for m in mistakes}
+    for m in mistakes:
+        assert any(o is not None and not cf._agrees(o, c.expected, c.atol, c.rtol) for o, c in zip(table[id(m)], cases)), \
+            f"{m.summary}: right on every case"
+    for a, b in itertools.combinations(mistakes, 2):
+        if a.summary == b.summary:
+            continue
+        assert any(x is not None and y is not None and not cf._agrees(x, y, c.atol, c.rtol)
+                   for x, y, c in zip(table[id(a)], table[id(b)], cases)), f"{a.summary} == {b.summary} on every case"
+
+
+def test_the_cases_vary_every_argument():
+    soft = cf.softmax_cases()
+    blocks = {c.block for c in soft}
+    assert {1, 16} <= blocks and any(c.args[0].shape[-1] % c.block for c in soft)  # 1, longer than n, not dividing
+    assert {c.args[0].dim() for c in soft} >= {1, 2, 3} and {c.args[0].dtype for c in soft} >= {torch.float32, torch.float64}
+    tiled = cf.tiled_cases()
+    assert any(c.args[0].shape[-2] != c.args[1].shape[-2] for c in tiled)  # n_q ≠ n_k, both ways
+    assert any(c.args[0].shape[-2] > c.args[1].shape[-2] for c in tiled)
+    assert any(c.args[0].shape[-1] != c.args[2].shape[-1] for c in tiled)  # d_k ≠ d_v
+    assert any(c.args[0].dim() == 4 for c in tiled) and any(1 in c.args[0].shape[:-1] for c in tiled)
+    for cases in (tiled, cf.causal_cases()):
+        assert {1} <= {c.block for c in cases} and any(c.block > c.args[0].shape[-2] for c in cases)
+        assert any(c.args[0].shape[-2] % c.block for c in cases)
+        assert {c.args[0].dtype for c in cases} == {torch.float32, torch.float64}
+
+
+def test_every_diagnosis_speaks_to_the_learner():
+    for mistake in [*cf.SOFTMAX_MISTAKES, *cf.CAUSAL_MISTAKES]:
+        assert mistake.cause.startswith(("you ", "your ")), mistake.cause
+        assert len(mistake.summary) <= 60 and not mistake.summary.endswith(".")

@@ -1,0 +1,215 @@
+"""attn_course.benchmark: the sweep checks before it times, refuses wrong implementations (forward and
+gradients), turns out-of-memory into a result, lets an implementation bring its own backward, and its
+figure is readable. Everything runs on the CPU in seconds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attn_course import benchmark, fast
+from attn_course.plots import readability_problems
+
+
+def tiny(**over) -> benchmark.BenchOptions:
+    values = dict(ns=[32, 64], head_dims=[16], impls=["naive", "tiled", "sdpa-math", "sdpa-flash"], tokens=64,
+                  hidden=32, tiled_block=16, min_run_time=0.005, max_memory=1e9)
+    values.update(over)
+    return benchmark.BenchOptions(**values)
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def test_options_have_defaults_and_refuse_nonsense():
+    defaults = benchmark.BenchOptions()
+    assert defaults.device == "cpu" and defaults.modes == ["fwd"] and defaults.causal == [False, True]
+    assert benchmark.BenchOptions(ns=[64]).ns == [64]  # pass only what changes
+    for bad in (dict(ns=[]), dict(ns=[0]), dict(dtypes=["float8"]), dict(modes=["bwd"]), dict(tiled_block=0),
+                dict(ns=64)):
+        with pytest.raises(ValueError):
+            benchmark.BenchOptions(**bad)
+
+
+def test_presets_for_the_command_line():
+    quick = benchmark.BenchOptions.preset("cpu", quick=True)
+    assert quick.ns == [256, 512, 1024] and quick.head_dims == [64] and quick.modes == ["fwd"]
+    assert "compile" not in quick.impls and quick.dtypes == ["float32"]
+    full_gpu = benchmark.BenchOptions.preset("cuda", quick=False)
+    assert full_gpu.dtypes == ["float16", "bfloat16"] and full_gpu.modes == ["fwd", "fwd+bwd"]
+    assert max(full_gpu.ns) == 16384 and full_gpu.tokens == 16384
+
+
+def test_sweep_keeps_tokens_and_width_fixed():
+    points = benchmark.configs(tiny(ns=[16, 32, 64], head_dims=[8, 16]))
+    assert {(c.n * c.batch, c.heads * c.head_dim) for c in points} == {(64, 32)}
+    assert len(points) == 3 * 2 * 2  # n × head dims × causal
+
+
+def test_every_implementation_is_checked_and_timed():
+    impls = ["naive", "tiled", "sdpa-math", "sdpa-flash", "sdpa-cudnn"]
+    results, info = benchmark.run_sweep(tiny(impls=impls), progress=False, log=quiet)
+    assert {r.status for r in results} == {"ok"}
+    for r in results:
+        flops = fast.attention_flops(r.batch, r.heads, r.n, r.head_dim, causal=r.causal)
+        assert r.tflops == pytest.approx(flops / (r.ms * 1e-3) / 1e12)
+        assert r.peak_memory_bytes is not None and r.peak_memory_bytes > 0
+        assert r.pct_of_peak is None and r.max_abs_error < 2e-4  # no datasheet peak for a CPU
+    assert "sdpa-cudnn (float32)" in info["not_measured"]  # no such backend on a CPU: said, not hidden
+    for key in ("device", "torch", "python", "shapes", "flops", "memory", "correctness", "date", "options"):
+        assert key in info
+
+
+def _wrong(q, k, v, causal):
+    return fast.naive_attention(q, k, v, causal=causal, scale=1.0)
+
+
+def test_a_wrong_implementation_is_refused_not_timed(monkeypatch):
+    wrong = benchmark.Impl("wrong", _wrong)
+    real = benchmark.implementations
+    monkeypatch.setattr(benchmark, "implementations", lambda *a, **kw: (real(*a, **kw)[0] + [wrong], {}))
+    lines = []
+    results, _ = benchmark.run_sweep(tiny(impls=["naive"]), progress=False, log=lines.append)
+    rows = [r for r in results if r.impl == "wrong"]
+    assert rows and all(r.status == "WRONG" and r.ms is None and "not timed" in r.note for r in rows)
+    assert all(r.status == "ok" for r in results if r.impl == "naive")
+    assert any(line.startswith("wrong: WRONG at n=32") for line in lines)
+
+
+class _BadBackward(torch.autograd.Function):
+    """Right forward, gradients off by a factor of 2."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q, k, v)
+        return fast.naive_attention(q, k, v)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            q2, k2, v2 = (t.detach().requires_grad_(True) for t in (q, k, v))
+            grads = torch.autograd.grad(fast.naive_attention(q2, k2, v2), (q2, k2, v2), dout)
+        return tuple(2 * g for g in grads)
+
+
+def test_forward_and_backward_mode_checks_gradients_and_uses_an_implementations_own_backward(monkeypatch):
+    own = benchmark.Impl("own-backward", lambda q, k, v, causal: fast.naive_attention(q, k, v),
+                         differentiable=lambda q, k, v, causal: _BadBackward.apply(q, k, v))
+    forward_only = benchmark.Impl("forward-only", lambda q, k, v, causal: fast.naive_attention(q, k, v),
+                                  differentiable=None)
+    real = benchmark.implementations
+    monkeypatch.setattr(benchmark, "implementations",
+                        lambda *a, **kw: (real(*a, **kw)[0] + [own, forward_only], {}))
+    results, _ = benchmark.run_sweep(tiny(impls=["naive", "tiled"], causal=[False], modes=["fwd", "fwd+bwd"]),
+                                     progress=False, log=quiet)
+    status = {(r.impl, r.mode): r for r in results if r.n == 32}
+    assert status[("naive", "fwd+bwd")].status == "ok"
+    tiled = status[("tiled", "fwd+bwd")]
+    assert tiled.status == "ok" and tiled.ms > 0  # notebook 10's tiled backward, through flash_attention
+    assert status[("own-backward", "fwd")].status == "ok"
+    bad = status[("own-backward", "fwd+bwd")]
+    assert bad.status == "WRONG" and "dq" in bad.note and "not timed" in bad.note
+    assert status[("forward-only", "fwd+bwd")].status == "unsupported"
+    flops = fast.attention_flops(tiled.batch, tiled.heads, tiled.n, tiled.head_dim, backward=True)
+    assert tiled.tflops == pytest.approx(flops / (tiled.ms * 1e-3) / 1e12)
+
+
+def test_tiled_backward_uses_far_less_memory_than_autograd_through_the_naive_version():
+    results, _ = benchmark.run_sweep(tiny(ns=[512], impls=["naive", "tiled"], causal=[False], modes=["fwd+bwd"],
+                                          tokens=512, hidden=16, tiled_block=64), progress=False, log=quiet)
+    peak = {r.impl: r.peak_memory_bytes for r in results}
+    assert peak["tiled"] * 4 < peak["naive"]
+
+
+def test_out_of_memory_is_a_result(monkeypatch):
+    def hungry(q, k, v, causal):
+        if q.shape[-2] >= 64:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64 GiB")
+        return fast.naive_attention(q, k, v, causal=causal)
+
+    monkeypatch.setattr(benchmark, "implementations", lambda *a, **kw: ([benchmark.Impl("hungry", hungry)], {}))
+    lines = []
+    results, _ = benchmark.run_sweep(tiny(ns=[32, 64, 128], causal=[False]), progress=False, log=lines.append)
+    status = {r.n: (r.status, r.note) for r in results}
+    assert status[32][0] == "ok"
+    assert status[64] == ("OOM", "OOM at n=64")
+    assert status[128] == ("skipped", "already OOM at n=64")
+    assert any(line.startswith("hungry: OOM at n=64") for line in lines)
+
+
+def test_other_failures_are_rows_too(monkeypatch):
+    def broken(q, k, v, causal):
+        raise ValueError("no such thing")
+
+    monkeypatch.setattr(benchmark, "implementations", lambda *a, **kw: ([benchmark.Impl("broken", broken)], {}))
+    results, _ = benchmark.run_sweep(tiny(ns=[32], causal=[False]), progress=False, log=quiet)
+    assert [(r.status, r.note) for r in results] == [("error", "ValueError: no such thing")]
+
+
+def test_cpu_memory_guard_skips_instead_of_thrashing():
+    results, _ = benchmark.run_sweep(tiny(impls=["naive", "tiled"], max_memory=1000), progress=False, log=quiet)
+    naive = [r for r in results if r.impl == "naive"]
+    assert naive and all(r.status == "skipped" and "max_memory" in r.note for r in naive)
+    assert all(r.status == "ok" for r in results if r.impl == "tiled")
+
+
+def test_unknown_and_unavailable_implementations_say_why():
+    found, missing = benchmark.implementations(["naive", "nonsense", "triton", "sdpa-efficient"], "cpu", torch.float32)
+    assert [impl.name for impl in found] == ["naive"]
+    assert "unknown implementation" in missing["nonsense"]
+    assert "CUDA" in missing["triton"] and "EFFICIENT_ATTENTION" in missing["sdpa-efficient"]
+
+
+def test_reference_is_float64_and_gives_gradients():
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 3, 40, 8, generator=g) for _ in range(4))
+    out, grads = benchmark.reference(q, k, v, True, dout)
+    assert out.dtype == torch.float64 and out.shape == (2, 40, 8)
+    q0, k0, v0 = (t[0, :2].double().requires_grad_(True) for t in (q, k, v))
+    expected = torch.nn.functional.scaled_dot_product_attention(q0, k0, v0, is_causal=True)
+    assert torch.allclose(out, expected, atol=1e-12)
+    for got, want in zip(grads, torch.autograd.grad(expected, (q0, k0, v0), dout[0, :2].double())):
+        assert torch.allclose(got, want, atol=1e-10)
+
+
+def test_results_table_and_figure():
+    results, info = benchmark.run_sweep(tiny(ns=[32, 64, 128], impls=["naive", "tiled"]), progress=False, log=quiet)
+    table = benchmark.results_table(results)
+    assert table.splitlines()[0].split()[:3] == ["impl", "dtype", "n"] and "naive" in table
+    assert max(len(line) for line in benchmark.results_table(results, max_width=100).splitlines()) <= 100
+    fig = benchmark.plot_results(results, info)
+    assert readability_problems(fig) == []
+    assert fig.axes[0].get_ylabel() == "median time (ms)"
+    assert "B·n = 64 tokens, A·d_k = 32 held fixed" in fig._suptitle.get_text()
+    assert benchmark.plot_results(results, info, mode="fwd+bwd") is None  # nothing measured in that mode
+    two_dims, info2 = benchmark.run_sweep(tiny(ns=[32], head_dims=[8, 16], impls=["naive"]), progress=False, log=quiet)
+    assert readability_problems(benchmark.plot_results(two_dims, info2)) == []
+
+
+def test_recorded_results_are_found(tmp_path):
+    from attn_course.tools.tables import write_json
+
+    results, info = benchmark.run_sweep(tiny(ns=[32], causal=[False], impls=["naive"]), progress=False, log=quiet)
+    write_json(tmp_path / "some-gpu" / "attention-bench.json", {"stamp": info, "results": results})
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "attention-bench.json").write_text("{not json", encoding="utf-8")
+    (found_path, data), = benchmark.load_recorded(tmp_path)
+    assert found_path.parent.name == "some-gpu" and data["results"][0]["impl"] == "naive"
+    assert benchmark.plot_results(data["results"], data["stamp"]) is not None
+    assert "naive" in benchmark.results_table(data["results"])
+    assert benchmark.load_recorded(tmp_path / "nowhere") == []
+
+
+@pytest.mark.slow  # a first torch.compile generates and builds C++: tens of seconds on a busy CPU
+def test_torch_compile_reports_its_compile_time_separately():
+    results, _ = benchmark.run_sweep(tiny(ns=[64], causal=[False], impls=["compile"]), progress=False, log=quiet)
+    (r,) = results
+    if r.status != "ok":
+        pytest.skip(f"torch.compile does not work on this machine: {r.note}")
+    assert r.compile_s is not None and r.compile_s > r.ms / 1e3
+    assert r.max_abs_error < 2e-4
+    assert not math.isnan(r.ms)

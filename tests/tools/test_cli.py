@@ -1,0 +1,36 @@
+"""The command line (attn_course.tools.cli): every command parses its own arguments one way, and
+`python -m attn_course --help` lists them without importing their modules."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from attn_course.tools import cli
+
+
+@pytest.mark.parametrize("command", list(cli.COMMANDS))
+def test_every_command_module_configures_and_runs(command):
+    module = importlib.import_module(cli.COMMANDS[command][0])
+    assert callable(module.configure) and callable(module.run), command
+    sub = cli.build_parser(command)._subparsers._group_actions[0].choices[command]
+    assert sub.format_help().startswith("usage: python -m attn_course " + command)
+
+
+def test_help_lists_every_command_quickly():
+    out = subprocess.run([sys.executable, "-m", "attn_course", "--help"], capture_output=True, text=True, check=True)
+    for command in cli.COMMANDS:
+        assert command in out.stdout
+    probe = subprocess.run([sys.executable, "-c", "import sys; from attn_course.tools import cli; "
+                            "cli.build_parser(); print('torch' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "False", "building the parser imported torch"
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["no-such-command"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

@@ -1,0 +1,30 @@
+"""The learner process's runner (attn_course.tools.grading.learner): it reports each cell, interrupts
+one that runs too long, and survives what learner code raises."""
+
+from __future__ import annotations
+
+from attn_course.tools.grading.learner import _cell_error
+from attn_course.tools.grading.plan import PlanCell
+from attn_course.tools.grading.sandbox import Limits
+
+from ._grading import TEST_LIMITS, grader
+
+
+def test_a_cells_error_names_the_line_in_the_cell():
+    try:
+        exec(compile("x = 1\ny = 1 / 0\n", "<ipython-input-3-abc>", "exec"), {})
+    except ZeroDivisionError as exc:
+        assert _cell_error(exc) == {"type": "ZeroDivisionError", "message": "division by zero", "line": 2}
+    assert _cell_error(SyntaxError("bad", ("<cell>", 4, 1, "x ="))) == {"type": "SyntaxError", "message": "bad",
+                                                                        "line": 4}
+
+
+def test_sleeping_cells_are_interrupted_and_exits_do_not_end_the_run():
+    limits = Limits(**{**TEST_LIMITS.__dict__, "cell_timeout": 1.0})
+    cells = [PlanCell("added", "import time\ntime.sleep(600)"), PlanCell("added", "raise SystemExit(3)"),
+             PlanCell("added", "import sys\nsys.exit()"), PlanCell("added", "x = 1")]
+    run = grader().runner.run(cells, [], limits=limits)
+    entries = [e for e in run.progress if "cell" in e]
+    assert entries[0].get("timeout") and entries[0]["error"]["type"] == "KeyboardInterrupt"
+    assert entries[1]["error"]["type"] == "SystemExit" and entries[2]["error"]["type"] == "SystemExit"
+    assert "error" not in entries[3] and run.finished()

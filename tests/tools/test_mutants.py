@@ -1,0 +1,89 @@
+"""The mutation harness (attn_course.tools.mutants): its operators make the mutants the course's
+pitfalls are made of, and every check kills every mutant of its solution that is not listed as
+equivalent (a fixed sample here; `python -m attn_course mutants` runs them all)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attn_course import registry
+from attn_course.checks.core import check, expect_close, as_tensor
+from attn_course.tools.mutants import load_equivalents, mutants_of, run_exercise
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CELL = '''def softmax(x, dim=-1, keepdims=True):
+    """x: (..., n)"""
+    ### BEGIN SOLUTION
+    m = x.amax(dim=dim, keepdim=True)
+    e = torch.exp(x - m)
+    return e / e.sum(dim=dim, keepdim=True)
+    ### END SOLUTION
+'''
+
+
+def test_operators_make_the_classic_mistakes():
+    mutants = list(mutants_of("softmax", CELL))
+    ids = {m.id.split(":")[0] for m in mutants}
+    assert {"binop", "keyword", "call", "stmt", "default", "transpose"} <= ids
+    sources = [m.source for m in mutants]
+    assert any("torch.exp(x)" in s for s in sources), "the max shift dropped"
+    assert any("x.amin(" in s for s in sources), "max -> min"
+    assert any("e.mean(" in s for s in sources), "sum -> mean"
+    assert any("amax(dim=-1," in s for s in sources), "the dim argument ignored (its default used)"
+    assert any("x.amax(dim=dim)" in s for s in sources), "keepdim dropped"
+    assert any("e.sum(dim=-2, keepdim=True)" in s for s in sources), "the axis replaced"
+    assert all("keepdims=True" in s for s in sources), "the signature is never mutated"
+    assert len({m.id for m in mutants}) == len(mutants), "mutant ids must be unique"
+    assert all(m.source != CELL for m in mutants)
+
+
+def test_a_check_kills_the_mutants_it_should_and_survivors_are_reported():
+    import torch
+
+    @check("softmax", expects="a function softmax(x, dim=-1)")
+    def check_softmax(fn):
+        x = torch.tensor([[1.0, 2.0, 30.0], [0.5, -1.0, 2.0]], dtype=torch.float64)
+        for dim in (-1, 0):
+            out = as_tensor(fn(x, dim=dim), tried=f"softmax(x, dim={dim})")
+            expect_close(out, torch.softmax(x, dim), tried=f"softmax(x, dim={dim})")
+        return "ok"
+
+    solution = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import torch"),
+                                               nbformat.v4.new_code_cell(CELL)])
+    solution.cells[0].metadata["tags"] = ["setup"]
+    solution.cells[1].metadata["tags"] = ["exercise"]
+    from attn_course.tools import nbmeta
+
+    nbmeta.normalize(solution)
+    outcomes = run_exercise(solution, "softmax", check_softmax)
+    assert len(outcomes) >= 20
+    survivors = {o.mutant.id for o in outcomes if o.survived}
+    # Dropping the max shift is invisible on these inputs only if no entry overflows: here one is 30,
+    # which float64 handles, so that mutant survives — the kind of gap the harness exists to show.
+    assert any(s.startswith("binop") or s.startswith("call") for s in survivors)
+    killed = [o for o in outcomes if not o.survived]
+    assert killed and all(o.summary for o in killed)
+
+
+def _sample():
+    for nb in registry.NOTEBOOKS:
+        for exercise in nb.exercises:
+            yield pytest.param(nb, exercise, id=f"{nb.number}-{exercise}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb,exercise", list(_sample()))
+def test_every_check_kills_a_sample_of_its_mutants(nb, exercise):
+    solution = nbformat.read(ROOT / "solutions" / nb.filename, as_version=4)
+    checker = getattr(importlib.import_module(nb.checks), registry.check_name(exercise))
+    equivalent = load_equivalents()
+    outcomes = run_exercise(solution, exercise, checker, sample=12)
+    survivors = [o.mutant for o in outcomes if o.survived and (exercise, o.mutant.id) not in equivalent]
+    assert not survivors, "mutants the check passes (kill them with a stronger check, or list them as equivalent " \
+        "with the reason in attn_course/tools/mutants_equivalent.json):\n" + "\n".join(
+            f"{m.id}: {m.description}" for m in survivors)

@@ -1,0 +1,26 @@
+"""The notebook runner (attn_course.tools.runner): a cell past its time-out is interrupted and the run goes on."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from attn_course.tools.runner import execute
+
+
+def _tiny(cells: list[str]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+@pytest.mark.slow
+def test_runner_interrupts_a_cell_past_its_timeout_and_goes_on(tmp_path):
+    nb = _tiny(["x = 1", "while True:\n    pass", "1 / 0", "import os\nprint(os.getcwd())"])
+    run = execute(nb, cwd=tmp_path, cell_timeout=3, measure_memory=True)
+    assert run.problem is None
+    assert run.errors == [1, 2]
+    assert run.notebook.cells[1].outputs[0]["ename"] == "KeyboardInterrupt"
+    assert run.notebook.cells[3].outputs[0]["text"].strip() == str(tmp_path)
+    assert run.peak_rss_bytes and 10 * 2**20 < run.peak_rss_bytes < 2**30
+    assert len(run.notebook.cells) == 4  # the memory probe is removed again
