@@ -18,7 +18,8 @@ Operators (each one change at one place; only code inside the solution block is 
   an axis held in a variable replaced by −2 or 0);
 * ``call``      — a call replaced by its first argument (``math.sqrt(d)`` → ``d``, ``torch.exp(x)`` → ``x``), or by
   a sibling function (sum ↔ mean, max ↔ min, amax ↔ amin, tril ↔ triu, maximum ↔ minimum, sqrt ↔ rsqrt);
-* ``swap``      — the first two positional arguments of a call swapped;
+* ``swap``      — the first two positional arguments of a call swapped (not for calls symmetric in them:
+  ``transpose(-2, -1)`` is ``transpose(-1, -2)``, ``max(a, b)`` is ``max(b, a)``);
 * ``stmt``      — one statement deleted (an update that rescales a running quantity, a masking line…);
 * ``default``   — a parameter with a default ignored: every use replaced by its default value;
 * ``transpose`` — the returned tensor transposed on its last two axes.
@@ -65,6 +66,10 @@ _SIBLINGS = {
     "rsqrt": "sqrt", "exp": "log", "log": "exp", "logsumexp": "sum", "softmax": "log_softmax",
     "argmax": "argmin", "cumsum": "flip", "ones": "zeros", "zeros": "ones", "full": "full_like",
 }
+#: Functions whose first two arguments can be swapped without changing the result: no "swap" mutant for them.
+_SYMMETRIC = {"transpose", "swapaxes", "swapdims", "min", "max", "maximum", "minimum", "fmax", "fmin", "add", "mul",
+              "multiply", "eq", "ne", "logical_and", "logical_or", "logical_xor", "hypot", "dot", "inner", "isclose",
+              "allclose", "equal", "gcd", "lcm"}
 _BINOP_SWAPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.MatMult: ast.Mult,
                 ast.FloorDiv: ast.Div}
 _CMP_SWAPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq}
@@ -175,7 +180,7 @@ class _Sites(ast.NodeVisitor):
             name = _callee(node)
             if name in _SIBLINGS:
                 self._add("call", node, f"{name}->{_SIBLINGS[name]}", lambda n, s=_SIBLINGS[name]: _renamed(n, s))
-            if len(node.args) >= 2:
+            if len(node.args) >= 2 and name not in _SYMMETRIC:
                 self._add("swap", node, f"args-{name}", lambda n: ast.Call(n.func, [n.args[1], n.args[0], *n.args[2:]], n.keywords))
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr, ast.If)) and not _is_docstring(node):
             self._add("stmt", node, f"delete-{type(node).__name__}", lambda n: None)
