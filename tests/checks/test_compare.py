@@ -79,3 +79,10 @@ def test_as_tensor_accepts_numpy_and_numbers():
 def test_shape_causes(shape, phrase):
     d = diagnosis(lambda: expect_shape(torch.zeros(shape), (2, 3), tried="t"))
     assert phrase in d.cause
+
+
+def test_a_factor_near_one_is_shown_with_enough_digits_or_not_called_a_factor():
+    got, _, _, summary = describe_mismatch(E * 1.005, E)
+    assert "1.005" in summary
+    got, _, _, summary = describe_mismatch(E * 1.0001, E, rtol=1e-6, atol=1e-9)
+    assert "factor of 1 " not in summary + " " and "factor of 1" != summary[-11:]
