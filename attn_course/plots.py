@@ -152,7 +152,10 @@ def heatmap(
                 continue
             level = (v - lo) / (hi - lo) if hi > lo else 0.5
             dark_cell = level < 0.6 if not signed else abs(level - 0.5) > 0.3
-            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=MIN_FONT,
+            text = fmt.format(v)
+            if text.startswith("-") and not text.strip("-0.,"):
+                text = text[1:]  # -0.00: a tiny negative number shows as 0.00
+            ax.text(j, i, text, ha="center", va="center", fontsize=MIN_FONT,
                     color="white" if dark_cell else "black")
     if colorbar:
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)

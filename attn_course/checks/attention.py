@@ -4,19 +4,24 @@ Oracle: ``F.scaled_dot_product_attention``. It does not return the weights, so t
 are its output with the identity matrix as V (weights @ I = weights). Masks are boolean, True = may
 attend (the course's convention, and PyTorch's for this function). As the exercise's docstring
 states, every query is allowed at least one key here: fully masked rows are notebook 06's subject
-(its ``masked_softmax`` exercise), so this check never tries one.
+(its ``masked_softmax`` exercise), so this check never tries one. Each call runs under notebook 01's
+learner-side probe that reports arguments changed in place (the docstring rules that out).
 
 How a wrong answer is named:
 
 * a known mistake (:class:`Known`) is blamed only when the answer reproduces its output, and a
-  mistake that an earlier, passed case with as many axes already ruled out (its output differed from
-  the right one there, while the answer's did not) is never blamed: two mistakes that coincide on one
-  input are told apart by the cases before it (:class:`Elimination`, used by notebook 06's checks too);
+  mistake that an earlier, passed case already ruled out (its output differed from the right one
+  there, while the answer's did not) is never blamed: two mistakes that coincide on one input are told
+  apart by the cases before it (:class:`Elimination`, used by notebook 06's checks too), or by the
+  cases after it (an ambiguous failure waits for a later case that names one of them);
 * an exception is explained only when the check reproduces the very same message with the
-  construct it blames (``K.T`` on a batch, ``torch.mm`` on 3-D input, …);
-* otherwise a property of the weights is measured: NaN where exp overflowed or every allowed weight
-  underflowed, weight on blocked keys, rows that do not sum to 1, or the scale the scores were
-  really divided by.
+  construct it blames (``K.T`` on a batch, ``torch.mm`` on 3-D input, a mask given an extra axis…);
+* otherwise a property of the result is measured: a second call that differs (randomness), values on
+  a narrower dtype's grid, NaN where exp overflowed or every allowed weight underflowed, all the weight
+  on blocked keys, rounding, rows that do not sum to 1, or the scale the scores were really divided by.
+
+``score_matrix_bytes`` runs every case first and blames a wrong formula only when it reproduces the
+answer on all of them; otherwise it measures the bytes per entry or a constant factor.
 """
 
 from __future__ import annotations
@@ -441,9 +446,9 @@ def _explain_raise(exc: LearnerRaised, case: Case) -> dict[str, str]:
         constructs.append(("indexing with a boolean mask (scores[~mask] = …) needs a mask of the scores' full shape: "
                            "it does not broadcast", "use scores.masked_fill(~mask, float('-inf')) or torch.where, "
                            "which broadcast", [lambda: _index_fill(case.scaled, mask)]))
-    for cause, fix, attempts in constructs:
-        if any(_reproduce(a) == message for a in attempts):
-            return dict(cause=cause, fix=fix)
+    found = [(cause, fix) for cause, fix, attempts in constructs if any(_reproduce(a) == message for a in attempts)]
+    if len(found) == 1:  # a message two constructs share (a generic broadcasting error) names neither
+        return dict(cause=found[0][0], fix=found[0][1])
     return {}
 
 
@@ -560,8 +565,9 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int] = f
     d_k = case.Q.shape[-1]
     if c is not None and abs(c - math.sqrt(d_k)) > 1e-3 * math.sqrt(d_k):
         k = round(c * c)
-        fixed = abs(c * c - k) < 1e-3 * max(1, k) and k in passed_dks  # right on an earlier input whose d_k was k
-        cause = f"you divided the scores by {fmt(c)}"
+        fixed = c > 0 and abs(c * c - k) < 1e-3 * max(1, k) and k in passed_dks  # right earlier, where d_k was k
+        cause = f"you divided the scores by {fmt(c)}" + (": a negative factor flips the scores' sign, so the "
+                                                         "least similar key gets the most weight" if c < 0 else "")
         if fixed:
             cause = (f"you divided the scores by √{k}, which was right for an earlier input with d_k = {k} but not "
                      f"for this one (d_k = {d_k}): a fixed number sits in your code, or a variable from outside the "
@@ -569,6 +575,39 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int] = f
         fail(f"scores divided by {f'√{k}' if fixed else fmt(c)} instead of √d_k = {fmt(math.sqrt(d_k))}", tried=tried,
              got=f"the weights of softmax(Q Kᵀ / {fmt(c)})", expected=f"softmax(Q Kᵀ / √d_k) with d_k = {d_k}",
              cause=cause, fix="divide Q Kᵀ by math.sqrt(Q.shape[-1]), computed inside the function")
+
+
+#: Significant bits of each floating-point dtype.
+_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str) -> None:
+    """Fail, naming the dtype, when a wrong ``got`` went through a dtype narrower than the inputs': its own dtype
+    is narrower, or every entry lies exactly on that dtype's grid (a float64 computation lands there by chance
+    with probability about 2⁻²⁹ per entry)."""
+    bits = _BITS.get(input_dtype)
+    if bits is None or not got.is_floating_point():
+        return
+    low = got.dtype if _BITS.get(got.dtype, 99) < bits else None
+    if low is None:
+        values = got[torch.isfinite(got)]
+        telling = values[(values != 0) & (values.abs() != 1) & (values.abs() != 0.5)]
+        for candidate in (torch.bfloat16, torch.float16, torch.float32):
+            if _BITS[candidate] < bits and telling.numel() >= 4 and torch.equal(telling.to(candidate).to(got.dtype), telling):
+                low = candidate
+                break
+    if low is None:
+        return
+    name, inputs = str(low).replace("torch.", ""), str(input_dtype).replace("torch.", "")
+    digits = {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}[low]
+    fail(f"computed in {name}, not {inputs}", tried=tried,
+         got=f"{what}: {name} values" + ("" if got.dtype == low else f" (every entry exactly representable in {name})")
+         + f", although the inputs are {inputs}",
+         expected=f"the results at {inputs} precision",
+         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} (.float(), "
+               f".half(), .to({name}) or dtype={name}), which keeps about {digits} significant digits: too few for "
+               "these inputs",
+         fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one is not)")
 
 
 def _rounded_to(t: torch.Tensor) -> int | None:
@@ -655,6 +694,7 @@ def _check_case(fn: Learner, case: Case, tried: str, known: tuple[Elimination, E
         w_mistakes = weights_known.candidates(w, case, atol=case.atol, group=ndim)
         if any(m.key == "ignored" for m in w_mistakes):  # a mask ignored always, not only for some shapes
             w_mistakes = [m for m in w_mistakes if not m.key.startswith("ignored-")]
+        _mask_axis_added(w, case, tried)
         expect_shape(w, exp_w.shape, tried=tried, what="the weights", mistakes=w_mistakes,
                      fix="the weights have one row per query and one column per key: (..., n_q, n_k)")
         try:
@@ -663,6 +703,7 @@ def _check_case(fn: Learner, case: Case, tried: str, known: tuple[Elimination, E
             if failure.diagnosis.cause:
                 raise
             _random(fn, case, tried, w)
+            lower_precision(w, case.Q.dtype, tried=tried, what="the weights")
             _structure(w, case, tried, {c.Q.shape[-1] for c, *_ in weights_known.history})
             raise
     _squeezed(out, exp_out.shape, tried, "the output")
@@ -670,8 +711,13 @@ def _check_case(fn: Learner, case: Case, tried: str, known: tuple[Elimination, E
         out_mistakes = output_known.candidates(out, case, atol=case.atol, group=ndim)
         expect_shape(out, exp_out.shape, tried=tried, what="the output", mistakes=out_mistakes,
                      fix="the output is weights @ V: (..., n_q, d_v)")
-        expect_close(out, exp_out, tried=tried, what="the output", atol=case.atol, rtol=1e-5,
-                     mistakes=out_mistakes, factors={"√d_k": math.sqrt(d_k), "d_k": float(d_k)})
+        try:
+            expect_close(out, exp_out, tried=tried, what="the output", atol=case.atol, rtol=1e-5,
+                         mistakes=out_mistakes, factors={"√d_k": math.sqrt(d_k), "d_k": float(d_k)})
+        except Failure as failure:
+            if not failure.diagnosis.cause:
+                lower_precision(out, case.Q.dtype, tried=tried, what="the output")
+            raise
     if changed:
         names = " and ".join(changed)
         fail(f"changed {names} in place", tried=tried, got=f"right results, but after the call {names} "
@@ -682,6 +728,23 @@ def _check_case(fn: Learner, case: Case, tried: str, known: tuple[Elimination, E
                  "mask.logical_not() or ~mask, not mask.logical_not_()")
     weights_known.passed(case, exp_w, case.atol, ndim)
     output_known.passed(case, exp_out, case.atol, ndim)
+
+
+def _mask_axis_added(w: torch.Tensor, case: Case, tried: str) -> None:
+    """Fail, naming it, when the weights have the shape the scores broadcast to with an axis added to the mask."""
+    if case.mask is None or tuple(w.shape) == tuple(case.scaled.shape):
+        return
+    for i in range(case.mask.dim() + 1):
+        try:
+            shape = torch.broadcast_shapes(case.scaled.shape, case.mask.unsqueeze(i).shape)
+        except RuntimeError:
+            continue
+        if tuple(shape) == tuple(w.shape):
+            fail(f"weights of shape {tuple(w.shape)}: the mask got an extra axis", tried=tried,
+                 got=f"the weights of shape {tuple(w.shape)}", expected=f"shape {tuple(case.scaled.shape)}",
+                 cause=f"you added an axis to the mask (mask.unsqueeze({i}) or a None index): broadcast against the "
+                       f"scores {tuple(case.scaled.shape)}, the mask {tuple(case.mask.shape)} made them bigger",
+                 fix="use the mask as it is: any mask that broadcasts to (…, n_q, n_k) works unchanged")
 
 
 def _random(fn: Learner, case: Case, tried: str, first: torch.Tensor) -> None:
@@ -746,6 +809,12 @@ _BYTE_MISTAKES = [
      lambda n, b, h, e: b * h * n * n * e / 2**20),
     ("2 × n instead of n × n", "you doubled n (n * 2) where the matrix has n × n entries (n ** 2)",
      "the score matrix is n × n: n * n or n ** 2", lambda n, b, h, e: b * h * 2 * n * e),
+    ("bytes in KiB, not bytes", "you converted to kibibytes (÷ 1024)", "return the plain number of bytes",
+     lambda n, b, h, e: b * h * n * n * e / 1024),
+    ("bytes in KiB, not bytes", "you converted to kibibytes with //, which also rounds down",
+     "return the plain number of bytes", lambda n, b, h, e: b * h * n * n * e // 1024),
+    ("bytes in MiB, not bytes", "you converted to mebibytes with //, which also rounds down",
+     "return the plain number of bytes", lambda n, b, h, e: b * h * n * n * e // 2**20),
     ("only one triangle counted", "you counted n(n + 1)/2 entries, one triangle with its diagonal; the score tensor "
      "holds all n × n entries, masked or not", "count every entry: n * n", lambda n, b, h, e: b * h * (n * (n + 1) // 2) * e),
 ]
@@ -765,33 +834,46 @@ def _call_bytes(fn: Learner, tried: str, *args, **kwargs):
 @check("score_matrix_bytes",
        expects="a function score_matrix_bytes(n, batch=1, heads=1, dtype=torch.float32) returning a number of bytes")
 def check_score_matrix_bytes(fn: Learner) -> str:
-    ruled_out: set[str] = set()  # mistakes whose formula differed from the truth on a passed case
+    # Every case first: a wrong formula is named only when it reproduces the answer on every case.
+    runs = []  # (case, tried, raw result, expected bytes, bytes per entry)
     for case in _BYTE_CASES:
         n = case["n"]
         b, h, dtype = case.get("batch", 1), case.get("heads", 1), case.get("dtype", torch.float32)
         # Oracle: the nbytes of a real (batch, heads, n, n) tensor on the meta device (nothing is allocated).
         expected = torch.empty(b, h, n, n, dtype=dtype, device="meta").nbytes
         element = torch.empty((), dtype=dtype).element_size()
-        if "dtype" in case:
-            tried = f"score_matrix_bytes({n}, batch={b}, heads={h}, dtype={dtype})"
-            raw = _call_bytes(fn, tried, n, batch=b, heads=h, dtype=dtype)
-        else:
-            tried = f"score_matrix_bytes({n}) with the defaults batch=1, heads=1, dtype=torch.float32"
-            raw = _call_bytes(fn, tried, n)
-        got_t = as_tensor(raw, tried=tried, expected="a number of bytes (an int)")
-        if got_t.numel() != 1:
-            fail("returned a tensor, not one number", tried=tried, got=f"a tensor of shape {tuple(got_t.shape)}",
-                 expected="one number of bytes (an int)", fix="return an int, e.g. with .item() or plain arithmetic")
-        got = got_t.to(torch.float64).item()
+        try:
+            if "dtype" in case:
+                tried = f"score_matrix_bytes({n}, batch={b}, heads={h}, dtype={dtype})"
+                raw = _call_bytes(fn, tried, n, batch=b, heads=h, dtype=dtype)
+            else:
+                tried = f"score_matrix_bytes({n}) with the defaults batch=1, heads=1, dtype=torch.float32"
+                raw = _call_bytes(fn, tried, n)
+            got_t = as_tensor(raw, tried=tried, expected="a number of bytes (an int)")
+            if got_t.numel() != 1:
+                fail("returned a tensor, not one number", tried=tried, got=f"a tensor of shape {tuple(got_t.shape)}",
+                     expected="one number of bytes (an int)", fix="return an int, e.g. with .item() or plain arithmetic")
+        except Failure as failure:  # reported after any wrong count on an earlier case
+            runs.append((case, tried, failure, math.nan, expected, element))
+            break
+        runs.append((case, tried, raw, got_t.to(torch.float64).item(), expected, element))
+    every = [m for m in _BYTE_MISTAKES
+             if all(math.isclose(got, m[3](c["n"], c.get("batch", 1), c.get("heads", 1), e), rel_tol=1e-9)
+                    for c, _, raw, got, _, e in runs if "dtype" in c and not isinstance(raw, Failure))]
+    for case, tried, raw, got, expected, element in runs:
+        if isinstance(raw, Failure):
+            raise raw
+        n = case["n"]
+        b, h, dtype = case.get("batch", 1), case.get("heads", 1), case.get("dtype", torch.float32)
         if got == expected:
             _expect_int(raw, tried, expected)
-            ruled_out |= {m[0] for m in _BYTE_MISTAKES if m[3](n, b, h, element) != expected}
             continue
-        found = [m for m in _BYTE_MISTAKES if m[0] not in ruled_out and m[3](n, b, h, element) != expected
-                 and math.isclose(got, m[3](n, b, h, element), rel_tol=1e-9)]
+        found = [m for m in every if m[3](n, b, h, element) != expected]
         summary, cause, fix = found[0][:3] if len(found) == 1 else (f"{got:.10g} bytes, expected {expected}", "", "")
         if not found:
-            summary, cause, fix = _bytes_measured(got, expected, n, b, h, dtype, element) or (summary, cause, fix)
+            ratios = {round(r[3] / r[4], 9) for r in runs if not isinstance(r[2], Failure) and r[4]}
+            summary, cause, fix = (_bytes_ratio(got / expected) if len(ratios) == 1 else None) or \
+                _bytes_measured(got, expected, n, b, h, dtype, element) or (summary, cause, fix)
         if "dtype" not in case and not found:  # every case with explicit arguments passed: only the defaults differ
             summary, cause, fix = ("wrong default arguments", "with only n given, your function does not count "
                                    "batch=1, heads=1, dtype=torch.float32", "keep the defaults of the signature: "
@@ -830,7 +912,11 @@ def _bytes_measured(got: float, expected: int, n: int, b: int, h: int, dtype: to
     if per_entry in (1, 2, 4, 8, 16) and per_entry != element:
         return (f"{per_entry:g} bytes per {name} entry, not {element}", f"you counted {per_entry:g} bytes per entry "
                 f"for {name}, which takes {element}", _ELEMENT_FIX)
-    ratio = got / expected
+    return _bytes_ratio(got / expected)
+
+
+def _bytes_ratio(ratio: float) -> tuple[str, str, str] | None:
+    """A count off by the same whole-number factor on every case."""
     for r, many in ((ratio, True), (1 / ratio if ratio else 0, False)):
         if r > 1 and abs(r - round(r)) < 1e-9:
             k = round(r)

@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_leaves
 
 from ..softmax import masked_softmax
 from .boundary import probe
-from .compare import Failure, as_tensor, describe_mismatch, expect_close, expect_shape, fail, same
+from .compare import Failure, Mistake, as_tensor, describe_mismatch, expect_close, expect_shape, fail, same
 from .core import Learner, LearnerRaised, check, learner_error
 
 __all__ = ["check_attention_backward", "check_AttentionFunction", "check_tiled_attention_backward"]
@@ -61,6 +61,7 @@ class _Watch(TorchFunctionMode):
         self.largest, self.shape = 0, ()
         self.calls: set[str] = set()
         self.exp_elements, self.exp_tile, self.flops, self.elements = 0, (), 0, 0
+        self.zero_tiles = 0  # exponentiated tiles that came out all zero: every score in them was masked
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -82,6 +83,8 @@ class _Watch(TorchFunctionMode):
                     self.exp_elements += t.numel()
                     if t.shape[-2] * t.shape[-1] > math.prod(self.exp_tile or (0,)):
                         self.exp_tile = tuple(t.shape[-2:])
+                    if t.shape[-2] > 1 and t.shape[-1] > 1 and not bool(t.any()):
+                        self.zero_tiles += 1
         return out
 
 
@@ -89,7 +92,8 @@ class _Watch(TorchFunctionMode):
 def _watch_probe(obj: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
     """Run ``obj(*args, **kwargs)`` once and report what it did: ``largest`` (elements of the largest
     tensor storage created) and its ``shape``, ``flops`` (of matrix products called from Python),
-    ``exp_elements`` and ``exp_tile`` (what went through exp), ``elements`` (of every tensor created),
+    ``exp_elements`` and ``exp_tile`` (what went through exp), ``zero_tiles`` (exponentiated tiles that came out
+    all zero: tiles whose every score was masked), ``elements`` (of every tensor created),
     ``calls`` (watched functions used) and ``changed`` (positions of tensor arguments it wrote into).
     The result itself is dropped: only these numbers cross."""
     watch = _Watch()
@@ -99,7 +103,7 @@ def _watch_probe(obj: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
     changed = [i for i, copy in before if not torch.equal(args[i], copy)]
     return {"changed": changed, "largest": int(watch.largest), "shape": [int(s) for s in watch.shape], "calls": sorted(watch.calls),
             "flops": int(watch.flops), "exp_elements": int(watch.exp_elements), "elements": int(watch.elements),
-            "exp_tile": [int(s) for s in watch.exp_tile]}
+            "exp_tile": [int(s) for s in watch.exp_tile], "zero_tiles": int(watch.zero_tiles)}
 
 
 def _forbid_changes(report: dict, tried: str, names: tuple[str, ...]) -> None:
@@ -211,11 +215,65 @@ _MISTAKE_TEXT = {
                   "use the course's masked_softmax(scores, mask): a fully masked row gets zero weights"),
     "unstable": ("softmax without the maximum subtracted", "you exponentiated the raw scores, so exp overflowed on "
                  "scores this large", "use torch.softmax or masked_softmax (they subtract each row's maximum)"),
+    "unscaled_all": ("1/√d_k missing everywhere", "you left out the 1/√d_k in the scores and in dQ and dK: these are "
+                     "the gradients of softmax(Q Kᵀ) V, a different function", "scale the scores (S = Q Kᵀ/√d_k) "
+                     "and dQ, dK by 1/√d_k"),
+    "by_d_all": ("divided by d_k instead of √d_k everywhere", "you divided the scores and dQ, dK by d_k",
+                 "divide by math.sqrt(d_k)"),
+    "scale_dv": ("scale from d_v instead of d_k", "you took the scale from the values' width (v.shape[-1] = d_v); the "
+                 "scores are Q Kᵀ, whose width is d_k", "scale = 1 / math.sqrt(q.shape[-1])"),
+    "dk_from_k": ("dK from K instead of Q: dSᵀ K", "you multiplied dSᵀ by K; the scores are Q Kᵀ, so the gradient "
+                  "reaching K goes through Q", "dK = dSᵀ Q/√d_k"),
+    "dq_from_q": ("dQ from Q instead of K: dS Q", "you multiplied dS by Q; the scores are Q Kᵀ, so the gradient "
+                  "reaching Q goes through K", "dQ = dS K/√d_k"),
+    "rowsum_mean": ("softmax VJP: mean instead of sum", "you subtracted the row mean of dP ⊙ P; the softmax's VJP "
+                    "subtracts its row sum", "dS = P ⊙ (dP − (dP * P).sum(-1, keepdim=True))"),
+    "diag_jacobian": ("softmax VJP: only the Jacobian's diagonal", "you computed P(1 − P) ⊙ dP, the diagonal of the "
+                      "softmax's Jacobian alone; each weight also depends on every other score of its row (the "
+                      "−pᵢpⱼ terms)", "dS = P ⊙ (dP − (dP * P).sum(-1, keepdim=True))"),
+    "dp_transposed": ("dP transposed: V dOᵀ instead of dO Vᵀ", "you computed dP as V dOᵀ (keys × queries); dP has "
+                      "P's layout, one row per query", "dP = dO Vᵀ: dout @ v.transpose(-2, -1)"),
+    "dv_uses_v": ("dV from V instead of dO: Pᵀ V", "you multiplied Pᵀ by V; the gradient reaching V is Pᵀ times the "
+                  "upstream gradient dO", "dV = Pᵀ dO: p.transpose(-2, -1) @ dout"),
+    "no_p": ("softmax VJP: the factor P is missing", "you computed dS = dP − rowsum(dP ⊙ P) without multiplying by P",
+             "dS = P ⊙ (dP − rowsum(dP ⊙ P))"),
+    "mask_ds_only": ("mask applied to dS but not to P", "you computed P without the mask and zeroed dS at the blocked "
+                     "positions; P itself (and with it dV and the row sums) must come from the masked softmax",
+                     "P = masked_softmax(scores, mask); then dS needs no extra masking"),
+    "mask_after_softmax": ("mask applied after the softmax", "you multiplied the softmax's weights by the mask, so "
+                           "the weights left no longer sum to 1", "apply the mask before the softmax: "
+                           "masked_softmax(scores, mask)"),
+    "mask_added": ("mask added to the scores", "you added the bool mask (0 or 1) to the scores; a blocked key needs "
+                   "a score of −∞, not 0", "masked_softmax(scores, mask), which sets the blocked scores to −∞"),
     # tiled
+    "lse_ignored": ("L not subtracted: P = exp(S)", "you recomputed P as exp(S); the forward's P is exp(S − L), "
+                    "normalised by the saved row logsumexp L", "P = torch.exp(s - lse[..., q_start:q_end, None])"),
+    "lse_sign": ("L added instead of subtracted: exp(S + L)", "you computed exp(S + L); P = exp(S)/Σⱼexp(Sⱼ) = "
+                 "exp(S − L)", "P = torch.exp(s - lse[..., q_start:q_end, None])"),
+    "delta_sign": ("D added instead of subtracted", "you computed dS = P ⊙ (dP + D); the softmax's VJP subtracts D",
+                   "dS = P ⊙ (dP − D)"),
+    "dk_overwritten": ("dK not accumulated over query blocks", "you assigned dK for each query block instead of "
+                       "adding, so only the last query block's term survives", "start dK_j at zero before the query "
+                       "loop and add (+=) each tile's term"),
+    "dv_overwritten": ("dV not accumulated over query blocks", "you assigned dV for each query block instead of "
+                       "adding, so only the last query block's term survives", "start dV_j at zero before the query "
+                       "loop and add (+=) each tile's term"),
+    "mask_offset_sign": ("causal mask offset the wrong way", "you shifted each tile's mask by k_start − q_start; key "
+                         "k_start + c lies in the future of query q_start + r when c − r > q_start − k_start",
+                         "mask where k_start + column > q_start + row (global positions), e.g. "
+                         "torch.ones(bq, bk, dtype=torch.bool).triu(q_start - k_start + 1)"),
+    "exp_split": ("exp(S) and exp(L) taken separately", "you computed exp(S)/exp(L); at scores near 10³ both "
+                  "overflow to inf, and inf/inf is NaN", "exponentiate S − L in one step: "
+                  "torch.exp(s - lse[..., q_start:q_end, None])"),
+    "mask_after_exp": ("blocked entries zeroed after exp: inf · 0", "you set the blocked entries of P to 0 after "
+                       "exp(S − L); a blocked score far above L overflows to inf first, and inf · 0 is NaN",
+                       "give the blocked scores −∞ before exp (s.masked_fill(blocked, float('-inf'))), or select "
+                       "with torch.where after it"),
     "fresh_max": ("P recomputed with a fresh max instead of the stored L", "you recomputed each tile as "
                   "exp(S − the tile's own row max); that tile is not normalised like the forward's P",
                   "P = exp(S − L) with the saved logsumexp L of each row: no max, no sum"),
-    "tile_softmax": ("P recomputed as a softmax over one tile", "you took a softmax over each tile; P's rows are "
+    "tile_softmax": ("P normalised within each tile instead of with the stored L", "you normalised each tile on "
+                     "its own (a softmax over the tile, or exp(S − the tile's own logsumexp)); P's rows are "
                      "normalised over all keys, which the saved L already accounts for",
                      "P = exp(S − L) with the saved logsumexp L of each row"),
     "lse_as_sum": ("L used as a sum, not a log", "you divided exp(S) by L; L is the log of the row's sum",
@@ -269,13 +327,13 @@ def _mistake(bug: str, grads: Callable[[], tuple | None]) -> GradMistake:
     return GradMistake(*_MISTAKE_TEXT[bug], grads)
 
 
-def _naive_variant(q, k, v, dout, mask, bug: str = ""):
-    """The chain-rule backward in float64 with one known bug (``bug=""``: none)."""
-    q, k, v, dout = (t.to(torch.float64) for t in (q, k, v, dout))
+def _naive_weights(q, k, v, mask, bug: str = "") -> tuple[torch.Tensor, float]:
+    """(P, scale) of the forward in float64, with one known bug in the weights (``bug=""``: none)."""
+    q, k = q.to(torch.float64), k.to(torch.float64)
     d = q.shape[-1]
-    scale = 1 / math.sqrt(d)
+    scale = {"unscaled_all": 1.0, "by_d_all": 1 / d, "scale_dv": 1 / math.sqrt(v.shape[-1])}.get(bug, 1 / math.sqrt(d))
     s = q @ k.transpose(-2, -1) * (1.0 if bug == "s_unscaled" else scale)  # (..., n_q, n_k)
-    if bug == "mask_ignored":
+    if bug in ("mask_ignored", "mask_ds_only"):
         p = torch.softmax(s, -1)
     elif bug == "mask_inverted":
         p = masked_softmax(s, ~mask)
@@ -288,11 +346,23 @@ def _naive_variant(q, k, v, dout, mask, bug: str = ""):
         p = e / e.sum(-1, keepdim=True)
     elif bug == "softmax_axis":
         p = masked_softmax(s, mask, dim=-2)
+    elif bug == "mask_after_softmax":
+        p = torch.softmax(s, -1) * mask
+    elif bug == "mask_added":
+        p = torch.softmax(s + mask.to(s.dtype), -1)
     else:
         p = masked_softmax(s, mask)
-    dv = (p @ dout) if bug == "dv_transposed" else p.transpose(-2, -1) @ dout
+    return p, scale
+
+
+def _naive_variant(q, k, v, dout, mask, bug: str = ""):
+    """The chain-rule backward in float64 with one known bug (``bug=""``: none)."""
+    q, k, v, dout = (t.to(torch.float64) for t in (q, k, v, dout))
+    d = q.shape[-1]
+    p, scale = _naive_weights(q, k, v, mask, bug)  # (..., n_q, n_k)
+    dv = (p @ dout) if bug == "dv_transposed" else p.transpose(-2, -1) @ (v if bug == "dv_uses_v" else dout)
     dv = dv * scale if bug == "dv_scaled" else dv
-    dp = dout @ v.transpose(-2, -1)
+    dp = v @ dout.transpose(-2, -1) if bug == "dp_transposed" else dout @ v.transpose(-2, -1)
     rows = (dp * p).sum(-1, keepdim=True)
     if bug == "no_rowsum":
         ds = p * dp
@@ -304,25 +374,38 @@ def _naive_variant(q, k, v, dout, mask, bug: str = ""):
         ds = p * (dp - dp.sum(-1, keepdim=True))
     elif bug == "rowsum_all":
         ds = p * (dp - (dp * p).sum((-2, -1), keepdim=True))
+    elif bug == "rowsum_mean":
+        ds = p * (dp - (dp * p).mean(-1, keepdim=True))
+    elif bug == "diag_jacobian":
+        ds = p * (1 - p) * dp
+    elif bug == "no_p":
+        ds = dp - rows
     elif bug == "sign":
         ds = p * (rows - dp)
     else:
         ds = p * (dp - rows)
+    if bug == "mask_ds_only":
+        ds = ds.masked_fill(~mask, 0.0)
     sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
     sk = {"no_scale_dk": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
-    dq = (ds.transpose(-2, -1) @ k if bug == "dq_transposed" else ds @ k) * sq
-    dk = (ds @ q if bug == "dk_transposed" else ds.transpose(-2, -1) @ q) * sk
+    dq = (ds.transpose(-2, -1) @ k if bug == "dq_transposed" else ds @ (q if bug == "dq_from_q" else k)) * sq
+    dk = (ds @ q if bug == "dk_transposed" else ds.transpose(-2, -1) @ (k if bug == "dk_from_k" else q)) * sk
     return dq, dk, dv
+
+
+_NAIVE_BUGS = ("no_scale_dq", "no_scale_dk", "no_scale", "by_d", "s_unscaled", "unscaled_all", "by_d_all", "scale_dv",
+               "dk_transposed", "dq_transposed", "dk_from_k", "dq_from_q", "dv_transposed", "dv_scaled", "dv_uses_v",
+               "dp_transposed", "no_rowsum", "rowsum_axis", "rowsum_broadcast", "rowsum_unweighted", "rowsum_all",
+               "rowsum_mean", "diag_jacobian", "no_p", "sign", "softmax_axis")
 
 
 def _naive_mistakes(case: dict, bugs: tuple[str, ...] | None = None) -> list[GradMistake]:
     q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
     fully_masked = mask is not None and bool((~mask).all(-1).any())
-    bugs = bugs or (("no_scale_dq", "no_scale_dk", "no_scale", "by_d", "s_unscaled", "dk_transposed", "dq_transposed",
-                     "dv_transposed", "dv_scaled", "no_rowsum", "rowsum_axis", "rowsum_broadcast", "rowsum_unweighted",
-                     "rowsum_all", "sign", "softmax_axis")
+    bugs = bugs or (_NAIVE_BUGS
                     + (("unstable",) if case.get("extreme") else ())
-                    + (("mask_ignored", "mask_inverted") if mask is not None else ())
+                    + (("mask_ignored", "mask_inverted", "mask_ds_only", "mask_after_softmax", "mask_added")
+                       if mask is not None else ())
                     + (("nan_rows", "weak_fill") if fully_masked else ()))
     return [_mistake(bug, lambda bug=bug: _naive_variant(q, k, v, dout, mask, bug)) for bug in bugs]
 
@@ -331,7 +414,7 @@ def _tiled_variant(q, k, v, o, lse, dout, block: int, causal: bool, bug: str = "
     """The FlashAttention-2 backward in float64 with one known bug (``bug=""``: none)."""
     q, k, v, o, lse, dout = (t.to(torch.float64) for t in (q, k, v, o, lse, dout))
     n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    scale = 1 / math.sqrt(d)
+    scale = {"unscaled_all": 1.0, "by_d_all": 1 / d, "scale_dv": 1 / math.sqrt(v.shape[-1])}.get(bug, 1 / math.sqrt(d))
     sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
     sk = {"no_scale_dk": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
     n_end = n - n % block if bug in ("q_tail", "both_tails") else n
@@ -348,11 +431,14 @@ def _tiled_variant(q, k, v, o, lse, dout, block: int, causal: bool, bug: str = "
             qe = min(qs + block, n)
             qb, dob = q[..., qs:qe, :], dout[..., qs:qe, :]
             s = qb @ kb.transpose(-2, -1) * (1.0 if bug == "s_unscaled" else scale)
+            blocked = None
             if masked and bug != "diag_unmasked":
                 rows = torch.arange(qs, qe)[:, None] - (qs if bug == "local_mask" else 0)
                 cols = torch.arange(ks, ke)[None, :] - (ks if bug == "local_mask" else 0)
-                blocked = {"mask_self": cols >= rows, "mask_ahead": cols > rows + 1}.get(bug, cols > rows)
-                s = s.masked_fill(blocked, -INF)
+                blocked = {"mask_self": cols >= rows, "mask_ahead": cols > rows + 1,
+                           "mask_offset_sign": cols - rows >= 2 * (ks - qs) + 1}.get(bug, cols > rows)
+                if bug != "mask_after_exp":
+                    s = s.masked_fill(blocked, -INF)
             l_blk = lse[..., qs:qe]
             if bug == "fresh_max":
                 p = torch.exp(s - s.amax(-1, keepdim=True))
@@ -364,12 +450,20 @@ def _tiled_variant(q, k, v, o, lse, dout, block: int, causal: bool, bug: str = "
                 p = torch.exp(s - l_blk[..., None, :])
             elif bug == "exp2_unconverted":
                 p = torch.exp2(s - l_blk[..., None])
+            elif bug == "lse_ignored":
+                p = torch.exp(s)
+            elif bug == "lse_sign":
+                p = torch.exp(s + l_blk[..., None])
+            elif bug == "exp_split":
+                p = torch.exp(s) / torch.exp(l_blk[..., None])
             else:
                 p = torch.exp(s - l_blk[..., None])
+            if bug == "mask_after_exp" and blocked is not None:
+                p = p * ~blocked
             tv = (p @ dob) if bug == "dv_transposed" else p.transpose(-2, -1) @ dob
             tv = tv * scale if bug == "dv_scaled" else tv
             dp = dob @ vb.transpose(-2, -1)
-            d_blk = delta[..., qs:qe]
+            d_blk = delta[..., qs:qe, None]
             if bug == "no_rowsum":
                 ds = p * dp
             elif bug == "delta_tile":
@@ -377,28 +471,35 @@ def _tiled_variant(q, k, v, o, lse, dout, block: int, causal: bool, bug: str = "
             elif bug == "delta_tile_axis":
                 ds = p * (dp - (dp * p).sum(-2, keepdim=True))
             elif bug == "delta_broadcast":
-                ds = p * (dp - d_blk[..., None, :])
+                ds = p * (dp - delta[..., None, qs:qe])
+            elif bug == "delta_sign":
+                ds = p * (dp + d_blk)
+            elif bug == "sign":
+                ds = p * (d_blk - dp)
+            elif bug == "no_p":
+                ds = dp - d_blk
             else:
-                ds = p * (dp - d_blk[..., None])
+                ds = p * (dp - d_blk)
             tq = ds @ kb * sq
-            tk = (ds @ qb if bug == "dk_transposed" else ds.transpose(-2, -1) @ qb) * sk
+            tk = (ds @ qb if bug == "dk_transposed" else ds.transpose(-2, -1) @ (kb if bug == "dk_from_k" else qb)) * sk
             if bug == "dq_overwritten":
                 dq[..., qs:qe, :] = tq
             else:
                 dq[..., qs:qe, :] += tq
-            if bug == "dkdv_overwritten":
-                dkb, dvb = tk, tv
-            else:
-                dkb, dvb = dkb + tk, dvb + tv
+            dkb = tk if bug in ("dkdv_overwritten", "dk_overwritten") else dkb + tk
+            dvb = tv if bug in ("dkdv_overwritten", "dv_overwritten") else dvb + tv
         dk[..., ks:ke, :], dv[..., ks:ke, :] = dkb, dvb
     return dq, dk, dv
 
 
-_TILED_BUGS = ("no_scale_dq", "no_scale_dk", "no_scale", "by_d", "s_unscaled", "dk_transposed", "dv_transposed",
-               "dv_scaled", "no_rowsum", "exp2_unconverted", "fresh_max", "tile_softmax", "lse_as_sum", "lse_broadcast", "delta_tile",
-               "delta_tile_axis", "delta_broadcast", "dq_overwritten", "dkdv_overwritten", "q_tail", "k_tail",
+_TILED_BUGS = ("no_scale_dq", "no_scale_dk", "no_scale", "by_d", "s_unscaled", "unscaled_all", "by_d_all", "scale_dv",
+               "dk_transposed", "dk_from_k", "dv_transposed", "dv_scaled", "no_rowsum", "no_p", "sign",
+               "exp2_unconverted", "fresh_max", "tile_softmax", "lse_as_sum", "lse_broadcast", "lse_ignored",
+               "lse_sign", "exp_split", "delta_tile", "delta_tile_axis", "delta_broadcast", "delta_sign",
+               "dq_overwritten", "dkdv_overwritten", "dk_overwritten", "dv_overwritten", "q_tail", "k_tail",
                "both_tails")
-_CAUSAL_BUGS = ("no_causal", "diag_unmasked", "skip_diag", "mask_self", "mask_ahead", "local_mask")
+_CAUSAL_BUGS = ("no_causal", "diag_unmasked", "skip_diag", "mask_self", "mask_ahead", "local_mask", "mask_offset_sign",
+                "mask_after_exp")
 
 
 def _tiled_mistakes(case: dict) -> list[GradMistake]:
@@ -428,7 +529,7 @@ def _unpack(result: Any, tried: str) -> tuple[torch.Tensor, ...]:
 
 def _tolerance(expected: tuple, dtype: torch.dtype) -> tuple[float, float]:
     big = max(1.0, max(float(e.abs().max()) if e.numel() else 0.0 for e in expected))
-    return (1e-9 * big, 1e-7) if dtype == torch.float64 else (2e-4 * big, 2e-3)
+    return (1e-10 * big, 1e-9) if dtype == torch.float64 else (2e-4 * big, 2e-3)
 
 
 def _expect_grads(got: tuple, expected: tuple, *, tried: str, dtype: torch.dtype, mistakes: list[GradMistake],
@@ -476,8 +577,51 @@ def _expect_grads(got: tuple, expected: tuple, *, tried: str, dtype: torch.dtype
         if torch.isnan(g).any() and nan_cause and not torch.isnan(expected[i]).any():
             fail(f"NaN in {NAMES[i]}", tried=tried, got=f"NaN in {int(torch.isnan(g).sum())} of {g.numel()} entries of your {NAMES[i]}",
                  expected="finite gradients", cause=nan_cause, fix=nan_fix)
+    _describe_properties(got, expected, wrong, tried=tried, dtype=dtype, atol=atol, rtol=rtol)
     expect_close(got[wrong[0]], expected[wrong[0]], tried=tried, what=f"your {name}", atol=atol, rtol=rtol,
                  factors=factors)
+
+
+def _describe_properties(got: tuple, expected: tuple, wrong: list[int], *, tried: str, dtype: torch.dtype,
+                         atol: float, rtol: float) -> None:
+    """When no known mistake matches: name what the wrong gradients measurably are, if one property says it."""
+    finite = all(bool(torch.isfinite(g).all()) for g in got)
+    if dtype == torch.float64 and finite:
+        atol32, rtol32 = _tolerance(expected, torch.float32)
+        in_float32 = all(bool((got[i] == got[i].float().double()).all()) for i in wrong)  # rounded to float32
+        if in_float32 and all(same(g, e, atol=atol32 / 20, rtol=rtol32 / 20) for g, e in zip(got, expected)):
+            worst = max(float(((g.double() - e).abs() / (e.abs() + atol32)).max()) for g, e in zip(got, expected))
+            fail("float64 inputs, float32 precision", tried=tried,
+                 got=f"gradients that agree with the expected ones to about 7 significant digits only (relative "
+                     f"error up to {worst:.1e}), every value a float32 number",
+                 expected="float64 precision, about 15 significant digits, like the inputs",
+                 cause="part of your computation ran in float32: a tensor made with torch.zeros(shape) or "
+                       "torch.tensor(...) without dtype=, or a .float() somewhere",
+                 fix="keep every tensor in the inputs' dtype: torch.zeros_like(q), or dtype=q.dtype")
+    for i in wrong:
+        g, e = got[i].double(), expected[i].double()
+        if g.numel() and not bool(g.any()) and bool(e.any()):
+            fail(f"{NAMES[i]} is all zeros", tried=tried, got=f"your {NAMES[i]} is zero everywhere",
+                 expected=f"the gradient {NAMES[i]} (not zero)",
+                 cause="nothing was ever added into it, or the function returns the tensor it started from",
+                 fix=f"check that {NAMES[i]} is the tensor your formula (or your loop) fills")
+        if g.dim() < 2 or g.shape[-2] < 2:
+            continue
+        zero_rows = ~g.flatten(0, -3).ne(0).any(-1).any(0) if g.dim() > 2 else ~g.ne(0).any(-1)  # (rows,)
+        live_rows = e.flatten(0, -3).ne(0).any(-1).any(0) if e.dim() > 2 else e.ne(0).any(-1)
+        tail = 0
+        while tail < zero_rows.numel() and zero_rows[-1 - tail] and live_rows[-1 - tail]:
+            tail += 1
+        first = zero_rows.numel() - tail
+        if tail and first > 0 and same(g[..., :first, :], e[..., :first, :], atol=atol, rtol=rtol):
+            axis, axes = ("query", "queries") if i == 0 else ("key", "keys")
+            fail(f"{NAMES[i]}: the last {axis} rows get no gradient", tried=tried,
+                 got=f"your {NAMES[i]} is right in rows 0…{first - 1} and zero from row {first} on",
+                 expected=f"a gradient for every {axis}, rows 0…{g.shape[-2] - 1}",
+                 cause=f"your loop over the {axes} stops before row {first}: a range or a block count that "
+                       "leaves out the last (possibly shorter) block",
+                 fix="loop with range(0, n, block_size) and slice [start:start + block_size]: the last slice is "
+                     "simply shorter")
 
 
 def _explain(got: tuple, expected: tuple, wrong: list[int], mistakes: list[GradMistake], *, atol: float,
@@ -552,23 +696,65 @@ def _backward_cases() -> list[dict]:
         dout = _rand(g, *lead, n, dv, dtype=dtype, scale=dout_scale)
         cases.append(dict(name=name, q=q, k=k, v=v, dout=dout, mask=mask, dtype=dtype, extreme=extreme))
 
-    add("one head, n_q = n_k = 5, d_k = 9, d_v = 3, no mask", (), 5, 5, 9, 3, q_scale=1.5)
+    add("one head, n_q = n_k = 5, d_k = 7, d_v = 3, no mask", (), 5, 5, 7, 3, q_scale=1.5)
     add("batch × heads (2, 3), n_q = 4, n_k = 6, d_k = 8, d_v = 5, no mask", (2, 3), 4, 6, 8, 5)
     keep = torch.rand(5, 7, generator=g) < 0.6
     keep[:, 0], keep[1, 2] = True, False
     keep[3] = False  # query 3 sees nothing: zero weights, zero output, zero gradients
     add("batch 2, n_q = 5, n_k = 7, d_k = 6, d_v = 6, a (5, 7) mask with row 3 fully masked", (2,), 5, 7, 6, 6, mask=keep)
-    pad = (torch.arange(6) < torch.tensor([6, 0, 4])[:, None])[:, None, None, :]  # (3, 1, 1, 6): batch 1 all padding
+    pad = (torch.arange(6) < torch.tensor([5, 0, 3])[:, None])[:, None, None, :]  # (3, 1, 1, 6): batch 1 all padding
     add("key padding (3, 1, 1, 6) over 2 heads, n_q = 4, n_k = 6, d_k = 5, d_v = 2; batch entry 1 fully padded", (3, 2),
         4, 6, 5, 2, mask=pad)
     add("a causal (6, 6) mask, one head, d_k = 3, d_v = 7", (), 6, 6, 3, 7, mask=torch.ones(6, 6, dtype=torch.bool).tril())
-    add("float32, batch 2, n_q = 9, n_k = 8, d_k = 16, d_v = 4", (2,), 9, 8, 16, 4, dtype=torch.float32)
+    add("float32, batch 2, n_q = 9, n_k = 8, d_k = 12, d_v = 4", (2,), 9, 8, 12, 4, dtype=torch.float32)
     add("axes of size 1: batch 1, one query, one key, d_k = 1, d_v = 1", (1,), 1, 1, 1, 1)
     add("one query, n_q = 1, n_k = 5, d_k = 2, d_v = 3, with a (1, 5) mask", (), 1, 5, 2, 3,
         mask=torch.tensor([[True, False, True, True, False]]))
-    add("extreme values: scores up to ±10³ (saturated softmax), upstream gradient ×10⁴", (2,), 5, 6, 4, 3,
+    add("extreme values: scores up to ±10³ (saturated softmax), upstream gradient ×10⁴", (2,), 5, 6, 5, 3,
         q_scale=400.0, dout_scale=1e4, extreme=True)
     return cases
+
+
+_SHAPES_FIX = ("write each line's shapes next to it: P (..., n_q, n_k), dO (..., n_q, d_v), dV = Pᵀ dO (..., n_k, d_v), "
+               "dP = dO Vᵀ (..., n_q, n_k), dQ = dS K (..., n_q, d_k), dK = dSᵀ Q (..., n_k, d_k)")
+
+
+def _matmul_hint(exc: LearnerRaised) -> dict:
+    """A matrix product of incompatible shapes: in this exercise, nearly always a transpose in the wrong place."""
+    message = exc.message
+    if exc.type_name == "RuntimeError" and ("mat1 and mat2" in message or "shapes cannot be multiplied" in message
+                                            or "Expected size for first two dimensions of batch2" in message):
+        return dict(cause="two matrices with incompatible shapes were multiplied; with n_q ≠ n_k or d_k ≠ d_v a "
+                          "transpose in the wrong place shows up as exactly this", fix=_SHAPES_FIX)
+    return {}
+
+
+def _dtype_hint(exc: LearnerRaised) -> dict:
+    """Two dtypes met in one operation: nearly always a tensor created without dtype= (float32 by default)."""
+    message = exc.message
+    if exc.type_name == "RuntimeError" and ("same dtype" in message or "expected scalar type" in message
+                                            or ("Float" in message and "Double" in message)):
+        return dict(cause="a float32 tensor met a float64 one: a tensor created without dtype= (torch.zeros(shape) "
+                          "is float32) or a .float()/.double() somewhere",
+                    fix="create every tensor from the inputs: torch.zeros_like(q), or dtype=q.dtype")
+    return {}
+
+
+def _raised_hint(exc: LearnerRaised, q: torch.Tensor, mask: Any) -> dict:
+    """What an exception from the learner's chain rule says about its cause, when the evidence is clear."""
+    message = exc.message
+    if mask is not None and exc.type_name == "TypeError" and "positional argument" in message:
+        return dict(cause="your function does not take the mask as its fifth argument",
+                    fix="keep the signature attention_backward(q, k, v, dout, mask=None)")
+    if mask is None and "NoneType" in message:
+        return dict(cause="with mask=None (no mask) your code still uses the mask",
+                    fix="apply the mask only when there is one (`if mask is not None:`), or let masked_softmax "
+                        "handle None")
+    if "3D tensor" in message or (q.dim() < 3 and "Dimension out of range" in message):
+        return dict(cause=f"your code assumes exactly one batch axis (torch.bmm, or transpose(1, 2)); here q has shape "
+                          f"{tuple(q.shape)}, and the docstring allows any number of leading axes, none included",
+                    fix="write it for any leading axes: @ (torch.matmul) and .mT or .transpose(-2, -1)")
+    return _matmul_hint(exc) or _dtype_hint(exc)
 
 
 def _call_backward(fn: Learner, case: dict, tried: str):
@@ -576,22 +762,21 @@ def _call_backward(fn: Learner, case: dict, tried: str):
     try:
         return fn(q, k, v, dout) if mask is None else fn(q, k, v, dout, mask)
     except LearnerRaised as exc:
-        hint = {}
-        if mask is not None and exc.type_name == "TypeError" and "argument" in exc.message:
-            hint = dict(cause="your function does not take the mask as its fifth argument",
-                        fix="keep the signature attention_backward(q, k, v, dout, mask=None)")
-        elif exc.type_name == "RuntimeError" and ("mat1 and mat2" in exc.message or "size of tensor" in exc.message
-                                                  or "shapes cannot be multiplied" in exc.message):
-            hint = dict(cause="two tensors with incompatible shapes were multiplied; with n_q ≠ n_k or d_k ≠ d_v a transpose "
-                              "in the wrong place shows up as exactly this",
-                        fix="write each line's shapes next to it: P (..., n_q, n_k), dO (..., n_q, d_v), dV = Pᵀ dO (..., n_k, d_v), "
-                            "dP = dO Vᵀ (..., n_q, n_k), dQ = dS K (..., n_q, d_k), dK = dSᵀ Q (..., n_k, d_k)")
-        raise Failure(learner_error(exc, tried=tried, expected="(dq, dk, dv)", **hint)) from None
+        raise Failure(learner_error(exc, tried=tried, expected="(dq, dk, dv)", **_raised_hint(exc, q, mask))) from None
 
 
 @check("attention_backward", expects="a function attention_backward(q, k, v, dout, mask=None) returning (dq, dk, dv)")
 def check_attention_backward(fn: Learner) -> str:
     cases = _backward_cases()
+    # First, what the code does besides its result: autograd (not the exercise) or writes into an input.
+    case = cases[1]
+    tried = f"attention_backward(q, k, v, dout) on {case['name']}, watching the functions it calls"
+    try:
+        report = fn.observe("backward.watch", case["q"], case["k"], case["v"], case["dout"])
+    except LearnerRaised:
+        report = {}  # the same call runs again below, where its error gets the full diagnosis
+    _forbid_calls(report, tried, what="attention_backward")
+    _forbid_changes(report, tried, ("q", "k", "v", "dout"))
     for case in cases:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
         tried = f"attention_backward(q, k, v, dout{', mask' if mask is not None else ''}) on {case['name']}"
@@ -604,11 +789,6 @@ def check_attention_backward(fn: Learner) -> str:
         _expect_grads(got, expected, tried=tried, dtype=case["dtype"], mistakes=_naive_mistakes(case),
                       nan_cause=nan_cause, nan_fix="compute P with the course's masked_softmax(scores, mask), which is "
                       "stable and gives a fully masked row zero weights")
-    case = cases[1]
-    tried = f"watching attention_backward on {case['name']}"
-    report = fn.observe("backward.watch", case["q"], case["k"], case["v"], case["dout"])
-    _forbid_calls(report, tried, what="attention_backward")
-    _forbid_changes(report, tried, ("q", "k", "v", "dout"))
     return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (masks, fully masked rows, "
             f"batch × heads, d_k ≠ d_v, size-1 axes, float32, saturated scores)")
 
@@ -619,7 +799,7 @@ def _function_cases() -> list[dict]:
     out = []
     for name, lead, n, m, d, dv, mask in [
         ("batch × heads (2, 2), n_q = 4, n_k = 5, d_k = 3, d_v = 2, no mask", (2, 2), 4, 5, 3, 2, None),
-        ("one head, n_q = n_k = 5, d_k = 4, d_v = 6, a causal mask", (), 5, 5, 4, 6, torch.ones(5, 5, dtype=torch.bool).tril()),
+        ("one head, n_q = n_k = 5, d_k = 5, d_v = 6, a causal mask", (), 5, 5, 5, 6, torch.ones(5, 5, dtype=torch.bool).tril()),
         ("batch 2, n_q = 3, n_k = 4, d_k = 2, d_v = 3, a mask with row 1 fully masked", (2,), 3, 4, 2, 3,
          torch.tensor([[True, False, True, True], [False, False, False, False], [False, True, True, False]])),
     ]:
@@ -630,6 +810,62 @@ def _function_cases() -> list[dict]:
 
 _BACKWARD_COUNT = ("the backward returns one gradient per input of forward, in order: for forward(ctx, q, k, v, mask) "
                    "that is four, the last one None because a bool mask has no gradient")
+_FORWARD_FIX = "forward returns softmax(q kᵀ/√d_k) v with the course's masked_softmax: shape (..., n_q, d_v)"
+#: Mistakes in forward: (bug of :func:`_naive_weights`, summary, cause, fix).
+_FORWARD_MISTAKES = (
+    ("mask_ignored", "forward: mask ignored", "your forward takes the softmax without the mask, so blocked keys get weight",
+     "P = masked_softmax(scores, mask)"),
+    ("mask_inverted", "forward: mask polarity inverted", "you blocked the positions where the mask is True; in this "
+     "course True means 'may attend'", "masked_softmax(scores, mask) (it fills where the mask is False)"),
+    ("nan_rows", "forward: NaN from a fully masked row", "a row whose keys are all blocked went through torch.softmax "
+     "over -inf everywhere, which gives NaN", "use masked_softmax(scores, mask): a fully masked row gets zero weights "
+     "and a zero output"),
+    ("weak_fill", "forward: fully masked row attends uniformly", "you filled blocked scores with a large negative "
+     "number; on a row where every key is blocked the softmax is then uniform instead of zero",
+     "use masked_softmax(scores, mask): a fully masked row gets zero weights"),
+    ("softmax_axis", "forward: softmax over the wrong axis", "you took the softmax over the queries (axis -2)",
+     "masked_softmax(scores, mask) (its dim=-1 default)"),
+    ("unscaled_all", "forward: scores not scaled", "your forward computes softmax(q kᵀ) v without the 1/√d_k",
+     "divide the scores by math.sqrt(d_k)"),
+    ("by_d_all", "forward: divided by d_k instead of √d_k", "you divided the scores by d_k", "divide by math.sqrt(d_k)"),
+    ("scale_dv", "forward: scale from d_v instead of d_k", "you took the scale from the values' width (v.shape[-1])",
+     "scale = 1 / math.sqrt(q.shape[-1])"),
+    ("mask_after_softmax", "forward: mask applied after the softmax", "you multiplied the weights by the mask, so "
+     "they no longer sum to 1", "apply the mask before the softmax: masked_softmax(scores, mask)"),
+    ("mask_added", "forward: mask added to the scores", "you added the bool mask (0 or 1) to the scores; a blocked key "
+     "needs a score of −∞", "masked_softmax(scores, mask)"),
+)
+
+
+def _forward_mistakes(case: dict) -> list[Mistake]:
+    q, k, v, mask = case["q"], case["k"], case["v"], case["mask"]
+    found = []
+    for bug, summary, cause, fix in _FORWARD_MISTAKES:
+        if mask is None and bug.startswith(("mask", "nan", "weak")):
+            continue
+        found.append(Mistake(summary, cause, fix, lambda bug=bug: _naive_weights(q, k, v, mask, bug)[0] @ v.double()))
+    return found
+
+
+def _apply_hint(exc: LearnerRaised, q: torch.Tensor) -> dict:
+    """What an exception from forward, backward or autograd's checks of them says about its cause."""
+    message = exc.message
+    if "incorrect number of gradients" in message:
+        return dict(cause=_BACKWARD_COUNT, fix="return dq, dk, dv, None")
+    if "invalid gradient at index" in message:
+        return dict(cause="a gradient your backward returned does not have the shape of the input it belongs to: "
+                          "backward returns them in the order forward takes its inputs, (q, k, v, mask)",
+                    fix="return dq, dk, dv, None")
+    if "Mismatch in shape: grad_output[0]" in message:
+        return dict(cause="the output of your forward does not have the attention output's shape (..., n_q, d_v)",
+                    fix=_FORWARD_FIX)
+    if "save_for_backward can only save" in message:
+        return dict(cause="ctx.save_for_backward takes tensors (or None) only",
+                    fix="keep other values as attributes of ctx (ctx.scale = scale) and save only tensors")
+    if exc.type_name == "TypeError" and "positional argument" in message and exc.phase == "call":
+        return dict(cause="forward does not take the mask: apply passes its arguments to forward(ctx, …) in order",
+                    fix="def forward(ctx, q, k, v, mask=None)")
+    return _matmul_hint(exc)
 
 
 @check("AttentionFunction", kind="class",
@@ -650,26 +886,23 @@ def check_AttentionFunction(fn: Learner) -> str:
         try:
             out, grads = apply.vjp(args, dout, wrt=(0, 1, 2))
         except LearnerRaised as exc:
-            hint = {}
-            if "incorrect number of gradients" in exc.message:
-                hint = dict(cause=_BACKWARD_COUNT, fix="return dq, dk, dv, None")
-            elif "invalid gradient at index" in exc.message:
-                hint = dict(cause="a gradient your backward returned does not have the shape of the input it belongs "
-                                  "to: backward returns them in the order forward takes its inputs, (q, k, v, mask)",
-                            fix="return dq, dk, dv, None")
-            elif exc.type_name == "TypeError" and "positional argument" in exc.message and exc.phase == "call":
-                hint = dict(cause="forward does not take the mask: apply passes its arguments to forward(ctx, …) in order",
-                            fix="def forward(ctx, q, k, v, mask=None)")
-            raise Failure(learner_error(exc, tried=tried, expected="the attention output, then its gradients", **hint)) from None
+            raise Failure(learner_error(exc, tried=tried, expected="the attention output, then its gradients",
+                                        **_apply_hint(exc, q))) from None
         o_exp, expected = _oracle(q, k, v, dout, mask)
         out = as_tensor(out, tried=tried, what="forward", expected="the attention output, one tensor (..., n_q, d_v)")
-        forward_fix = "forward returns softmax(q kᵀ/√d_k) v with the course's masked_softmax: shape (..., n_q, d_v)"
-        expect_shape(out, o_exp.shape, tried=tried, what="the output of forward", fix=forward_fix)
-        if not same(out, o_exp, atol=1e-9, rtol=1e-7):
-            got_text, exp_text, cause, summary = describe_mismatch(out, o_exp, what="the output of forward", atol=1e-9,
-                                                                   rtol=1e-7, factors={"√d_k": math.sqrt(q.shape[-1])})
+        expect_shape(out, o_exp.shape, tried=tried, what="the output of forward", fix=_FORWARD_FIX)
+        atol, rtol = _tolerance((o_exp,), torch.float64)
+        if not same(out, o_exp, atol=atol, rtol=rtol):
+            found = [m for m in _forward_mistakes(case) if (val := m.value()) is not None
+                     and not same(val, o_exp, atol=atol, rtol=rtol) and same(out, val, atol=atol, rtol=rtol)]
+            got_text, exp_text, cause, summary = describe_mismatch(out, o_exp, what="the output of forward", atol=atol,
+                                                                   rtol=rtol, factors={"√d_k": math.sqrt(q.shape[-1])})
+            if found:
+                m = found[0]
+                fail(m.summary, tried=tried, got=f"the output of forward: {got_text}", expected=exp_text, cause=m.cause,
+                     fix=m.fix)
             fail(f"forward: {summary}", tried=tried, got=f"the output of forward: {got_text}", expected=exp_text,
-                 cause=cause, fix=forward_fix)
+                 cause=cause, fix=_FORWARD_FIX)
         if grads is None:
             fail("no gradient reaches the inputs", tried=tried, got="the output does not depend on q, k, v through autograd",
                  expected="gradients from your backward", fix="return the output of forward itself (not a detached copy)")
@@ -681,6 +914,39 @@ def check_AttentionFunction(fn: Learner) -> str:
         _expect_grads(got, expected, tried=tried, dtype=torch.float64, mistakes=_naive_mistakes(case),
                       nan_cause="a fully masked row went through a softmax over -inf everywhere (0/0)" if mask is not None else "",
                       nan_fix="compute P with the course's masked_softmax(scores, mask)")
+    # backward by hand: watched while it runs (called directly with the ctx forward filled)
+    case = cases[1]
+    tried = f"AttentionFunction.backward on {case['name']}, watching the functions it calls"
+    report = fn.observe("backward.function_watch", case["q"], case["k"], case["v"], case["mask"], case["dout"])
+    used = [c for c in report.get("calls", []) if c in ("grad", "backward", "vjp", "jacobian")]
+    if used:
+        fail("backward uses autograd", tried=tried, got=f"your backward calls {', '.join(_WATCHED[c] for c in used)}",
+             expected="a backward written from the formulas (ref.attention_backward, or your own)",
+             cause="the gradients are right because autograd differentiated the forward again: the exercise asks "
+                   "for the hand-written backward", fix="return (*ref.attention_backward(q, k, v, dout, mask), None)")
+    # two calls in one graph (two attention layers): each backward must use its own call's tensors
+    g = torch.Generator().manual_seed(15)
+    first, second = ([_rand(g, 2, 4, 3), _rand(g, 2, 6, 3), _rand(g, 2, 6, 2)] for _ in range(2))
+    upstream = [_rand(g, 2, 4, 2), _rand(g, 2, 4, 2)]
+    tried = ("o1 = AttentionFunction.apply(q1, k1, v1); o2 = AttentionFunction.apply(q2, k2, v2); then one backward "
+             "through both (two attention layers in one model)")
+    try:
+        grads = fn.observe("backward.function_twice", first, second, upstream)
+    except LearnerRaised as exc:
+        raise Failure(learner_error(exc, tried=tried, expected="the gradients of both calls",
+                                    **_apply_hint(exc, first[0]))) from None
+    expected = [*_oracle(*first, upstream[0])[1], *_oracle(*second, upstream[1])[1]]
+    got = [as_tensor(x, tried=tried, what="a gradient") if x is not None else None for x in grads]
+    atol, rtol = _tolerance(tuple(expected), torch.float64)
+    bad = [i for i, (x, e) in enumerate(zip(got, expected)) if x is None or not same(x, e, atol=atol, rtol=rtol)]
+    if bad:
+        fail("two calls share their state", tried=tried,
+             got=f"wrong gradients for call {', '.join(sorted({str(i // 3 + 1) for i in bad}))} (right when each call "
+                 "is alone)",
+             expected="each call's gradients computed from that call's own q, k, v",
+             cause="forward keeps what backward needs somewhere all calls share (an attribute of the class, a global "
+                   "variable), so the second call overwrites the first call's tensors",
+             fix="keep per-call state on ctx only: ctx.save_for_backward(q, k, v, mask), ctx.anything = …")
     # gradcheck, run next to the learner's class (finite differences of its own forward vs its backward).
     g = torch.Generator().manual_seed(12)
     q, k, v = _rand(g, 2, 3, 4), _rand(g, 2, 5, 4), _rand(g, 2, 5, 2)
@@ -693,7 +959,31 @@ def check_AttentionFunction(fn: Learner) -> str:
              expected="gradcheck passes: your backward agrees with finite differences of your forward",
              fix="compare your backward's formulas with the exercise's, line by line")
     return (f"forward and backward match autograd through F.scaled_dot_product_attention on {len(cases)} cases "
-            f"(masks, a fully masked row), gradcheck passes")
+            f"(masks, a fully masked row) and with two calls in one graph; the backward is by hand; gradcheck passes")
+
+
+@probe("backward.function_watch")
+def _function_watch_probe(cls: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
+                          dout: torch.Tensor) -> dict:
+    """Run ``cls.apply`` once, then call ``cls.backward`` directly on the node it made (the ``ctx`` its forward
+    filled) under :class:`_Watch`, as autograd would (gradients off). Reports the watched functions it called."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = cls.apply(*leaves, *(() if mask is None else (mask,)))
+    ctx = getattr(out, "grad_fn", None)
+    if ctx is None:
+        return {"calls": []}
+    watch = _Watch()
+    with torch.no_grad(), watch:
+        cls.backward(ctx, dout)
+    return {"calls": sorted(watch.calls)}
+
+
+@probe("backward.function_twice")
+def _function_twice_probe(cls: Any, first: list, second: list, upstream: list) -> list:
+    """Two calls of ``cls.apply`` in one graph, one backward through both: the six gradients (q1, k1, v1, q2, k2, v2)."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (*first, *second)]
+    outs = (cls.apply(*leaves[:3]), cls.apply(*leaves[3:]))
+    return list(torch.autograd.grad(outs, leaves, upstream, allow_unused=True))
 
 
 @probe("backward.gradcheck")
@@ -723,6 +1013,8 @@ def _tiled_cases() -> list[dict]:
         if extreme:
             q = q * 300
         k = _rand(g, *lead, m, d, dtype=dtype)
+        if extreme:  # key 1, blocked for query 0 in the same tile when causal, scores far above key 0
+            k[..., 1, :] = 3 * q[..., 0, :] / q[..., 0, :].norm(dim=-1, keepdim=True)
         v = _rand(g, *lead, m, dv, dtype=dtype)
         dout = _rand(g, *lead, n, dv, dtype=dtype, scale=1e4 if extreme else 1.0)
         o, lse = tiled_attention_forward(q.double(), k.double(), v.double(), 16, causal=causal)
@@ -730,10 +1022,10 @@ def _tiled_cases() -> list[dict]:
                           causal=causal, dtype=dtype, extreme=extreme, pass_block=pass_block,
                           explicit_false=explicit_false))
 
-    add("n_q = n_k = 12, block 4 (3 × 3 tiles), d_k = 4, d_v = 3", (), 12, 12, 4, 3, 4, False)
+    add("n_q = n_k = 12, block 4 (3 × 3 tiles), d_k = 6, d_v = 3", (), 12, 12, 6, 3, 4, False)
     add("causal, n_q = n_k = 12, block 4, d_k = 5, d_v = 5", (), 12, 12, 5, 5, 4, True)
     add("n_q = 10, n_k = 13, block 4 (n_q and n_k not multiples of it), batch 2, d_k = 6, d_v = 2", (2,), 10, 13, 6, 2, 4, False)
-    add("causal, batch × heads (2, 3), n_q = n_k = 11, block 3, d_k = 4, d_v = 6", (2, 3), 11, 11, 4, 6, 3, True)
+    add("causal, batch × heads (2, 3), n_q = n_k = 11, block 3, d_k = 5, d_v = 6", (2, 3), 11, 11, 5, 6, 3, True)
     add("causal, block 1, n_q = n_k = 5, d_k = 2, d_v = 3", (), 5, 5, 2, 3, 1, True)
     add("block 16 longer than n_q = 7, n_k = 9, d_k = 3, d_v = 2", (1,), 7, 9, 3, 2, 16, False, explicit_false=True)
     add("causal, block 8 longer than n_q = n_k = 6, d_k = 3, d_v = 4", (), 6, 6, 3, 4, 8, True)
@@ -742,12 +1034,13 @@ def _tiled_cases() -> list[dict]:
     add("the default block size (no block_size passed), n_q = 70, n_k = 75, d_k = 2, d_v = 2", (), 70, 75, 2, 2, 64, False,
         pass_block=False)
     add("float32, causal, batch 2, n_q = n_k = 33, block 8, d_k = 8, d_v = 4", (2,), 33, 33, 8, 4, 8, True, dtype=torch.float32)
-    add("extreme values: scores up to ±10³ (L ≈ 10³), upstream gradient ×10⁴, causal, n_q = n_k = 9, block 4", (), 9, 9,
-        4, 3, 4, True, extreme=True)
+    add("extreme values: scores of order ±10³ (L ≈ 10³), a blocked key scoring far above the allowed ones, upstream "
+        "gradient ×10⁴, causal, n_q = n_k = 9, block 4", (), 9, 9,
+        5, 3, 4, True, extreme=True)
     return cases
 
 
-def _call_tiled(fn: Learner, case: dict, tried: str):
+def _call_tiled(fn: Learner, case: dict, tried: str, *, full_blocks_passed: bool = False):
     args = (case["q"], case["k"], case["v"], case["o"], case["lse"], case["dout"])
     kwargs = {}
     if case["pass_block"]:
@@ -761,10 +1054,14 @@ def _call_tiled(fn: Learner, case: dict, tried: str):
         if exc.type_name == "TypeError" and "causal" in exc.message:
             hint = dict(cause="your function does not take the causal argument",
                         fix="keep the signature tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False)")
-        elif exc.type_name in ("RuntimeError", "IndexError") and case["q"].shape[-2] % case["block"]:
-            hint = dict(cause="the last block is shorter than block_size here (n_q or n_k is not a multiple of it); "
-                              "code that assumes full blocks breaks on it",
+        elif (full_blocks_passed and exc.type_name in ("RuntimeError", "IndexError")
+              and (case["q"].shape[-2] % case["block"] or case["k"].shape[-2] % case["block"])):
+            hint = dict(cause="your code ran on the cases where every block is full; here the last block is shorter "
+                              "than block_size (n_q or n_k is not a multiple of it), and code that assumes full "
+                              "blocks breaks on it",
                         fix="take each block's end as min(start + block_size, n) and size its tensors from the slice")
+        else:
+            hint = _dtype_hint(exc)
         raise Failure(learner_error(exc, tried=tried, expected="(dq, dk, dv)", **hint)) from None
 
 
@@ -779,21 +1076,65 @@ def _tiled_tried(case: dict) -> str:
                "returning (dq, dk, dv)")
 def check_tiled_attention_backward(fn: Learner) -> str:
     cases = _tiled_cases()
-    for case in cases:
+    # First, what the code does besides its result: autograd or a fused attention, or writes into an input.
+    case = cases[0]
+    tried = f"{_tiled_tried(case)}, watching the functions it calls"
+    try:
+        report = fn.observe("backward.watch", case["q"], case["k"], case["v"], case["o"], case["lse"], case["dout"],
+                            case["block"])
+    except LearnerRaised:
+        report = {}  # the same call runs again below, where its error gets the full diagnosis
+    _forbid_calls(report, tried, what="tiled_attention_backward")
+    _forbid_changes(report, tried, ("q", "k", "v", "o", "lse", "dout"))
+    for index, case in enumerate(cases):
         tried = _tiled_tried(case)
-        got = _unpack(_call_tiled(fn, case, tried), tried)
+        full_blocks_passed = any(c["q"].shape[-2] % c["block"] == 0 == c["k"].shape[-2] % c["block"]
+                                 for c in cases[:index])
+        got = _unpack(_call_tiled(fn, case, tried, full_blocks_passed=full_blocks_passed), tried)
         _, expected = _oracle(case["q"], case["k"], case["v"], case["dout"], causal=case["causal"])
-        nan_cause = ("exp overflowed on scores this large: exponentiate S − L in one step, torch.exp(s - lse), never "
-                     "exp(S) and exp(L) separately" if case["extreme"] else "")
+        nan_cause = ("your gradients were finite on every earlier case, so exp overflowed on scores this large"
+                     if case["extreme"] else "")
         _expect_grads(got, expected, tried=tried, dtype=case["dtype"], mistakes=_tiled_mistakes(case),
-                      nan_cause=nan_cause, nan_fix="P = torch.exp(s - lse[..., q_start:q_end, None])")
-    _check_structure(fn)
+                      nan_cause=nan_cause, nan_fix="exponentiate S − L in one step, torch.exp(s - lse[..., q_start:q_end, "
+                      "None]), and give blocked scores −∞ before exp (or select with torch.where after it)")
+    reports = _watch_big(fn)  # fails on an n × n tensor, autograd or an input written into
+    _check_delta_from_o(fn, cases[2])
+    _check_tiles(reports)
     return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (causal or not, blocks 1…64, "
-            f"n_q, n_k not multiples of the block, size-1 axes, float32, L ≈ 10³); at n = {BIG_N} no n × n tensor, "
-            f"tiles of block_size, causal skips the tiles above the diagonal")
+            f"n_q, n_k not multiples of the block, size-1 axes, float32, L ≈ 10³); D from o; at n = {BIG_N} no n × n "
+            f"tensor, tiles of block_size, causal skips the tiles above the diagonal")
 
 
-def _check_structure(fn: Learner) -> None:
+def _check_delta_from_o(fn: Learner, case: dict) -> None:
+    """The docstring's D = rowsum(dout ⊙ o): with an o no forward made, the result must follow that o."""
+    g = torch.Generator().manual_seed(16)
+    other_o = case["o"] + 0.5 * _rand(g, *case["o"].shape, dtype=case["dtype"])
+    changed = dict(case, o=other_o)
+    tried = _tiled_tried(case).replace(" on ", " with o replaced by o + 0.5·noise (not the forward's output), on ", 1)
+    got = _unpack(_call_tiled(fn, changed, tried), tried)
+    expected = _tiled_variant(case["q"], case["k"], case["v"], other_o, case["lse"], case["dout"], case["block"],
+                              case["causal"])
+    atol, rtol = _tolerance(expected, case["dtype"])
+    if all(same(a, b, atol=atol, rtol=rtol) for a, b in zip(got, expected)):
+        return
+    _, unchanged = _oracle(case["q"], case["k"], case["v"], case["dout"], causal=case["causal"])
+    if all(same(a, b, atol=atol, rtol=rtol) for a, b in zip(got, unchanged)):
+        fail("D not computed from o", tried=tried,
+             got="the same gradients as with the forward's o: your result does not depend on o",
+             expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o)",
+             cause="D, the row term of the softmax's VJP, came from recomputed tiles of P (as rowsum(dP ⊙ P), or "
+                   "through an O rebuilt as P V) instead of from the o passed in: right numbers for extra work, and "
+                   "not the FlashAttention-2 backward",
+             fix="delta = (dout * o).sum(-1, keepdim=True), once, before the loops")
+    fail("o used other than through D", tried=tried,
+         got="gradients that are neither those of D = rowsum(dout ⊙ o) for this o nor those of the forward's o",
+         expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o) and nowhere else",
+         fix="use o only in delta = (dout * o).sum(-1, keepdim=True), computed once before the loops")
+
+
+def _watch_big(fn: Learner) -> dict:
+    """The watch probe's reports at n = BIG_N, causal and not; fails on what a single report shows (an n × n
+    tensor, autograd, an input written into)."""
     from ..backward import tiled_attention_forward
 
     g = torch.Generator().manual_seed(14)
@@ -820,22 +1161,43 @@ def _check_structure(fn: Learner) -> None:
                        "backward's point is to hold one tile at a time",
                  fix="compute S, P, dP and dS one (block, block) tile at a time inside the two loops, and build "
                      "the causal mask per tile from global positions")
-        tile = report.get("exp_tile") or []
-        size = tile[0] * tile[1] if len(tile) == 2 else 0
-        if size and not BIG_BLOCK * BIG_BLOCK // 2 <= size <= 2 * BIG_BLOCK * BIG_BLOCK:
-            fail("block_size ignored", tried=tried, got=f"the largest tile you exponentiated is {tile[0]}×{tile[1]}",
-                 expected=f"tiles of {BIG_BLOCK}×{BIG_BLOCK}, the block_size passed",
-                 cause="your loops use a block size of their own instead of the block_size argument" if size < BIG_BLOCK
-                       * BIG_BLOCK else "a whole strip of queries or keys is processed at once instead of a "
-                       "(block_size, block_size) tile",
-                 fix="step both loops, over query blocks and over key blocks, by block_size")
         reports[causal] = report
+    return reports
+
+
+def _check_tiles(reports: dict) -> None:
+    """Tiles of block_size × block_size, and with causal=True only the tiles on or below the diagonal."""
+    for causal, report in reports.items():
+        tried = (f"watching tiled_attention_backward(q, k, v, o, lse, dout, {BIG_BLOCK}{', causal=True' if causal else ''}) "
+                 f"at n_q = n_k = {BIG_N}, d_k = d_v = {BIG_D}, one head")
+        tile = sorted(report.get("exp_tile") or [])
+        if tile and tile != [BIG_BLOCK, BIG_BLOCK]:
+            fail("block_size ignored", tried=tried, got=f"the largest tile you exponentiated is {tile[0]}×{tile[1]}",
+                 expected=f"tiles of {BIG_BLOCK}×{BIG_BLOCK}, the block_size passed, for queries and for keys",
+                 cause=f"one of your loops steps by something other than block_size: {tile[0]}×{tile[1]} tiles"
+                       if tile[1] <= BIG_BLOCK else f"a block of {tile[1]} queries or keys at once, more than "
+                       f"block_size = {BIG_BLOCK}: a whole strip, or blocks of another size",
+                 fix="step both loops, over query blocks and over key blocks, by block_size")
     full, causal = reports[False], reports[True]
+    blocks = BIG_N // BIG_BLOCK
+    visited = blocks * (blocks + 1) // 2  # tiles on or below the diagonal
+    tried = f"watching the work with causal=True and False at n = {BIG_N}, blocks of {BIG_BLOCK} ({blocks} × {blocks} tiles)"
+    if causal.get("zero_tiles", 0) and not full.get("zero_tiles", 0):
+        fail("causal: tiles above the diagonal not skipped", tried=tried,
+             got=f"{causal['zero_tiles']} of the tiles you exponentiated were masked entirely (every key in them after "
+                 "every query)", expected=f"only the {visited} tiles on or below the diagonal visited",
+             cause="your query loop starts before the key block's own block, so tiles that lie wholly above the "
+                   "diagonal are computed and then masked away: right values, wasted work",
+             fix="for key block j, start the query loop at block j: range(k_start, n, block_size)")
     measure = next((m for m in ("exp_elements", "flops", "elements") if full[m] and causal[m]), "elements")
-    if full[measure] and causal[measure] > 0.75 * full[measure]:
-        fail("causal: tiles above the diagonal not skipped", tried=f"watching the work with causal=True and False at n = {BIG_N}",
-             got=f"causal work is {causal[measure] / full[measure]:.2f} × the non-causal work",
-             expected=f"about {(BIG_N // BIG_BLOCK + 1) / (2 * (BIG_N // BIG_BLOCK)):.2f} ×: only tiles on or below the diagonal are visited",
-             cause="you computed the tiles above the diagonal and masked them out, which gives the right values "
-                   "at twice the cost",
+    ratio = causal[measure] / full[measure] if full[measure] else 0.0
+    limit = (visited + (blocks - 1) / 2) / blocks**2  # halfway to one extra tile per key block
+    if full[measure] and ratio > limit:
+        fail("causal: tiles above the diagonal not skipped", tried=tried,
+             got=f"causal work is {ratio:.2f} × the non-causal work",
+             expected=f"{visited / blocks**2:.2f} ×: only the {visited} of {blocks**2} tiles on or below the diagonal are "
+                      "visited",
+             cause="you computed the tiles above the diagonal and masked them out, which gives the right values at "
+                   "twice the cost" if ratio > 0.9 else "your query loop starts before the key block's own block for "
+                   "some key blocks, so some tiles wholly above the diagonal are computed",
              fix="for key block j, start the query loop at block j: range(k_start, n, block_size)")

@@ -216,9 +216,15 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, *, tried: str, wh
 # ============================================================================ what the difference is
 _EXPECTED = "the correct values (from the check's reference computation)"
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str = "your result", atol: float = 1e-5,
-                      rtol: float = 1e-4, factors: dict[str, float] | None = None) -> tuple[str, str, str, str]:
+                      rtol: float = 1e-4, factors: dict[str, float] | None = None,
+                      axes: Sequence[str] | None = None) -> tuple[str, str, str, str]:
     """Measure how ``actual`` differs from ``expected`` (same shape). Returns (got, expected, cause, summary);
-    ``cause`` is empty unless a measurement points at one."""
+    ``cause`` is empty unless a measurement points at one.
+
+    In order: the dtype (integers, float16), NaN or inf where the right values are finite, a constant
+    factor (named from ``factors`` when only one name fits), a constant shift, a transposed matrix, the
+    right values along one axis reversed, shuffled or repeated (``axes`` names the axes: "queries",
+    "keys"…), an affine map a·x + b of the right values; failing all, which entries differ and where."""
     a = actual.detach().to(torch.float64)
     e = expected.detach().to(torch.float64)
     dtype = str(actual.dtype).replace("torch.", "")
@@ -261,12 +267,15 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
         if abs(offset) > atol and same(a, e + offset, atol=atol, rtol=rtol):
             return (f"every entry is the expected value {'+' if offset > 0 else '−'} {fmt(abs(offset))}",
                     "the expected values", "", f"shifted by a constant {fmt(offset)}")
-    if a.ndim >= 2 and a.shape[-1] == a.shape[-2] and same(a, e.transpose(-2, -1), atol=atol, rtol=rtol):
+    if a.ndim >= 2 and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1 and same(a, e.transpose(-2, -1), atol=atol, rtol=rtol):
         return ("the expected matrix with rows and columns swapped", "rows and columns as the docstring orders them",
                 "your result is transposed", "transposed")
-    if a.ndim >= 3 and a.shape[0] > 1 and _is_batch_permutation(a, e, atol, rtol):
-        return ("every batch entry is right but they are in a different order", "the batch in the input's order",
-                "your computation mixes up the batch axis", "batch entries out of order")
+    along = _along_an_axis(a, e, atol=atol, rtol=rtol, axes=axes)
+    if along:
+        return along
+    affine = _affine(a, e, atol=atol, rtol=rtol)
+    if affine:
+        return affine
     wrong = ~close
     worst = _worst_index(a, e)
     detail = (f"largest difference {fmt(float((a - e).abs().nan_to_num(nan=math.inf)[worst]))} at index {worst}: "
@@ -276,25 +285,75 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
     return got, _EXPECTED, "", f"wrong values{region}"
 
 
+def _axis_name(axis: int, ndim: int, axes: Sequence[str] | None) -> str:
+    if axes is not None and len(axes) == ndim:
+        return axes[axis]
+    if ndim >= 3 and axis == 0:
+        return "batch entries"
+    if ndim >= 2 and axis == ndim - 2:
+        return "rows"
+    if axis == ndim - 1:
+        return "columns" if ndim >= 2 else "entries"
+    return f"entries along axis {axis}"
+
+
+def _along_an_axis(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float,
+                   axes: Sequence[str] | None) -> tuple[str, str, str, str] | None:
+    """The right values along one axis reversed, shuffled, or the same for every index."""
+    for axis in range(a.ndim):
+        size = a.shape[axis]
+        if size < 2:
+            continue
+        name = _axis_name(axis, a.ndim, axes)
+        if same(a, e.flip(axis), atol=atol, rtol=rtol):
+            return (f"the right values with the {name} in reverse order (axis {axis})", f"the {name} in order",
+                    f"your result has the {name} in reverse order: the first belongs last", f"{name} in reverse order")
+        sa, se = a.movedim(axis, 0), e.movedim(axis, 0)
+        if all(same(sa[i], sa[0], atol=atol, rtol=rtol) for i in range(1, size)) and \
+                not all(same(se[i], se[0], atol=atol, rtol=rtol) for i in range(1, size)):
+            match = next((j for j in range(size) if same(sa[0], se[j], atol=atol, rtol=rtol)), None)
+            source = f"the values that belong to number {match}" if match is not None else "the same values"
+            return (f"the same values for every one of the {name} (axis {axis}): {source}",
+                    f"values that differ from one of the {name} to the next",
+                    f"your result does not change along axis {axis} (the {name})", f"the same values for all {name}")
+        if size > 32:
+            continue  # matching every slice against every other would cost size² comparisons
+        perm: list[int] = []
+        for i in range(size):
+            j = next((j for j in range(size) if j not in perm and same(sa[i], se[j], atol=atol, rtol=rtol)), None)
+            if j is None:
+                break
+            perm.append(j)
+        if len(perm) == size and perm != list(range(size)):
+            shown = ", ".join(map(str, perm[:8])) + ("…" if size > 8 else "")
+            return (f"the right values with the {name} in another order (axis {axis}): yours are numbers {shown}",
+                    f"the {name} in order", f"your result mixes up the {name}", f"{name} in the wrong order")
+    return None
+
+
+def _affine(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float) -> tuple[str, str, str, str] | None:
+    """actual = α·expected + β for every entry (neither a pure factor nor a pure shift: those come first)."""
+    if not (torch.isfinite(a).all() and torch.isfinite(e).all()) or e.numel() < 3 or float(e.std()) < 1e-9:
+        return None
+    design = torch.stack([e.flatten(), torch.ones(e.numel(), dtype=torch.float64)], 1)
+    alpha, beta = (float(v) for v in torch.linalg.lstsq(design, a.flatten()[:, None]).solution.flatten())
+    if abs(beta) <= atol or abs(alpha) <= 1e-6 or abs(alpha - 1) < 1e-6 or not same(a, alpha * e + beta, atol=atol, rtol=rtol):
+        return None
+    said = (f"{fmt(beta)} − the expected value" if abs(alpha + 1) < 1e-6 else
+            f"{fmt(alpha)} × the expected value {'+' if beta > 0 else '−'} {fmt(abs(beta))}")
+    return f"every entry is {said}", "the expected values", "", f"every value is {said}"
+
+
 def _name_factor(c: float, factors: dict[str, float]) -> str:
-    named = {**factors, "−1": -1.0, "2": 2.0, "½": 0.5}
-    for name, value in list(named.items()):
-        if value not in (0,):
-            named.setdefault(f"1/{name}", 1 / value)
-    for name, value in named.items():
-        if abs(c - value) <= 1e-3 * max(1.0, abs(value)):
-            return name
+    """A name for the factor ``c``: the check's own name for it (``√d_k``) only when no other name, nor the
+    plain 2, ½ or −1, has the same value on this input (so a factor 2 is never called √d_k when d_k = 4)."""
+    builtin = {"−1": -1.0, "2": 2.0, "½": 0.5}
+    candidates = {**factors, **{f"1/{k}": 1 / v for k, v in factors.items() if v}}
+    matches = [name for name, value in {**candidates, **builtin}.items()
+               if abs(c - value) <= 1e-3 * max(1.0, abs(value))]
+    if len(matches) == 1:
+        return matches[0]
     return ""
-
-
-def _is_batch_permutation(a: torch.Tensor, e: torch.Tensor, atol: float, rtol: float) -> bool:
-    used: set[int] = set()
-    for i in range(a.shape[0]):
-        match = next((j for j in range(e.shape[0]) if j not in used and same(a[i], e[j], atol=atol, rtol=rtol)), None)
-        if match is None:
-            return False
-        used.add(match)
-    return True
 
 
 def _worst_index(a: torch.Tensor, e: torch.Tensor) -> tuple[int, ...]:

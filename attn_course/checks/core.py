@@ -71,8 +71,8 @@ def learner_error(exc: LearnerRaised | LearnerTimedOut, *, tried: str = "", expe
     nothing more specific is known (a NameError after a kernel restart is always named as such)."""
     tried = tried or exc.call
     if isinstance(exc, LearnerTimedOut):
-        return Diagnosis(f"stopped after {exc.seconds:g} s", tried=tried,
-                         got=f"no result after {exc.seconds:g} s, so the check stopped your code",
+        return Diagnosis(f"stopped after {exc.seconds:g} s of computing", tried=tried,
+                         got=f"no result after {exc.seconds:g} s of computing, so the check stopped your code",
                          expected="an answer within a fraction of a second on these small inputs",
                          cause=cause or "an endless loop, or far more work than the exercise needs",
                          fix=fix or "look at your loops: does each one end, and does it run over the sizes you meant?")
@@ -260,7 +260,7 @@ class _Progress:
         while not self._done.wait(1.0):
             seconds = time.monotonic() - self.start
             self.handle.update({"text/plain": f"… checking `{self.name}`: {seconds:.0f} s so far "
-                                              "(each call of your code may run at most "
+                                              "(each call of your code may compute for at most "
                                               f"{DEFAULT_TIMEOUT:g} s)"}, raw=True)
 
     def stop(self):

@@ -8,9 +8,14 @@ mistake with evidence from *all* the cases:
 * a :class:`Pitfall` is a known mistake written as code; it is blamed only when it reproduces the
   learner's outcome on every case — the same values, or the same exception with the same message
   (e.g. ``q @ K`` gives wrong numbers for a square ``K`` and a shape error for the others);
-* otherwise the first wrong case is measured (:func:`describe_cases`): shape, dtype, precision,
-  a constant factor, a transpose, the right values in another order, inputs changed in place, or
-  "wrong only on batched input / only with eps passed / only with a zero vector…";
+* an exception on some cases counts as reproduced when the mistake raises the same type there and
+  also reproduces at least one of the learner's wrong values elsewhere (``q @ K``: a shape error for
+  most ``K``, ``Kᵀ q`` for a square one);
+* otherwise the first wrong case is measured (:func:`describe_cases`): a result that does not change
+  when an argument does (the learner's function is called again with other values in it), one shape
+  whatever the input, shape, dtype, precision, right for the first batch entry only, a constant factor,
+  a transpose, the right values in another order, inputs changed in place, or "wrong only on batched
+  input / only with eps passed / only with a zero vector…";
 * an exception in the learner's code is shown with the learner's line, with no guessed hint.
 
 Inputs reach the learner's function through one learner-side probe, :func:`_call_watching_inputs`,
@@ -217,10 +222,12 @@ def _pitfalls_found(pitfalls: Sequence[Pitfall], cases: Sequence[Case], outcomes
     many possible causes)."""
     found = [p for p in pitfalls if all(_reproduces(p, c, o) for c, o in zip(cases, outcomes))]
     if not found:
-        found = [p for p in pitfalls
-                 if all(_reproduces(p, c, o, loose=True) for c, o in zip(cases, outcomes))
-                 and any(o.value is not None and not _values_right(o, c) and any(_same_value(o, m, c) for m in p.outcomes(c))
-                         for c, o in zip(cases, outcomes))]
+        def reproduces_a_wrong_value(p: Pitfall) -> bool:
+            return any(o.value is not None and not _values_right(o, c) and any(_same_value(o, m, c) for m in p.outcomes(c))
+                       for c, o in zip(cases, outcomes))
+
+        found = [p for p in pitfalls if all(_reproduces(p, c, o, loose=True) for c, o in zip(cases, outcomes))
+                 and reproduces_a_wrong_value(p)]
     return list({(p.summary, p.cause, p.fix): p for p in found}.values())
 
 
@@ -355,7 +362,8 @@ def describe_cases(cases: Sequence[Case], outcomes: Sequence[Outcome], wrong: Se
         names = " and ".join(ignored)
         every = len(ignored) == len([a for a in case.args[:len(arg_names)] if isinstance(a, torch.Tensor)])
         fail(f"the result does not depend on {names}", tried=f"{tried}, then again with other values in {names}",
-             got=f"the same result both times ({preview(t)})", expected=f"a result that changes with {names}: {expected}",
+             got=f"the same result both times ({preview(t)})",
+             expected=f"a result that changes with {names}: {expected}",
              cause=(f"your function never uses the values of {names}" if not every else
                     "your function returns the same thing whatever its inputs hold (a constant, or numbers typed in)"),
              fix=f"compute the result from {names} as the docstring says")

@@ -21,6 +21,11 @@ n² in total. The line is drawn at n²/8: 8× below the wrong answers and over 5
 ones. The mode is imported inside the probe, with a fallback (memory then reported as not measured),
 so a change in PyTorch can never break these checks at import.
 
+The Function's backward is also compared with what a backward using the wrong saved tensor (x, or the
+exponentials before normalising) would give, and a gradcheck failure says which pass lost float64
+precision, measured on the float64 cases before it. Every check also asks, once, whether the learner's
+code leaves its input (s or x) as it was.
+
 Shared pieces come from notebook 03's checks, where they are public and documented
 (:mod:`attn_course.checks.softmax`).
 """
@@ -35,7 +40,7 @@ import numpy as np
 import torch
 
 from .boundary import probe
-from .compare import Failure, same
+from .compare import Failure
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, fail, fmt, learner_error)
 from .softmax import (RuledOut, TensorOrArray, compare, describe_input, expect_floating, expect_input_unchanged,
                       explain_weights, probe_worth, raised_hint, same_as, softmax_mistakes, works_elsewhere)
@@ -193,14 +198,6 @@ def _size_one(n: int, passed: set[int]) -> dict[str, str]:
                       "something in it treats an axis of size 1 differently (.squeeze() without an axis removes "
                       "it, for example)",
                 fix="keep every axis: no .squeeze() without an axis, and take n from s.shape[-1]")
-
-
-def same_as(out: Any, expected: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> bool:
-    try:
-        t = as_tensor(out, tried="")
-    except Failure:
-        return False
-    return tuple(t.shape) == tuple(expected.shape) and same(t, expected, atol=atol, rtol=rtol)
 
 
 # ============================================================================ softmax_jacobian

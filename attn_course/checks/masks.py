@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import Elimination, Known, _reproduce
+from .attention import Elimination, Known, _reproduce, lower_precision
 from .compare import Failure, same
 from .core import Learner, LearnerRaised, as_tensor, check, expect_close, fail, fmt, learner_error
 from .dot import CALL_PROBE
@@ -175,6 +175,12 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str
     wrong = extra | missing
     first = _first(wrong)
     summary_bits = [r for r in (_region_of(extra, regions, "allowed"), _region_of(missing, regions, "blocked")) if r]
+    if not summary_bits and not extra.any() and g.dim() >= 2:
+        rows = missing.any(-1)  # (..., n_q): rows with an allowed pair blocked
+        if not (g & rows[..., None]).any():  # each such row is blocked entirely
+            where = ", ".join(str(tuple(int(i) for i in r)) for r in rows.nonzero()[:6])
+            summary_bits = ["whole query rows blocked"]
+            parts.append(f"every key of the rows {where}{'…' if int(rows.sum()) > 6 else ''} is blocked")
     summary = "; ".join(summary_bits) if summary_bits else f"wrong at {int(wrong.sum())} positions"
     if shape_note:
         summary = f"wrong shape, and {summary}"
@@ -206,6 +212,12 @@ def _wrong_shape(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what:
     for hint_shape, summary, cause, fix in hints:
         if shape == tuple(hint_shape) and tuple(hint_shape) != want:
             fail(summary, tried=tried, got=f"{what} of shape {shape}", expected=f"shape {want}", cause=cause, fix=fix)
+    if [s for s in shape if s != 1] == [s for s in want if s != 1] and len(shape) == len(want):
+        fail(f"shape {shape}, not {want}: the size-1 axis in the wrong place", tried=tried,
+             got=f"{what} of shape {shape}", expected=f"shape {want}, as the docstring says",
+             cause="your axis of size 1 sits at another position: in (B, 1, n_q, n_k) it is the heads axis, second, "
+                   "after the batch (mask[:, None] puts it there; mask[None] puts it first)",
+             fix=f"return exactly shape {want}: print(mask.shape) before returning")
     if [s for s in shape if s != 1] == [s for s in want if s != 1]:
         more = len(shape) > len(want)
         fail(f"shape {shape}, not {want}: size-1 axes {'added' if more else 'missing'}", tried=tried,
@@ -261,10 +273,7 @@ def _call(fn: Learner, args: tuple, kwargs: dict, tried: str, expected: str,
     try:
         return fn(*args, **kwargs)
     except LearnerRaised as exc:
-        extra = _explain_raise(exc)
-        for cause, fix, attempts in constructs:
-            if not extra and any(_reproduce(a) == exc.message for a in attempts):
-                extra = dict(cause=cause, fix=fix)
+        extra = _explain_raise(exc) or _construct(exc, constructs)
         raise Failure(learner_error(exc, tried=tried, expected=expected, **extra)) from None
 
 
@@ -274,13 +283,21 @@ def _watched(fn: Learner, args: tuple, tried: str, expected: str, names: tuple[s
     try:
         result = fn.observe(CALL_PROBE, *args)
     except LearnerRaised as exc:
-        extra = _explain_raise(exc)
-        for cause, fix, attempts in constructs:
-            if not extra and any(_reproduce(a) == exc.message for a in attempts):
-                extra = dict(cause=cause, fix=fix)
+        extra = _explain_raise(exc) or _construct(exc, constructs)
         raise Failure(learner_error(exc, tried=tried, expected=expected, **extra)) from None
     value, changed = result if isinstance(result, tuple) and len(result) == 2 else (result, [])
     return value, [names[int(i)] for i in changed if 0 <= int(i) < len(names)]
+
+
+def _construct(exc: LearnerRaised, constructs) -> dict[str, str]:
+    """The cause of the first construct that reproduces the learner's very message and, where it has a
+    ``confirm`` (a fourth element: a function returning True when another call of the learner's code
+    behaves as the construct does), is confirmed by it: a broadcasting error's message alone is shared by
+    many mistakes."""
+    for cause, fix, attempts, *confirm in constructs:
+        if any(_reproduce(a) == exc.message for a in attempts) and (not confirm or confirm[0]()):
+            return dict(cause=cause, fix=fix)
+    return {}
 
 
 def _explain_raise(exc: LearnerRaised) -> dict[str, str]:
@@ -403,6 +420,9 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
         if max_len is not None and max(values) != S:
             hints.append(((B, max(values)), "max_len ignored", f"your mask has max(lengths) = {max(values)} columns "
                           f"although max_len = {S} was given", "use max_len when it is given; default to the largest length"))
+        if max_len is not None:
+            hints += [((B, S + 1), "one column more than max_len", f"your mask has {S + 1} columns although "
+                       f"max_len = {S} was given", "torch.arange(max_len): exactly max_len columns")]
         if max_len is None:
             for width, why in ((B, f"B = {B} columns (the number of sequences)"),
                                (values[0], f"lengths[0] = {values[0]} columns (the first length; the lengths are not sorted)"),
@@ -716,7 +736,7 @@ def check_additive_mask(fn: Learner) -> str:
                  cause="adding 1 to the kept scores and 0 to the blocked ones shifts the scores and blocks nothing",
                  fix="use 0 for kept positions and float('-inf') for blocked ones")
         if (g[mask] != 0).any():
-            if (g[~mask] == 0).all() and (~mask).any():
+            if (g[~mask] == 0).all() and (~mask).any() and (g[mask] < 0).all():
                 fail(_POLARITY[0], tried=shown, got="-inf (or a large negative) where the mask is True, 0 where False",
                      expected="0 where True, -inf where False", cause="you filled where the mask is True",
                      fix="fill where it is False: masked_fill(~mask, float('-inf'))")
@@ -784,8 +804,8 @@ def _softmax_cases() -> list[_SoftCase]:
     large_keep = torch.tensor([[True, False, True, False], [False, True, False, True], [False, False, False, False]])
     return [
         _SoftCase("scores (3, 4) with a (3, 4) mask, every row allowed a key", rand(3, 4), keep, 1e-7),
-        _SoftCase("large scores (±3·10⁴) with a mask, every row allowed a key", large,
-                  torch.tensor([[True, False, True, False], [False, True, False, True], [True, False, True, True]]),
+        _SoftCase("large scores (±3·10⁴) with a mask, every row allowed a key (the last row every key)", large,
+                  torch.tensor([[True, False, True, False], [False, True, False, True], [True, True, True, True]]),
                   1e-7),
         _SoftCase("scores (3, 2, 4, 5) in float32 with a key-padding mask (3, 1, 1, 5): right, left and all-<pad>",
                   rand(3, 2, 4, 5, dtype=torch.float32), padding, 2e-6),
@@ -807,6 +827,12 @@ def _softmax_oracle(case: _SoftCase) -> torch.Tensor:
     out = F.scaled_dot_product_attention(scores, eye * math.sqrt(n_k), eye.expand(*scores.shape[:-2], n_k, n_k),
                                          attn_mask=mask)
     return out.to(case.scores.dtype)
+
+
+def _naive(s: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """e^s over the allowed keys divided by its row sum, without subtracting a maximum."""
+    e = torch.exp(s) * allowed
+    return e / e.sum(-1, keepdim=True)
 
 
 def _softmax_mistakes(case: _SoftCase) -> list[Known]:
@@ -858,6 +884,13 @@ def _softmax_mistakes(case: _SoftCase) -> list[Known]:
         Known("scores returned as weights", "you returned the masked scores, not their softmax",
               "return torch.softmax(masked scores, dim=-1), with fully masked rows set to 0",
               lambda: s.masked_fill(~full, inf).masked_fill(empty, 0.0), "scores"),
+        Known("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to "
+              "inf, and inf/inf (or inf × 0) is NaN", "subtract each row's maximum over the allowed keys before exp, or "
+              "use torch.softmax", lambda: _naive(s, full), "naive"),
+        Known("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to "
+              "inf, and inf/inf (or inf × 0) is NaN, which your code then set to 0", "subtract each row's maximum "
+              "over the allowed keys before exp, or use torch.softmax", lambda: torch.nan_to_num(_naive(s, full)),
+              "naive-nan0"),
         Known("fully masked rows filled with 1", "a row with no allowed key must get weights 0, not 1",
               "use 0 for such rows", torch.where(empty, torch.ones_like(plain), plain), "ones"),
     ]
@@ -868,6 +901,19 @@ def _softmax_mistakes(case: _SoftCase) -> list[Known]:
                           lambda fill=fill: torch.softmax(s.masked_fill(~full, fill), -1).masked_fill(empty, 0.0),
                           f"weak{fill}"))
     return out + weak
+
+
+def _confirm_no_keepdim(fn: Learner) -> bool:
+    """On square scores (where a (…, n_q) row mask broadcasts without an error) the learner's function gives
+    what a missing keepdim gives: rows left as they are, and column i zeroed where row i has no key."""
+    s = torch.tensor([[0.3, -1.2, 2.0], [0.7, 0.1, -0.4], [1.5, -0.6, 0.2]], dtype=torch.float64)  # (3, 3)
+    mask = torch.tensor([[True, False, True], [False, False, False], [True, True, False]])
+    try:
+        got = as_tensor(fn(s, mask), tried="", what="")
+    except (LearnerRaised, Failure):
+        return False
+    wrong_axis = torch.softmax(s.masked_fill(~mask, float("-inf")), -1).masked_fill(~mask.any(-1), 0.0)
+    return same(got, wrong_axis, atol=1e-9, rtol=1e-7)
 
 
 @check("masked_softmax", expects="a function masked_softmax(scores, mask) returning weights shaped like scores")
@@ -883,7 +929,8 @@ def check_masked_softmax(fn: Learner) -> str:
                        "lines up with the keys' axis of the weights, not with the rows",
                        "keep the axis: ~mask.any(dim=-1, keepdim=True) has shape (…, n_q, 1)",
                        [lambda: plain.masked_fill(~mask.any(-1), 0.0), lambda: plain.masked_fill(~full.any(-1), 0.0),
-                        lambda: torch.where(mask.any(-1), plain, 0.0), lambda: torch.where(full.any(-1), plain, 0.0)])]
+                        lambda: torch.where(mask.any(-1), plain, 0.0), lambda: torch.where(full.any(-1), plain, 0.0)],
+                       lambda: _confirm_no_keepdim(fn))]
         raw, changed = _watched(fn, (s, mask), tried, f"weights of shape {tuple(s.shape)}", ("scores", "mask"),
                                 constructs)
         if isinstance(raw, np.ndarray):
@@ -902,6 +949,7 @@ def check_masked_softmax(fn: Learner) -> str:
                 except Failure as failure:
                     if failure.diagnosis.cause:
                         raise
+                    lower_precision(got, s.dtype, tried=tried, what="your weights")
                     _softmax_structure(got, case, tried)
                     raise
             continue  # a failure that waits for a later case to tell two mistakes apart
@@ -943,6 +991,14 @@ def _softmax_structure(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
              + ("" if finite.numel() == w.numel() else " (some of them infinite)"),
              expected="weights between 0 and 1", fix="the weights are a softmax over the allowed keys: torch.softmax")
     if torch.isnan(w).any():
+        nan_rows = torch.isnan(w).any(-1)  # (..., n_q)
+        overflow = torch.isinf(torch.exp(case.scores.to(w.dtype)).masked_fill(~full, 0.0)).any(-1)
+        if torch.equal(nan_rows, overflow):
+            fail("softmax without subtracting the maximum", tried=tried,
+                 got=f"NaN in exactly the {int(nan_rows.sum())} rows where an allowed score is so large that e^score is inf",
+                 expected="finite weights in every row with an allowed key",
+                 cause="you exponentiated the raw scores: e^30000 overflows to inf, and inf/inf is NaN",
+                 fix="subtract each row's maximum over the allowed keys before exp, or use torch.softmax")
         fail("NaN in rows that have an allowed key", tried=tried, got=f"NaN in {int(torch.isnan(w).any(-1).sum())} rows "
              "with allowed keys", expected="finite weights", fix="print each step on this input: where does NaN first appear?")
     leak = float(w[~full].abs().max()) if (~full).any() else 0.0

@@ -25,7 +25,7 @@ from .boundary import Opaque
 from .compare import Failure
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, fail, fmt,
                    learner_error)
-from .multihead import _Evidence, _bool_hint, _probe_mismatch
+from .multihead import _Evidence, _bool_hint, _factors, _probe_mismatch
 
 __all__ = [
     "check_normalised_entropy",
@@ -240,7 +240,8 @@ def _eps_mistakes(w: torch.Tensor, then) -> list[Mistake]:
     """An epsilon inside the log large enough to change the answer: log(w + ε) or log(clamp(w, min=ε))."""
     out = []
     for eps in (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6):
-        for how, logw in ((f"log(w + {eps:g})", torch.log(w + eps)), (f"log(w.clamp(min={eps:g}))", torch.log(w.clamp(min=eps)))):
+        for how, logw in ((f"log(w + {eps:g})", torch.log(w + eps)),
+                          (f"log(w.clamp(min={eps:g}))", torch.log(w.clamp(min=eps)))):
             out.append(Mistake(f"{how} instead of log(w)", f"you took {how}: the ε guards log(0), but at {eps:g} it "
                                "also changes the entropy of the rows with small weights", _EPS_FIX,
                                lambda logw=logw: then(-(w * logw).sum(-1))))
@@ -355,7 +356,7 @@ def check_normalised_entropy(fn: Learner) -> str:
         want = ref.normalised_entropy(case["w"].to(torch.float64), case["mask"])
         simple_rows = _explain_with_simple_rows(fn, ref.normalised_entropy, "normalised_entropy")
         run.expect(out, want, case, _entropy_mistakes(case),
-                   factors={"ln 2": math.log(2), "n_k": case["w"].shape[-1], "n_q": case["w"].shape[-2]},
+                   factors={"ln 2": math.log(2), **_factors(n_k=case["w"].shape[-1], n_q=case["w"].shape[-2])},
                    explain=lambda failure: _fixed_normaliser(failure, out, case) or simple_rows(failure))
     return (f"matches the reference on {len(cases)} cases: causal and padding masks (normalised by the allowed keys), "
             "exact zeros (0·log 0 = 0), a fully masked row, a single key, batches and size-1 axes")
@@ -365,13 +366,13 @@ def check_normalised_entropy(fn: Learner) -> str:
 def _peak_mistakes(w: torch.Tensor) -> list[Mistake]:
     w = w.to(torch.float64)
     fix = "take one maximum per row, over the keys: w.amax(dim=-1)"
+    whole = "you took one maximum over all the weights at once (every query and key together), not one per row"
     mistakes = [
         Mistake("maximum over the queries", "you took the maximum over axis −2 (the queries)", fix, lambda: w.amax(-2)),
         Mistake("position of the peak, not its weight", "you returned argmax, the position of the largest weight",
                 "return the largest weight itself: w.amax(dim=-1)", lambda: w.argmax(-1).to(torch.float64)),
-        Mistake("maximum of the whole tensor", "you took one maximum over all the weights at once (every query and key together), not one per row", fix,
-                lambda: w.max() * torch.ones(w.shape[:-1], dtype=torch.float64)),
-        Mistake("maximum of the whole tensor", "you took one maximum over all the weights at once (every query and key together), not one per row", fix, lambda: w.max()),
+        Mistake("maximum of the whole tensor", whole, fix, lambda: w.max() * torch.ones(w.shape[:-1], dtype=torch.float64)),
+        Mistake("maximum of the whole tensor", whole, fix, lambda: w.max()),
         Mistake("maximum of each matrix", "you took one maximum over the last two axes (the whole matrix) instead of "
                 "one per row", fix, lambda: w.flatten(-2).amax(-1) if w.ndim > 2 else None),
         Mistake("minimum instead of maximum", "you took each row's smallest weight", fix, lambda: w.amin(-1)),
@@ -519,7 +520,7 @@ def check_attention_distance(fn: Learner) -> str:
     for case in cases:
         n_q, n_k = case["w"].shape[-2:]
         run.expect(run.call(case), ref.attention_distance(case["w"].to(torch.float64)), case,
-                   _distance_mistakes(case["w"]), factors={"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q})
+                   _distance_mistakes(case["w"]), factors=_factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
     return f"matches the reference on {len(cases)} cases (causal rows, two-sided rows, batches, non-square, size-1 axes)"
 
 

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from .. import position as ref
+from .attention import _reproduce, lower_precision
 from .boundary import Opaque, probe
-from .compare import Failure, same
+from .compare import Failure, call_or_skip, same
 from .core import (Learner, LearnerRaised, Mistake, as_tensor, check, expect_close, expect_shape, fail, fmt,
                    learner_error)
 
@@ -46,9 +47,13 @@ def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
     def watched(x):
         if isinstance(x, np.ndarray) and x.dtype.kind == "f" and len(calls) < 50:
             calls.append({"shape": list(x.shape), "absmax": float(np.abs(x).max()) if x.size else 0.0})
-        if isinstance(x, torch.Tensor) and len(calls) < 50:
+            if len(calls) <= 8 and x.size <= 4096:
+                calls[-1]["x"] = torch.from_numpy(np.array(x, dtype=np.float64))
+        elif isinstance(x, torch.Tensor) and len(calls) < 50:
             calls.append({"shape": list(x.shape),
                           "absmax": float(x.detach().abs().max()) if x.numel() and x.is_floating_point() else 0.0})
+            if len(calls) <= 8 and x.numel() <= 4096 and x.is_floating_point():
+                calls[-1]["x"] = x.detach().to(torch.float64).clone()
         return attn(x)
 
     watched.__name__ = attn.__name__
@@ -72,6 +77,43 @@ def _as_verdict(result: Any, tried: str) -> bool:
     fail("the test did not return True or False", tried=tried, got=f"{type(verdict).__name__}: {got}",
          expected="True (equivariant) or False (not)",
          fix="end with `return torch.allclose(...)` (a bool), or assert it pytest-style")
+
+
+def _row_permutation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """perm with b = a[..., perm, :], when b reorders a's (distinct) rows and is not a itself; else None."""
+    if a.shape != b.shape or a.dim() < 2 or a.shape[-2] < 2:
+        return None
+    rows_a, rows_b = a.reshape(-1, *a.shape[-2:]).transpose(0, 1), b.reshape(-1, *b.shape[-2:]).transpose(0, 1)
+    rows_a, rows_b = rows_a.reshape(a.shape[-2], -1), rows_b.reshape(b.shape[-2], -1)  # (n, rest)
+    if torch.equal(rows_a, rows_b):
+        return None
+    perm = []
+    for row in rows_b:
+        hits = (rows_a == row).all(-1).nonzero().flatten()
+        if len(hits) != 1:
+            return None
+        perm.append(int(hits[0]))
+    return torch.tensor(perm) if len(set(perm)) == len(perm) else None
+
+
+def _inputs_evidence(calls: list[dict]) -> dict[str, Any]:
+    """What the inputs the learner's test passed to attn show: identical rows, or a true reordering of one x."""
+    xs = [c["x"] for c in calls if isinstance(c.get("x"), torch.Tensor) and c["x"].dim() >= 2]
+    identical = bool(xs) and all(x.shape[-2] > 1 and bool((x == x[..., :1, :]).all()) for x in xs)
+    for i, a in enumerate(xs):
+        for b in xs[i + 1:]:
+            for first, second in ((a, b), (b, a)):
+                perm = _row_permutation(first, second)
+                if perm is not None:
+                    return {"identical": identical, "x": first, "perm": perm}
+    return {"identical": identical}
+
+
+def _largest_gap(evidence: dict[str, Any], names: list[str]) -> tuple[float, str]:
+    """The largest |attn(x[perm]) − attn(x)[perm]| over ``names`` on the learner's own x and permutation."""
+    x, perm = evidence["x"], evidence["perm"]
+    gaps = [(ref.permutation_gap(ref.attention_variant(name), x, perm), name) for name in names]
+    return max(gaps)
 
 
 _TEST_FIX = ("draw x = torch.randn(n, d) with a few tokens (n ≥ 3, d ≥ 2), a random permutation perm = "
@@ -105,6 +147,13 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
         fail("the test never calls attn", tried=tried, got=shown, expected="a verdict computed from attn's outputs",
              cause="your function returns without running the attention it is given",
              fix=_TEST_FIX)
+    if set(rejected) == set(ref.EQUIVARIANT) and set(missed) == set(ref.POSITION_AWARE):
+        fail("the test's verdicts are the wrong way round", tried=tried, got=shown,
+             expected="True (equivariant) for the first five, False for the others",
+             cause="your test returns True when the outputs differ and False when they agree (a `not` too many, or "
+                   "an assert of the opposite)",
+             fix="return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5): True means equivariant")
+    evidence = _inputs_evidence(calls)
     if rejected:
         if "elementwise tanh" in rejected:
             fail("the test rejects functions that ignore positions", tried=tried, got=shown,
@@ -133,6 +182,17 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
         elif none:
             cause = "your function returns None and never fails an assert: it computes a comparison but does not " \
                     "return it"
+        elif evidence["identical"]:
+            cause = "every row of your x is the same vector, so reordering the rows changes nothing"
+        elif "perm" in evidence:
+            gap, worst = _largest_gap(evidence, list(ref.POSITION_AWARE))
+            cause = (f"your test does run attn on x and on x with its rows reordered, but for {worst} the two outputs "
+                     f"differ by up to {fmt(gap)} after the permutation and it still says equivariant: the "
+                     "comparison lets that through (a tolerance far too loose, or an output compared with itself or "
+                     "with something that does not change when the rows move)")
+        elif any("x" in c for c in calls):
+            cause = ("your test never runs attn on a reordering of the same x: its permutation leaves every token in "
+                     "place (or it draws a new x instead of permuting the old one), so nothing can differ")
         else:
             cause = ("your test never permutes the input, or its permutation leaves every token in place, or it "
                      "compares an output with itself: nothing can differ")
@@ -142,7 +202,10 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
     if missed:
         small = calls and max(c.get("absmax", 1.0) for c in calls) < 0.1
         sizes = sorted({c["shape"][-2] for c in calls if len(c.get("shape", [])) >= 2})
-        if missed == ["symmetric distance bias"]:
+        if evidence["identical"]:
+            cause = "every row of your x is the same vector, so reordering the rows changes nothing"
+            fix = "draw x = torch.randn(n, d): different tokens"
+        elif missed == ["symmetric distance bias"]:
             cause = ("your permutation keeps every distance |i − j| (a reversal does, as does swapping two tokens "
                      "of a sequence of 2): a bias that depends only on |i − j| goes unnoticed")
             fix = "use a random permutation of a few tokens: perm = torch.randperm(n) with n ≥ 3"
@@ -158,6 +221,48 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
              expected=f"not equivariant for {', '.join(missed)}", cause=cause, fix=fix)
     return (f"tells {len(ref.EQUIVARIANT)} permutation-equivariant functions from {len(ref.POSITION_AWARE)} attentions "
             "that see positions")
+
+
+# ================================================================================== shared by the value checks
+class Refuted:
+    """Mistakes an earlier case already ruled out: where the answer was right, a mistake whose output differed
+    from the right one cannot be what the learner did. Two mistakes that coincide on one input are told apart
+    by the cases before it."""
+
+    def __init__(self) -> None:
+        self.summaries: set[str] = set()
+
+    def passed(self, mistakes: list[Mistake], expected: torch.Tensor, **tol: float) -> None:
+        for m in mistakes:
+            value = m.value()
+            if value is not None and not same(value, expected, **tol):
+                self.summaries.add((m.summary, m.cause))
+
+    def remaining(self, mistakes: list[Mistake]) -> list[Mistake]:
+        return [m for m in mistakes if (m.summary, m.cause) not in self.summaries]
+
+
+def _frequency_cause(measured: torch.Tensor, expected: torch.Tensor, base: float, d: int) -> str:
+    """What a set of per-pair frequencies (or angles per position) is, next to base^(−2i/d): a constant
+    factor, one frequency for all, or base'^(−2i/d) for another base (= base^(−2i/d') for another d)."""
+    shown = ", ".join(fmt(float(w)) for w in measured[:5]) + ("…" if len(measured) > 5 else "")
+    want = ", ".join(fmt(float(w)) for w in expected[:5]) + ("…" if len(expected) > 5 else "")
+    text = f"pair frequencies {shown} (pair 0, 1, …); expected base^(−2i/d): {want}"
+    if len(measured) >= 2 and torch.allclose(measured, measured[0].expand_as(measured), rtol=1e-3, atol=1e-6):
+        return f"{text}. Every pair has the same frequency {fmt(float(measured[0]))}"
+    ratio = measured / expected
+    if torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-3):
+        c = float(ratio[0])
+        named = " (π/180: an angle converted between degrees and radians)" if abs(c - math.pi / 180) < 1e-4 else ""
+        return f"{text}. Every frequency is {fmt(c)} × the expected one{named}"
+    if len(measured) >= 2 and bool((measured > 0).all()) and abs(float(measured[0]) - 1) < 1e-3:
+        logs = torch.log(measured[1:].double()) / torch.arange(1, len(measured), dtype=torch.float64)
+        if torch.allclose(logs, logs[0].expand_as(logs), rtol=1e-3) and float(logs[0]) < 0:
+            d_fit = -2 * math.log(base) / float(logs[0])
+            base_fit = math.exp(-float(logs[0]) * d / 2)
+            return (f"{text}. They are base'^(−2i/d) with base' = {fmt(base_fit)} instead of {fmt(base)} — the same "
+                    f"numbers as base^(−2i/d') with d' = {fmt(d_fit)} instead of d = {d}")
+    return text
 
 
 # ================================================================================== sinusoidal encoding
@@ -177,9 +282,18 @@ def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor:
         half = (d + 1) // 2
         angle = p / base ** (2 * torch.arange(half, dtype=torch.float64) / d)
         return torch.cat([torch.cos(angle), torch.sin(angle[:, : d - half])], dim=-1)
+    if mistake == "intdiv":  # exponent 2i // d = 0: every pair turns at frequency 1
+        angle = p.expand(n, d)
     if mistake == "swapped":
         return torch.where(even, torch.cos(angle), torch.sin(angle))
-    return torch.where(even, torch.sin(angle), torch.cos(angle))
+    if mistake == "all_sin":
+        return torch.sin(angle)
+    if mistake == "all_cos":
+        return torch.cos(angle)
+    out = torch.where(even, torch.sin(angle), torch.cos(angle))
+    if mistake == "odd_last_cos" and d % 2:
+        out[:, -1] = torch.cos(angle[:, -1])
+    return out
 
 
 _SIN_FIX = "column 2i = sin(p / base^(2i/d)) and column 2i + 1 = cos(p / base^(2i/d)), with p = 0 … n − 1"
@@ -200,13 +314,39 @@ _SIN_MISTAKES = [
     ("from1", "positions start at 1", "your first row is position 1; it is position 0 (all sines 0, cosines 1)",
      _SIN_FIX),
     ("base", "base ignored", "your encoding uses 10000 whatever `base` is passed", "use the `base` argument"),
+    ("intdiv", "every pair has frequency 1", "your exponent 2i/d came out 0 for every pair: integer division "
+     "(2 * i // d) or integer tensors in the exponent", "compute the exponent in floating point: "
+     "torch.arange(0, d, 2) / d (true division)"),
+    ("all_sin", "sines in every column", "your odd columns hold sines too; they hold cosines", _SIN_FIX),
+    ("all_cos", "cosines in every column", "your even columns hold cosines too; they hold sines", _SIN_FIX),
+    ("odd_last_cos", "odd d: the last column is a cosine", "with an odd d the last column is column d − 1, an even "
+     "one: a sine of the last pair's angle", "fill the even columns with sines first; an odd d has one sine more"),
 ]
+
+
+def _sinusoid_frequencies(failure: Failure, out: torch.Tensor, n: int, d: int, base: float) -> None:
+    """Re-raise ``failure``; when the answer is sin/cos of p·ω_i pair by pair, with wrong ω, say what the ω are."""
+    if failure.diagnosis.cause or tuple(out.shape) != (n, d) or n < 3 or d < 2 or not out.is_floating_point():
+        raise failure
+    x = out.double()
+    pairs = d // 2
+    omega = torch.atan2(x[1, 0:2 * pairs:2], x[1, 1:2 * pairs:2])  # (pairs,): the angle at p = 1
+    p = torch.arange(n, dtype=torch.float64)[:, None]
+    fitted = torch.stack([torch.sin(p * omega), torch.cos(p * omega)], dim=-1).flatten(-2)  # (n, 2·pairs)
+    if not same(x[:, : 2 * pairs], fitted, atol=1e-4, rtol=1e-4) or bool((omega <= 0).any()):
+        raise failure
+    expected = base ** (-2 * torch.arange(pairs, dtype=torch.float64) / d)
+    d_ = failure.diagnosis
+    fail("wrong frequencies", tried=d_.tried, got=d_.got, expected=d_.expected,
+         cause="your columns are sin and cos of p·ω_i pair by pair, as they should be, but with the " +
+               _frequency_cause(omega, expected, base, d), fix=_SIN_FIX)
 
 
 @check("sinusoidal_encoding", expects="a function sinusoidal_encoding(n, d, base=10000.0) returning an (n, d) tensor")
 def check_sinusoidal_encoding(fn: Learner) -> str:
     cases = [(6, 8, None), (12, 6, 100.0), (1, 4, None), (10, 7, None), (50, 16, None), (4, 2, 10.0), (9, 1, None),
              (20, 9, 500.0)]
+    refuted = Refuted()
     for n, d, base in cases:
         tried = f"sinusoidal_encoding({n}, {d})" if base is None else f"sinusoidal_encoding({n}, {d}, {base:g})"
         b = 10000.0 if base is None else base
@@ -230,8 +370,14 @@ def check_sinusoidal_encoding(fn: Learner) -> str:
         if not (out.is_floating_point()):
             fail(f"integer result ({str(out.dtype).replace('torch.', '')})", tried=tried, got=str(out.dtype),
                  expected="a floating-point tensor", fix="compute in floating point (torch.arange(n, dtype=torch.float32))")
-        expect_close(out, expected, tried=tried, what="your encoding", atol=1e-4, rtol=1e-4, mistakes=mistakes,
-                     fix=_SIN_FIX)
+        if same(out, expected, atol=1e-4, rtol=1e-4):
+            refuted.passed(mistakes, expected, atol=1e-4, rtol=1e-4)
+            continue
+        try:
+            expect_close(out, expected, tried=tried, what="your encoding", atol=1e-4, rtol=1e-4,
+                         mistakes=refuted.remaining(mistakes), fix=_SIN_FIX)
+        except Failure as failure:
+            _sinusoid_frequencies(failure, out, n, d, b)
     return f"matches Vaswani et al.'s interleaved sin/cos on {len(cases)} cases (odd d, d = 1, other bases)"
 
 
@@ -243,15 +389,15 @@ def _t5_buckets(n: int, nb: int, bidirectional: bool, max_distance: int, mistake
     rel = pos[None, :] - pos[:, None]  # j − i
     if mistake == "i_minus_j":
         rel = -rel
-    bidirectional = not bidirectional if mistake == "direction" else bidirectional
+    bidirectional = {"always_bi": True, "never_bi": False}.get(mistake, bidirectional)
     md = 128 if mistake == "max_distance" else max_distance
     offset = torch.zeros_like(rel)
     half = nb // 2 if bidirectional and mistake != "no_halving" else nb
     if bidirectional:
-        offset = (rel > 0).long() * half
+        offset = (rel > 0).long() * half * (mistake != "no_offset")
         dist = rel.abs()
     else:
-        dist = (-rel).clamp(min=0)
+        dist = rel.clamp(min=0) if mistake == "uni_sign" else (-rel).clamp(min=0)
     max_exact = (nb // 2 if mistake == "max_exact" else half // 2)
     out = torch.empty_like(rel)
     alt = torch.empty_like(rel)
@@ -267,6 +413,8 @@ def _t5_buckets(n: int, nb: int, bidirectional: bool, max_distance: int, mistake
         near = round(val)
         if mistake == "round":
             first = second = near
+        elif mistake == "ceil":
+            first = second = math.ceil(val - 1e-9) if abs(val - near) < 1e-6 else math.ceil(val)
         elif abs(val - near) < 1e-6:
             first, second = near, near - 1
         else:
@@ -283,8 +431,10 @@ _T5_MISTAKES = [
     ("i_minus_j", "relative positions indexed i − j instead of j − i", "you measured the query's position relative "
      "to the key (i − j); the docstring's relative position is j − i, positive when the key comes after the query",
      "rel = positions[None, :] - positions[:, None]  # j − i"),
-    ("direction", "`bidirectional` ignored", "your buckets do not follow the `bidirectional` argument",
-     "bidirectional: halve the buckets, the upper half for j − i > 0; otherwise distance = max(i − j, 0)"),
+    ("always_bi", "`bidirectional` ignored", "your buckets are the bidirectional ones whatever `bidirectional` is "
+     "passed", "bidirectional: halve the buckets, the upper half for j − i > 0; otherwise distance = max(i − j, 0)"),
+    ("never_bi", "`bidirectional` ignored", "your buckets are the unidirectional ones whatever `bidirectional` is "
+     "passed", "bidirectional: halve the buckets, the upper half for j − i > 0; otherwise distance = max(i − j, 0)"),
     ("no_halving", "buckets not halved for bidirectional", "in bidirectional mode you used all num_buckets for each "
      "direction", "num_buckets //= 2 first: each direction gets half of them"),
     ("max_exact", "max_exact from the whole number of buckets", "you computed max_exact = num_buckets // 2 before "
@@ -296,6 +446,14 @@ _T5_MISTAKES = [
      "× (num_buckets − max_exact)"),
     ("max_distance", "max_distance ignored", "your buckets use 128 whatever `max_distance` is passed",
      "use the max_distance argument"),
+    ("no_offset", "no offset for keys after the query", "in bidirectional mode keys after the query (j − i > 0) "
+     "use the upper half of the buckets; yours share the lower half with the keys before it",
+     "add num_buckets // 2 to the bucket where j − i > 0: (rel > 0).long() * (num_buckets // 2)"),
+    ("ceil", "logarithmic bucket rounded up instead of floored", "you rounded the logarithmic bucket up (ceil)",
+     "truncate it: .long() (or floor), as T5 does"),
+    ("uni_sign", "not bidirectional: distance of the keys after the query", "with bidirectional=False you took "
+     "the distance as max(j − i, 0), which counts the keys after the query; T5's causal buckets count the keys "
+     "before it, max(i − j, 0)", "distance = (-rel).clamp(min=0) with rel = j − i"),
 ]
 
 
@@ -307,7 +465,7 @@ def _t5_cases() -> list[dict]:
                                          (30, 8, 2, True, 12, torch.float64), (25, 16, 2, False, 64, torch.float64),
                                          (35, 32, 2, True, 24, torch.float32), (12, 4, 2, True, 8, torch.float64),
                                          (30, 10, 2, True, 20, torch.float64), (30, 9, 1, False, 24, torch.float64),
-                                         (8, 3, 2, False, 2, torch.float64)]:
+                                         (8, 3, 2, False, 2, torch.float64), (60, 10, 2, False, 256, torch.float64)]:
         table = torch.randn(nb, heads, generator=g, dtype=torch.float64).to(dtype)
         cases.append(dict(n=n, table=table, bidirectional=bi, max_distance=md))
     return cases
@@ -317,6 +475,7 @@ def _t5_cases() -> list[dict]:
        expects="a function relative_position_bias(n, table, bidirectional=True, max_distance=128) returning (H, n, n)")
 def check_relative_position_bias(fn: Learner) -> str:
     cases = _t5_cases()
+    refuted = Refuted()
     for case in cases:
         n, table, bi, md = case["n"], case["table"], case["bidirectional"], case["max_distance"]
         nb, heads = table.shape
@@ -342,11 +501,9 @@ def check_relative_position_bias(fn: Learner) -> str:
         tol = dict(atol=1e-6, rtol=1e-5)
         alt_expected = table[alt].permute(2, 0, 1).double()
         ok = torch.isclose(out.double(), expected, **tol) | torch.isclose(out.double(), alt_expected, **tol)
-        if bool(ok.all()):
-            continue
         mistakes = []
         for key, summary, cause, fix in _T5_MISTAKES:
-            if key == "max_distance" and md == 128:
+            if key == "max_distance" and md == 128 or key == "uni_sign" and bi or key == "no_offset" and not bi:
                 continue
 
             def wrong(key=key):
@@ -357,7 +514,11 @@ def check_relative_position_bias(fn: Learner) -> str:
             mistakes.append(Mistake(summary, cause, fix, wrong))
         mistakes.append(Mistake("relative positions indexed i − j instead of j − i", _T5_MISTAKES[0][2],
                                 _T5_MISTAKES[0][3], lambda: expected.transpose(-2, -1)))
-        expect_close(out, expected, tried=tried, what="your bias", mistakes=mistakes, fix=_T5_FIX, **tol)
+        if bool(ok.all()):
+            refuted.passed(mistakes, expected, **tol)
+            continue
+        expect_close(out, expected, tried=tried, what="your bias", mistakes=refuted.remaining(mistakes), fix=_T5_FIX,
+                     **tol)
     return (f"matches T5's buckets on {len(cases)} cases (bidirectional and not, logarithmic buckets, clamping "
             "beyond max_distance)")
 
@@ -367,7 +528,7 @@ def _alibi(n: int, heads: int, slopes: torch.Tensor | None = None, form: str = "
     i = torch.arange(n, dtype=torch.float64)
     diff = i[:, None] - i[None, :]  # i − j
     m = ref.alibi_slopes(heads) if slopes is None else slopes
-    shape = {"abs": -diff.abs(), "signed": -diff, "positive": diff.abs()}[form]
+    shape = {"abs": -diff.abs(), "signed": -diff, "positive": diff.abs(), "causal": -diff.clamp(min=0)}[form]
     return m[:, None, None] * shape
 
 
@@ -393,6 +554,9 @@ def _alibi_mistakes(n: int, heads: int) -> list[Mistake]:
                 "use the distance: (i − j).abs()", lambda: _alibi(n, heads, form="signed")),
         Mistake("not symmetric: −m·(i − j) without the absolute value", "your bias is positive below the diagonal",
                 "use the distance: (i − j).abs()", lambda: -_alibi(n, heads, form="signed")),
+        Mistake("zero for keys after the query", "your bias is −m·(i − j) for j ≤ i and 0 above the diagonal (the "
+                "causal form, as if a mask hid those keys); the docstring asks for −m_h·|i − j| everywhere",
+                "use the distance: (i − j).abs()", lambda: _alibi(n, heads, form="causal") if n > 1 else None),
         Mistake("heads last: shape (n, n, H)", "your heads are on the last axis", "stack the heads first: (H, n, n)",
                 lambda: _alibi(n, heads).permute(1, 2, 0) if heads != n else None),
     ]
@@ -424,6 +588,7 @@ _ALIBI_CASES = [(5, 8), (7, 4), (1, 4), (6, 1), (6, 16), (12, 2), (3, 32)]
 
 @check("alibi_bias", expects="a function alibi_bias(n, n_heads) returning an (n_heads, n, n) tensor")
 def check_alibi_bias(fn: Learner) -> str:
+    refuted = Refuted()
     for n, heads in _ALIBI_CASES:
         tried = f"alibi_bias({n}, {heads})"
         out = as_tensor(fn(n, heads), tried=tried)
@@ -435,9 +600,12 @@ def check_alibi_bias(fn: Learner) -> str:
         if tuple(out.shape) != tuple(expected.shape):
             expect_shape(out, expected.shape, tried=tried, what="your bias", mistakes=mistakes,
                          fix="(n_heads, n, n): one (n, n) matrix per head")
+        if same(out, expected, atol=1e-7, rtol=1e-5):
+            refuted.passed(mistakes, expected, atol=1e-7, rtol=1e-5)
+            continue
         try:
-            expect_close(out, expected, tried=tried, what="your bias", atol=1e-7, rtol=1e-5, mistakes=mistakes,
-                         fix="bias[h, i, j] = −m_h·|i − j| with m_h = 2^(−8(h+1)/H)")
+            expect_close(out, expected, tried=tried, what="your bias", atol=1e-7, rtol=1e-5,
+                         mistakes=refuted.remaining(mistakes), fix="bias[h, i, j] = −m_h·|i − j| with m_h = 2^(−8(h+1)/H)")
         except Failure as failure:
             report = None if failure.diagnosis.cause else _slope_report(out, heads)
             if report is None:
@@ -460,14 +628,29 @@ def _rope(x: torch.Tensor, positions=None, base: float = 10000.0, mistake: str =
     angles = pos[:, None] * base ** (-exponent)
     if mistake == "sign":
         angles = -angles
+    if mistake == "divide":
+        angles = pos[:, None] / base ** (-exponent)
+    if mistake == "intdiv":  # θ_i = base^(−(2i // d)) = 1 for every pair
+        angles = pos[:, None].expand(-1, d // 2)
+    if mistake == "none":
+        return x
     cos, sin = torch.cos(angles), torch.sin(angles)
     if mistake == "swap":
         cos, sin = sin, cos
     if mistake == "halves":
         a, b = x[..., : d // 2], x[..., d // 2:]
         return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    if mistake in ("repeat", "mixed"):
+        c2 = cos.repeat(1, 2) if mistake == "repeat" else cos.repeat_interleave(2, dim=-1)  # (n, d)
+        s2 = sin.repeat(1, 2) if mistake == "repeat" else sin.repeat_interleave(2, dim=-1)
+        if mistake == "repeat":  # GPT-J's rotate_every_two with cos laid out c0 c1 … c0 c1 …
+            turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+        else:  # Hugging Face's rotate_half with cos laid out c0 c0 c1 c1 …
+            turned = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+        return x * c2 + turned * s2
     a, b = x[..., 0::2], x[..., 1::2]
-    first, second = a * cos - b * sin, a * sin + b * cos
+    first = a * cos - b * sin
+    second = first * sin + b * cos if mistake == "inplace" else a * sin + b * cos
     if mistake == "unpaired":
         return torch.cat([first, second], dim=-1)
     return torch.stack([first, second], dim=-1).flatten(-2)
@@ -491,6 +674,22 @@ _ROPE_MISTAKES = [
      "use the positions argument when it is given (a KV cache passes the true positions of the new tokens)"),
     ("from1", "positions off by one", "you counted positions from 1", "position 0 is not rotated at all"),
     ("base", "base ignored", "your angles use 10000 whatever `base` is passed", "use the base argument"),
+    ("divide", "angles p / θ_i instead of p · θ_i", "you divided the position by θ_i = base^(−2i/d), so the "
+     "angles grow with i instead of shrinking", "angle = p * base ** (-2 * i / d)"),
+    ("intdiv", "every pair turns by the same angle p", "your θ_i came out 1 for every pair: the exponent 2i/d was "
+     "computed with integer division (or integer tensors)", "compute the exponent in floating point: "
+     "torch.arange(0, d, 2) / d"),
+    ("none", "x returned unrotated", "your result is x itself: nothing was rotated", _ROPE_FIX),
+    ("inplace", "the second line used the already rotated x_2i", "you overwrote x_2i with its rotated value and "
+     "then computed x_2i+1 from it (an in-place update, or one variable reused): the new x_2i+1 must use the old x_2i",
+     "compute both from the originals: even, odd = x[..., 0::2], x[..., 1::2], then stack (even·cos − odd·sin, "
+     "even·sin + odd·cos)"),
+    ("repeat", "cos and sin laid out with .repeat, not .repeat_interleave", "with neighbouring pairs (2i, 2i + 1) "
+     "both members need angle i: cos and sin repeated as c0 c0 c1 c1 … (repeat_interleave); .repeat gives c0 c1 … "
+     "c0 c1 …, so most pairs mix two frequencies", "cos.repeat_interleave(2, dim=-1)"),
+    ("mixed", "rotate_half with interleaved cos and sin", "you mixed the two conventions: rotate_half pairs i with "
+     "i + d/2, while your cos and sin are laid out for neighbouring pairs", "for neighbouring pairs turn x as "
+     "(−x_2i+1, x_2i) pair by pair: torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)"),
 ]
 
 
@@ -523,9 +722,70 @@ def _call_rope(fn: Learner, case: dict):
     return fn(*args)
 
 
+def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) -> None:
+    """Re-raise ``failure`` with what the learner's rotation does, measured on extra calls: whether ``base`` changes
+    anything, and, on unit pairs (1, 0), whether each pair is turned within itself and by which angle."""
+    x, given, base = case["x"], case.get("positions"), case.get("base", 10000.0)
+    d_ = failure.diagnosis
+    other_base = 500.0 if base != 500.0 else 10000.0
+    other = call_or_skip(lambda: as_tensor(fn(x, given, other_base), tried=d_.tried))
+    if isinstance(other, torch.Tensor) and same(other, out, atol=0, rtol=0) and x.shape[-1] >= 4 and bool(
+            (torch.arange(x.shape[-2]) if given is None else torch.as_tensor(given)).ne(0).any()):
+        fail("base ignored", tried=d_.tried, got=d_.got, expected=d_.expected,
+             cause=f"your result is the same for base = {base:g} and base = {other_base:g}: a fixed base sits in "
+                   "your code", fix="use the base argument: θ_i = base ** (-2 * i / d)")
+    n, d = x.shape[-2:]
+    unit = torch.zeros(n, d, dtype=torch.float64)
+    unit[:, 0::2] = 1.0  # every pair (1, 0): rotated by a, it becomes (cos a, sin a)
+    turned = call_or_skip(lambda: as_tensor(fn(unit, given, base), tried=d_.tried))
+    if not isinstance(turned, torch.Tensor) or tuple(turned.shape) != (n, d) or not turned.is_floating_point():
+        raise failure
+    turned = turned.double()
+    first, second = turned[:, 0::2], turned[:, 1::2]  # (n, d/2)
+    positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
+    if not torch.allclose(first ** 2 + second ** 2, torch.ones_like(first), atol=1e-4):
+        fail("not a rotation of each pair", tried=d_.tried, got=d_.got, expected=d_.expected,
+             cause="given pairs (x_2i, x_2i+1) = (1, 0), your function returns pairs whose length is not 1: it does "
+                   "not turn each neighbouring pair within itself (it mixes dimensions of different pairs, or the "
+                   "two members use different angles)", fix=_ROPE_FIX)
+    angles = torch.atan2(second, first)  # (n, d/2)
+    expected = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    if given is not None:
+        right = positions[:, None] * expected  # (n, d/2)
+        if not (torch.allclose(first, torch.cos(right), atol=1e-4) and torch.allclose(second, torch.sin(right), atol=1e-4)):
+            default = call_or_skip(lambda: as_tensor(fn(unit, None, base), tried=d_.tried))
+            arange = torch.arange(n, dtype=torch.float64)[:, None] * expected
+            if isinstance(default, torch.Tensor) and tuple(default.shape) == (n, d) and \
+                    torch.allclose(default.double()[:, 0::2], torch.cos(arange), atol=1e-4) and \
+                    torch.allclose(default.double()[:, 1::2], torch.sin(arange), atol=1e-4):
+                fail("positions mishandled", tried=d_.tried, got=d_.got, expected=d_.expected,
+                     cause="with positions=None your rotation is right, but with the positions passed it is not: the "
+                           "angles must be p·θ_i with p the given position itself (not added to, or mixed with, "
+                           "0 … n − 1)", fix="positions = torch.arange(n) if positions is None else positions; then "
+                                             "angles = positions[:, None] * θ")
+    moving = positions != 0
+    if not moving.any():
+        raise failure
+    per_position = angles[moving] / positions[moving, None]  # (moving, d/2): the angle per unit of position
+    if not torch.allclose(torch.cos(angles), torch.cos(positions[:, None] * per_position[:1]), atol=1e-4) or \
+            not torch.allclose(torch.sin(angles), torch.sin(positions[:, None] * per_position[:1]), atol=1e-4):
+        fail("angles not proportional to the positions", tried=d_.tried, got=d_.got, expected=d_.expected,
+             cause=f"given pairs (1, 0) at positions {', '.join(str(int(p)) for p in positions[:6])}, your rotation "
+                   "angles are not p·θ_i for one θ_i per pair: check how the positions enter the angles",
+             fix=_ROPE_FIX)
+    omega = per_position[0]
+    if not torch.allclose(torch.cos(omega), torch.cos(expected), atol=1e-4) or \
+            not torch.allclose(torch.sin(omega), torch.sin(expected), atol=1e-4):
+        fail("wrong rotation frequencies", tried=d_.tried, got=d_.got, expected=d_.expected,
+             cause="given pairs (1, 0), your function turns each pair within itself by p·ω_i, as it should, but with "
+                   "the " + _frequency_cause(omega, expected, base, d), fix=_ROPE_FIX)
+    raise failure
+
+
 @check("apply_rope", expects="a function apply_rope(x, positions=None, base=10000.0) returning a tensor shaped like x")
 def check_apply_rope(fn: Learner) -> str:
     cases = _rope_cases()
+    refuted = Refuted()
     for case in cases:
         x = case["x"]
         pos_text = "" if "positions" not in case and "base" not in case else \
@@ -551,8 +811,16 @@ def check_apply_rope(fn: Learner) -> str:
                     if not (m == "positions" and (given is None or torch.equal(given, torch.arange(x.shape[-2]))))
                     and not (m == "base" and "base" not in case)]
         atol = case.get("atol", 1e-5 if x.dtype == torch.float64 else 1e-4)
-        expect_close(out, expected, tried=tried, what="your rotated x", atol=atol, rtol=1e-4, mistakes=mistakes,
-                     fix=_ROPE_FIX)
+        if same(out, expected, atol=atol, rtol=1e-4):
+            refuted.passed(mistakes, expected, atol=atol, rtol=1e-4)
+            continue
+        try:
+            expect_close(out, expected, tried=tried, what="your rotated x", atol=atol, rtol=1e-4,
+                         mistakes=refuted.remaining(mistakes), fix=_ROPE_FIX)
+        except Failure as failure:
+            if failure.diagnosis.cause or tuple(out.shape) != tuple(x.shape):
+                raise
+            _rope_probe(fn, failure, out, case)
     # The relative property, on the learner's own rotations: q·k depends only on the distance.
     g = _gen(13)
     q, k = torch.randn(1, 16, generator=g, dtype=torch.float64), torch.randn(1, 16, generator=g, dtype=torch.float64)
@@ -577,9 +845,11 @@ def _additive(q, k, v, Wq, Wk, w, mask=None, mistake: str = "") -> tuple[torch.T
     hq = q @ (Wq if mistake == "transposed" else Wq.T)
     hk = k @ (Wk if mistake == "transposed" else Wk.T)
     pre = hq[..., :, None, :] + hk[..., None, :, :]  # (..., n_q, n_k, d_h)
-    hidden = {"no_tanh": pre, "separate": torch.tanh(hq)[..., :, None, :] + torch.tanh(hk)[..., None, :, :]}.get(
-        mistake, torch.tanh(pre))
+    hidden = {"no_tanh": pre, "separate": torch.tanh(hq)[..., :, None, :] + torch.tanh(hk)[..., None, :, :],
+              "sigmoid": torch.sigmoid(pre), "relu": torch.relu(pre)}.get(mistake, torch.tanh(pre))
     scores = hidden @ (torch.ones_like(w) if mistake == "no_w" else w)
+    if mistake == "w_before":
+        scores = torch.tanh(pre @ w)
     if mistake == "scaled":
         scores = scores / math.sqrt(Wq.shape[0])
     if mistake == "scaled_dk":
@@ -609,6 +879,13 @@ _ADD_MISTAKES = [
      "acts on their sum", "torch.tanh(hq[..., :, None, :] + hk[..., None, :, :])"),
     ("no_w", "w ignored", "you summed the hidden units instead of weighting them with w", "take the dot product "
      "with w: hidden @ w"),
+    ("w_before", "w applied before the tanh", "you computed tanh(wᵀ(W_q q + W_k k)); the tanh acts on each hidden "
+     "unit first, then w weights them: wᵀ tanh(W_q q + W_k k)", "torch.tanh(hq[..., :, None, :] + hk[..., None, :, :]) "
+     "@ w"),
+    ("sigmoid", "sigmoid instead of tanh", "your hidden units go through a sigmoid; Bahdanau's score uses tanh",
+     "torch.tanh(W_q q + W_k k)"),
+    ("relu", "ReLU instead of tanh", "your hidden units go through a ReLU; Bahdanau's score uses tanh",
+     "torch.tanh(W_q q + W_k k)"),
     ("scaled", "scores scaled by √d_h", "additive attention has no 1/√d scale", "leave the scores unscaled"),
     ("scaled_dk", "scores scaled by √d_k", "additive attention has no 1/√d scale", "leave the scores unscaled"),
     ("dim", "softmax over the queries", "you took the softmax over axis -2", "torch.softmax(scores, dim=-1)"),
@@ -664,6 +941,25 @@ def _unpack_pair(result, tried: str) -> tuple[torch.Tensor, torch.Tensor]:
             as_tensor(result[1], tried=tried, what="the weights (second element)"))
 
 
+_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def _weights_not_normalised(failure: Failure, weights: torch.Tensor, expected: torch.Tensor) -> None:
+    """Re-raise ``failure``, with the row sums as its cause when the weights are finite but their rows do not
+    sum to 1 (no known mistake matched)."""
+    if failure.diagnosis.cause or tuple(weights.shape) != tuple(expected.shape) or not weights.is_floating_point() \
+            or not bool(torch.isfinite(weights).all()):
+        raise failure
+    sums = weights.double().sum(-1)
+    if bool(((sums - 1).abs() < 1e-3).all()):
+        raise failure
+    d = failure.diagnosis
+    fail("the weights' rows do not sum to 1", tried=d.tried, got=d.got, expected=d.expected,
+         cause=f"your rows sum to {fmt(float(sums.min()))} … {fmt(float(sums.max()))}: the weights are not a softmax "
+               "over the keys (the division by the sum is missing, or the softmax runs over another axis)",
+         fix="weights = torch.softmax(scores, dim=-1) (blocked scores filled with -inf first)")
+
+
 @check("additive_attention",
        expects="a function additive_attention(q, k, v, W_q, W_k, w, mask=None) returning (output, weights)")
 def check_additive_attention(fn: Learner) -> str:
@@ -677,10 +973,21 @@ def check_additive_attention(fn: Learner) -> str:
             result = fn(*args)
         except LearnerRaised as exc:
             hint = {}
-            if "must match" in exc.message and q.shape[-2] != k.shape[-2]:
+            hq, hk = q @ Wq.T, k @ Wk.T
+            if _reproduce(lambda: hq + hk) == exc.message:
                 hint = dict(cause="you added W_q q_i and W_k k_j position by position (query i with key i); every "
                                   "query must meet every key", fix="broadcast: hq[..., :, None, :] + hk[..., None, :, :]"
                                   " gives (..., n_q, n_k, d_h)")
+            elif q.dim() > 2 and _reproduce(lambda: hq.unsqueeze(1) + hk.unsqueeze(0)) == exc.message:
+                hint = dict(cause="you paired queries and keys with unsqueeze(1) and unsqueeze(0), which is right "
+                                  "for 2-D input only: with leading batch axes the new axes land among them",
+                            fix="count from the end: hq[..., :, None, :] + hk[..., None, :, :] (or unsqueeze(-2) "
+                                "and unsqueeze(-3))")
+            elif _reproduce(lambda: q @ Wq) == exc.message or _reproduce(lambda: k @ Wk) == exc.message:
+                hint = dict(cause="you computed q @ W_q, but W_q has shape (d_h, d_q): W_q q_i is q @ W_q.T",
+                            fix="project with q @ W_q.T and k @ W_k.T")
+            elif _reproduce(lambda: q @ Wk.T) == exc.message or _reproduce(lambda: k @ Wq.T) == exc.message:
+                hint = dict(cause="you projected q with W_k (or k with W_q)", fix="hq = q @ W_q.T, hk = k @ W_k.T")
             elif exc.type_name == "TypeError" and mask is not None and "argument" in exc.message:
                 hint = dict(cause="your function does not take the mask", fix="keep the signature "
                             "additive_attention(q, k, v, W_q, W_k, w, mask=None)")
@@ -688,6 +995,10 @@ def check_additive_attention(fn: Learner) -> str:
         out, weights = _unpack_pair(result, tried)
         exp_out, exp_w = _additive(q, k, v, Wq, Wk, w, mask)
         tol = dict(atol=1e-6, rtol=1e-5) if q.dtype == torch.float64 else dict(atol=3e-5, rtol=1e-3)
+        if same(out, exp_w, **tol) and same(weights, exp_out, **tol) and not same(out, exp_out, **tol):
+            fail("returned (weights, output), not (output, weights)", tried=tried,
+                 got="the right weights first, then the right output", expected="(output, weights)",
+                 cause="you returned the two in the other order", fix="end with `return output, weights`")
 
         def variant(m):
             return lambda: _additive(q, k, v, Wq, Wk, w, mask, m)
@@ -701,7 +1012,13 @@ def check_additive_attention(fn: Learner) -> str:
                                          "e^100 overflows float32 (inf / inf = NaN)",
                                          "use torch.softmax (or subtract each row's maximum first)",
                                          lambda: e / e.sum(-1, keepdim=True)))
-        expect_close(weights, exp_w, tried=tried, what="the weights", mistakes=w_mistakes, fix=_ADD_FIX, **tol)
+        try:
+            expect_close(weights, exp_w, tried=tried, what="the weights", mistakes=w_mistakes, fix=_ADD_FIX, **tol)
+        except Failure as failure:
+            _weights_not_normalised(failure, weights, exp_w)
         o_mistakes = [Mistake(s, c, f, lambda m=m: variant(m)()[0]) for m, s, c, f in applicable]
         expect_close(out, exp_out, tried=tried, what="the output", mistakes=o_mistakes, fix=_ADD_FIX, **tol)
+        for got, name in ((out, "the output"), (weights, "the weights")):
+            if got.is_floating_point() and _BITS.get(got.dtype, 99) < _BITS.get(q.dtype, 0):
+                lower_precision(got, q.dtype, tried=tried, what=name)
     return f"matches wᵀ tanh(W_q q + W_k k) attention on {len(cases)} cases (batched, masks, n_q = 1, square weights, large scores)"

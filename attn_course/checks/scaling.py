@@ -7,8 +7,12 @@ differ in every argument. Each estimate must land within :data:`Z` standard erro
 standard error of a sample variance, :func:`attn_course.scaling.mc_standard_error`), so a correct
 estimator fails with probability below 10⁻⁵, while the known mistakes — off by a factor of d_k, σ²,
 n_samples or more — are rejected on every seed and named by comparing all five estimates with what
-each mistake predicts. Separately: the same seed must give the same estimate (even when the global
-random state has moved), different seeds different ones, ``n_samples`` must matter (with
+each mistake predicts. Before that, a few calls with 5 or 8 samples are *replayed*: the check redoes
+the common ways of drawing q and k from the same seeded generator and sees which number the learner
+returned — the sample variance (either convention), or a look-alike that statistics cannot tell apart
+(the mean of the squares, a wrong denominator, the variance of the mean…), then named for sure. A
+learner who draws in some other way is judged by the statistical tests alone. Separately: the same
+seed must give the same estimate (even when the global random state has moved), different seeds different ones, ``n_samples`` must matter (with
 ``n_samples=2`` the estimates scatter widely), the estimates must scatter as much as a sample variance
 of random dot products does (150 seeds; a q or k that is not random scatters half as wide), and
 ``generator=None`` must work.

@@ -20,8 +20,14 @@ When an answer is wrong, a known mistake is named only when the answer reproduce
 output on the check's input; otherwise :func:`explain_weights` measures what is off (NaN from an
 overflow, slices that sum to 1 along another axis, a temperature other than the one asked for…).
 
+Every call hands the learner fresh copies, so an in-place edit of the input cannot show in the answers:
+the learner-side probe :func:`input_unchanged` (asked for once, after the cases) says whether the
+function leaves its input as it was, which the docstrings require. When the learner's code raises on
+one shape, :func:`works_elsewhere` tries inputs with another number of axes and says which work.
+
 What notebook 04's checks share with these is public here and documented: :class:`TensorOrArray`,
-:func:`expect_floating`, :func:`softmax_mistakes`, :func:`explain_weights`, :func:`raised_hint`.
+:func:`expect_floating`, :func:`softmax_mistakes`, :func:`explain_weights`, :func:`raised_hint`,
+:func:`works_elsewhere`, :func:`same_as`, :func:`expect_input_unchanged`.
 """
 
 from __future__ import annotations
@@ -484,6 +490,30 @@ def explain_nonfinite(slices: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype
          fix="look for a division by zero or a log of 0 in your steps")
 
 
+def _epsilon_denominator(o: torch.Tensor, xs: torch.Tensor, d: int, *, tried: str, what: str) -> None:
+    """Fail when every slice of ``o`` is the softmax scaled by S / (S + ε) for one small ε > 0, where S is the
+    slice's sum of e^(x − max) (or of e^x): an epsilon added to the denominator."""
+    expected = torch.softmax(xs, d)
+    if not (torch.isfinite(o).all() and torch.isfinite(xs).all()) or bool((expected <= 0).any()):
+        return
+    ratio = o / expected
+    c = ratio.mean(d, keepdim=True)  # one factor per slice
+    if not torch.allclose(ratio, c.expand_as(ratio), rtol=1e-6, atol=0) or not bool((c < 1 - 1e-7).all()):
+        return
+    for shifted in (True, False):
+        z = xs - xs.amax(d, keepdim=True) if shifted else xs
+        total = torch.exp(z).sum(d, keepdim=True)
+        eps = total * (1 / c - 1)  # S / (S + ε) = c  ⇒  ε = S (1/c − 1)
+        if bool(torch.isfinite(eps).all()) and float(eps.max() - eps.min()) <= 1e-2 * float(eps.max()):
+            e = float(eps.mean())
+            fail("epsilon in the denominator", tried=tried,
+                 got=f"{what}: every slice is the softmax times S / (S + {e:.2g}), S being the slice's sum of "
+                     f"{'e^(x − max)' if shifted else 'e^x'}",
+                 expected="e / S exactly", cause=f"you divided by the sum plus {e:.2g}" + (
+                     ": with the maximum subtracted the sum is at least 1, so no epsilon is needed" if shifted else ""),
+                 fix="divide by the sum itself: e / e.sum(dim, keepdim=True)")
+
+
 def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str, what: str = "your weights",
                     temperature: float = 1.0, known: dict[str, float] | None = None, normalise_fix: str = "") -> None:
     """Fail with what is measurably wrong with softmax-like weights ``out`` of scores ``x`` along ``dim``
@@ -510,20 +540,27 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
              expected="weight 0 wherever the score is -inf (e^-inf = 0)",
              cause="your code changes -inf scores into finite numbers before the exponential",
              fix="leave -inf scores as they are: exp(-inf - max) is 0, which is the weight they need")
+    _epsilon_denominator(o, xs, d, tried=tried, what=what)
     sums = o.sum(d)
     zero = sums.abs() < 1e-12
     if zero.any():
-        # Underflow explains an all-zero slice only when something larger than its own maximum was at hand: a
-        # maximum elsewhere in the tensor, beyond the range of e^z below it.
+        # What made a slice all 0 shows in its scores: beyond e^z's range (an overflow whose NaN was turned into
+        # 0), or far below the tensor's largest score (shifted by that, every e^z is tiny or 0).
         top = xs.masked_fill(torch.isnan(xs), -math.inf)
-        below = (top.amax() - top.amax(d))[zero]
-        underflow = bool((below > -_underflow_limit(dtype) + math.log(2.0)).all())
+        slice_top = top.amax(d)[zero]
+        gap = float((top.amax() - slice_top).min())
+        cause = ""
+        if bool((slice_top > _overflow_limit(dtype)).all()):
+            cause = (f"those slices hold scores above {_overflow_limit(dtype):.2f}, where e^z overflows to inf in "
+                     f"{str(dtype).replace('torch.', '')}: inf/inf is NaN, and something (nan_to_num, a where) turned "
+                     "it into 0; you exponentiated without subtracting the slice's own maximum")
+        elif gap > 20:
+            cause = (f"those slices' scores lie {fmt(gap)} or more below the tensor's largest score: with the maximum "
+                     "taken over the whole tensor, not per slice, their e^z are tiny or underflow to 0, and an epsilon "
+                     "or a clamp in the denominator hid the 0/0")
         fail("slices of zeros", tried=tried, got=f"{int(zero.sum())} slice(s) along dim={dim} are all 0",
-             expected="every slice along dim summing to 1",
-             cause="every e^z in those slices underflowed to 0: their scores lie far below the tensor's largest, so "
-                   "a shift by the maximum of the whole tensor (not of each slice) leaves nothing, and something "
-                   "in the denominator (an epsilon, a clamp) hid the 0/0" if underflow else "",
-             fix=shift_fix if underflow else "weights = e / e.sum(dim, keepdim=True) with e = exp(x - max)")
+             expected="every slice along dim summing to 1", cause=cause,
+             fix=shift_fix if cause else "weights = e / e.sum(dim, keepdim=True) with e = exp(x - max)")
     expected = torch.softmax(xs, d)
     ties = _tied_but_different(o, expected, d)
     if ties:
@@ -679,10 +716,11 @@ def compare(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str,
     except Failure as failure:
         if failure.diagnosis.cause or failure.diagnosis.summary.startswith(("off by a factor", "shifted by")):
             raise
-        _precision(out, expected, tried=tried, what=what)
+        _precision(out, expected, tried=tried, what=what, half_only=True)
         if explain is not None:
             explain(out)
         _batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol)
+        _precision(out, expected, tried=tried, what=what)
         raise
 
 
@@ -702,8 +740,9 @@ def _squeezed(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: st
          fix="keep every axis: squeeze nothing, or only the axis you added (.squeeze(-1))")
 
 
-def _precision(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str) -> None:
-    """Fail when ``out`` is within a few float16 rounding steps of the truth everywhere: a step in half precision."""
+def _precision(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, half_only: bool = False) -> None:
+    """Fail when ``out`` is within a few float16 rounding steps of the truth everywhere: a step in half precision
+    when every value is a half-precision number, else (unless ``half_only``) a plain "3 digits right"."""
     a, e = out.detach().double(), expected.detach().double()
     if not (torch.isfinite(a).all() and torch.isfinite(e).all()) or out.dtype in _HALF:
         return
@@ -722,6 +761,8 @@ def _precision(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: s
                  cause=f"your result went through {half}, which keeps about 3 significant digits, and was converted "
                        "back afterwards",
                  fix="compute in the input's dtype: leave out .half(), .to(torch.float16) or .to(torch.bfloat16)")
+        if half_only:
+            return
         fail("about 3 digits right", tried=tried, got=got, expected="the input's precision",
              fix="look for a step that rounds: round(…), a conversion to a smaller dtype, or values printed and "
                  "read back")
@@ -1082,8 +1123,10 @@ def check_log_softmax(fn: Learner) -> str:
         passed.add(x.ndim)
     expect_input_unchanged(fn, cases[0][0], cases[0][1], call=f"log_softmax(x, {cases[0][1]})",
                            numpy=run.mode == "numpy")
+    lowest = min(float(torch.log_softmax(x.double(), -1 if dim is None else dim).nan_to_num(neginf=0.0).min())
+                 for x, dim in cases)
     return (f"matches torch.log_softmax on {len(cases)} cases ({run.kind}): any axis, float16/32/64, finite for "
-            "log-probabilities down to −1005")
+            f"log-probabilities down to {lowest:.0f}".replace("to -", "to −"))
 
 
 # ============================================================================ softmax_temperature

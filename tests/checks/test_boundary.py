@@ -167,3 +167,15 @@ def test_vjp_works_inside_no_grad():
     with torch.no_grad():
         out, grads = learner(lambda x: (3 * x).sum()).vjp((torch.ones(2),), torch.tensor(1.0))
     assert grads[0].tolist() == [3.0, 3.0]
+
+
+def test_waiting_is_not_computing_but_a_wall_clock_backstop_still_stops_it():
+    import time
+
+    def sleeps(x):
+        time.sleep(0.3)
+        return x
+
+    assert learner(sleeps, timeout=0.1)(1) == 1  # 0.3 s of wall time, almost no CPU: not stopped
+    with pytest.raises(LearnerTimedOut):
+        learner(lambda: time.sleep(5), timeout=0.1)()  # stopped by the wall-clock backstop (6 × 0.1 s)

@@ -86,3 +86,22 @@ def test_a_factor_near_one_is_shown_with_enough_digits_or_not_called_a_factor():
     assert "1.005" in summary
     got, _, _, summary = describe_mismatch(E * 1.0001, E, rtol=1e-6, atol=1e-9)
     assert "factor of 1 " not in summary + " " and "factor of 1" != summary[-11:]
+
+
+@pytest.mark.parametrize("actual,phrase", [
+    (E.flip(-1), "columns in reverse order"),
+    (E[:, [1, 2, 0]], "columns in the wrong order"),
+    (E[:1].expand(3, 3), "the same values for all rows"),
+    (2 * E + 0.25, "every value is 2 × the expected value + 0.25"),
+    (1 - E, "1 − the expected value"),
+])
+def test_values_moved_repeated_or_mapped_are_recognised(actual, phrase):
+    got, _, cause, summary = describe_mismatch(actual, E)
+    assert phrase in summary, (got, cause, summary)
+
+
+def test_axis_names_and_ambiguous_factor_names():
+    got, _, cause, summary = describe_mismatch(E.flip(0), E, axes=("queries", "keys"))
+    assert summary == "queries in reverse order"
+    _, _, cause, summary = describe_mismatch(2 * E, E, factors={"√d_head": 2.0})
+    assert summary == "off by a factor of 2" and not cause  # √4 = 2: no name is more likely than the other
