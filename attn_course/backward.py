@@ -342,7 +342,8 @@ def plot_visit_order(n: int, block_size: int) -> plt.Figure:
         for edge in np.arange(0.5, blocks - 1):
             ax.axhline(edge, color="white", lw=2)
             ax.axvline(edge, color="white", lw=2)
-    fig.suptitle(f"Order of the tiles in the backward pass, n = {n}, block {block_size}\n"
+    short = f" (the last block has {n % block_size} rows)" if n % block_size else ""
+    fig.suptitle(f"Order of the tiles in the backward pass, n = {n}, block {block_size}{short}\n"
                  "dKⱼ, dVⱼ are complete at the bottom of column j; dQᵢ collects one term per tile of row i",
                  fontsize=plots.MIN_FONT + 2)
     fig.tight_layout()
@@ -381,8 +382,8 @@ def plot_memory(ns: Sequence[int], measured: dict[str, Sequence[float]], *, extr
 def plot_saturation(dims: Sequence[int], study: dict) -> plt.Figure:
     """Three panels from :func:`saturation_study`: ‖∂ℒ/∂S‖, ‖∂ℒ/∂q‖, the winning key's share of ∂ℒ/∂V."""
     fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.6))
-    panels = (("dS", "‖∂ℒ/∂S‖ (scores)"), ("dq", "‖∂ℒ/∂q‖ (query)"),
-              ("winner_dv", "winning key's share of ‖∂ℒ/∂V‖²"))
+    panels = (("dS", "mean ‖∂ℒ/∂S‖ (scores)"), ("dq", "mean ‖∂ℒ/∂q‖ (query)"),
+              ("winner_dv", "winning key's mean share of ‖∂ℒ/∂V‖²"))
     for ax, (key, title) in zip(axes, panels):
         for mode, style in (("scaled", "o-"), ("raw", "s--")):
             ax.plot(dims, study[mode][key], style, label="÷√d_k" if mode == "scaled" else "not scaled")

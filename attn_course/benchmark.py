@@ -312,22 +312,34 @@ def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+#: Up to this length the reference gradients come from autograd through float64 SDPA (it holds n × n
+#: matrices); beyond it, from notebook 10's tiled backward in float64, which does not.
+AUTOGRAD_REFERENCE_MAX_N = 2048
+
+
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
               dout: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-    """float64 output for batch 0, heads 0–1, computed tile by tile (little memory even for long n),
-    and, given ``dout`` (the upstream gradient), the gradients for q, k, v of those heads (by
-    :func:`attn_course.backward.tiled_attention_backward`; None when that module is absent)."""
+    """float64 output for batch 0, heads 0–1, computed tile by tile (little memory even for long n), and,
+    given ``dout`` (the upstream gradient), the gradients for q, k, v of those heads: from autograd
+    through ``F.scaled_dot_product_attention`` up to :data:`AUTOGRAD_REFERENCE_MAX_N`, beyond it from
+    :func:`attn_course.backward.tiled_attention_backward` (None when that module is absent)."""
     q0, k0, v0 = (t[0, :2].detach().double() for t in (q, k, v))
     block = min(q.shape[-2], 1024)
+    out = (fast.causal_tiled_attention if causal else fast.tiled_attention)(q0, k0, v0, block)
     if dout is None:
-        return (fast.causal_tiled_attention if causal else fast.tiled_attention)(q0, k0, v0, block), None
+        return out, None
+    d0 = dout[0, :2].double()
+    if q.shape[-2] <= AUTOGRAD_REFERENCE_MAX_N:
+        leaves = [t.requires_grad_(True) for t in (q0.clone(), k0.clone(), v0.clone())]
+        with torch.enable_grad():
+            o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+            return out, torch.autograd.grad(o, leaves, d0)
     try:
         from .backward import tiled_attention_backward, tiled_attention_forward
     except ImportError:
-        return (fast.causal_tiled_attention if causal else fast.tiled_attention)(q0, k0, v0, block), None
-    out, lse = tiled_attention_forward(q0, k0, v0, block, causal=causal)
-    grads = tiled_attention_backward(q0, k0, v0, out, lse, dout[0, :2].double(), block, causal=causal)
-    return out, grads
+        return out, None
+    o, lse = tiled_attention_forward(q0, k0, v0, block, causal=causal)
+    return out, tiled_attention_backward(q0, k0, v0, o, lse, d0, block, causal=causal)
 
 
 def _free(device: torch.device) -> None:
@@ -501,7 +513,8 @@ def _stamp(options: BenchOptions, device: torch.device, name: str, missing: dict
     info["not_measured"] = missing
     info["flops"] = "4·B·A·n²·d_k forward, half when causal; forward+backward = 3.5 × forward"
     info["correctness"] = ("each output (and, forward+backward, each gradient) compared with float64 on batch 0, "
-                           "heads 0-1, before timing")
+                           f"heads 0-1, before timing; reference gradients from autograd up to n = "
+                           f"{AUTOGRAD_REFERENCE_MAX_N}, from the tiled float64 backward beyond")
     info["memory"] = ("torch.cuda.max_memory_allocated above the memory allocated before the call"
                       if device.type == "cuda" else
                       "peak of PyTorch CPU allocations recorded by torch.profiler (profile_memory=True)")
@@ -528,7 +541,8 @@ def results_table(results: Iterable[Result | dict], *, max_width: int | None = N
                      None if r["peak_memory_bytes"] is None else timing.format_bytes(r["peak_memory_bytes"]),
                      r["compile_s"], status])
     return format_table(headers, rows, formats={"ms": ".3f", "TFLOP/s": ".4f", "% peak": ".1f", "compile s": ".1f"},
-                        align={"peak mem": ">"}, max_width=max_width, flex="status")
+                        align={h: ">" for h in ("n", "d", "B×A", "ms", "TFLOP/s", "% peak", "peak mem", "compile s")},
+                        max_width=max_width, flex="status")
 
 
 @styled

@@ -109,12 +109,14 @@ def saturation_sweep(factors: Sequence[float], n_rows: int = 512, n_keys: int = 
 @styled
 def saturation_figure(factors: Sequence[float], stats: dict, marked: float = 1.0) -> plt.Figure:
     """Three panels against the score scale α (log axis): the mean largest weight; the gradient with
-    respect to the scores and ‖J‖_F (log axis); the share of that gradient on the top two keys."""
+    respect to the scores and ‖J‖_F (log axis), titled with the α where the gradient peaks; the share of
+    that gradient on the top two keys."""
     fig, axes = plt.subplots(1, 3, figsize=(MAX_WIDTH, 3.6))
     line_plot(factors, {"mean largest weight": stats["peak"]}, ax=axes[0], logx=True, xlabel="score scale α",
               ylabel="mean largest weight", title="Softmax saturates")
+    peak = factors[max(range(len(factors)), key=lambda i: stats["grad_scores"][i])]
     line_plot(factors, {"‖∂L/∂x‖": stats["grad_scores"], "‖J‖_F": stats["jacobian_norm"]}, ax=axes[1], logx=True,
-              logy=True, xlabel="score scale α", ylabel="mean norm", title="∂L/∂scores shrinks")
+              logy=True, xlabel="score scale α", ylabel="mean norm", title=f"∂L/∂scores shrinks past α = {peak:g}")
     line_plot(factors, {"top-2 share": stats["top2_share"]}, ax=axes[2], logx=True, xlabel="score scale α",
               ylabel="share on the top 2 keys", title="…and goes to the top keys")
     axes[0].set_ylim(0, 1)

@@ -84,7 +84,7 @@ def variance_vs_dk(dims: Sequence[int] = DIMS, sigma: float = 1.0, n_samples: in
     return torch.tensor([mc_score_variance(d, sigma, n_samples, g) for d in dims], dtype=torch.float64)
 
 
-def saturation_vs_dk(dims: Sequence[int] = DIMS, n_keys: int = 16, n_trials: int = 200, seed: int = 0) -> dict:
+def saturation_vs_dk(dims: Sequence[int] = DIMS, n_keys: int = 16, n_trials: int = 1000, seed: int = 0) -> dict:
     """What softmax and its gradients do with unscaled and with scaled scores as d_k grows.
 
     For each d_k: ``n_trials`` random queries q, each against ``n_keys`` random keys K (entries N(0, 1)),
@@ -157,7 +157,7 @@ def plot_saturation(dims: Sequence[int], stats: dict, n_keys: int) -> plt.Figure
         ("max_weight", "mean largest weight", "Softmax saturates without the scale", False),
         ("grad_scores", "mean ‖∂L/∂scores‖", "The gradient at the scores shrinks…", True),
         ("top2_share", "share on the top 2 keys", "…and reaches only the top keys", False),
-        ("grad_q", "mean ‖∂L/∂q‖", "The gradient at the query grows", True),
+        ("grad_q", "mean ‖∂L/∂q‖", "The gradient at the query does not shrink", True),
     ]
     for ax, (key, ylabel, title, log) in zip(axes.flat, panels):
         ax.plot(x, stats[f"{key}_unscaled"], "o-", color="C3", label="unscaled q·k")
@@ -165,6 +165,11 @@ def plot_saturation(dims: Sequence[int], stats: dict, n_keys: int) -> plt.Figure
         ax.set_xscale("log", base=2)
         if log:
             ax.set_yscale("log")
+            # start the axis at a round number (1, 2, 3 or 5 × 10^k) below the lowest point, so that a tick
+            # label sits under every point
+            lowest = min(float(stats[f"{key}_unscaled"].min()), float(stats[f"{key}_scaled"].min()))
+            decade = 10.0 ** math.floor(math.log10(lowest))
+            ax.set_ylim(bottom=max(c * decade for c in (1, 2, 3, 5) if c * decade <= lowest))
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
@@ -189,11 +194,12 @@ def draw_dk(d_k: int = 64, n_keys: int = 8, seed: int = 0) -> plt.Figure:
     scaled = unscaled / math.sqrt(d_k)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.9))
     reach = max(4.0, 4.0 * math.sqrt(d_k))            # ±4 standard deviations of the unscaled scores
-    bins = torch.linspace(-reach, reach, 81).tolist()
-    left.hist(unscaled.flatten().tolist(), bins=bins, alpha=0.6, density=True, color="C3",
-              label=f"unscaled, std {unscaled.std():.1f}")
-    left.hist(scaled.flatten().tolist(), bins=bins, alpha=0.6, density=True, color="C0",
-              label=f"scaled, std {scaled.std():.1f}")
+    # each histogram gets bins of its own (80 over ±4 of its standard deviations), so that the scaled one keeps
+    # its shape, a bell of height ≈ 0.4, however wide the unscaled one has become
+    left.hist(unscaled.flatten().tolist(), bins=torch.linspace(-reach, reach, 81).tolist(), alpha=0.6, density=True,
+              color="C3", label=f"unscaled, std {unscaled.std():.1f}")
+    left.hist(scaled.flatten().tolist(), bins=torch.linspace(-4.0, 4.0, 81).tolist(), alpha=0.6, density=True,
+              color="C0", label=f"scaled, std {scaled.std():.1f}")
     left.set_xlim(-reach, reach)
     left.set_ylim(0, 0.45)
     left.set_xlabel("score")

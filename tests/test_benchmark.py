@@ -164,7 +164,9 @@ def test_unknown_and_unavailable_implementations_say_why():
     assert "CUDA" in missing["triton"] and "EFFICIENT_ATTENTION" in missing["sdpa-efficient"]
 
 
-def test_reference_is_float64_and_gives_gradients():
+@pytest.mark.parametrize("autograd_up_to", [2048, 8])  # autograd through SDPA, or the tiled backward beyond
+def test_reference_is_float64_and_gives_gradients(autograd_up_to, monkeypatch):
+    monkeypatch.setattr(benchmark, "AUTOGRAD_REFERENCE_MAX_N", autograd_up_to)
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(2, 3, 40, 8, generator=g) for _ in range(4))
     out, grads = benchmark.reference(q, k, v, True, dout)

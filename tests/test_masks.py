@@ -77,6 +77,30 @@ def test_fully_masked_rows_occur_with_left_padding_and_all_pad_sequences():
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q, q, attn_mask=dec), atol=1e-6, rtol=1e-5)
 
 
+def test_the_fates_of_a_fully_masked_row_that_notebook_06_states():
+    """Notebook 06's list, on the installed PyTorch (the course requires >= 2.5, tests with 2.13): -inf then
+    softmax gives NaN, -1e9 gives uniform weights, F.scaled_dot_product_attention gives zeros with each of its
+    CPU kernels, nn.MultiheadAttention gives NaN with need_weights=True and zeros with need_weights=False."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    scores = torch.tensor([[0.5, -0.3, 0.8]])  # (1, 3): one query whose every key is blocked
+    none = torch.zeros(1, 3, dtype=torch.bool)
+    assert torch.isnan(torch.softmax(scores.masked_fill(~none, float("-inf")), -1)).all()
+    torch.testing.assert_close(torch.softmax(scores.masked_fill(~none, -1e9), -1), torch.full((1, 3), 1 / 3))
+    q, k, v = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+    allowed = torch.tensor([[True, True, False], [False, False, False]])
+    for backend in (SDPBackend.MATH, SDPBackend.FLASH_ATTENTION):
+        with sdpa_kernel([backend]):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        assert torch.equal(out[0, 0, 1], torch.zeros(8)), backend
+    mha = torch.nn.MultiheadAttention(embed_dim=3, num_heads=1, batch_first=True)
+    x_q, x_k = torch.randn(1, 2, 3), torch.randn(1, 3, 3)
+    out, _ = mha(x_q, x_k, x_k, attn_mask=~allowed, need_weights=True)
+    assert torch.isnan(out[0, 1]).all()
+    out, _ = mha(x_q, x_k, x_k, attn_mask=~allowed, need_weights=False)
+    assert torch.equal(out[0, 1], torch.zeros(3))  # the attention output is zero, the output projection's bias is 0
+
+
 def test_additive_mask_equivalent_in_sdpa():
     mask = M.decoder_mask(M.toy_batch().tgt_ids, 0)
     q = torch.randn(2, 3, mask.shape[-1], 4)

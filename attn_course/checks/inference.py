@@ -228,6 +228,9 @@ def _attend_mistakes(q, K, V, large: bool) -> list[Mistake]:
                 if K.shape[-2] > 1 else None),
         Mistake("weights multiplied by K, not V", "you multiplied the weights by the keys", "output = weights @ V",
                 lambda: _attn(q, K, K)),
+        Mistake("returned the weights, not the output", "attend returned softmax(q Kᵀ / √d_k), shape (..., 1, t), "
+                "without multiplying by V", "return weights @ V, shape (..., 1, d_v)",
+                lambda: torch.softmax(q.double() @ K.double().transpose(-2, -1) / math.sqrt(d_k), dim=-1)),
         Mistake("no softmax", "you multiplied V by the scaled scores themselves, not by their softmax",
                 "weights = torch.softmax(scores, dim=-1), then weights @ V",
                 lambda: (q.double() @ K.double().transpose(-2, -1) / math.sqrt(d_k)) @ V.double()),
@@ -783,7 +786,8 @@ def _window_tiled_variant(q, k, v, w, b, mistake: str, skip: bool = False) -> to
             rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
             if mistake == "local":
                 rows, cols = rows - qs, cols - ks
-            blocked = {"causal_only": cols > rows, "band_only": cols <= rows - w}.get(mistake, (cols > rows) | (cols <= rows - w))
+            blocked = {"causal_only": cols > rows, "band_only": cols <= rows - w,
+                       "no_self": (cols >= rows) | (cols <= rows - w)}.get(mistake, (cols > rows) | (cols <= rows - w))
             s = s.masked_fill(blocked, float("-inf"))
             if mistake == "global_max":  # one maximum shared by every row (and batch entry)
                 m_new = torch.maximum(m.amax(), s.amax()).expand_as(m)
@@ -826,6 +830,9 @@ def _window_attention_mistakes(q, k, v, w, b) -> list[Mistake]:
         Mistake("the query does not see itself", "your band is shifted one key into the past (keys i − window … i − 1)",
                 "keep key j for query i iff i − window < j ≤ i",
                 masked(_window(n, n, lo_offset=-1, hi_offset=-1, window=w))),
+        Mistake("the query does not see itself", "your tiles mask key j = i as well (j ≥ i instead of j > i), so "
+                "query 0 sees no key at all (0 / 0 = NaN) and every other query misses its own key",
+                "keep key j for query i iff i − window < j ≤ i", tiled("no_self", skip=True)),
         Mistake("mask built from positions inside the tile", "you compared the row and column numbers inside each "
                 "tile instead of the global positions q_start + r and k_start + c",
                 "compare global positions: rows = torch.arange(q_start, q_end), cols = torch.arange(k_start, k_end)",

@@ -96,17 +96,37 @@ def _row_permutation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     return torch.tensor(perm) if len(set(perm)) == len(perm) else None
 
 
-def _inputs_evidence(calls: list[dict]) -> dict[str, Any]:
-    """What the inputs the learner's test passed to attn show: identical rows, or a true reordering of one x."""
+def _inputs_evidence(runs: list[list[dict]]) -> dict[str, Any]:
+    """What the inputs the learner's test passed to attn show, run by run (one run per attention variant):
+    identical rows, one input only, a reordering of the batch axis, or a true reordering of one x's tokens."""
+    found: dict[str, Any] = {}
+    singles = []
+    for calls in runs:
+        one = _run_evidence(calls)
+        singles.append(one.pop("single"))
+        for key, value in one.items():
+            found.setdefault(key, value)
+    found["identical"] = bool(runs) and all(_run_evidence(c)["identical"] for c in runs)
+    found["single"] = bool(singles) and all(singles)
+    return found
+
+
+def _run_evidence(calls: list[dict]) -> dict[str, Any]:
     xs = [c["x"] for c in calls if isinstance(c.get("x"), torch.Tensor) and c["x"].dim() >= 2]
     identical = bool(xs) and all(x.shape[-2] > 1 and bool((x == x[..., :1, :]).all()) for x in xs)
+    single = bool(xs) and all(x.shape == xs[0].shape and torch.equal(x, xs[0]) for x in xs)
+    for i, a in enumerate(xs):  # a reordering of a leading (batch) axis instead of the tokens
+        for b in xs[i + 1:]:
+            if a.dim() >= 3 and a.shape == b.shape and not torch.equal(a, b) and \
+                    _row_permutation(a.flatten(1).unsqueeze(0), b.flatten(1).unsqueeze(0)) is not None:
+                return {"identical": identical, "single": single, "batch_axis": tuple(a.shape)}
     for i, a in enumerate(xs):
         for b in xs[i + 1:]:
             for first, second in ((a, b), (b, a)):
                 perm = _row_permutation(first, second)
                 if perm is not None:
-                    return {"identical": identical, "x": first, "perm": perm}
-    return {"identical": identical}
+                    return {"identical": identical, "single": single, "x": first, "perm": perm}
+    return {"identical": identical, "single": single}
 
 
 def _largest_gap(evidence: dict[str, Any], names: list[str]) -> tuple[float, str]:
@@ -153,7 +173,7 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
              cause="your test returns True when the outputs differ and False when they agree (a `not` too many, or "
                    "an assert of the opposite)",
              fix="return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5): True means equivariant")
-    evidence = _inputs_evidence(calls)
+    evidence = _inputs_evidence([[c for c in r.get("calls", []) if isinstance(c, dict)] for r in results.values()])
     if rejected:
         if "elementwise tanh" in rejected:
             fail("the test rejects functions that ignore positions", tried=tried, got=shown,
@@ -184,6 +204,12 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
                     "return it"
         elif evidence["identical"]:
             cause = "every row of your x is the same vector, so reordering the rows changes nothing"
+        elif "batch_axis" in evidence:
+            cause = (f"your permutation reorders the first axis of an x of shape {evidence['batch_axis']} (the batch), "
+                     "not its tokens (axis -2): every batch entry is computed alone, so nothing can differ")
+        elif evidence["single"]:
+            cause = ("your test calls attn on one and the same x every time: it compares an output with itself, or "
+                     "its permutation leaves every token in place")
         elif "perm" in evidence:
             gap, worst = _largest_gap(evidence, list(ref.POSITION_AWARE))
             cause = (f"your test does run attn on x and on x with its rows reordered, but for {worst} the two outputs "
@@ -394,7 +420,7 @@ def _t5_buckets(n: int, nb: int, bidirectional: bool, max_distance: int, mistake
     offset = torch.zeros_like(rel)
     half = nb // 2 if bidirectional and mistake != "no_halving" else nb
     if bidirectional:
-        offset = (rel > 0).long() * half * (mistake != "no_offset")
+        offset = ((rel < 0) if mistake == "offset_before" else (rel > 0)).long() * half * (mistake != "no_offset")
         dist = rel.abs()
     else:
         dist = rel.clamp(min=0) if mistake == "uni_sign" else (-rel).clamp(min=0)
@@ -451,6 +477,9 @@ _T5_MISTAKES = [
      "add num_buckets // 2 to the bucket where j − i > 0: (rel > 0).long() * (num_buckets // 2)"),
     ("ceil", "logarithmic bucket rounded up instead of floored", "you rounded the logarithmic bucket up (ceil)",
      "truncate it: .long() (or floor), as T5 does"),
+    ("offset_before", "upper half of the buckets given to the keys before the query", "you added num_buckets // 2 "
+     "where j − i < 0; the upper half is for the keys after the query (j − i > 0)",
+     "offset = (rel > 0).long() * (num_buckets // 2) with rel = j − i"),
     ("uni_sign", "not bidirectional: distance of the keys after the query", "with bidirectional=False you took "
      "the distance as max(j − i, 0), which counts the keys after the query; T5's causal buckets count the keys "
      "before it, max(i − j, 0)", "distance = (-rel).clamp(min=0) with rel = j − i"),
@@ -503,7 +532,8 @@ def check_relative_position_bias(fn: Learner) -> str:
         ok = torch.isclose(out.double(), expected, **tol) | torch.isclose(out.double(), alt_expected, **tol)
         mistakes = []
         for key, summary, cause, fix in _T5_MISTAKES:
-            if key == "max_distance" and md == 128 or key == "uni_sign" and bi or key == "no_offset" and not bi:
+            if key == "max_distance" and md == 128 or key == "uni_sign" and bi or key in ("no_offset", "offset_before") \
+                    and not bi:
                 continue
 
             def wrong(key=key):
@@ -702,10 +732,10 @@ def _rope_cases() -> list[dict]:
     return [
         dict(name="x (6, 8), default positions", x=x(6, 8)),
         dict(name="x (2, 3, 5, 16): batch × heads, default positions", x=x(2, 3, 5, 16)),
+        dict(name="x (3, 8) at positions [0, 5, 2]", x=x(3, 8), positions=torch.tensor([0, 5, 2])),
         dict(name="x (1, 4): one new token at position 7", x=x(1, 4), positions=torch.tensor([7])),
         dict(name="x (4, 2): d = 2", x=x(4, 2), positions=torch.arange(4)),
         dict(name="x (2, 6, 8) at positions 10 … 15", x=x(2, 6, 8), positions=torch.arange(10, 16)),
-        dict(name="x (3, 8) at positions [0, 5, 2]", x=x(3, 8), positions=torch.tensor([0, 5, 2])),
         dict(name="x (5, 8), base 500", x=x(5, 8), positions=torch.arange(5), base=500.0),
         dict(name="x (2, 7, 12) float32, default positions", x=x(2, 7, 12, dtype=torch.float32)),
         dict(name="x (3, 8) at positions [1000, 2500, 4096]", x=x(3, 8), positions=torch.tensor([1000, 2500, 4096]),
@@ -723,17 +753,11 @@ def _call_rope(fn: Learner, case: dict):
 
 
 def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) -> None:
-    """Re-raise ``failure`` with what the learner's rotation does, measured on extra calls: whether ``base`` changes
-    anything, and, on unit pairs (1, 0), whether each pair is turned within itself and by which angle."""
+    """Re-raise ``failure`` with what the learner's rotation does, measured on extra calls: on unit pairs (1, 0),
+    whether each pair is turned within itself and by which angle, whether the positions passed are used as
+    such, and whether ``base`` changes anything."""
     x, given, base = case["x"], case.get("positions"), case.get("base", 10000.0)
     d_ = failure.diagnosis
-    other_base = 500.0 if base != 500.0 else 10000.0
-    other = call_or_skip(lambda: as_tensor(fn(x, given, other_base), tried=d_.tried))
-    if isinstance(other, torch.Tensor) and same(other, out, atol=0, rtol=0) and x.shape[-1] >= 4 and bool(
-            (torch.arange(x.shape[-2]) if given is None else torch.as_tensor(given)).ne(0).any()):
-        fail("base ignored", tried=d_.tried, got=d_.got, expected=d_.expected,
-             cause=f"your result is the same for base = {base:g} and base = {other_base:g}: a fixed base sits in "
-                   "your code", fix="use the base argument: θ_i = base ** (-2 * i / d)")
     n, d = x.shape[-2:]
     unit = torch.zeros(n, d, dtype=torch.float64)
     unit[:, 0::2] = 1.0  # every pair (1, 0): rotated by a, it becomes (cos a, sin a)
@@ -750,19 +774,27 @@ def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) ->
                    "two members use different angles)", fix=_ROPE_FIX)
     angles = torch.atan2(second, first)  # (n, d/2)
     expected = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    if given is not None:
-        right = positions[:, None] * expected  # (n, d/2)
-        if not (torch.allclose(first, torch.cos(right), atol=1e-4) and torch.allclose(second, torch.sin(right), atol=1e-4)):
-            default = call_or_skip(lambda: as_tensor(fn(unit, None, base), tried=d_.tried))
-            arange = torch.arange(n, dtype=torch.float64)[:, None] * expected
-            if isinstance(default, torch.Tensor) and tuple(default.shape) == (n, d) and \
-                    torch.allclose(default.double()[:, 0::2], torch.cos(arange), atol=1e-4) and \
-                    torch.allclose(default.double()[:, 1::2], torch.sin(arange), atol=1e-4):
-                fail("positions mishandled", tried=d_.tried, got=d_.got, expected=d_.expected,
-                     cause="with positions=None your rotation is right, but with the positions passed it is not: the "
-                           "angles must be p·θ_i with p the given position itself (not added to, or mixed with, "
-                           "0 … n − 1)", fix="positions = torch.arange(n) if positions is None else positions; then "
-                                             "angles = positions[:, None] * θ")
+    right = positions[:, None] * expected  # (n, d/2)
+    if given is not None and not (torch.allclose(first, torch.cos(right), atol=1e-4)
+                                  and torch.allclose(second, torch.sin(right), atol=1e-4)):
+        default = call_or_skip(lambda: as_tensor(fn(unit, None, base), tried=d_.tried))
+        arange = torch.arange(n, dtype=torch.float64)[:, None] * expected
+        if isinstance(default, torch.Tensor) and tuple(default.shape) == (n, d) and \
+                torch.allclose(default.double()[:, 0::2], torch.cos(arange), atol=1e-4) and \
+                torch.allclose(default.double()[:, 1::2], torch.sin(arange), atol=1e-4):
+            fail("positions mishandled", tried=d_.tried, got=d_.got, expected=d_.expected,
+                 cause="with positions=None your rotation is right, but with the positions passed it is not: the "
+                       "angles must be p·θ_i with p the given position itself (not shifted, added to, or mixed with "
+                       "0 … n − 1)", fix="positions = torch.arange(n) if positions is None else positions; then "
+                                        "angles = positions[:, None] * θ")
+    rotates = bool((angles.abs() > 1e-6).any())
+    other_base = 500.0 if base != 500.0 else 10000.0
+    if rotates and d >= 4:
+        other = call_or_skip(lambda: as_tensor(fn(x, given, other_base), tried=d_.tried))
+        if isinstance(other, torch.Tensor) and same(other, out, atol=0, rtol=0):
+            fail("base ignored", tried=d_.tried, got=d_.got, expected=d_.expected,
+                 cause=f"your result is the same for base = {base:g} and base = {other_base:g}: a fixed base sits in "
+                       "your code", fix="use the base argument: θ_i = base ** (-2 * i / d)")
     moving = positions != 0
     if not moving.any():
         raise failure
@@ -857,6 +889,8 @@ def _additive(q, k, v, Wq, Wk, w, mask=None, mistake: str = "") -> tuple[torch.T
     dim = -2 if mistake == "dim" else -1
     if mask is not None and mistake == "polarity":
         scores = scores.masked_fill(mask, float("-inf"))
+    elif mask is not None and mistake == "zero_fill":
+        scores = scores.masked_fill(~mask, 0.0)
     elif mask is not None and mistake not in ("after", "ignored"):
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=dim)
@@ -894,6 +928,8 @@ _ADD_MISTAKES = [
     ("after", "mask applied after the softmax", "you zeroed the blocked weights after the softmax, so the rows no "
      "longer sum to 1", "fill blocked scores with -inf before the softmax"),
     ("ignored", "mask ignored", "blocked keys still get weight", "fill blocked scores with -inf before the softmax"),
+    ("zero_fill", "blocked scores set to 0, not −inf", "a score of 0 still gets weight e^0 / Σ: the blocked keys "
+     "keep part of the attention", "fill blocked scores with float('-inf') before the softmax"),
     ("weights_T", "weights transposed", "your weights have one row per key", "keep (..., n_q, n_k)"),
     ("scores_v", "output from the scores", "you multiplied v by the scores, not by the weights",
      "output = weights @ v"),
@@ -1003,7 +1039,8 @@ def check_additive_attention(fn: Learner) -> str:
         def variant(m):
             return lambda: _additive(q, k, v, Wq, Wk, w, mask, m)
 
-        applicable = [row for row in _ADD_MISTAKES if mask is not None or row[0] not in ("polarity", "after", "ignored")]
+        applicable = [row for row in _ADD_MISTAKES
+                      if mask is not None or row[0] not in ("polarity", "after", "ignored", "zero_fill")]
         w_mistakes = [Mistake(s, c, f, lambda m=m: variant(m)()[1]) for m, s, c, f in applicable]
         if case.get("large"):
             s = ref.additive_scores(q.double(), k.double(), Wq.double(), Wk.double(), w.double()).to(q.dtype)

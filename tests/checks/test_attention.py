@@ -531,8 +531,24 @@ def attn_mask_last_axis(Q, K, V, mask=None):
     return w @ V, w
 
 
+def attn_float32_inside(Q, K, V, mask=None):
+    out, w = attn_matmul(Q.float(), K.float(), V.float(), mask)
+    return out.to(Q.dtype), w.to(Q.dtype)  # float64 inputs lose their digits on the way
+
+
+def attn_mask_unsqueezed(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s.masked_fill(~mask.unsqueeze(1), float("-inf"))  # as if every mask were (B, n_q, n_k)
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
 WRONG += [
     (attn_numpy_result, ["NumPy arrays, not tensors"]),
+    (attn_float32_inside, ["computed in float32, not float64", "exactly representable in float32"]),
+    (attn_mask_unsqueezed, ["the mask got an extra axis", "mask.unsqueeze(1)"]),
+    (_std(scores_fn=lambda Q, K: -scaled_scores(Q, K)), ["divided by -2.828", "flips the scores' sign"]),
     (attn_divides_Q_in_place, ["changed Q in place", "/="]),
     (attn_flips_mask_in_place, ["changed mask in place", "logical_not_"]),
     (attn_mask_transposed, ["mask transposed"]),
@@ -669,6 +685,13 @@ def test_check_score_matrix_bytes_names_pitfalls(fn, phrase, rejects):
     (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * (4 if dtype == torch.float32 else 2),
      ["2 bytes per float64 entry, not 8"]),
     (lambda n, batch=1, heads=1, dtype=torch.float32: 64 * bytes_ok(n, batch, heads, dtype), ["64 times too many"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) // 1024, ["KiB"]),
+    # half the bytes for every dtype: not "2 bytes per entry assumed" (float64 would get 4), but the factor
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * n * torch.finfo(dtype).bits // 16,
+     ["2 times too few bytes"]),
+    # a wrong count on an early case is reported before an error on a later one
+    (lambda n, batch=1, heads=1, dtype=torch.float32: 2 * bytes_ok(n, batch, heads, dtype) if dtype != torch.bfloat16
+     else {}[dtype], ["2 times too many"]),
 ])
 def test_check_score_matrix_bytes_measures_unforeseen_mistakes(fn, phrases, rejects):
     rejects(check_score_matrix_bytes, fn, *phrases)

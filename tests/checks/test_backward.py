@@ -45,12 +45,22 @@ def chain_rule(q, k, v, dout, mask=None, *, bug=""):
         p = masked_softmax(q @ k.transpose(-2, -1), mask)
     elif bug == "softmax_queries":
         p = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-2)
+    elif bug == "unscaled_all":
+        p = masked_softmax(q @ k.transpose(-2, -1), mask)
+    elif bug == "scale_from_v":
+        p = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1]), mask)
+    elif bug == "mask_on_ds":
+        p = torch.softmax(s, -1)
+    elif bug == "mask_times_weights":
+        p = torch.softmax(s, -1) * (1 if mask is None else mask)
+    elif bug == "mask_plus_scores":
+        p = torch.softmax(s if mask is None else s + mask.float().to(s.dtype), -1)
     else:
         p = masked_softmax(s, mask)
-    dv = p @ dout if bug == "dv_T" else p.transpose(-2, -1) @ dout
+    dv = p @ dout if bug == "dv_T" else p.transpose(-2, -1) @ (v if bug == "dv_from_v" else dout)
     if bug == "dv_scaled":
         dv = dv / math.sqrt(d)
-    dp = dout @ v.transpose(-2, -1)
+    dp = v @ dout.transpose(-2, -1) if bug == "dp_T" else dout @ v.transpose(-2, -1)
     if bug == "no_rowsum":
         ds = p * dp
     elif bug == "rowsum_dim_-2":
@@ -63,16 +73,27 @@ def chain_rule(q, k, v, dout, mask=None, *, bug=""):
         ds = p * (dp - (dp * p).sum())
     elif bug == "sign":
         ds = p * ((dp * p).sum(-1, keepdim=True) - dp)
+    elif bug == "rowsum_mean":
+        ds = p * (dp - (dp * p).mean(-1, keepdim=True))
+    elif bug == "sigmoid_style":  # σ(1 − σ): the diagonal of the Jacobian only
+        ds = p * (1 - p) * dp
+    elif bug == "no_p":
+        ds = dp - (dp * p).sum(-1, keepdim=True)
     else:
         ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-    sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, 1 / math.sqrt(d))
-    sk = {"no_scale_dk": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, 1 / math.sqrt(d))
-    dq = ds @ k * sq
-    dk = (ds @ q if bug == "dk_T" else ds.transpose(-2, -1) @ q) * sk
+    if bug == "mask_on_ds" and mask is not None:
+        ds = ds * mask
+    scale = 1 / math.sqrt(v.shape[-1] if bug == "scale_from_v" else d)
+    sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "unscaled_all": 1.0, "by_d": 1 / d}.get(bug, scale)
+    sk = {"no_scale_dk": 1.0, "no_scale": 1.0, "unscaled_all": 1.0, "by_d": 1 / d}.get(bug, scale)
+    dq = ds @ (q if bug == "dq_from_q" else k) * sq
+    dk = (ds @ q if bug == "dk_T" else ds.transpose(-2, -1) @ (k if bug == "dk_from_k" else q)) * sk
     if bug == "order":
         return dk, dq, dv
     if bug == "float32":
         return dq.float(), dk.float(), dv.float()
+    if bug == "float32_inside":  # computed in float32, handed back in the input's dtype
+        return dq.float().to(q.dtype), dk.float().to(q.dtype), dv.float().to(q.dtype)
     return dq, dk, dv
 
 
@@ -152,7 +173,20 @@ def test_attention_backward_accepts_correct_answers(fn, accepts):
     ("exp_by_hand", ["maximum subtracted"]),
     ("order", ["wrong order", "return dq, dk, dv"]),
     ("float32", ["float32, not float64", "dtype"]),
-], keep={"no_scale_dq", "dk_T", "no_rowsum", "softmax_nan", "order"}))
+    ("float32_inside", ["float64 inputs, float32 precision", "dtype=q.dtype"]),
+    ("unscaled_all", ["1/√d_k missing everywhere"]),
+    ("scale_from_v", ["scale from d_v instead of d_k"]),
+    ("dk_from_k", ["dK from K instead of Q"]),
+    ("dq_from_q", ["dQ from Q instead of K"]),
+    ("dv_from_v", ["dV from V instead of dO"]),
+    ("dp_T", ["dP transposed"]),
+    ("rowsum_mean", ["mean instead of sum"]),
+    ("sigmoid_style", ["only the Jacobian's diagonal"]),
+    ("no_p", ["the factor P is missing"]),
+    ("mask_on_ds", ["mask applied to dS but not to P"]),
+    ("mask_times_weights", ["mask applied after the softmax"]),
+    ("mask_plus_scores", ["mask added to the scores"]),
+], keep={"no_scale_dq", "dk_T", "no_rowsum", "softmax_nan", "order", "float32_inside", "mask_on_ds"}))
 def test_attention_backward_names_each_pitfall(bug, phrases, rejects):
     rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask, bug=bug), *phrases)
 
@@ -193,6 +227,25 @@ def test_attention_backward_rejects_autograd_and_bad_results(rejects, unfinished
     rejects(check_attention_backward, "attention", "not a function")
     rejects(check_attention_backward, lambda q, k, v, dout, mask=None: tuple(2 * g for g in chain_rule(q, k, v, dout, mask)),
             "factor of 2")
+
+
+def batch_of_one_axis(q, k, v, dout, mask=None):
+    """torch.bmm: exactly one batch axis."""
+    p = masked_softmax(torch.bmm(q, k.transpose(1, 2)) / math.sqrt(q.shape[-1]), mask)
+    dp = torch.bmm(dout, v.transpose(1, 2))
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return torch.bmm(ds, k) / math.sqrt(q.shape[-1]), torch.bmm(ds.transpose(1, 2), q) / math.sqrt(q.shape[-1]), \
+        torch.bmm(p.transpose(1, 2), dout)
+
+
+def test_attention_backward_explains_errors_and_measures_the_unforeseen(rejects):
+    rejects(check_attention_backward, batch_of_one_axis, "raised IndexError", "exactly one batch axis")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, ~(~mask)),
+            "with mask=None (no mask) your code still uses the mask")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: tuple(torch.zeros_like(t) for t in (q, k, v)),
+            "dq is all zeros")
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout.mul_(2), mask),
+            "overwrote its input dout")
 
 
 # ============================================================================ AttentionFunction
@@ -289,6 +342,69 @@ def test_attention_function_names_each_pitfall(cls, phrases, rejects):
     rejects(check_AttentionFunction, cls, *phrases)
 
 
+def _backward_by_autograd(ctx, dout):
+    q, k, v = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
+    with torch.enable_grad():
+        out = masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), ctx.mask) @ v
+        return (*torch.autograd.grad(out, (q, k, v), dout), None)
+
+
+class _Shared:
+    tensors = None
+
+
+def _forward_on_class(ctx, q, k, v, mask=None):
+    _Shared.tensors = (q, k, v, mask)  # one slot for every call: the second call overwrites the first
+    return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask) @ v
+
+
+def _backward_from_class(ctx, dout):
+    q, k, v, mask = _Shared.tensors
+    return (*ref.attention_backward(q, k, v, dout, mask), None)
+
+
+def _forward_saves_a_number(ctx, q, k, v, mask=None):
+    ctx.save_for_backward(q, k, v, 1 / math.sqrt(q.shape[-1]))
+    return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask) @ v
+
+
+def _forward_nan_rows(ctx, q, k, v, mask=None):
+    ctx.save_for_backward(q, k, v)
+    ctx.mask = mask
+    s = q @ k.mT / math.sqrt(q.shape[-1])
+    return torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+def _forward_weights(ctx, q, k, v, mask=None):
+    ctx.save_for_backward(q, k, v)
+    ctx.mask = mask
+    return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask)  # P, not P V
+
+
+def _forward_mask_ignored(ctx, q, k, v, mask=None):
+    ctx.save_for_backward(q, k, v)
+    ctx.mask = mask
+    return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1])) @ v
+
+
+def _backward_float32(ctx, dout):
+    q, k, v = ctx.saved_tensors
+    return (*ref.attention_backward(q.float(), k.float(), v.float(), dout.float(), ctx.mask), None)
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (function_with(backward=_backward_by_autograd), ["backward uses autograd", "torch.autograd.grad"]),
+    (function_with(forward=_forward_on_class, backward=_backward_from_class), ["two calls share their state", "ctx"]),
+    (function_with(forward=_forward_saves_a_number), ["save_for_backward can only save", "attributes of ctx"]),
+    (function_with(forward=_forward_nan_rows), ["forward: NaN from a fully masked row"]),
+    (function_with(forward=_forward_weights), ["Mismatch in shape", "does not have the attention output's shape"]),
+    (function_with(forward=_forward_mask_ignored), ["forward: mask ignored"]),
+    (function_with(backward=_backward_float32), ["float64 inputs, float32 precision"]),
+])
+def test_attention_function_names_the_unforeseen(cls, phrases, rejects):
+    rejects(check_AttentionFunction, cls, *phrases)
+
+
 def test_attention_function_not_attempted_and_not_a_class(rejects):
     class Stub(torch.autograd.Function):
         @staticmethod
@@ -313,7 +429,7 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
     if bug == "key_strip":  # query blocks of block_size, but every key at once
         return tiled_key_strip(q, k, v, o, lse, dout, block_size, causal)
     delta = (dout * o).sum(-1, keepdim=True)  # (..., n_q, 1)
-    if bug == "delta_pass":  # right, more work: D = rowsum(dP ⊙ P) over whole rows, in a first pass
+    if bug == "delta_pass":  # right numbers, but not the docstring's D = rowsum(dout ⊙ o): a first pass over every tile
         delta = torch.zeros_like(delta)
         for qs in range(0, n, block_size):
             for ks in range(0, min(qs + block_size, n) if causal else m, block_size):
@@ -337,16 +453,23 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
         ke = min(ks + block_size, m)
         kj, vj = k[..., ks:ke, :], v[..., ks:ke, :]
         dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
-        start = 0 if not causal or bug in ("no_causal", "mask_all") else (ks + block_size if bug == "skip_diag" else ks)
-        for qs in range(start, n_stop, block_size):
+        start = 0 if not causal or bug in ("no_causal", "mask_all") else (
+            ks + block_size if bug == "skip_diag" else max(ks - block_size, 0) if bug == "one_early" else ks)
+        for qs in range(start, n - 1 if bug == "q_range_short" else n_stop, block_size):
             qe = min(qs + block_size, n)
             qi, doi = q[..., qs:qe, :], dout[..., qs:qe, :]
             s = qi @ kj.mT * (1.0 if bug == "s_unscaled" else scale)
+            future = None
             if causal and bug not in ("no_causal", "diag_unmasked", "full_p"):
                 r = torch.arange(qs, qe)[:, None] - (qs if bug == "local_mask" else 0)
                 c = torch.arange(ks, ke)[None, :] - (ks if bug == "local_mask" else 0)
                 future = c >= r if bug == "mask_self" else (c > r + 1 if bug == "mask_ahead" else c > r)
-                s = s.masked_fill(future, float("-inf"))
+                if bug == "triu_offset_flipped":  # triu(k_start - q_start + 1) where q_start - k_start + 1 belongs
+                    future = torch.ones(qe - qs, ke - ks, dtype=torch.bool).triu(ks - qs + 1)
+                if bug == "where_after_exp":  # right: the blocked entries are selected away after exp
+                    pass
+                elif bug != "times_keep_after_exp":
+                    s = s.masked_fill(future, float("-inf"))
             li = lse[..., qs:qe]
             if bug == "fresh_max":
                 p = torch.exp(s - s.max(dim=-1, keepdim=True).values)
@@ -364,8 +487,20 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 p = torch.exp2(s - li.unsqueeze(-1))
             elif bug == "exp2":  # right: exp(x) = 2^(x·log2 e), the GPU's fast exponential
                 p = torch.exp2((s - li.unsqueeze(-1)) / math.log(2))
+            elif bug == "exp_no_lse":
+                p = torch.exp(s)
+            elif bug == "exp_plus_lse":
+                p = torch.exp(s + li.unsqueeze(-1))
+            elif bug == "stable_split":  # right: exp(S − m)·exp(m − L) with the tile's own max m
+                m_t = s.amax(-1, keepdim=True)
+                m_t = torch.where(torch.isinf(m_t), torch.zeros_like(m_t), m_t)
+                p = torch.exp(s - m_t) * torch.exp(m_t - li.unsqueeze(-1))
             else:
                 p = torch.exp(s - li.unsqueeze(-1))
+            if bug == "where_after_exp" and future is not None:
+                p = torch.where(future, 0.0, p)
+            if bug == "times_keep_after_exp" and future is not None:
+                p = p * ~future
             pv = p @ doi if bug == "dv_T" else p.mT @ doi
             pv = pv * scale if bug == "dv_scaled" else pv
             dp = doi @ vj.mT
@@ -377,6 +512,10 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 ds = p * (dp - (dp * p).sum(-2, keepdim=True))
             elif bug == "delta_no_axis":
                 ds = p * (dp - delta[..., qs:qe, 0])
+            elif bug == "delta_plus":
+                ds = p * (dp + delta[..., qs:qe, :])
+            elif bug == "no_p":
+                ds = dp - delta[..., qs:qe, :]
             else:
                 ds = p * (dp - delta[..., qs:qe, :])
             sq = {"no_scale_dq": 1.0, "no_scale": 1.0, "by_d": 1 / d}.get(bug, scale)
@@ -385,9 +524,11 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 dq[..., qs:qe, :] = ds @ kj * sq
             else:
                 dq[..., qs:qe, :] += ds @ kj * sq
-            dk_term = (ds @ qi if bug == "dk_T" else ds.mT @ qi) * sk
+            dk_term = (ds @ qi if bug == "dk_T" else ds.mT @ (kj if bug == "dk_from_k" else qi)) * sk
             if bug == "dkdv_assigned":
                 dkj, dvj = dk_term, pv
+            elif bug == "dk_assigned":
+                dkj, dvj = dk_term, dvj + pv
             else:
                 dkj, dvj = dkj + dk_term, dvj + pv
         if bug == "dk_is_k":  # right numbers (block j of k is not read again), but k and v are overwritten
@@ -396,6 +537,8 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
             dk[..., ks:ke, :], dv[..., ks:ke, :] = dkj, dvj
     if bug == "order":
         return dk, dq, dv
+    if bug == "float32_inside":
+        return dq.float().to(q.dtype), dk.float().to(q.dtype), dv.float().to(q.dtype)
     return dq, dk, dv
 
 
@@ -445,12 +588,38 @@ def tiled_exp2_numpy(q, k, v, o, lse, dout, block_size=64, causal=False):
     return tuple(g.numpy() for g in tiled(q, k, v, o, lse, dout, block_size, causal, bug="exp2"))
 
 
-def tiled_delta_by_pass(q, k, v, o, lse, dout, block_size=64, causal=False):
-    return tiled(q, k, v, o, lse, dout, block_size, causal, bug="delta_pass")
+def tiled_query_blocks_doubled(q, k, v, o, lse, dout, block_size=64, causal=False):
+    """Right values, wrong tiles: query blocks of 2·block_size against key blocks of block_size."""
+    n, m, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    delta = (dout * o).sum(-1, keepdim=True)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for ks in range(0, m, block_size):
+        ke = min(ks + block_size, m)
+        for qs in range(0, n, 2 * block_size):
+            qe = min(qs + 2 * block_size, n)
+            if causal and qe <= ks:
+                continue
+            s = q[..., qs:qe, :] @ k[..., ks:ke, :].mT * scale
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], float("-inf"))
+            p = torch.exp(s - lse[..., qs:qe, None])
+            dv[..., ks:ke, :] += p.mT @ dout[..., qs:qe, :]
+            ds = p * (dout[..., qs:qe, :] @ v[..., ks:ke, :].mT - delta[..., qs:qe, :])
+            dq[..., qs:qe, :] += ds @ k[..., ks:ke, :] * scale
+            dk[..., ks:ke, :] += ds.mT @ q[..., qs:qe, :] * scale
+    return dq, dk, dv
+
+
+def tiled_where_after_exp(q, k, v, o, lse, dout, block_size=64, causal=False):
+    return tiled(q, k, v, o, lse, dout, block_size, causal, bug="where_after_exp")
+
+
+def tiled_stable_split(q, k, v, o, lse, dout, block_size=64, causal=False):
+    return tiled(q, k, v, o, lse, dout, block_size, causal, bug="stable_split")
 
 
 @pytest.mark.parametrize("fn", [ref.tiled_attention_backward, tiled, tiled_query_outer, tiled_exp2_numpy,
-                                tiled_delta_by_pass])
+                                tiled_where_after_exp, tiled_stable_split])
 def test_tiled_backward_accepts_correct_answers(fn, accepts):
     accepts(check_tiled_attention_backward, fn)
 
@@ -467,7 +636,7 @@ def test_tiled_backward_accepts_correct_answers(fn, accepts):
     ("dv_scaled", ["dV scaled by 1/√d_k"]),
     ("exp2_no_log2e", ["exp2 without the log₂e factor"]),
     ("fresh_max", ["fresh max instead of the stored L"]),
-    ("tile_softmax", ["softmax over one tile"]),
+    ("tile_softmax", ["P normalised within each tile"]),
     ("lse_as_sum", ["L used as a sum"]),
     ("lse_no_axis", ["L subtracted along the wrong axis"]),
     ("delta_from_tile", ["D computed from the recomputed P instead of dO ⊙ O"]),
@@ -486,13 +655,25 @@ def test_tiled_backward_accepts_correct_answers(fn, accepts):
     ("tail", ["last partial block dropped"]),
     ("order", ["wrong order"]),
     ("float32_acc", ["dq is float32, not float64", "dtype=q.dtype"]),
-    ("exp_separately", ["NaN", "exp overflowed", "S − L"]),
+    ("float32_inside", ["float64 inputs, float32 precision"]),
+    ("exp_separately", ["exp(S) and exp(L) taken separately", "NaN"]),
+    ("times_keep_after_exp", ["blocked entries zeroed after exp", "inf · 0"]),
+    ("exp_no_lse", ["L not subtracted"]),
+    ("exp_plus_lse", ["L added instead of subtracted"]),
+    ("delta_plus", ["D added instead of subtracted"]),
+    ("no_p", ["the factor P is missing"]),
+    ("dk_from_k", ["dK from K instead of Q"]),
+    ("dk_assigned", ["dK not accumulated over query blocks"]),
+    ("triu_offset_flipped", ["causal mask offset the wrong way"]),
+    ("q_range_short", ["the last query rows get no gradient"]),
+    ("delta_pass", ["D not computed from o", "(dout * o).sum(-1, keepdim=True)"]),
+    ("one_early", ["tiles above the diagonal not skipped", "masked entirely"]),
     ("full_p", ["built an n × n tensor"]),
     ("mask_all", ["tiles above the diagonal not skipped"]),
     ("ignore_block", ["block_size ignored", "32×32"]),
     ("key_strip", ["block_size ignored", "a whole strip"]),
     ("dk_is_k", ["overwrote its input k", "torch.zeros_like(k)"]),
-], keep={"fresh_max", "delta_from_tile", "no_causal", "dq_assigned", "tail", "full_p"}))
+], keep={"fresh_max", "delta_from_tile", "no_causal", "dq_assigned", "tail", "full_p", "delta_pass", "times_keep_after_exp"}))
 def test_tiled_backward_names_each_pitfall(bug, phrases, rejects):
     def learner(q, k, v, o, lse, dout, block_size=64, causal=False):
         return tiled(q, k, v, o, lse, dout, block_size, causal, bug=bug)
@@ -514,6 +695,7 @@ def test_tiled_backward_rejects_shortcuts_and_bad_calls(rejects, unfinished):
     rejects(check_tiled_attention_backward,
             lambda q, k, v, o, lse, dout, block_size=64, causal=False: ref.attention_backward(q, k, v, dout),
             "causal mask forgotten")
+    rejects(check_tiled_attention_backward, tiled_query_blocks_doubled, "block_size ignored", "more than block_size = 128")
 
 
 def test_tiled_structure_probe_reports_plain_numbers():

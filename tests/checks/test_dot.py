@@ -159,6 +159,37 @@ def raise_system_exit(q, K):
     raise SystemExit(1)
 
 
+def loop_over_columns(q, K):  # raises for non-square K, gives Kᵀ q for a square one
+    return torch.stack([(q * column).sum() for column in K.T])
+
+
+def fixed_range(q, K):  # a loop count typed in: raises for fewer keys, too few scores for more
+    return torch.stack([(q * K[j]).sum() for j in range(4)])
+
+
+def last_key_only(q, K):  # `score = …` overwritten on every pass
+    for key in K:
+        score = (q * key).sum()
+    return torch.stack([score])
+
+
+def running_total(q, K):  # the total is never reset for the next key
+    total, scores = 0.0, []
+    for key in K:
+        total = total + (q * key).sum()
+        scores.append(total)
+    return torch.stack(scores)
+
+
+def first_product_only(q, K):  # the inner loop returns after the first entry
+    scores = []
+    for key in K:
+        for i in range(len(q)):
+            scores.append(q[i] * key[i])
+            break
+    return torch.stack(scores)
+
+
 ONE_QUERY_WRONG = [
     W(lambda q, K: q @ K, "columns of K", "K @ q"),
     W(lambda q, K: K.T @ q, "columns of K"),
@@ -210,6 +241,18 @@ ONE_QUERY_WRONG = [
     W(lambda q, K: K @ q + 1, "shifted", named=False),
     W(raise_system_exit, "SystemExit"),
     W(lambda q, K: undefined_name, "NameError", named=False),  # noqa: F821
+    # mistakes a red team found, named from the evidence of every case (review of notebooks 01/02)
+    W(loop_over_columns, "columns of K"),
+    W(lambda q, K: torch.einsum("dn,d->n", K, q), "columns of K"),
+    W(fixed_range, "shape (4,) whatever the input", "fixed"),
+    W(last_key_only, "only the last key's score kept"),
+    W(running_total, "running total"),
+    W(first_product_only, "only the first product"),
+    W(lambda q, K: torch.stack([(q * K).sum()]), "summed over everything"),
+    W(lambda q, K: K.sum(-1), "does not depend on q", "never uses the values of q"),
+    W(lambda q, K: torch.stack([q @ q for _ in K]), "does not depend on K"),
+    W(lambda q, K: (K @ q).unsqueeze(0), "a row", "unsqueeze(0)"),
+    W(lambda q, K: torch.ones(len(K)), "does not depend on q and K", "whatever its inputs hold"),
 ]
 
 
@@ -327,6 +370,15 @@ SCORE_WRONG = [
     W(lambda Q, K: Q @ K.mT * 2, "factor of 2", "2 times"),
     W(lambda Q, K: Q @ K.mT if Q.ndim < 4 else 1.5 * Q @ K.mT, "wrong with 4-D input only"),
     W(lambda Q, K: Q @ K.mT if Q.ndim == 2 else (Q @ K.mT).flatten(0, 1), "wrong shape with batched input only"),
+    # red-team review of notebooks 01/02
+    W(lambda Q, K: torch.einsum("...qd,...dk->...qk", Q, K), "K not transposed"),  # raises unless n_k = d
+    W(lambda Q, K: Q @ K.transpose(2, 3), "transpose(2, 3)"),  # the LLMs-from-scratch 4-D form
+    W(lambda Q, K: Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]), "reshaped instead of transposed"),
+    W(lambda Q, K: torch.inner(Q, K), "torch.inner"),
+    W(lambda Q, K: torch.tensordot(Q, K, dims=([-1], [-1])), "torch.inner"),
+    W(lambda Q, K: Q @ Q.mT, "does not depend on K"),
+    W(lambda Q, K: (Q[(0,) * (Q.ndim - 2)] @ K[(0,) * (K.ndim - 2)].mT).expand(*Q.shape[:-1], K.shape[-2]).clone(),
+      "first batch entry only"),
 ]
 
 
@@ -355,8 +407,6 @@ COSINE_RIGHT = [
     lambda Q, K, eps=1e-8: unit(Q, eps) @ unit(K, eps).mT,
     lambda Q, K, eps=1e-8: F.cosine_similarity(Q.unsqueeze(-2), K.unsqueeze(-3), dim=-1, eps=eps),
     lambda Q, K, eps=1e-8: F.normalize(Q, dim=-1, eps=eps) @ F.normalize(K, dim=-1, eps=eps).transpose(-2, -1),
-    # the older convention, lengths' product clamped at eps: equal on every input the docstring pins down here
-    lambda Q, K, eps=1e-8: (Q @ K.mT) / (Q.norm(dim=-1, keepdim=True) * K.norm(dim=-1).unsqueeze(-2)).clamp_min(eps),
     lambda Q, K, eps=1e-8: (unit(Q, eps) @ unit(K, eps).mT).clamp(-1, 1),
     lambda Q, K, eps=1e-8: Q / torch.linalg.vector_norm(Q, dim=-1, keepdim=True).clamp(min=eps)
     @ (K / torch.linalg.vector_norm(K, dim=-1, keepdim=True).clamp(min=eps)).mT,
@@ -415,6 +465,11 @@ COSINE_WRONG = [
     W(lambda Q, K, eps: unit(Q, eps) @ unit(K, eps).mT, "no default value", "eps=1e-8"),
     W(lambda Q, K, eps=1e-8: 0.99 * unit(Q, eps) @ unit(K, eps).mT, "factor of 0.99", named=False),
     W(lambda Q, K, eps=1e-8: unit(Q, eps / 2) @ unit(K, eps / 2).mT, "wrong with a given eps only", "other than the default"),
+    # the older convention (the product of the lengths clamped once) is not the docstring's
+    W(lambda Q, K, eps=1e-8: (Q @ K.mT) / (Q.norm(dim=-1, keepdim=True) * K.norm(dim=-1).unsqueeze(-2)).clamp_min(eps),
+      "clamped the product of the lengths", "each length"),
+    W(_both(lambda x, e: x / torch.where(x.norm(dim=-1, keepdim=True) == 0, e, x.norm(dim=-1, keepdim=True))),
+      "eps ignored", "only for zero lengths"),
 ]
 
 
@@ -428,20 +483,24 @@ def test_cosine_names_each_mistake(fn, phrases, named, rejects):
     rejects_as(rejects, check_cosine_scores, fn, phrases, named)
 
 
-def test_cosine_eps_cases_cannot_tell_the_two_clamping_conventions_apart():
-    # A check never stricter than its docstring: on the eps cases one vector of every pair has length 1,
-    # where clamping each length and clamping their product agree.
+def test_cosine_eps_cases_tell_the_two_clamping_conventions_apart():
+    # The docstring clamps each length, max(‖q‖, eps)·max(‖k‖, eps); the older convention clamps the product
+    # max(‖q‖·‖k‖, eps). They agree whenever one vector has length 1, so the eps = 0.5 case also pairs a query of
+    # length 3 with a key of length 0.3 (product 0.9 ≥ eps, but 0.3 < eps).
     from attn_course.checks.dot import _cosine_cases
 
-    for case in _cosine_cases():
-        if "eps" in case.tags:
-            Q, K = case.args
-            eps = case.kwargs["eps"]
-            each = dot.cosine_scores(Q.double(), K.double(), eps)
-            product = (Q.double() @ K.double().mT) / (Q.double().norm(dim=-1, keepdim=True)
-                                                     * K.double().norm(dim=-1).unsqueeze(-2)).clamp_min(eps)
-            torch.testing.assert_close(each, product)
-            assert not torch.allclose(each, dot.cosine_scores(Q.double(), K.double(), 1e-8))  # eps matters
+    eps_cases = [case for case in _cosine_cases() if "eps" in case.tags]
+    assert eps_cases
+    differ = False
+    for case in eps_cases:
+        Q, K = case.args
+        eps = case.kwargs["eps"]
+        each = dot.cosine_scores(Q.double(), K.double(), eps)
+        product = (Q.double() @ K.double().mT) / (Q.double().norm(dim=-1, keepdim=True)
+                                                 * K.double().norm(dim=-1).unsqueeze(-2)).clamp_min(eps)
+        differ = differ or not torch.allclose(each, product)
+        assert not torch.allclose(each, dot.cosine_scores(Q.double(), K.double(), 1e-8))  # eps matters
+    assert differ
 
 
 def test_cosine_not_attempted_and_not_a_function(rejects, unfinished):

@@ -192,7 +192,7 @@ class CacheStackList:
     (CacheAttendSqueezed, ["wrong shape", "axis of size 1 missing"]),
     (CacheNeedsLength, ["raised TypeError", "takes no arguments"]),
     (CacheStackList, ["wrong axis"]),
-    (cache_class(attend_rule=lambda q, K, V: V.mean(-2, keepdim=True)), ["wrong values"]),
+    (cache_class(attend_rule=lambda q, K, V: V.mean(-2, keepdim=True)), ["uniform weights"]),
     (cache_class(attend_rule=lambda q, K, V: F.scaled_dot_product_attention(q, K, V, is_causal=True)),
      ["top-left alignment"]),
     (cache_class(append_rule=lambda old, new: torch.cat([old, new], dim=2)), ["dim=-2"]),
@@ -328,6 +328,7 @@ def merge_rule(rule):
     (lambda a, b: (lambda m, l, acc: (a[0] + b[0], l, acc))(*ref.merge_partials(a, b)), ["m added"]),
     (lambda a, b: ref.merge_partials(a, b)[:2], ["did not return (m, l, acc)"]),
     (lambda a, b: (lambda m, l, acc: (torch.minimum(a[0], b[0]), l, acc))(*ref.merge_partials(a, b)), ["m:", "wrong values"]),
+    (lambda a, b: ref.merge_partials(a, b)[2], ["one tensor, not (m, l, acc)", "only the merged acc"]),
     (lambda a, b: (lambda m, l, acc: (m, l, acc[..., :1]))(*ref.merge_partials(a, b)), ["wrong shape"]),
 ])
 def test_check_merge_names_each_pitfall(fn, phrases, rejects):
@@ -379,7 +380,8 @@ def test_check_window_mask_names_each_pitfall(fn, phrases, rejects):
 # ================================================================================== sliding_window_attention
 def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divide=True, scale=None, tail=True,
                  full=False, sdpa=False, ragged=False, early=0, out_dtype=None, global_max=False, zero_init=False,
-                 block_max=False):
+                 block_max=False, fill=-math.inf, guard=True, late=False, blocked="band", sum_reset=False,
+                 q_tail=True, fixed_block=None):
     """A tiled sliding-window attention with switches: right with the defaults."""
 
     def fn(q, k, v, window, block_size):
@@ -392,7 +394,8 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
             return torch.softmax(s, -1) @ v
         sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
         out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-        for qs in range(0, n, block_size):
+        block_size = fixed_block or block_size
+        for qs in range(0, n if q_tail else n - n % block_size, block_size):
             qe = min(qs + block_size, n)
             qb = q[..., qs:qe, :] * sc
             m = torch.full(qb.shape[:-1] + (1,), 0.0 if zero_init else -math.inf, dtype=q.dtype)
@@ -403,6 +406,8 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 starts = [(first, qe)]
             else:
                 start0 = 0 if causal_skip_only else max(0, first - early) // block_size * block_size
+                if late:  # rounded up: the block holding the window's first key is skipped
+                    start0 = -(-first // block_size) * block_size
                 stop = qe if tail else min(qe, n - n % block_size)
                 starts = [(ks, min(ks + block_size, n)) for ks in range(start0, stop, block_size)]
             for ks, ke in starts:
@@ -410,14 +415,15 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
                 if local:
                     r, c = r - qs, c - ks
-                s = s.masked_fill((c > r) | (c <= r - window + w_lo), -math.inf)
+                hide = {"band": (c > r) | (c <= r - window + w_lo), "causal": c > r, "window": c <= r - window}[blocked]
+                s = s.masked_fill(hide, torch.finfo(q.dtype).min if fill == "finfo" else fill)
                 m_new = torch.maximum(m, s.amax() if global_max else s.amax(-1, keepdim=True))
                 if block_max:
                     m_new = s.amax(-1, keepdim=True)
-                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new) if guard else m_new
                 alpha = torch.exp(m - safe) if rescale else torch.ones_like(m)
                 p = torch.exp(s - safe)
-                l = l * alpha + p.sum(-1, keepdim=True)
+                l = (0 if sum_reset else l * alpha) + p.sum(-1, keepdim=True)
                 acc = acc * alpha + p @ v[..., ks:ke, :]
                 m = m_new
             out[..., qs:qe, :] = acc / l if divide else acc
@@ -427,7 +433,7 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
 
 
 def window_rowwise(q, k, v, window, block_size):
-    """One query at a time over exactly its window: no tiles at all, fewer FLOPs than tiles."""
+    """One query at a time over exactly its window: fewer FLOPs than tiles, but no (block, block) tile at all."""
     n, out = q.shape[-2], []
     for i in range(n):
         lo = max(0, i - window + 1)
@@ -436,7 +442,8 @@ def window_rowwise(q, k, v, window, block_size):
     return torch.cat(out, -2)
 
 
-@pytest.mark.parametrize("fn", [ref.sliding_window_attention, window_tiled(), window_tiled(ragged=True), window_rowwise])
+@pytest.mark.parametrize("fn", [ref.sliding_window_attention, window_tiled(), window_tiled(fill=-1e4),
+                                window_tiled(fill="finfo")])
 def test_check_window_attention_accepts(fn, accepts):
     accepts(check_sliding_window_attention, fn)
 
@@ -461,6 +468,15 @@ def test_check_window_attention_accepts(fn, accepts):
         q.shape[-2], q.shape[-2])), ["window ignored"]),
     (lambda q, k, v, window, block_size: ref.masked_attention(q, k, q, ref.sliding_window_mask(
         q.shape[-2], q.shape[-2], window)), ["as wide as q"]),
+    (window_rowwise, ["not computed in (block_size, block_size) tiles", "row by row"]),
+    (window_tiled(ragged=True), ["not computed in (block_size, block_size) tiles", "slab"]),
+    (window_tiled(fixed_block=64), ["not computed in (block_size, block_size) tiles", "block_size is ignored"]),
+    (window_tiled(guard=False), ["NaN where a row sees no key of a whole tile"]),
+    (window_tiled(late=True), ["a key block inside the window skipped"]),
+    (window_tiled(blocked="causal"), ["window not applied inside the tiles"]),
+    (window_tiled(blocked="window"), ["keys after the query not masked"]),
+    (window_tiled(sum_reset=True), ["running sum restarted in every block"]),
+    (window_tiled(q_tail=False), ["last, shorter query block", "not a multiple of block_size"]),
 ])
 def test_check_window_attention_names_each_pitfall(fn, phrases, rejects):
     rejects(check_sliding_window_attention, fn, *phrases)
@@ -540,3 +556,87 @@ def test_masks_built_from_a_square_one(accepts, rejects):
             lambda n_q, n_k, w: torch.ones(n_k, n_k, dtype=torch.bool).tril().triu(-(w - 1))[-n_q:])
     rejects(check_sliding_window_mask,
             lambda n_q, n_k, w: torch.ones(n_k, n_k, dtype=torch.bool).tril().triu(-w)[-n_q:], "one key too many")
+
+
+# ================================================================================== found by an independent red team
+class CacheRing8:
+    """A fixed buffer of 8 slots: the ninth token overwrites the first."""
+
+    def __init__(self):
+        self.k = self.v = None
+        self.t = 0
+
+    def append(self, k, v):
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], 8, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], 8, v.shape[-1])
+        slots = [(self.t + i) % 8 for i in range(k.shape[-2])]
+        self.k[..., slots, :], self.v[..., slots, :] = k, v
+        self.t += k.shape[-2]
+        return self.k[..., :min(self.t, 8), :], self.v[..., :min(self.t, 8), :]
+
+    def attend(self, q):
+        K, V = self.k[..., :min(self.t, 8), :], self.v[..., :min(self.t, 8), :]
+        return attend_over(q, K, V)
+
+
+class CachePromptFirstOnly(ref.KVCache):
+    def append(self, k, v):
+        return super().append(k[..., :1, :], v[..., :1, :])
+
+
+class CacheFloat32(ref.KVCache):
+    def append(self, k, v):
+        return super().append(k.float(), v.float())
+
+    def attend(self, q):
+        return super().attend(q.float())
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (CacheRing8, ["holds 8 of the 9 tokens", "stopped growing"]),
+    (CachePromptFirstOnly, ["append kept only the first of several new tokens"]),
+    (CacheFloat32, ["computed in float32, not float64"]),
+    (cache_class(attend_rule=lambda q, K, V: (q @ K.mT / math.sqrt(q.shape[-1])) @ V), ["no softmax"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V, scale=1 / math.sqrt(V.shape[-1]))), ["√d_v"]),
+    (cache_class(attend_rule=lambda q, K, V: torch.softmax(q @ K.T / math.sqrt(q.shape[-1]), -1) @ V),
+     ["raised RuntimeError", "K.T reverses every axis"]),
+    (cache_class(attend_rule=lambda q, K, V: torch.softmax(q @ V.mT / math.sqrt(q.shape[-1]), -1) @ V),
+     ["scores with V instead of K"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V).float()), ["computed in float32"]),
+])
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
+def test_check_kvcache_red_team_pitfalls(cls, phrases, rejects):
+    rejects(check_KVCache, cls, *phrases)
+
+
+def test_check_kvcache_tells_top_left_from_a_missing_self(rejects):
+    """On the second token both leave the query with key 0 only; the third token tells them apart."""
+    result = rejects(check_KVCache, cache_class(attend_rule=lambda q, K, V: F.scaled_dot_product_attention(
+        q, K, V, is_causal=True)), "top-left alignment")
+    assert "attend to itself" not in result.text()
+    result = rejects(check_KVCache, cache_class(attend_rule=lambda q, K, V: attend_over(q, K[..., :-1, :], V[..., :-1, :])
+                                                if K.shape[-2] > 1 else torch.zeros_like(q[..., :V.shape[-1]])),
+                     "does not attend to itself")
+    assert "top-left" not in result.text()
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, torch.where(m_a >= m_b, l_a, l_b), torch.where(m_a >= m_b, acc_a, acc_b))), ["only the side with the larger"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (m, (l_a + l_b) / 2, (acc_a + acc_b) / 2)), ["averaged"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a * torch.exp(m_b - s) + l_b * torch.exp(m_a - s), acc_a * torch.exp(m_b - s) + acc_b * torch.exp(m_a - s))),
+     ["the other side's factor"]),
+    (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
+        m, l_a * torch.exp2(m_a - s) + l_b * torch.exp2(m_b - s), acc_a * torch.exp2(m_a - s) + acc_b * torch.exp2(m_b - s))),
+     ["2^(m_side − m)"]),
+    (lambda a, b: (lambda m, l, acc: (torch.nan_to_num(m), l, acc))(*ref.merge_partials(a, b)), ["m is not −inf"]),
+    (lambda a, b: (lambda m, l, acc: (torch.logaddexp(a[0], b[0]), l, acc))(*ref.merge_partials(a, b)), ["m:"]),
+    (lambda a, b: (lambda m, l, acc: (acc, l, m))(*ref.merge_partials(a, b)), ["returned (acc, l, m)"]),
+    (lambda a, b: (a[0], a[1] + b[1] * torch.exp(b[0] - a[0]), a[2] + b[2] * torch.exp(b[0] - a[0])),
+     ["m not updated to the larger maximum"]),
+    (lambda a, b: tuple(t.float() for t in ref.merge_partials(a, b)), ["computed in float32"]),
+])
+def test_check_merge_red_team_pitfalls(fn, phrases, rejects):
+    rejects(check_merge_partials, fn, *phrases)

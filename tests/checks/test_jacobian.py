@@ -581,7 +581,7 @@ def test_gradcheck_runs_through_learner_operations_only(tmp_path):
     import json
 
     ops = [e["op"] for e in json.loads(data["__events__"].tobytes().decode())]
-    assert ops.count("vjp") > 20 and ops.count("observe") == 1  # gradcheck's backward calls, one cost probe
+    assert ops.count("vjp") > 20 and ops.count("observe") == 2  # gradcheck's backward calls; the input and cost probes
     assert check_SoftmaxFunction.evaluate(session=ReplaySession(log)).to_json() == live.to_json()
 
 
@@ -609,3 +609,232 @@ MUTANT_LIKE = [
 @pytest.mark.parametrize("check,fn,phrase", MUTANT_LIKE, ids=[f"{c.exercise}-{i}" for i, (c, _, p) in enumerate(MUTANT_LIKE)])
 def test_one_change_slips_are_named(check, fn, phrase, rejects):
     rejects(check, fn, phrase)
+
+
+# =============================================================================== red-team cases (issue 13)
+# Answers written outside the course from the docstrings alone; each kind below once got a generic or a
+# misleading message (or passed). The checks were fixed in general; these keep them fixed.
+def rt_j_flat_outer(s):  # torch.outer flattens: one (B·n)×(B·n) matrix
+    flat = s.reshape(-1)
+    return torch.diag(flat) - torch.outer(flat, flat)
+
+
+def rt_j_over_n(s):
+    return J_of(s) / s.shape[-1]
+
+
+def rt_j_rows_only(s):  # a loop over rows: (B, n) only
+    return torch.stack([torch.diag(r) - torch.outer(r, r) for r in s])
+
+
+def rt_j_squeeze(s):
+    s = s.squeeze()
+    return J_of(s)
+
+
+def rt_j_clears_s(s):
+    J = J_of(s)
+    s.zero_()
+    return J
+
+
+@pytest.mark.parametrize("fn,phrases,absent", [
+    (rt_j_flat_outer, ["one Jacobian for the whole batch, flattened"], ["reduction"]),
+    (rt_j_over_n, ["off by a factor of 1/n"], []),
+    (rt_j_rows_only, ["works on input of shape (2, 5) but raises on (3,)"], []),
+    (rt_j_squeeze, ["fails when n = 1, though it worked for n = 3"], ["`dim` argument"]),
+    (rt_j_clears_s, ["s changed in place"], []),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_softmax_jacobian_red_team(fn, phrases, absent, rejects):
+    text = rejects(check_softmax_jacobian, fn, *phrases).text()
+    assert not any(a in text for a in absent), text
+
+
+def rt_j_jacfwd(s):
+    n = s.shape[-1]
+    rows = s.reshape(-1, n)
+    return torch.stack([torch.func.jacfwd(lambda z: torch.softmax(z, -1))(r.log()) for r in rows]).reshape(*s.shape, n)
+
+
+def test_softmax_jacobian_accepts_jacfwd(accepts):
+    accepts(check_softmax_jacobian, rt_j_jacfwd)
+
+
+def rt_v_dot_not_times_s(s, grad):
+    return s * grad - (grad * s).sum(-1, keepdim=True)
+
+
+def rt_v_ss(s, grad):
+    return s * (grad - (s * s).sum(-1, keepdim=True))
+
+
+def rt_v_bmm(s, grad):  # (B, n) only
+    return s * (grad - torch.bmm(grad.unsqueeze(1), s.unsqueeze(2)).squeeze(2))
+
+
+def rt_v_squeeze(s, grad):
+    return (s * (grad - (grad * s).sum(-1, keepdim=True))).squeeze()
+
+
+@pytest.mark.parametrize("fn,phrases,absent", [
+    (rt_v_dot_not_times_s, ["⟨g, s⟩ not multiplied by s"], []),
+    (rt_v_ss, ["⟨s, s⟩ for ⟨g, s⟩"], []),
+    (rt_v_bmm, ["but raises on (5,)", "handles one number"], ["`dim` argument"]),
+    (rt_v_squeeze, ["size-1 axes dropped"], ["keepdim"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_softmax_vjp_red_team(fn, phrases, absent, rejects):
+    text = rejects(check_softmax_vjp, fn, *phrases).text()
+    assert not any(a in text for a in absent), text
+
+
+def rt_v_numpy_methods(s, grad):  # NumPy spelling, no type check
+    return s * (grad - (grad * s).sum(axis=-1, keepdims=True))
+
+
+def test_softmax_vjp_accepts_numpy_spelling(accepts):
+    accepts(check_softmax_vjp, rt_v_numpy_methods)
+
+
+def _stable(x):
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def _product(s, g):
+    return s * (g - (g * s).sum(-1, keepdim=True))
+
+
+class RtSavesX(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _stable(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return _product(s, grad)
+
+
+class RtSavesE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        ctx.save_for_backward(e)
+        return e / e.sum(-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return _product(s, grad)
+
+
+class RtNumpyForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = _stable(x)
+        ctx.save_for_backward(s)
+        return s.numpy()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return _product(s, grad)
+
+
+class RtNaiveRecompute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return _stable(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        e = torch.exp(x)
+        return _product(e / e.sum(-1, keepdim=True), grad)
+
+
+class RtFloat32Forward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = _stable(x.float()).to(x.dtype)
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return _product(s, grad)
+
+
+class RtInPlaceForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.sub_(x.amax(-1, keepdim=True)).exp_()
+        s = x / x.sum(-1, keepdim=True)
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return _product(s, grad)
+
+
+class RtBmmBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        s = _stable(x)
+        ctx.save_for_backward(s)
+        return s
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return s * (grad - torch.bmm(grad.unsqueeze(1), s.unsqueeze(2)).squeeze(2))
+
+
+@pytest.mark.parametrize("cls,phrases,absent", [
+    (RtSavesX, ["x used as s in backward"], []),
+    (RtSavesE, ["unnormalised e used as s in backward"], []),
+    (RtNumpyForward, ["forward returned a NumPy array"], ["detach"]),
+    (RtNaiveRecompute, ["NaN or inf in the gradient", "exponentiating"], []),
+    (RtFloat32Forward, ["gradcheck fails: forward not in float64 precision"], []),
+    (RtInPlaceForward, ["x changed in place"], []),
+    (RtBmmBackward, ["but raises on (5,)"], ["`dim` argument"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_SoftmaxFunction_red_team(cls, phrases, absent, rejects):  # noqa: N802
+    text = rejects(check_SoftmaxFunction, cls, *phrases).text()
+    assert not any(a in text for a in absent), text
+
+
+class RtSetupContext(torch.autograd.Function):  # the PyTorch ≥ 2.0 style: forward without ctx
+    @staticmethod
+    def forward(x):
+        return _stable(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (s,) = ctx.saved_tensors
+        return _product(s, grad)
+
+
+class RtCtxAttribute(torch.autograd.Function):  # s kept on ctx, not saved: works for a single backward
+    @staticmethod
+    def forward(ctx, x):
+        ctx.s = _stable(x)
+        return ctx.s
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _product(ctx.s, grad)
+
+
+@pytest.mark.parametrize("cls", [RtSetupContext, RtCtxAttribute])
+def test_SoftmaxFunction_accepts_red_team_alternatives(cls, accepts):  # noqa: N802
+    accepts(check_SoftmaxFunction, cls)

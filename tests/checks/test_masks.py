@@ -118,6 +118,8 @@ def _arange(lengths, max_len):
     (lambda lengths, max_len=None: torch.arange(int(lengths.max()) + 1 if max_len is None else max_len) < lengths[:, None],
      ["default max_len wrong", "one more than the largest length"]),
     (lambda lengths, max_len=None: torch.arange(6) < lengths[:, None], ["width fixed at 6"]),
+    (lambda lengths, max_len=None: torch.arange(int(lengths.max()) if max_len is None else max_len + 1)
+     < lengths[:, None], ["one column more than max_len"]),
 ])
 def test_lengths_rejects(fn, phrases, rejects):
     rejects(check_padding_mask_from_lengths, fn, *phrases)
@@ -217,6 +219,7 @@ def test_decoder_key_only_answer_gets_no_note(accepts, rejects):
     (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).expand(-1, 3, -1, -1),
      ["heads axis of size 3, not 1"]),
     (lambda ids, pad: causal(ids.shape[0]) & real(ids, pad)[:, None, None, :], ["tgt_ids.shape[0] (the batch size B)"]),
+    (lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[None, :, None, :], ["the size-1 axis in the wrong place"]),
     (lambda ids, pad: (causal(ids.shape[1]) & real(ids, pad)[:, None, None, :]).float(), ["float mask of 0s and 1s"]),
     (lambda ids, pad: [[True]], ["Python list"]),
     (lambda ids, pad: ~torch.ones(ids.shape[1], ids.shape[1]).tril() & real(ids, pad)[:, None, None, :], ["~ and masked_fill"]),
@@ -228,7 +231,7 @@ def test_decoder_key_only_answer_gets_no_note(accepts, rejects):
      ["<pad> keys"]),
     # unforeseen: causal part from the number of real tokens (a square of size L)
     (lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, None, :] & real(ids, pad)[:, None, :, None]
-     & (torch.arange(ids.shape[1]) > 0)[:, None], ["the diagonal"]),
+     & (torch.arange(ids.shape[1]) > 0)[:, None], ["whole query rows blocked", "(0, 0, 0)"]),
 ])
 def test_decoder_rejects(fn, phrases, rejects):
     rejects(check_decoder_mask, fn, *phrases)
@@ -261,9 +264,10 @@ def test_cross_accepts(fn, accepts):
      ["causal part in cross-attention"]),
     (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad)[:, 0], ["no heads axis"]),
     (lambda tgt, src, pad: ~M.cross_attention_mask(tgt, src, pad), ["polarity inverted"]),
-    (lambda tgt, src, pad: (src != 0)[:, None, None, :], ["pad_id ignored", "return shape (2, 1, 6, 4)"]),
-    (lambda tgt, src, pad: (torch.arange(src.shape[1]) < (src != pad).sum(-1, keepdim=True))[:, None, None, :],
-     ["padding assumed at the end"]),
+    (lambda tgt, src, pad: (src != 0)[:, None, None, :].expand(-1, 1, tgt.shape[1], -1), ["pad_id ignored"]),
+    (lambda tgt, src, pad: (torch.arange(src.shape[1]) < (src != pad).sum(-1, keepdim=True))[:, None, None, :]
+     .expand(-1, 1, tgt.shape[1], -1), ["padding assumed at the end"]),
+    (lambda tgt, src, pad: (src == pad)[:, None, None, :], ["mask polarity inverted", "return shape (2, 1, 6, 4)"]),
     (lambda tgt, src, pad: (src != pad)[:, None, None, :], ["not expanded to the T target rows", "tgt_ids"]),
     (lambda tgt, src, pad: M.additive_mask(M.cross_attention_mask(tgt, src, pad), torch.float64), ["additive float mask"]),
     (lambda tgt, src, pad: M.cross_attention_mask(tgt, src, pad).numpy(), ["NumPy array"]),
@@ -321,6 +325,8 @@ def test_additive_accepts(fn, accepts):
     (lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, 1e9),
      ["blocked positions not negative"]),
     (lambda mask, dtype=torch.float32: M.additive_mask(mask.squeeze(), dtype), ["not the mask's"]),
+    (lambda mask, dtype=torch.float32: torch.log1p(mask.to(dtype)), ["kept positions are not 0"]),  # not polarity
+    (lambda mask, dtype=torch.float32: torch.log((~mask).to(dtype)), ["polarity inverted"]),
 ])
 def test_additive_rejects(fn, phrases, rejects):
     rejects(check_additive_mask, fn, *phrases)
@@ -416,6 +422,47 @@ def ms_log_softmax(scores, mask):
 ])
 def test_masked_softmax_rejects(fn, phrases, rejects):
     rejects(check_masked_softmax, fn, *phrases)
+
+
+def ms_in_place(scores, mask):
+    scores.masked_fill_(~mask, float("-inf"))  # changes the caller's scores
+    return torch.nan_to_num(torch.softmax(scores, -1), nan=0.0)
+
+
+def ms_keepdim_forgotten(scores, mask):
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    return w.masked_fill(~mask.any(-1), 0.0)  # (..., n_q) lines up with the keys
+
+
+def ms_exp_without_max(scores, mask):
+    e = torch.exp(scores) * mask
+    total = e.sum(-1, keepdim=True)
+    return torch.where(total > 0, e / total, torch.zeros_like(e))
+
+
+def ms_float32_inside(scores, mask):
+    empty = ~mask.any(-1, keepdim=True)
+    w = torch.softmax(scores.float().masked_fill(~mask, float("-inf")).masked_fill(empty, 0.0), -1)
+    return w.masked_fill(empty, 0.0).to(scores.dtype)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (ms_exp_without_max, ["softmax without subtracting the maximum", "e^30000"]),
+    (ms_float32_inside, ["computed in float32, not float64"]),
+    (ms_in_place, ["changed scores in place", "masked_fill_"]),
+    (ms_keepdim_forgotten, ["without keepdim=True"]),
+    # the same broadcasting error message, another mistake: no keepdim cause unless a second call confirms it
+    (lambda s, m: torch.nan_to_num(torch.softmax(s.masked_fill(~m.mT if m.dim() > 1 else ~m, float("-inf")), -1)),
+     ["raised RuntimeError"]),
+    (lambda s, m: torch.softmax(s + m, -1), ["bool mask added to the scores"]),
+    (lambda s, m: ms_nan_to_num(s, m).numpy(), ["NumPy array"]),
+    (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1).masked_fill(~m.any(-1, keepdim=True), 0.0),
+     ["float16", "65504"]),
+])
+def test_masked_softmax_names_unforeseen_mistakes(fn, phrases, rejects):
+    result = rejects(check_masked_softmax, fn, *phrases)
+    if phrases == ["raised RuntimeError"]:
+        assert "keepdim" not in result.text()
 
 
 def test_masked_softmax_not_attempted(rejects, unfinished):

@@ -43,9 +43,14 @@ def split_loop(x, n_heads):
     return torch.stack([x[..., h * d:(h + 1) * d] for h in range(n_heads)], dim=1)
 
 
-@pytest.mark.parametrize("fn", [mh.split_heads, split_view_permute, split_chunks, split_numpy, split_einsum, split_loop])
+@pytest.mark.parametrize("fn", [mh.split_heads, split_view_permute, split_chunks, split_einsum, split_loop])
 def test_split_accepts_alternatives(fn, accepts):
     accepts(check_split_heads, fn)
+
+
+def split_one_sequence(x, n_heads):  # treats x as one (n, A·d_head) matrix: raises for B > 1
+    n, width = x.shape[-2:]
+    return x.reshape(n, n_heads, width // n_heads).transpose(0, 1)
 
 
 @pytest.mark.parametrize("fn,phrases", [
@@ -54,9 +59,20 @@ def test_split_accepts_alternatives(fn, accepts):
     (lambda x, a: x.reshape(*x.shape[:2], a, -1), ["head axis not moved", ".transpose(1, 2)"]),
     (lambda x, a: x.reshape(*x.shape[:2], -1, a).transpose(1, 2), ["n_heads used as the head width"]),
     (lambda x, a: x.reshape(x.shape[0], x.shape[1], 3, -1).transpose(1, 2), ["split into 3 heads, not n_heads = 4", "hard-coded"]),
-    (lambda x, a: x.reshape(*x.shape[:2], a, -1).transpose(0, 1), ["wrong shape", "different order"]),
+    (lambda x, a: x.reshape(*x.shape[:2], a, -1).transpose(0, 1), ["wrong shape", "= (n, B, A, d_head)"]),
     (lambda x, a: split_view_permute(x, a) * 2, ["off by a factor of 2"]),
-    (lambda x, a: split_view_permute(x, a).float(), None),  # float32 on float64 input: fine (values kept)
+    # the docstring's result[b, h, i] = x[b, i, …] is an equality: float64 rounded to float32 is not x's values
+    (lambda x, a: split_view_permute(x, a).float(), ["result rounded to float32", ".float()"]),
+    (lambda x, a: split_view_permute(x, a).double(), None),  # float32 input as float64: the same numbers
+    (split_numpy, ["returned a NumPy array, not a tensor", "torch.from_numpy"]),  # the docstring asks for a tensor
+    (lambda x, a: split_view_permute(x, a).flip(1) if a > 1 else split_view_permute(x, a), ["heads in reverse order"]),
+    (lambda x, a: split_view_permute(x, a).reshape(-1, x.shape[1], x.shape[2] // a), ["batch and head axes merged", "d2l"]),
+    (lambda x, a: split_view_permute(x, a).transpose(-2, -1), ["positions and features swapped"]),
+    (lambda x, a: split_view_permute(x, a).flip(2), ["positions in reverse order"]),
+    (lambda x, a: x[..., :x.shape[-1] // a].unsqueeze(1).expand(-1, a, -1, -1),
+     ["the same values for every one of the heads", "belong to number 0"]),
+    (lambda x, a: x.reshape(x.shape[0], x.shape[1], -1, 4).transpose(1, 2), ["the split of the previous case", "hard-coded"]),
+    (split_one_sequence, ["ran with a batch of one (B = 1) but raised", "keep B as the first axis"]),
 ])
 def test_split_names_each_pitfall(fn, phrases, rejects, accepts):
     if phrases is None:
@@ -100,9 +116,24 @@ def merge_permute(x):
     return x.permute(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1)
 
 
-@pytest.mark.parametrize("fn", [mh.merge_heads, merge_cat, merge_contiguous_view, merge_einsum, merge_numpy, merge_permute])
+def merge_loop(x):
+    b, a, n, d = x.shape
+    out = torch.empty(b, n, a * d, dtype=x.dtype)
+    for h in range(a):
+        out[:, :, h * d:(h + 1) * d] = x[:, h]
+    return out
+
+
+@pytest.mark.parametrize("fn", [mh.merge_heads, merge_cat, merge_contiguous_view, merge_einsum, merge_permute, merge_loop,
+                                lambda x: x.transpose(1, 2).reshape(*x.shape[:1], x.shape[2], x.shape[3], -1).flatten(2),
+                                lambda x: mh.merge_heads(x).double()])
 def test_merge_accepts_alternatives(fn, accepts):
     accepts(check_merge_heads, fn)
+
+
+def merge_one_sequence(x):  # treats x as one sequence's heads (A, n, d_head): raises for B > 1
+    a, n, d = x.shape[-3:]
+    return x.reshape(a, n, d).transpose(0, 1).reshape(1, n, a * d)
 
 
 def _view_after_transpose(x):
@@ -119,6 +150,18 @@ def _view_after_transpose(x):
     (lambda x: x.sum(1), ["heads summed"]),
     (lambda x: x[:, 0], ["only one head kept"]),
     (_view_after_transpose, ["RuntimeError", "non-contiguous", ".reshape"]),
+    (lambda x: x.transpose(2, 3).reshape(x.shape[0], x.shape[2], -1), ["heads merged without a transpose", "(B, A, d_head, n)"]),
+    (lambda x: x.reshape(x.shape[0], -1, x.shape[2]).transpose(1, 2), ["heads merged without a transpose", "(B, A·d_head, n)"]),
+    (lambda x: torch.cat([x[:, 0], x[:, 1]], dim=-1), ["only the first 2 of 3 heads concatenated", "hard-coded as 2"]),
+    (lambda x: torch.cat(list(x), dim=-1), ["wrong shape (3, 5, 8) = (A, n, B·d_head)"]),
+    (lambda x: torch.cat(x.unbind(1), dim=1), ["= (B, A·n, d_head)"]),
+    (lambda x: mh.merge_heads(x) / x.shape[1], ["off by a factor of 1/A"]),
+    (lambda x: mh.merge_heads(x.roll(1, dims=1)), ["features in the wrong order"]),
+    (lambda x: mh.merge_heads(x).flip(1), ["positions in reverse order"]),
+    (lambda x: mh.merge_heads(x).half(), ["result in float16"]),
+    (lambda x: mh.merge_heads(x).float(), ["result rounded to float32"]),
+    (merge_numpy, ["returned a NumPy array, not a tensor"]),  # the docstring asks for a tensor
+    (merge_one_sequence, ["ran with a batch of one (B = 1) but raised"]),
 ])
 def test_merge_names_each_pitfall(fn, phrases, rejects):
     rejects(check_merge_heads, fn, *phrases)
@@ -401,7 +444,7 @@ def test_mha_accepts_alternatives(cls, accepts):
     (make_mha(assert_divisible=True), ["AssertionError", "A need not divide d_model"]),
     (make_mha(kv="ignored"), ["x_kv ignored: keys and values from x_q"]),
     (make_mha(kv="swapped"), ["x_q and x_kv swapped"]),
-    (make_mha(kv="values_from_q"), ["mixes the two lengths"]),
+    (make_mha(kv="values_from_q"), ["values from x_q in cross-attention"]),
     (make_mha(qk_swapped=True), ["queries and keys swapped"]),
     (make_mha(v_from="k"), ["values projected with W^K"]),
     (make_mha(mask_mode="inverted"), ["mask polarity inverted"]),
@@ -413,7 +456,7 @@ def test_mha_accepts_alternatives(cls, accepts):
     (make_mha(mask_mode="repeat"), ["mask matched to the wrong batch entries and heads"]),
     (make_mha(returns="out"), ["forward returned one tensor, not (out, weights)"]),
     (make_mha(returns="averaged"), ["weights averaged over the heads"]),
-    (make_mha(returns="swapped"), ["wrong shape"]),
+    (make_mha(returns="swapped"), ["forward returned (weights, out), not (out, weights)"]),
     (make_mha(signature="x_only"), ["forward does not take (x_q, x_kv=None, mask=None)"]),
     (make_mha(names=("p0", "p1", "p2", "p3"), merge="reversed"), ["wrong concat order: last head first"]),
     (OutProjFirst, ["took them in the order they were created", "name them q_proj"]),
@@ -423,15 +466,15 @@ def test_mha_names_each_pitfall(cls, phrases, rejects):
 
 
 def test_mha_values_from_x_q_named_when_lengths_agree(rejects):
-    """With n_k = n_q the same mistake runs and gives wrong values: named by its output."""
+    """With n_k = n_q the mistake runs and gives wrong values: named by its output (the check meets this case
+    before the one with n_k ≠ n_q, where the same code raises)."""
     from attn_course.checks import multihead as C
 
     cls = make_mha(kv="values_from_q")
     cases = C._cases()
     same_length = [c for c in cases if c.get("m") == c["n"]]
     assert same_length, "the check needs a cross-attention case with n_k = n_q"
-    # The check reaches the n_k ≠ n_q case first and names the length mix-up there (above); the mistake model
-    # itself must also reproduce this answer where both lengths agree.
+    assert cases.index(same_length[0]) < next(i for i, c in enumerate(cases) if c.get("m") and c["m"] != c["n"])
     case = same_length[0]
     torch.manual_seed(0)
     module = cls(case["d"], case["a"], case["h"])
@@ -473,7 +516,7 @@ def test_mha_bad_classes(rejects, unfinished):
 
     rejects(check_MultiHeadAttention, Unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
     rejects(check_MultiHeadAttention, NotAModule, "not an nn.Module")
-    rejects(check_MultiHeadAttention, NoLayers, "W^Q, W^K, W^V, W^O not found", "proj (12 → 12)")
+    rejects(check_MultiHeadAttention, NoLayers, "W^Q, W^K, W^V, W^O not found", "proj (15 → 15)")
     rejects(check_MultiHeadAttention, Crashes, "raised RuntimeError", "mat1 and mat2")
     rejects(check_MultiHeadAttention, NaNs, "NaN")
     rejects(check_MultiHeadAttention, Exits, "SystemExit")
@@ -498,3 +541,171 @@ def test_mha_oracle_model_equals_torch():
         assert theirs[2]  # computed by nn.MultiheadAttention
         torch.testing.assert_close(ours[0], theirs[0])
         torch.testing.assert_close(ours[1], theirs[1])
+
+
+# ============================================================================ red-team cases (issue 13)
+# Learner-style modules written from the docstring, each with one mistake (or none): the check must name the
+# mistake, or accept the answer. Sources are compiled as a learner's cell would be.
+_LEARNER = """
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_head if d_head is not None else math.ceil(d_model / n_heads)
+        width = n_heads * self.d_head
+        self.q_proj = nn.Linear(d_model, width)
+        self.k_proj = nn.Linear(d_model, width)
+        self.v_proj = nn.Linear(d_model, width)
+        self.out_proj = nn.Linear(width, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        if x_kv is None:
+            x_kv = x_q
+        B, n_q, _ = x_q.shape
+        n_k = x_kv.shape[1]
+        A, d = self.n_heads, self.d_head
+        q = self.q_proj(x_q).view(B, n_q, A, d).transpose(1, 2)
+        k = self.k_proj(x_kv).view(B, n_k, A, d).transpose(1, 2)
+        v = self.v_proj(x_kv).view(B, n_k, A, d).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        weights = torch.nan_to_num(weights, nan=0.0)
+        out = (weights @ v).transpose(1, 2).reshape(B, n_q, A * d)
+        return self.out_proj(out), weights
+"""
+_FUSED = """
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, d_head=None, dropout=0.0):
+        super().__init__()
+        self.n_head, self.head_dim = n_heads, d_head or -(-d_model // n_heads)
+        self.qkv_proj = nn.Linear(d_model, 3 * n_heads * self.head_dim)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, d_model)
+        self.attn_dropout = nn.Dropout(dropout)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        B, T, C = x_q.size()
+        x_kv = x_q if x_kv is None else x_kv
+        S, width = x_kv.size(1), self.n_head * self.head_dim
+        q = self.qkv_proj(x_q).split(width, dim=2)[0]
+        _, k, v = self.qkv_proj(x_kv).split(width, dim=2)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, S, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, S, self.n_head, self.head_dim).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if mask is not None:
+            att = att.masked_fill(mask == False, float("-inf"))  # noqa: E712
+        att = torch.where(torch.isnan(torch.softmax(att, -1)), 0.0, torch.softmax(att, -1))
+        att = self.attn_dropout(att)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, width)
+        return self.out_proj(y), att
+"""
+
+
+def _learner(source: str, *changes: str):
+    """The class a learner's cell defines: ``source`` with each (old, new) pair of ``changes`` applied."""
+    for old, new in zip(changes[::2], changes[1::2]):
+        assert old in source, old
+        source = source.replace(old, new)
+    namespace = {"math": math, "torch": torch, "nn": nn, "F": F, "masked_softmax": masked_softmax}
+    exec(compile(source, "<learner cell>", "exec"), namespace)
+    return namespace["MultiHeadAttention"]
+
+
+_MASKING = """        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        weights = torch.nan_to_num(weights, nan=0.0)"""
+_RETURN = "return self.out_proj(out), weights"
+
+
+@pytest.mark.parametrize("changes,phrases", [
+    (("/ math.sqrt(d)", "/ math.sqrt(x_q.shape[-1] / A)"), ["scaled by √(d_model / A), not √d_head"]),
+    (("/ math.sqrt(d)", "/ (2 * math.sqrt(d))"), ["scores multiplied by 1/(2·√d_head), not 1/√d_head"]),
+    (("/ math.sqrt(d)", "/ math.sqrt(A)"), ["scores multiplied by 1/√n_heads"]),
+    (('float("-inf")', "0.0"), ["blocked scores set to 0"]),
+    (('scores = scores.masked_fill(~mask, float("-inf"))', "scores = scores * mask"), ["blocked scores set to 0"]),
+    ((_MASKING, _MASKING.replace("        if mask is not None:\n            scores = scores.masked_fill(~mask,",
+                                 "        if True:\n            scores = scores.masked_fill(~torch.ones(n_q, n_k, "
+                                 "dtype=torch.bool).tril(),")), ["always causal", "here none was given"]),
+    ((_RETURN, "return self.out_proj(out), scores"), ["scores returned as the weights"]),
+    (("k = self.k_proj(x_kv)", "k = self.k_proj(x_q)"), ["keys from x_q in cross-attention"]),
+    (("q = self.q_proj(x_q).view(B, n_q", "q = self.q_proj(x_kv).view(B, n_k"), ["queries from x_kv in cross-attention"]),
+    (("q = self.q_proj(x_q)", "q = self.k_proj(x_q)"), ["queries projected with W^K"]),
+    (("self.n_heads = n_heads", "self.n_heads = 2",
+      "math.ceil(d_model / n_heads)", "math.ceil(d_model / 2)", "width = n_heads", "width = 2"),
+     ["W^Q gives 10 outputs, not A·d_head = 15", "makes 2 heads of width d_head = 5", "hard-coded"]),
+    (("        weights = torch.nan_to_num(weights, nan=0.0)\n",
+      "        weights = torch.nan_to_num(weights, nan=0.0)\n        weights = F.dropout(weights, p=0.1)\n"),
+     ["different results for the same input", "training=self.training"]),
+    ((_RETURN, "return self.out_proj(out).detach(), weights"), ["no gradient flows back through out", ".detach()"]),
+    ((_RETURN, "return self.out_proj(out) + x_q, weights"), ["residual added inside attention"]),
+    ((_RETURN, "return F.layer_norm(self.out_proj(out), (x_q.shape[-1],)), weights"), ["layer norm inside attention"]),
+    ((_RETURN, "return out @ self.out_proj.weight.T, weights"), ["out_proj's bias not added"]),
+    ((_RETURN, "return self.out_proj(out), weights[:, :1].expand_as(weights)"),
+     ["weights: the same values for every one of the heads"]),
+    (("v = self.v_proj(x_kv)", "v = (self.v_proj(x_kv) / math.sqrt(d))"), ["values scaled instead of the scores"]),
+    (("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-1) ** 2"),
+     ["weight rows do not sum to 1"]),
+    (("weights = torch.softmax(scores, dim=-1)", "weights = torch.relu(scores) / torch.relu(scores).sum(-1, "
+      "keepdim=True).clamp_min(1e-9)"), ["zero weight on keys the mask allows"]),
+    ((_RETURN, "out = self.out_proj(out)\n        if mask is not None:\n            out = out * mask.expand(B, A, "
+      "n_q, n_k).any(-1).any(1).unsqueeze(-1)\n        return out, weights"),
+     ["out wrong only for the queries that may attend to nothing", "the bias"]),
+    (("        if x_kv is None:\n            x_kv = x_q\n", "        x_kv = x_kv or x_q\n"),
+     ["raised RuntimeError", "`x_kv or x_q`", "is None"]),
+    (("        weights = torch.nan_to_num(weights, nan=0.0)\n", ""), ["NaN on a fully masked row"]),
+    (('float("-inf")', "-1e9"), ["uniform weights on a fully masked row"]),
+    (("self.out_proj = nn.Linear(width, d_model)", "self.out_proj = nn.Linear(d_model, d_model)"),
+     ["W^O takes d_model inputs, not A·d_head"]),
+], ids=lambda p: p[0] if isinstance(p, list) else None)
+def test_mha_names_red_team_mistakes(changes, phrases, rejects):
+    rejects(check_MultiHeadAttention, _learner(_LEARNER, *changes), *phrases)
+
+
+@pytest.mark.parametrize("changes,phrases", [
+    (("q = self.qkv_proj(x_q).split(width, dim=2)[0]", "q = self.qkv_proj(x_q).split(width, dim=2)[1]",
+      "_, k, v = self.qkv_proj(x_kv).split(width, dim=2)", "k, _, v = self.qkv_proj(x_kv).split(width, dim=2)"),
+     ["qkv_proj split in the order k, q, v"]),
+    (("q = self.qkv_proj(x_q).split(width, dim=2)[0]",
+      "q = self.qkv_proj(x_q).view(B, T, self.n_head, 3 * self.head_dim).chunk(3, dim=-1)[0].reshape(B, T, width)",
+      "_, k, v = self.qkv_proj(x_kv).split(width, dim=2)",
+      "_, k, v = [t.reshape(B, S, width) for t in self.qkv_proj(x_kv).view(B, S, self.n_head, "
+      "3 * self.head_dim).chunk(3, dim=-1)]"), ["qkv_proj split head by head"]),
+    (("view(B, T, width)", "view(B, T, C)"), ["raised RuntimeError", "assumes A·d_head = d_model"]),
+])
+def test_mha_names_fused_mistakes(changes, phrases, rejects):
+    rejects(check_MultiHeadAttention, _learner(_FUSED, *changes), *phrases)
+
+
+@pytest.mark.parametrize("source,changes", [
+    (_LEARNER, ()),
+    (_LEARNER, ("nn.Linear(d_model, width)", "nn.Linear(d_model, width, bias=False)")),  # biases are optional
+    (_LEARNER, ("nn.Linear(width, d_model)", "nn.Linear(width, d_model, bias=False)")),
+    (_LEARNER, (_MASKING, "        weights = masked_softmax(scores, mask)")),
+    (_LEARNER, (_MASKING, _MASKING.replace("weights = torch.nan_to_num(weights, nan=0.0)",
+                                           "weights = weights * (mask.any(-1, keepdim=True) if mask is not None else 1)")
+                .replace('float("-inf")', "torch.finfo(scores.dtype).min"))),
+    (_LEARNER, (_MASKING, "        weights = torch.softmax(scores, dim=-1)\n        if mask is not None:\n"
+                          "            weights = weights * mask\n"
+                          "            weights = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)")),
+    (_LEARNER, ("scores = q @ k.transpose(-2, -1) / math.sqrt(d)", "scores = (q * d ** -0.5) @ k.mT")),
+    (_LEARNER, ("weights = torch.softmax(scores, dim=-1)", "weights = F.softmax(scores.double(), -1).to(scores.dtype)")),
+    (_LEARNER, (_RETURN, "return self.out_proj(out), weights.detach()")),  # the weights need no gradient
+    (_FUSED, ()),  # nanoGPT's fused projection, split q | k | v
+    (_FUSED, ("dropout=0.0", "dropout=0.1")),  # nn.Dropout is off in eval mode
+])
+def test_mha_accepts_red_team_alternatives(source, changes, accepts):
+    accepts(check_MultiHeadAttention, _learner(source, *changes))
+
+
+def test_first_case_separates_the_scale_mistakes():
+    """On the first case the classic scales give different numbers: 1/√d_head, 1/d_head, 1/(2√d_head), 1/√d_model,
+    1/√A and 1 are all distinct (with d_head = 4, 2·√d_head = d_head would make two mistakes one)."""
+    from attn_course.checks import multihead as C
+
+    first = C._cases()[0]
+    d, a, h = first["d"], first["a"], first["h"]
+    scales = [1 / math.sqrt(h), 1 / h, 1 / (2 * math.sqrt(h)), 1 / math.sqrt(d), 1 / math.sqrt(a), 1.0, math.sqrt(h)]
+    assert len({round(s, 9) for s in scales}) == len(scales)

@@ -1,5 +1,6 @@
 """Checks of notebook 08 (attn_course.checks.patterns): every pitfall rejected with its diagnosis, correct
-alternatives (NumPy, einsum, log2, an epsilon guard, Categorical…) accepted, same verdict on replay."""
+alternatives (einsum, log2, an epsilon guard, Categorical, loops, float64…) accepted, same verdict on replay.
+The docstrings ask for a tensor: a NumPy result is named ("returned a NumPy array"), not accepted."""
 
 from __future__ import annotations
 
@@ -88,7 +89,23 @@ def entropy_keyword_loop(weights, mask=None):
     return torch.tensor(out).reshape(weights.shape[:-1])
 
 
-@pytest.mark.parametrize("fn", [entropy_eps, entropy_numpy, entropy_log2, entropy_categorical, entropy_keyword_loop])
+def entropy_k0_over_neg_inf(w, mask=None):  # k = 0 (fully masked): 0 / log 0 = 0 / −inf = −0, right without a guard
+    h = -torch.special.xlogy(w, w).sum(-1)
+    k = torch.as_tensor(w.shape[-1] if mask is None else torch.broadcast_to(mask, w.shape).sum(-1), dtype=w.dtype)
+    out = h / torch.log(k)
+    return torch.where(k == 1, torch.zeros_like(out), out)
+
+
+def entropy_masked_fill(w, mask=None):
+    allowed = torch.ones_like(w, dtype=torch.bool) if mask is None else mask.expand_as(w)
+    p = w.masked_fill(~allowed, 0.0)
+    h = -(p * torch.where(p > 0, p, 1.0).log()).sum(-1)
+    k = allowed.sum(-1)
+    return torch.where(k > 1, h / torch.log(k.clamp(min=2).to(h.dtype)), 0.0)
+
+
+@pytest.mark.parametrize("fn", [entropy_eps, entropy_log2, entropy_categorical, entropy_keyword_loop,
+                                entropy_k0_over_neg_inf, entropy_masked_fill])
 def test_entropy_accepts_alternatives(fn, accepts):
     accepts(check_normalised_entropy, fn)
 
@@ -118,8 +135,42 @@ def test_entropy_names_each_pitfall(fn, phrases, rejects):
     rejects(check_normalised_entropy, fn, *phrases)
 
 
+def entropy_one_matrix(weights, mask=None):  # a loop over the rows of one (n_q, n_k) matrix: raises on a batch
+    n_q, n_k = weights.shape
+    out = torch.zeros(n_q, dtype=weights.dtype)
+    for i in range(n_q):
+        k = n_k if mask is None else int(torch.broadcast_to(mask, weights.shape)[i].sum())
+        if k > 1:
+            out[i] = -torch.special.xlogy(weights[i], weights[i]).sum() / math.log(k)
+    return out
+
+
+def _k(w, mask):
+    return _allowed(w, mask).to(torch.float64)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (entropy_numpy, ["returned a NumPy array, not a tensor"]),  # the docstring asks for a tensor
+    (lambda w, mask=None: -torch.special.xlogy(w, w).mean(-1) / math.log(w.shape[-1]), ["mean over the keys"]),
+    (lambda w, mask=None: torch.where(_k(w, mask) > 1, _h(w) / _k(w, mask), 0.0), ["divided by the number of keys, not its log"]),
+    (lambda w, mask=None: torch.where(_k(w, mask) > 1, _h(w) / (_k(w, mask) + 1).log(), 0.0), ["normalised by log(k + 1)"]),
+    (lambda w, mask=None: _h(w) / math.log(8), ["normalised by log 8, a fixed number"]),
+    (lambda w, mask=None: torch.where(_k(w, mask) > 1, _h(w) / math.log(2) / _k(w, mask).clamp(min=2).log(), 0.0),
+     ["log2 in the entropy, ln in the normaliser"]),
+    (lambda w, mask=None: torch.where(_k(w, mask) > 1, -(w * torch.log(w + 1e-3)).sum(-1) / _k(w, mask).clamp(min=2).log(),
+                                      0.0), ["log(w + 0.001) instead of log(w)"]),
+    (lambda w, mask=None: 1 - ref.normalised_entropy(w, mask), ["every value is 1 − the expected value"]),
+    (lambda w, mask=None: ref.normalised_entropy(w, mask).sqrt(), ["a row of 0.5, 0.5, 0, 0 gives 0.7071, not 0.5"]),
+    (entropy_one_matrix, ["ran on single matrices such as (6, 6) but raised on (2, 3, 5, 5)"]),
+])
+def test_entropy_names_red_team_mistakes(fn, phrases, rejects):
+    rejects(check_normalised_entropy, fn, *phrases)
+
+
 # ============================================================================ peak weight
-@pytest.mark.parametrize("fn", [lambda w: w.max(dim=-1).values, lambda w: np.asarray(w).max(axis=-1),
+@pytest.mark.parametrize("fn", [lambda w: w.max(dim=-1).values, lambda w: w.float().amax(-1),
+                                lambda w: w.topk(1, dim=-1).values.squeeze(-1),
+                                lambda w: w.gather(-1, w.argmax(-1, keepdim=True)).squeeze(-1),
                                 lambda w: torch.max(w, -1, keepdim=True)[0].squeeze(-1),
                                 lambda w: w.double().amax(-1), lambda w: w.sort(-1).values[..., -1]])
 def test_peak_accepts_alternatives(fn, accepts):
@@ -134,6 +185,17 @@ def test_peak_accepts_alternatives(fn, accepts):
     (lambda w: w.amin(-1), ["minimum instead of maximum"]),
     (lambda w: w.sum(-1), ["row sums"]),
     (lambda w: w.amax(-1, keepdim=True), ["wrong shape", "keepdim"]),
+    (lambda w: np.asarray(w).max(axis=-1), ["returned a NumPy array, not a tensor"]),
+    (lambda w: w.amax(-1).round(), ["rounded to whole numbers"]),  # on the first case peaks lie on both sides of ½
+    (lambda w: w.max(1).values, ["maximum over axis 1", "the keys are the last axis"]),
+    (lambda w: torch.stack([row.max() for row in w]), ["one maximum per batch entry"]),
+    (lambda w: w[..., 0], ["weight of the first key"]),
+    (lambda w: w.mean(-1), ["row means"]),
+    (lambda w: w.topk(2, dim=-1).values[..., 1], ["second-largest weight"]),
+    (lambda w: w.flatten(-2).amax(-1) if w.ndim > 2 else w.max(), ["maximum of the whole tensor"]),
+    (lambda w: w.median(-1).values, ["not each row's largest weight", "the weight of key"]),
+    (lambda w: 1 - w.amax(-1), ["every value is 1 − the expected value"]),
+    (lambda w: w.amax(-1).half(), ["result in float16"]),
 ])
 def test_peak_names_each_pitfall(fn, phrases, rejects):
     rejects(check_peak_weight, fn, *phrases)
@@ -141,7 +203,8 @@ def test_peak_names_each_pitfall(fn, phrases, rejects):
 
 # ============================================================================ self-attention weight
 @pytest.mark.parametrize("fn", [lambda w: torch.diagonal(w, dim1=-2, dim2=-1),
-                                lambda w: np.diagonal(np.asarray(w), axis1=-2, axis2=-1),
+                                lambda w: w[..., torch.arange(w.shape[-1]), torch.arange(w.shape[-1])],
+                                lambda w: w.masked_fill(~torch.eye(w.shape[-1], dtype=torch.bool), 0).sum(-1),
                                 lambda w: torch.einsum("...ii->...i", w),
                                 lambda w: (w * torch.eye(w.shape[-1], dtype=w.dtype)).sum(-1)])
 def test_self_accepts_alternatives(fn, accepts):
@@ -155,7 +218,13 @@ def test_self_accepts_alternatives(fn, accepts):
     (lambda w: w.diagonal(dim1=-2, dim2=-1).sum(-1), ["trace"]),
     (lambda w: w.sum(-1), ["row sums"]),
     (lambda w: w.flip(-1).diagonal(dim1=-2, dim2=-1), ["anti-diagonal"]),
-    (lambda w: np.diag(np.asarray(w)), ["raised ValueError"]),
+    (lambda w: np.diag(np.asarray(w)), ["returned a NumPy array, not a tensor"]),
+    (lambda w: torch.diag(w), ["raised RuntimeError", "ran on single matrices", "assumes 2-D weights"]),
+    (lambda w: (w * torch.eye(8)).sum(-1), ["raised RuntimeError", "a size 8", "hard-coded"]),
+    (lambda w: w.amax(-1), ["largest weight, not the diagonal"]),
+    (lambda w: w[..., 0], ["weight of the first key"]),
+    (lambda w: w.sum(-2), ["column sums, not the diagonal"]),
+    (lambda w: w.diagonal(dim1=-2, dim2=-1).flip(-1), ["queries in reverse order"]),
 ])
 def test_self_names_each_pitfall(fn, phrases, rejects):
     rejects(check_self_attention_weight, fn, *phrases)
@@ -187,7 +256,12 @@ def distance_cdist(w):
     return (w * torch.cdist(pos_q, pos_k, p=1)).sum(-1)
 
 
-@pytest.mark.parametrize("fn", [distance_numpy, distance_einsum, distance_loop, distance_cdist])
+def distance_transposed_table(w):
+    table = (torch.arange(w.shape[-1])[:, None] - torch.arange(w.shape[-2])[None, :]).abs()  # (n_k, n_q)
+    return (w * table.T).sum(-1)
+
+
+@pytest.mark.parametrize("fn", [distance_einsum, distance_loop, distance_cdist, distance_transposed_table])
 def test_distance_accepts_alternatives(fn, accepts):
     accepts(check_attention_distance, fn)
 
@@ -210,6 +284,13 @@ def _signed(w):
     (lambda w: (w * _signed(w).abs()).sum(-1) / w.shape[-1], ["divided by the number of keys"]),
     (lambda w: (w * _idx(w, -1)).sum(-1), ["mean attended position"]),
     (lambda w: (w * _signed(w).abs()).sum(-2), ["summed over the queries"]),
+    (distance_numpy, ["returned a NumPy array, not a tensor"]),
+    (lambda w: (w * (_signed(w) - (w.shape[-1] - w.shape[-2])).abs()).sum(-1), ["queries placed at the end of the keys"]),
+    (lambda w: (w * (-_signed(w)).clamp(min=0)).sum(-1), ["only the keys before the query counted"]),
+    (lambda w: (w * _signed(w).abs()).sum(-1) / max(w.shape[-1] - 1, 1), ["divided by the largest distance"]),
+    (lambda w: (w * _signed(w).abs()).sum(-1).round(), ["rounded to whole numbers"]),
+    (lambda w: (w * (torch.arange(w.shape[-1])[None, :] - torch.arange(w.shape[-1])[:, None]).abs()).sum(-1),
+     ["ran on square weights but raised on 4 queries × 7 keys"]),
 ])
 def test_distance_names_each_pitfall(fn, phrases, rejects):
     rejects(check_attention_distance, fn, *phrases)
@@ -218,9 +299,10 @@ def test_distance_names_each_pitfall(fn, phrases, rejects):
 # ============================================================================ effective positions
 @pytest.mark.parametrize("fn", [
     lambda w: ref.entropy(w).exp(),
-    lambda w: np.exp(-np.sum(np.asarray(w, dtype=np.float64) * np.log(np.clip(np.asarray(w, dtype=np.float64), 1e-300,
-                                                                             None)), -1)),
     lambda w: torch.exp(torch.distributions.Categorical(probs=w.double()).entropy()),
+    lambda w: torch.pow(w, -w).prod(-1),
+    lambda w: torch.special.entr(w).sum(-1).exp(),
+
     lambda w: 2 ** (-torch.where(w > 0, w * torch.log2(w), torch.zeros_like(w)).sum(-1)),
 ])
 def test_effective_accepts_alternatives(fn, accepts):
@@ -236,6 +318,30 @@ def test_effective_accepts_alternatives(fn, accepts):
     (lambda w: ref.entropy(w), ["entropy, not its exponential"]),
     (lambda w: torch.exp(-(w * w.log()).sum(-1)), ["log(0) gives NaN"]),
     (lambda w: torch.exp((w * torch.log(w + 1e-12)).sum(-1)), ["sign flipped"]),
+    (lambda w: np.exp(-np.sum(np.asarray(w, dtype=np.float64) * np.log(np.clip(np.asarray(w, dtype=np.float64), 1e-300,
+                                                                              None)), -1)),
+     ["returned a NumPy array, not a tensor"]),
+    (lambda w: torch.exp(torch.special.entr(w).mean(-1)), ["mean over the keys instead of a sum"]),
+    (lambda w: 1 / w.amax(-1), ["one over the peak weight"]),
+    (lambda w: torch.exp(torch.special.entr(w).sum(-1) / math.log(2)), ["log and exp in different bases"]),
+    (lambda w: torch.exp(torch.special.entr(w).sum(-1)) - 1, ["one less than exp(H)"]),
+    (lambda w: torch.exp(-(w * torch.log(w + 1e-3)).sum(-1)), ["log(w + 0.001) instead of log(w)"]),
+    (lambda w: torch.exp(torch.special.entr(w).sum(-1)).round(), ["rounded to whole numbers"]),
+    (lambda w: 1 + torch.special.entr(w).sum(-1), ["a row uniform over 4 keys gives 2.386, not 4"]),
 ])
 def test_effective_names_each_pitfall(fn, phrases, rejects):
     rejects(check_effective_positions, fn, *phrases)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.exercise)
+def test_first_case_separates_the_classic_mistakes(check):
+    """On the general first case, row maxima lie on both sides of ½ and below the matrix's maximum, so that the
+    whole-tensor maximum, row sums and rounded peaks give different numbers (a first case with a one-hot row made
+    three of them look alike)."""
+    from attn_course.checks import patterns as C
+
+    w = C._general(extremes=False)["w"]
+    peaks = w.amax(-1)
+    assert (peaks < 0.5).any() and (peaks > 0.5).any() and float(w.max()) < 0.99
+    outputs = [w.max().expand(6), w.sum(-1), peaks.round(), peaks, w.amin(-1), w.mean(-1), w[..., 0]]
+    assert all(not torch.allclose(a, b) for i, a in enumerate(outputs) for b in outputs[i + 1:])

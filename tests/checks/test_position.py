@@ -79,7 +79,8 @@ def no_return(attn):
 
 
 @pytest.mark.parametrize("fn,phrases", [
-    (perm_test(compare=lambda a, b, perm: torch.allclose(b, b)), ["calls everything equivariant", "never permutes"]),
+    (perm_test(compare=lambda a, b, perm: torch.allclose(b, b)), ["calls everything equivariant",
+                                                                  "comparison lets that through"]),
     (perm_test(compare=lambda a, b, perm: torch.equal(a, b[perm])), ["rejects attention without positions",
                                                                       "tolerance"]),
     (perm_test(compare=lambda a, b, perm: torch.allclose(a, b[perm.argsort()], atol=1e-5)),
@@ -87,7 +88,12 @@ def no_return(attn):
     (perm_test(compare=lambda a, b, perm: torch.allclose(a, b, atol=1e-5)), ["rejects functions that ignore"]),
     (perm_test(make_perm=lambda n, g: torch.arange(n).flip(0)), ["misses symmetric distance bias", "reversal"]),
     (perm_test(make_perm=lambda n, g: torch.tensor([1, 0]), n=2), ["misses symmetric distance bias", "sequence of 2"]),
-    (perm_test(make_perm=lambda n, g: torch.arange(n)), ["calls everything equivariant", "leaves every token"]),
+    (perm_test(make_perm=lambda n, g: torch.arange(n)), ["calls everything equivariant",
+                                                         "never runs attn on a reordering"]),
+    (perm_test(compare=lambda a, b, perm: not torch.allclose(a, b[perm], atol=1e-5)), ["wrong way round"]),
+    (perm_test(compare=lambda a, b, perm: torch.allclose(a, b[perm], atol=10.0)),
+     ["calls everything equivariant", "tolerance far too loose"]),
+    (perm_test(make_x=lambda g: torch.ones(6, 8)), ["same vector"]),
     (perm_test(n=1), ["calls everything equivariant", "single token"]),
     (perm_test(make_x=lambda g: 1e-3 * torch.randn(6, 8, generator=g)), ["misses RoPE", "tiny"]),
     (no_return, ["calls everything equivariant", "returns None"]),
@@ -185,6 +191,19 @@ def sin_even_d_only(n, d, base=10000.0):
     return pe
 
 
+def sin_all_sines(n, d, base=10000.0):
+    p = torch.arange(n, dtype=torch.float64)[:, None]
+    return torch.sin(p / base ** (2 * (torch.arange(d, dtype=torch.float64) // 2) / d))
+
+
+def sin_odd_last_cosine(n, d, base=10000.0):
+    """Right for an even d; for an odd d the last column (a sine) holds the cosine of the last pair."""
+    pe = ref.sinusoidal_encoding(n, d, base, dtype=torch.float64)
+    if d % 2:
+        pe[:, -1] = torch.cos(torch.arange(n, dtype=torch.float64) / base ** ((d - 1) / d))
+    return pe
+
+
 @pytest.mark.parametrize("fn,phrases", [
     (sin_rule(layout="swapped"), ["sin and cos swapped"]),
     (sin_rule(layout="halves"), ["in halves, not interleaved"]),
@@ -199,6 +218,12 @@ def sin_even_d_only(n, d, base=10000.0):
     (sin_even_d_only, ["raised RuntimeError", "odd d"]),
     (lambda n, d, base=10000.0: torch.zeros(n, d, dtype=torch.long), ["integer result"]),
     (lambda n, d, base=10000.0: ref.sinusoidal_encoding(n, d, base) * 2, ["factor of 2"]),
+    (sin_rule(angle_fn=lambda p, b, d: p / b ** (torch.arange(0, d, 2) // d).double()), ["every pair has frequency 1"]),
+    (sin_rule(angle_fn=lambda p, b, d: p / b ** (torch.arange(0, d, 2, dtype=torch.float64) / 512)), ["d' = 512"]),
+    (sin_rule(angle_fn=lambda p, b, d: torch.deg2rad(p / b ** (torch.arange(0, d, 2, dtype=torch.float64) / d))),
+     ["wrong frequencies", "π/180"]),
+    (sin_odd_last_cosine, ["the last column is a cosine"]),
+    (sin_all_sines, ["sines in every column"]),
 ])
 def test_check_sinusoid_names_each_pitfall(fn, phrases, rejects):
     rejects(check_sinusoidal_encoding, fn, *phrases)
@@ -253,7 +278,7 @@ def test_check_t5_accepts(fn, accepts):
 
 
 def t5_switch(sign=1, halve=True, exact_from_total=False, rounding="floor", linear=False, md_fixed=None,
-              clamp=True, heads_last=False, ignore_direction=None):
+              clamp=True, heads_last=False, ignore_direction=None, offset_after=True, uni_sign=-1):
     def fn(n, table, bidirectional=True, max_distance=128):
         if ignore_direction is not None:
             bidirectional = ignore_direction
@@ -262,13 +287,13 @@ def t5_switch(sign=1, halve=True, exact_from_total=False, rounding="floor", line
         pos = torch.arange(n)
         rel = sign * (pos[None, :] - pos[:, None])
         half = nb // 2 if bidirectional and halve else nb
-        offset = (rel > 0).long() * half if bidirectional else torch.zeros_like(rel)
-        dist = rel.abs() if bidirectional else (-rel).clamp(min=0)
+        offset = (rel > 0).long() * half * offset_after if bidirectional else torch.zeros_like(rel)
+        dist = rel.abs() if bidirectional else (uni_sign * rel).clamp(min=0)
         exact = (nb // 2) if exact_from_total else half // 2
         val = exact + torch.log(dist.double().clamp(min=1) / exact) / math.log(md / exact) * (half - exact)
         if linear:
             val = dist.double()
-        large = val.round().long() if rounding == "round" else val.floor().long()
+        large = {"round": val.round(), "ceil": val.ceil(), "floor": val.floor()}[rounding].long()
         if clamp:
             large = large.clamp(max=half - 1)
         buckets = offset + torch.where(dist < exact, dist, large)
@@ -280,6 +305,10 @@ def t5_switch(sign=1, halve=True, exact_from_total=False, rounding="floor", line
 @pytest.mark.parametrize("fn,phrases", [
     (t5_switch(sign=-1), ["i − j instead of j − i"]),
     (t5_switch(ignore_direction=True), ["`bidirectional` ignored"]),
+    (t5_switch(ignore_direction=False), ["`bidirectional` ignored"]),
+    (t5_switch(offset_after=False), ["no offset for keys after the query"]),
+    (t5_switch(uni_sign=1), ["distance of the keys after the query"]),
+    (t5_switch(rounding="ceil"), ["rounded up"]),
     (t5_switch(exact_from_total=True), ["max_exact"]),
     (t5_switch(rounding="round"), ["rounded instead of floored"]),
     (t5_switch(linear=True), ["no logarithmic buckets"]),
@@ -288,7 +317,7 @@ def t5_switch(sign=1, halve=True, exact_from_total=False, rounding="floor", line
     (t5_switch(halve=False), ["IndexError", "num_buckets // 2"]),
     (t5_switch(heads_last=True), ["heads last"]),
     (lambda n, table, bidirectional=True, max_distance=128: table[torch.zeros(n, n, dtype=torch.long)].permute(2, 0, 1),
-     ["wrong values"]),
+     []),
 ])
 def test_check_t5_names_each_pitfall(fn, phrases, rejects):
     rejects(check_relative_position_bias, fn, *phrases)
@@ -345,6 +374,7 @@ H = lambda heads: torch.arange(1, heads + 1, dtype=torch.float64)  # noqa: E731
     (alibi_slopes_rule(ref.alibi_slopes, form=lambda d: d.abs()), ["bias positive"]),
     (alibi_slopes_rule(ref.alibi_slopes, form=lambda d: -d), ["without the absolute value"]),
     (lambda n, n_heads: ref.alibi_bias(n, n_heads).permute(1, 2, 0), ["heads last"]),
+    (alibi_slopes_rule(ref.alibi_slopes, form=lambda d: -d.clamp(min=0)), ["zero for keys after the query"]),
     (lambda n, n_heads: torch.zeros(n, n, dtype=torch.long), ["integer result"]),
     (lambda n, n_heads: ref.alibi_bias(n, n_heads)[0], ["wrong shape"]),
 ])
@@ -389,6 +419,27 @@ def test_check_rope_accepts(fn, accepts):
     accepts(check_apply_rope, fn)
 
 
+def rope_in_place(x, positions=None, base=10000.0):
+    """Overwrites the even members first, then computes the odd ones from the already rotated values."""
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x = x.clone()
+    x[..., 0::2] = x[..., 0::2] * cos - x[..., 1::2] * sin
+    x[..., 1::2] = x[..., 0::2] * sin + x[..., 1::2] * cos
+    return x
+
+
+def rope_gptj_repeat(x, positions=None, base=10000.0):
+    """GPT-J's rotate_every_two with cos and sin laid out by .repeat (c0 c1 … c0 c1 …)."""
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = angles.cos().repeat(1, 2).to(x.dtype), angles.sin().repeat(1, 2).to(x.dtype)
+    return x * cos + torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2) * sin
+
+
 def rope_rule(pairing="interleaved", sign=1, exp_scale=2, swap=False, unpaired=False, pos_mode="given",
               base_fixed=None, promote=False):
     def fn(x, positions=None, base=10000.0):
@@ -425,7 +476,15 @@ def rope_rule(pairing="interleaved", sign=1, exp_scale=2, swap=False, unpaired=F
     (rope_rule(pos_mode="from1"), ["positions off by one"]),
     (rope_rule(base_fixed=10000.0), ["base ignored"]),
     (rope_rule(promote=True), ["dtype changed"]),
-    (lambda x, positions=None, base=10000.0: x, ["wrong values"]),
+    (lambda x, positions=None, base=10000.0: x, ["x returned unrotated"]),
+    (rope_in_place, ["already rotated x_2i"]),
+    (rope_gptj_repeat, [".repeat, not .repeat_interleave"]),
+    (lambda x, positions=None, base=10000.0: ref.apply_rope(x, positions, 1000.0), ["base ignored", "fixed base"]),
+    (lambda x, positions=None, base=10000.0: ref.apply_rope(
+        x, torch.arange(x.shape[-2]) + (0 if positions is None else positions), base), ["positions mishandled"]),
+    (lambda x, positions=None, base=10000.0: ref.apply_rope(x, positions, base) if x.shape[-1] < 8 else torch.cat(
+        [ref.apply_rope(x[..., :4], positions, base ** (4 / x.shape[-1])), x[..., 4:]], -1),
+     ["wrong rotation frequencies", "0, 0"]),
     (lambda x: ref.apply_rope(x), ["raised TypeError", "apply_rope(x, positions=None, base=10000.0)"]),
     (lambda x, positions=None, base=10000.0: ref.apply_rope(x, positions, base)[..., :-1], ["wrong shape"]),
 ])
@@ -481,6 +540,30 @@ def additive_rule(project=lambda x, W: x @ W.T, combine=lambda a, b: torch.tanh(
     return fn
 
 
+def additive_unsqueeze_2d(q, k, v, W_q, W_k, w, mask=None):
+    """Pairs queries and keys with unsqueeze(1) / unsqueeze(0): right for 2-D input, not with batch axes."""
+    hidden = torch.tanh((q @ W_q.T).unsqueeze(1) + (k @ W_k.T).unsqueeze(0))
+    scores = hidden @ w
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, -1)
+    return weights @ v, weights
+
+
+def additive_w_first(q, k, v, W_q, W_k, w, mask=None):
+    scores = torch.tanh(((q @ W_q.T)[..., :, None, :] + (k @ W_k.T)[..., None, :, :]) @ w)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, -1)
+    return weights @ v, weights
+
+
+def additive_exp_only(q, k, v, W_q, W_k, w, mask=None):
+    scores = ref.additive_scores(q, k, W_q, W_k, w)
+    weights = scores.exp() if mask is None else scores.exp() * mask
+    return weights @ v, weights
+
+
 def additive_pairwise(q, k, v, W_q, W_k, w, mask=None):
     scores = torch.tanh(q @ W_q.T + k @ W_k.T) @ w  # query i with key i only
     weights = torch.softmax(scores, -1)
@@ -500,6 +583,14 @@ def additive_pairwise(q, k, v, W_q, W_k, w, mask=None):
     (additive_rule(out_mode="scores"), ["output from the scores"]),
     (additive_rule(naive=True), ["no maximum subtracted"]),
     (additive_pairwise, ["raised RuntimeError", "position by position"]),
+    (additive_rule(combine=lambda a, b: torch.sigmoid(a + b)), ["sigmoid instead of tanh"]),
+    (additive_unsqueeze_2d, ["raised RuntimeError", "you paired queries and keys with unsqueeze(1)"]),
+    (lambda q, k, v, W_q, W_k, w, mask=None: ref.additive_attention(q, k, v, W_q, W_k, w, mask)[::-1],
+     ["returned (weights, output)"]),
+    (additive_w_first, ["w applied before the tanh"]),
+    (additive_exp_only, ["rows do not sum to 1"]),
+    (lambda q, k, v, W_q, W_k, w, mask=None: tuple(t.float() for t in ref.additive_attention(q, k, v, W_q, W_k, w, mask)),
+     ["computed in float32"]),
     (lambda q, k, v, W_q, W_k, w, mask=None: ref.additive_attention(q, k, v, W_q, W_k, w, mask)[1],
      ["one tensor, not (output, weights)"]),
     (lambda q, k, v, W_q, W_k, w: ref.additive_attention(q, k, v, W_q, W_k, w), ["raised TypeError", "mask"]),

@@ -43,9 +43,16 @@ def via_numpy(d_k, sigma=1.0, n_samples=20_000, generator=None):  # NumPy, seede
     return np.var(np.sum(q * k, axis=1), ddof=1)
 
 
-def mean_of_squares(d_k, sigma=1.0, n_samples=20_000, generator=None):  # E[s²]: the mean is known to be 0
-    s = (torch.randn(n_samples, d_k, generator=generator) * torch.randn(n_samples, d_k, generator=generator)).sum(-1)
-    return (sigma**4 * s**2).mean().reshape(1)  # a one-element tensor
+def via_cov(d_k, sigma=1.0, n_samples=20_000, generator=None):  # torch.cov of one variable is its variance
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = sigma * torch.randn(n_samples, d_k, generator=generator)
+    return torch.cov((q * k).sum(-1)).reshape(1)  # a one-element tensor
+
+
+def shifted_scores(d_k, sigma=1.0, n_samples=20_000, generator=None):  # a shift leaves the variance alone
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = sigma * torch.randn(n_samples, d_k, generator=generator)
+    return float(np.cov(((q * k).sum(-1) + 3.0).numpy()))
 
 
 def normal_with_std(d_k, sigma=1.0, n_samples=20_000, generator=None):
@@ -80,7 +87,8 @@ def numpy_from_initial_seed(d_k, sigma=1.0, n_samples=20_000, generator=None):  
     return float(np.var(np.einsum("nd,nd->n", q, k)))
 
 
-MC_RIGHT = [numpy_from_initial_seed, reference_style, one_draw_float64, via_numpy, mean_of_squares, normal_with_std, keys_by_column,
+MC_RIGHT = [numpy_from_initial_seed, reference_style, one_draw_float64, via_numpy, via_cov, shifted_scores,
+            normal_with_std, keys_by_column,
             in_chunks, numpy_scalar, scaling.mc_score_variance]
 
 
@@ -260,6 +268,68 @@ def q_not_random(d, s, n, g):  # the surviving mutant of `q = sigma * torch.rand
 
 
 @mk
+def mean_of_squares(d, s, n, g):  # E[s²]: close to the variance on many samples, but not the sample variance
+    return (_scores(d, s, n, g) ** 2).mean().reshape(1)
+
+
+@mk
+def mean_not_squared(d, s, n, g):
+    x = _scores(d, s, n, g)
+    return (x ** 2).mean() - x.mean()
+
+
+def _deviations(d, s, n, g):
+    x = _scores(d, s, n, g)
+    return ((x - x.mean()) ** 2).sum()
+
+
+@mk
+def denominator_n_minus_2(d, s, n, g):
+    return _deviations(d, s, n, g) / (n - 2)
+
+
+@mk
+def denominator_dk(d, s, n, g):  # on average n_samples·σ⁴, like a sum over the samples
+    return _deviations(d, s, n, g) / d
+
+
+@mk
+def variance_of_the_mean(d, s, n, g):
+    return _scores(d, s, n, g).var() / n
+
+
+@mk
+def formula_returned(d, s, n, g):
+    return s**4 * d
+
+
+@mk
+def float16_draws(d, s, n, g):
+    return (R(n, d, g, s).half() * R(n, d, g, s).half()).sum(-1).var()
+
+
+@mk
+def capped_samples(d, s, n, g):  # at most 1000 pairs, whatever n_samples asks for
+    return _scores(d, s, min(n, 1000), g).var()
+
+
+@mk
+def variance_over_entries(d, s, n, g):  # a variance over each pair's products: NaN when d_k = 1
+    return torch.var(R(n, d, g, s) * R(n, d, g, s), dim=-1).mean()
+
+
+@mk
+def sqrt_sigma_both(d, s, n, g):  # σ taken as the variance: the same numbers as σ on one side
+    return (R(n, d, g, math.sqrt(s)) * R(n, d, g, math.sqrt(s))).sum(-1).var()
+
+
+@mk
+def reseeds_at_random(d, s, n, g):
+    g.seed()
+    return _scores(d, s, n, g).var()
+
+
+@mk
 def one_key_for_all_samples(d, s, n, g):
     q, k = R(n, d, g, s), R(1, d, g, s)
     return (q * k).sum(-1).var()
@@ -268,11 +338,12 @@ def one_key_for_all_samples(d, s, n, g):
 MC_WRONG = [
     W(divided_by_dk, "σ⁴/d_k", "divided the dot product by d_k"),
     W(mean_not_sum, "σ⁴/d_k", "mean"),
-    W(scaled_score, "σ⁴: the products were not added up"),
-    W(products_not_summed, "σ⁴: the products were not added up"),
+    W(scaled_score, "the scores were divided by √d_k"),
+    W(products_not_summed, "the products were not added up"),
     W(variance_of_q, "σ²", "q alone"),
     W(sigma_as_variance, "σ used as the variance"),
-    W(sigma_on_one_side, "σ on one vector only"),
+    W(sigma_on_one_side, "σ²·d_k instead of σ⁴·d_k", "only one of q and k"),
+    W(sqrt_sigma_both, "σ²·d_k instead of σ⁴·d_k", "both by √σ"),
     W(sigma_ignored, "σ ignored"),
     W(std_returned, "standard deviation"),
     W(uniform_draws, "torch.rand"),
@@ -291,6 +362,17 @@ MC_WRONG = [
     W(negated, "negative", "never negative"),
     W(q_not_random, "scatter too little", "not random"),
     W(one_key_for_all_samples, "scatter far too much", "shared by all the pairs"),
+    # red-team review of notebooks 01/02: named from the learner's own draws (few samples, seeded generators)
+    W(mean_of_squares, "mean of the squares, not centred"),
+    W(mean_not_squared, "the mean was not squared"),
+    W(denominator_n_minus_2, "divided by n_samples − 2"),
+    W(denominator_dk, "divided by d_k"),
+    W(variance_of_the_mean, "the variance of the mean"),
+    W(formula_returned, "returned σ⁴·d_k itself"),
+    W(float16_draws, "float16 tensor"),
+    W(capped_samples, "fewer samples than n_samples"),
+    W(variance_over_entries, "NaN when d_k = 1", "single entry"),
+    W(reseeds_at_random, "some draws ignore the generator", "generator.seed()"),
     W(list_result, "returned a list", named=False),
     W(sample_size_one, "NaN", named=False),
     W(lambda d_k, sigma=1.0, n_samples=20_000: 1.0, "no parameter generator", "renamed"),
@@ -389,6 +471,13 @@ SCALED_WRONG = [
     W(lambda Q, K: (S(Q, K) / math.sqrt(Q.shape[-1])).tolist(), "Python list"),
     W(lambda Q, K: (S(Q, K) / math.sqrt(Q.shape[-1])).sum(-1), "wrong shape", "axis is missing"),
     W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[-1]) * float("nan"), "NaN", named=False),
+    # red-team review of notebooks 01/02
+    W(lambda Q, K: Q @ K.transpose(2, 3) / math.sqrt(Q.shape[-1]), "transpose(2, 3)"),
+    W(lambda Q, K: S(Q, K) / Q.shape[-1] ** 2, "divided by d_k²"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.shape[-1] + 1), "divided by √(d_k + 1)"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(Q.numel()), "number of entries of Q"),
+    W(lambda Q, K: S(Q, Q) / math.sqrt(Q.shape[-1]), "does not depend on K"),
+    W(lambda Q, K: S(Q, K) / math.sqrt(math.log(Q.shape[-1] + 2)), "wrong number", named=False),
 ]
 
 

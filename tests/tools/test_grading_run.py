@@ -65,7 +65,8 @@ def test_the_notebook_limit_stops_a_process_that_ignores_interrupts():
                 "while True:\n    pass")
     limits = sandbox.Limits(**{**TEST_LIMITS.__dict__, "cell_timeout": 60, "notebook_timeout": 1.5})
     run = _run(stubborn, limits=limits)
-    assert run.stopped.startswith("ran past 1.5 s") and not run.finished()
+    # 1.5 s of CPU time, or (on a machine too busy to give it that) three times as long on the clock
+    assert run.stopped.startswith(("used more than 1.5 s of CPU time", "ran past 4.5 s")) and not run.finished()
 
 
 def test_outputs_are_read_back_without_following_links_or_opening_fifos():

@@ -186,3 +186,27 @@ def _alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except OSError:
         return False
+
+
+def test_without_landlock_an_audit_hook_refuses_python_writes_outside(tmp_path):
+    inside, outside = tmp_path / "work", tmp_path / "outside"
+    inside.mkdir()
+    outside.mkdir()
+    (outside / "source.txt").write_text("library file")
+    done = _child(f"""
+        import shutil
+        from pathlib import Path
+        from attn_course.tools.grading import sandbox
+        sandbox.audit_guard(Path({str(inside)!r}))
+        shutil.copy({str(outside / "source.txt")!r}, {str(inside / "copy.txt")!r})  # reading from outside is fine
+        for attempt in (lambda: Path({str(outside)!r}, "x.txt").write_text("no"),
+                        lambda: shutil.copy({str(inside / "copy.txt")!r}, {str(outside / "back.txt")!r}),
+                        lambda: Path({str(outside / "source.txt")!r}).unlink()):
+            try:
+                attempt()
+                print("ESCAPED")
+            except PermissionError:
+                print("refused")
+    """)
+    assert done.stdout.split() == ["refused"] * 3, done.stdout + done.stderr
+    assert (inside / "copy.txt").exists() and sorted(p.name for p in outside.iterdir()) == ["source.txt"]

@@ -179,6 +179,15 @@ def test_the_courses_own_function_as_an_answer_is_flagged(tmp_path):
     assert "is the course's own attn_course.attention code" in flags, rows_text(rows)
 
 
+def test_an_answer_using_the_course_function_imported_elsewhere_is_flagged(tmp_path):
+    nb = learner_notebook(answers={"attention": "def attention(Q, K, V, mask=None):\n    return ref(Q, K, V, mask)"},
+                          added=[("before:attention", "from attn_course.attention import attention as ref")])
+    rows = grade_notebook(nb, tmp_path)
+    assert _status(rows) == "passed", rows_text(rows)
+    assert "its exercise cell uses `ref`, the course's code (attn_course.attention.attention)" in rows["attention"].flags
+    assert not any("flag" in f for f in rows["score_matrix_bytes"].flags)
+
+
 def test_a_log_forged_with_the_courses_reference_is_flagged(tmp_path):
     forge = ("import os, attn_course.attention as ref\n"
              "from attn_course.checks.attention import check_attention\n"

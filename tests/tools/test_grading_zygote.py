@@ -40,3 +40,19 @@ def test_a_server_dies_with_the_thread_that_started_it(tmp_path):
         assert not zygote.alive()
     finally:
         zygote.close()
+
+
+def test_without_fork_each_notebook_gets_a_fresh_interpreter(tmp_path, monkeypatch):
+    """The Windows path (no os.fork), forced here: the same verdicts, from a spawned learner process."""
+    from attn_course.tools.grading import collect, files
+    from attn_course.tools.grading.pipeline import Grader
+    from attn_course.tools.grading.zygote import SPAWN_ENV
+
+    from ._grading import TEST_LIMITS, correct, course, write
+
+    monkeypatch.setenv(SPAWN_ENV, "1")
+    path = write(correct(), tmp_path / "ada" / "05_attention.ipynb")
+    sub = collect.read_submission(files.Found("ada", path, "ada/05_attention.ipynb"), course())
+    with Grader(course(), TEST_LIMITS, jobs=1) as spawning:
+        rows = spawning.grade(sub)
+    assert [r.status for r in rows] == ["passed", "passed"], [r.message for r in rows]

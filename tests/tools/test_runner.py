@@ -24,3 +24,19 @@ def test_runner_interrupts_a_cell_past_its_timeout_and_goes_on(tmp_path):
     assert run.notebook.cells[3].outputs[0]["text"].strip() == str(tmp_path)
     assert run.peak_rss_bytes and 10 * 2**20 < run.peak_rss_bytes < 2**30
     assert len(run.notebook.cells) == 4  # the memory probe is removed again
+
+
+@pytest.mark.slow
+def test_the_kernels_own_warnings_stay_out_of_the_output(tmp_path):
+    """"[IPKernelApp] WARNING | Kernel is running over TCP without encryption" is noise in every command."""
+    import subprocess
+    import sys
+
+    code = ("import nbformat; from pathlib import Path; from attn_course.tools.runner import execute\n"
+            "nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell('print(6 * 7)')])\n"
+            "nb.metadata['kernelspec'] = {'name': 'python3', 'display_name': 'Python 3', 'language': 'python'}\n"
+            f"run = execute(nb, cwd=Path({str(tmp_path)!r}))\n"
+            "print(run.problem, run.notebook.cells[0].outputs[0]['text'].strip())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "None 42", done.stdout + done.stderr
+    assert "WARNING" not in done.stderr, done.stderr

@@ -16,6 +16,7 @@ identical to the course's solutions is graded but flagged.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,8 +117,9 @@ def read_submission(found: files.Found, course: Course) -> Submission:
     try:
         nb = nbformat.reads(text, as_version=4)
     except Exception as exc:  # noqa: BLE001 - JSON errors, validation errors, recursion in nested JSON
-        json_error = "JSON" in type(exc).__name__ or "Expecting" in str(exc)
-        kind = "not valid JSON" if json_error else "not a readable notebook"
+        from nbformat.reader import NotJSONError
+
+        kind = "not valid JSON" if isinstance(exc, (NotJSONError, json.JSONDecodeError)) else "not a readable notebook"
         sub.problem = f"{kind} ({type(exc).__name__})"
         return sub
     if not isinstance(nb.get("cells"), list):

@@ -50,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    "(default: solutions/ of the course folder you are in)")
     g.add_argument("--timeout", type=float, default=60, metavar="S", help="seconds one cell may run (default: 60)")
     g.add_argument("--notebook-timeout", type=float, default=300, metavar="S",
-                   help="seconds one notebook's cells may take in all before they are stopped (default: 300)")
+                   help="CPU seconds one notebook's cells may use in all before they are stopped, and three "
+                        "times as long on the clock (default: 300)")
     g.add_argument("--memory-limit", type=int, default=2048, metavar="MB",
                    help="memory one notebook's processes may allocate in all (default: 2048, Binder's limit)")
     g.add_argument("--address-space-limit", type=int, default=8192, metavar="MB",
@@ -97,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     except (CourseNotFound, ValueError) as exc:
         print(f"grade: {exc}")
         return 2
+    except KeyboardInterrupt:
+        print("grade: interrupted")
+        return 130
 
 
 @contextlib.contextmanager
@@ -138,17 +142,18 @@ def grade_learner(paths: list[Path], *, solutions: str | None = None, limits: Li
     from . import collect, files, report
     from .course import Course, find_solutions
     from .pipeline import Grader
-
     from .run import Runner
 
     started = time.monotonic()
     paths = paths or _default_notebooks()
     solutions_dir = find_solutions(solutions)
+    scan = files.scan_paths(paths)
+    found = scan.learners.get("you", [])
+    jobs = max(1, min(jobs, len(found)))
     with _terminate_as_interrupt(), Runner(limits or Limits(), jobs=jobs, confine=confine) as runner:
         runner.start()  # the fork servers import PyTorch while this process loads the course
         course = Course(solutions_dir)
-        scan = files.scan_paths(paths)
-        subs, _, warnings = collect.collect("you", scan.learners.get("you", []), course)
+        subs, _, warnings = collect.collect("you", found, course)
         warnings = scan.warnings + warnings
         subs = sorted(subs, key=lambda s: list(course.notebooks).index(s.notebook.slug))
         if not subs:
@@ -271,20 +276,26 @@ def _grade_class(folder, out, solutions_dir, limits, runner, shard, assigned, fr
         if journal.done(key) is None:
             pending.append((key, sub))
     state = {"snapshot": before, "graded": 0}
+    keys = {id(sub): key for key, sub in pending}
+    # Without Landlock a submission's subprocess could write into the class folder: look after every
+    # notebook, to name who ran then. With it, no learner process can write there; one look at the end.
+    watch_each = not runner.landlocked
 
-    def done(sub, rows):
-        key = next(k for k, s in pending if s is sub)
-        journal.graded(key, rows, sha=sub.sha, code=sub.code, attempted=sub.attempted,
-                       solution_copy=sub.solution_copy, source=sub.rel)
+    def notice(running: list[str]) -> None:
         after = files.snapshot(folder)
-        running = [sub.rel] + [label for label in grader.runner.running.values()]
         for rel, change in files.changes(state["snapshot"], after):
             owner = Path(rel).parts[0]
-            text = (f"{rel} was {change} while grading ran (in {owner}'s folder; running then: "
-                    f"{', '.join(dict.fromkeys(running))})")
+            text = f"{rel} was {change} while grading ran (in {owner}'s folder"
+            text += f"; running then: {', '.join(dict.fromkeys(running))})" if running else ")"
             journal.warn(text)
             info.warnings.append(text)
         state["snapshot"] = after
+
+    def done(sub, rows):
+        journal.graded(keys[id(sub)], rows, sha=sub.sha, code=sub.code, attempted=sub.attempted,
+                       solution_copy=sub.solution_copy, source=sub.rel)
+        if watch_each:
+            notice([sub.rel] + list(runner.running.values()))
         state["graded"] += 1
         if state["graded"] % 20 == 0:
             _write(out, journal, info)
@@ -298,6 +309,7 @@ def _grade_class(folder, out, solutions_dir, limits, runner, shard, assigned, fr
         interrupted = True
         info.warnings.append("grading was interrupted: the table holds what was graded so far; "
                              "run the same command again to finish")
+    notice([])
     if course.changed():
         info.warnings.append("the course's own files changed while grading ran: grade again from a clean copy")
     journal.describe_class(info, course=course.fingerprint())

@@ -2,7 +2,8 @@
 
 This module's :func:`run` is the only grading code that shares a process with learner code, and it
 decides nothing. It runs in a child forked from the fork server (:mod:`.zygote`), which imported the
-course and its libraries before any learner code ran. In order, it
+course and its libraries before any learner code ran (without ``fork``: in a fresh interpreter,
+:func:`main_spawned`). In order, it
 
 1. leaves the server's session and process group, dies with the server (``PR_SET_PDEATHSIG``),
    enters its cgroup if there is one, takes its resource limits (:mod:`.sandbox`);
@@ -22,6 +23,7 @@ noted as a time-out); one that will not stop ends the process, and the grader's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,8 +78,13 @@ class _Watchdog:
 
         def fire() -> None:
             self.fired = True
-            # A real signal (not _thread.interrupt_main) also breaks a blocking call such as sleep().
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            if hasattr(signal, "pthread_kill"):
+                # A real signal (not _thread.interrupt_main) also breaks a blocking call such as sleep().
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            else:  # Windows
+                import _thread
+
+                _thread.interrupt_main()
             time.sleep(_GRACE_S)
             os._exit(3)  # the cell swallowed the interrupt: the grader sees "stopped"
 
@@ -94,9 +101,9 @@ def _prepare(job: dict[str, Any]) -> list[str]:
     """Steps 1–2 of the module docstring; returns notes on what could not be applied."""
     notes: list[str] = []
     work = Path(job["work"])
-    os.setsid()
-    sandbox.set_parent_death_signal()
-    if os.getppid() == 1:  # the server died between fork and here
+    if hasattr(os, "setsid"):
+        os.setsid()
+    if sandbox.set_parent_death_signal() and os.getppid() == 1:  # the server died between fork and here
         os._exit(2)
     for procs in job.get("cgroup", []):
         try:
@@ -209,7 +216,20 @@ def run(job: dict[str, Any]) -> None:
             emit(entry)
         emit({"done": True})
         progress.close()
-    except BaseException:  # noqa: BLE001 - never let an exception escape into the fork server's code
+    except BaseException as exc:  # noqa: BLE001 - never let an exception escape into the fork server's code
         code = 1
+        with contextlib.suppress(BaseException):
+            with open(Path(job["work"]) / PROGRESS, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"crash": f"{type(exc).__name__}: {exc}"[:_MAX_TEXT]}) + "\n")
     finally:
         os._exit(code)
+
+
+def main_spawned() -> None:
+    """Where ``fork`` does not exist (Windows): a fresh interpreter imports what the fork server would
+    have, reads its job from standard input and runs it. Slower (PyTorch is imported per notebook)."""
+    from .zygote import _preload
+
+    job = json.loads(sys.stdin.readline())
+    _preload()
+    run(job)

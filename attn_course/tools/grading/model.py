@@ -33,7 +33,8 @@ class Row:
     flags: list[str] = field(default_factory=list)
     note: str = ""
     source: str = ""  # the file graded, relative to the class folder
-    seconds: float | None = None  # the learner process's run time for the whole notebook
+    seconds: float | None = None  # the learner process's run time for the whole notebook (wall clock)
+    cpu_seconds: float | None = None  # its CPU time
     peak_mb: float | None = None
 
     def to_json(self) -> dict[str, Any]:

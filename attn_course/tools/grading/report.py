@@ -32,7 +32,8 @@ __all__ = ["WIDTH", "learner_table", "result_text", "class_rows", "write_class",
            "GRADE_FIELDS"]
 
 WIDTH = 100
-GRADE_FIELDS = ["learner", "notebook", "exercise", "status", "message", "flags", "note", "source", "seconds", "peak_mb"]
+GRADE_FIELDS = ["learner", "notebook", "exercise", "status", "message", "flags", "note", "source", "seconds",
+                "cpu_seconds", "peak_mb"]
 
 
 def result_text(row: Row) -> str:
@@ -71,12 +72,11 @@ def learner_table(rows: list[Row], *, width: int = WIDTH) -> str:
     lines = [table, "", "Total: " + _total_line(rows)]
     notes = []
     for slug in notebooks:
-        first = next(r for r in rows if r.notebook == slug)
-        for flag in first.flags:
-            if "copies: graded" in flag or "saved as" in flag or "checkpoint" in flag or "file name only" in flag:
-                notes.append(f"{slug}: {flag}")
-        if first.note:
-            notes.append(f"{slug}: {first.note}")
+        mine = [r for r in rows if r.notebook == slug]
+        for flag in dict.fromkeys(f for r in mine for f in r.flags):
+            notes.append(f"{slug}: {flag}")
+        if mine[0].note:
+            notes.append(f"{slug}: {mine[0].note}")
     if notes:
         lines += ["", "Notes:"] + [_cut(f"- {n}", width) for n in notes]
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 :class:`Runner` owns the grader's private folder and one fork server (:mod:`.zygote`) per job slot.
 For each notebook it makes a fresh folder for the learner process (its only writable place), hands
-the plan to the server, and watches the process tree from the grader: wall time, the memory every
+the plan to the server, and watches the process tree from the grader: CPU time (and, as a backstop,
+wall time), the memory every
 process the submission started allocated (the cgroup's count, else their unique set sizes summed:
 libraries shared with the server are not counted), and how much the folder grew. When the notebook is
 done or a limit is passed, every process of the submission is killed (the server's whole subtree,
@@ -34,8 +35,11 @@ from .learner import PROGRESS, RECORD
 from .plan import PlanCell
 from .zygote import Zygote, ZygoteDied, copy_course
 
-__all__ = ["Run", "Runner", "MAX_LOG_BYTES"]
+__all__ = ["Run", "Runner", "MAX_LOG_BYTES", "WALL_FACTOR"]
 
+#: A notebook may use ``notebook_timeout`` seconds of CPU time, and this many times as long on the clock
+#: (waiting, or a machine too busy to give it the CPU): its verdict does not depend on the machine's load.
+WALL_FACTOR = 3
 #: The largest check log read back (bytes on disk).
 MAX_LOG_BYTES = 256 * 2**20
 _MAX_PROGRESS = 4 * 2**20
@@ -52,6 +56,7 @@ class Run:
     stopped: str = ""  # why the grader stopped the process ("" when it ended by itself)
     exit: dict[str, Any] = field(default_factory=dict)  # how the learner process ended
     seconds: float = 0.0
+    cpu: float | None = None  # CPU seconds of the learner process itself (not of processes it started)
     peak_mb: float | None = None
     sandbox: list[str] = field(default_factory=list)  # what confinement the learner process reported
     problems: list[str] = field(default_factory=list)  # files that could not be read back, and why
@@ -119,6 +124,11 @@ class Runner:
         self._count = 0
         self.running: dict[int, str] = {}  # slot -> what it is grading (for attributing changes)
 
+    @property
+    def landlocked(self) -> bool:
+        """Whether learner processes are confined by the kernel (Landlock), not only by an audit hook."""
+        return self.confine and sandbox.landlock_abi() >= 1
+
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> "Runner":
         return self
@@ -182,7 +192,8 @@ class Runner:
             zygote = self._zygote(slot)
             try:
                 pid = zygote.start(job)
-                run.stopped, run.exit, run.peak_mb = self._watch(zygote, pid, work, start, group, limits)
+                run.stopped, ended, run.peak_mb = self._watch(zygote, pid, work, start, group, limits)
+                run.exit, run.cpu = ended.get("status", {}), ended.get("cpu")
             except ZygoteDied as exc:
                 run.stopped = f"the grading process died ({exc})"
                 zygote.close()
@@ -200,6 +211,8 @@ class Runner:
 
     def _watch(self, zygote: Zygote, pid: int, work: Path, start: float, group,
                limits: sandbox.Limits) -> tuple[str, dict, float | None]:
+        """Watch until the learner process has ended; returns (why it was stopped, the server's ``ended``
+        message, peak memory in MB)."""
         peak = 0
         stopped = ""
         disk_start = shutil.disk_usage(work).free
@@ -209,7 +222,7 @@ class Runner:
             # Most notebooks end within a second: look often at first, then every quarter second.
             ended = zygote.ended(0.02 if elapsed < 0.5 else 0.25)
             if ended is not None:
-                return stopped, ended.get("status", {}), round(peak / 2**20, 1) if peak else None
+                return stopped, ended, round(peak / 2**20, 1) if peak else None
             elapsed = time.monotonic() - start
             if elapsed < 0.5:
                 continue
@@ -220,8 +233,10 @@ class Runner:
             if not stopped:
                 if used > limits.memory_mb * 2**20:
                     stopped = f"used more than {limits.memory_mb} MB of memory and was stopped"
-                elif elapsed > limits.notebook_timeout:
-                    stopped = f"ran past {limits.notebook_timeout:g} s in all and was stopped"
+                elif sandbox.tree_cpu(zygote.pid) > limits.notebook_timeout:
+                    stopped = f"used more than {limits.notebook_timeout:g} s of CPU time in all and was stopped"
+                elif elapsed > WALL_FACTOR * limits.notebook_timeout:
+                    stopped = f"ran past {WALL_FACTOR * limits.notebook_timeout:g} s in all and was stopped"
                 elif elapsed >= next_disk:
                     next_disk = elapsed + 0.5
                     if disk_start - shutil.disk_usage(work).free > limits.disk_mb * 2**20 and \
@@ -235,7 +250,7 @@ class Runner:
                     if ended is None:  # the server itself is stuck: replace it
                         zygote.close()
                         return stopped, {}, round(peak / 2**20, 1) if peak else None
-                    return stopped, ended.get("status", {}), round(peak / 2**20, 1) if peak else None
+                    return stopped, ended, round(peak / 2**20, 1) if peak else None
 
     def _collect(self, work: Path, exercises: list[str], number: int, run: Run) -> None:
         try:
@@ -253,6 +268,8 @@ class Runner:
                     run.sandbox = [str(s)[:200] for s in entry["sandbox"]][:10]
                 elif "cell" in entry or "done" in entry:
                     run.progress.append(entry)
+                elif "crash" in entry:
+                    run.problems.append(f"the learner process failed: {str(entry['crash'])[:200]}")
         target = self.logs / str(number)
         for exercise in exercises:
             if not _EXERCISE.match(exercise):

@@ -9,9 +9,8 @@ the freshly forked learner process, :mod:`.run` the watching and killing half in
   open no TCP connection (ABI ≥ 4). The kernel enforces it, for subprocesses and C code too, and it
   cannot be undone. Where Landlock is missing, :func:`audit_guard` refuses Python-level writes only
   (an audit hook: subprocesses and C code are not covered) and the grader falls back on detection;
-* :func:`apply_rlimits` — address space, file size, core dumps, open files and (when not root)
-  processes, each clamped to the current hard limit, so that a shell with lower limits can never make
-  setting them fail;
+* :func:`apply_rlimits` — address space, file size, core dumps and open files, each clamped to the
+  current limits, so that a shell with lower limits can never make setting them fail;
 * :func:`set_parent_death_signal` / :func:`become_subreaper` — a learner process dies with the
   process that started it, and every process it starts, double-forked or in a new session, stays a
   descendant of the fork server (a subreaper), where :func:`kill_tree` finds it;
@@ -36,7 +35,7 @@ from pathlib import Path
 
 __all__ = ["Limits", "TOKEN_ENV", "apply_rlimits", "clamp", "confine_writes", "audit_guard",
            "landlock_abi", "set_parent_death_signal", "become_subreaper", "drop_capabilities", "kill_tree",
-           "descendants", "tree_memory", "sweep", "Cgroup"]
+           "descendants", "tree_memory", "tree_cpu", "sweep", "Cgroup"]
 
 #: Environment variable carried by every process a submission runs (value: the grading run's token).
 TOKEN_ENV = "ATTN_COURSE_GRADING_TOKEN"
@@ -47,12 +46,12 @@ class Limits:
     """What one notebook's learner process may use. Times are wall-clock seconds."""
 
     cell_timeout: float = 60.0  # one cell (an exercise cell, a cell the learner added, a check cell)
-    notebook_timeout: float = 300.0  # everything the learner process runs for one notebook
+    notebook_timeout: float = 300.0  # CPU seconds for everything one notebook runs (3x that on the clock)
     memory_mb: int = 2048  # memory the learner process and all it started allocate (Binder's limit)
     address_space_mb: int | None = 8192  # RLIMIT_AS of each process (one huge allocation fails at once)
     file_size_mb: int = 256  # the largest file the learner process may write
     disk_mb: int = 1024  # how much the learner's folder may grow in all
-    processes: int = 64  # processes the learner's code may run at once (pids cgroup; RLIMIT_NPROC unless root)
+    processes: int = 64  # processes (and threads) the learner's code may run at once (where cgroups are available)
     open_files: int = 1024
     call_timeout: float | None = None  # lower every check's per-call limit (None: the checks' own)
 
@@ -85,8 +84,8 @@ def apply_rlimits(limits: Limits) -> list[str]:
         "RLIMIT_CORE": 0,
         "RLIMIT_NOFILE": limits.open_files,
     }
-    if os.geteuid() != 0:  # root ignores RLIMIT_NPROC; it also counts the user's other processes
-        wanted["RLIMIT_NPROC"] = None
+    # RLIMIT_NPROC is left alone: it counts every process of the user (the grader's too) and root
+    # ignores it; the process count is limited by a cgroup where there is one.
     problems = []
     for name, value in wanted.items():
         which = getattr(resource, name, None)
@@ -243,7 +242,8 @@ def audit_guard(folder: Path) -> str:
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     one = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
            "shutil.rmtree", "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod"}
-    two = {"os.rename", "os.link", "os.symlink", "shutil.copyfile", "shutil.copytree", "shutil.move"}
+    both = {"os.rename", "shutil.move"}  # the source is removed too
+    target = {"os.link", "os.symlink", "shutil.copyfile", "shutil.copytree"}  # only the target is written
 
     def inside(path) -> bool:
         if path is None or isinstance(path, int):
@@ -263,8 +263,10 @@ def audit_guard(folder: Path) -> str:
             paths = (path,) if writing else ()
         elif event in one:
             paths = args[:1]
-        elif event in two:
+        elif event in both:
             paths = args[:2]
+        elif event in target:
+            paths = args[1:2]
         for path in paths:
             if not inside(path):
                 raise PermissionError(f"grading: writing outside the notebook's folder is not allowed: {path!r}")
@@ -311,6 +313,18 @@ def tree_memory(pid: int, *, include_root: bool = False) -> int:
     return total
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used by ``pid``'s descendants, the children they reaped included."""
+    import psutil
+
+    total = 0.0
+    for p in descendants(pid):
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return total
+
+
 def kill_tree(pid: int, *, include_root: bool = True, timeout: float = 10.0) -> int:
     """SIGKILL ``pid``'s process group and every descendant, again and again until none is alive (a
     process forking while it is being killed is caught on the next round). Zombies are left to their
@@ -324,7 +338,7 @@ def kill_tree(pid: int, *, include_root: bool = True, timeout: float = 10.0) -> 
         if include_root:
             with contextlib.suppress(psutil.Error):
                 procs.append(psutil.Process(pid))
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, AttributeError):  # no process groups on Windows
                 os.killpg(pid, signal.SIGKILL)
         alive = _live(procs)
         if not alive:

@@ -20,7 +20,8 @@ import builtins
 import symtable
 from dataclasses import dataclass
 
-__all__ = ["Syntax", "python_source", "syntax_error", "defines", "bound_names", "used_names", "suspicious"]
+__all__ = ["Syntax", "python_source", "syntax_error", "defines", "bound_names", "used_names", "suspicious",
+           "course_names"]
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,26 @@ def _base_name(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
+
+
+def course_names(source: str, *, allowed_imports: frozenset[str] = frozenset()) -> dict[str, str]:
+    """``local name -> what it is`` for every name ``source`` imports from the course's package beyond
+    ``allowed_imports`` (``{"ref": "attn_course.attention.attention"}``)."""
+    tree = _parse(source)
+    found: dict[str, str] = {}
+    if tree is None:
+        return found
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "attn_course":
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full not in allowed_imports:
+                    found[alias.asname or alias.name] = full
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "attn_course" and alias.name not in allowed_imports:
+                    found[alias.asname or alias.name.split(".")[0]] = alias.name
+    return found
 
 
 def _module_flag(module: str, allowed: frozenset[str], add, *, imported: str) -> None:

@@ -89,9 +89,15 @@ def judge(sub: Submission, cells: list[PlanCell], run: Run) -> list[Row]:
     mine = exercise_cells(sub.nb, course_nb)
     position = {(c.kind, c.exercise): k for k, c in enumerate(cells) if c.exercise}
     notebook_flags = list(sub.flags)
+    imported: dict[str, str] = {}  # names the learner's added cells import from the course's code
     for cell in cells:
         if cell.kind == "added":
-            for flag in static.suspicious(cell.source, allowed_imports=course_nb.allowed_imports):
+            names = static.course_names(cell.source, allowed_imports=course_nb.allowed_imports)
+            imported.update(names)
+            # A demonstration may import the course's code (an older copy of one counts as added): only an
+            # exercise using it is flagged (below), and importing the checks themselves.
+            harmless = frozenset(n for n in names.values() if not n.startswith("attn_course.checks"))
+            for flag in static.suspicious(cell.source, allowed_imports=course_nb.allowed_imports | harmless):
                 flag = f"a cell the learner added {flag}"
                 if flag not in notebook_flags:
                     notebook_flags.append(flag)
@@ -103,11 +109,13 @@ def judge(sub: Submission, cells: list[PlanCell], run: Run) -> list[Row]:
         if source is not None:
             found = static.suspicious(source, allowed_imports=course_nb.allowed_imports)
             flags += [f"its exercise cell {f}" for f in found]
+            for name in sorted(static.used_names(source) & set(imported)):
+                flags.append(f"its exercise cell uses `{name}`, the course's code ({imported[name]})")
         ex_entry = run.cell(position.get(("exercise", ident), -1))
         check_entry = run.cell(position.get(("check", ident), -1))
         status, message = _verdict(ex, source, ex_entry, check_entry, run, flags)
         rows.append(Row(sub.learner, course_nb.slug, ident, status, message, flags, notes, sub.rel, run.seconds,
-                        run.peak_mb))
+                        run.cpu, run.peak_mb))
     return rows
 
 
@@ -162,6 +170,8 @@ def _without_log(ex, source, ex_entry, check_entry, run: Run, flags: list[str]) 
     if check_entry.get("defined") is False:
         return FAILED, _short(f"`{name}` was not defined when the check ran (did a later cell delete it?)")
     flags.append("the course's check ran but left no record: something in the notebook stopped or replaced it")
+    if check_entry.get("error"):
+        return FAILED, _short(f"the check could not run: its cell raised {_raised(check_entry)}")
     return FAILED, "the check left no record (something in your notebook stopped or replaced it)"
 
 

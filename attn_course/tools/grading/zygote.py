@@ -11,6 +11,10 @@ server answers ``{"started": pid}`` when it forked the learner process and ``{"e
 can leave its tree) and dies with the grader (``PR_SET_PDEATHSIG``).
 
 :class:`Zygote` is the grader's side: start the server, hand it jobs, read its answers.
+
+Where there is no ``fork`` (Windows), the server starts a fresh interpreter per notebook instead
+(:func:`attn_course.tools.grading.learner.main_spawned`), which imports what the server would have:
+the same protocol and the same learner process, seconds slower each.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 from . import sandbox
 
-__all__ = ["Zygote", "ZygoteDied", "main", "PRELOAD"]
+__all__ = ["Zygote", "ZygoteDied", "main", "PRELOAD", "SPAWN_ENV"]
 
 #: Imported by the server before the first fork: what notebooks' set-up cells and the checks use.
 PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.autograd", "matplotlib",
@@ -91,10 +95,28 @@ def _describe(status: int) -> dict[str, Any]:
     return {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None}
 
 
+def _spawn(job: dict[str, Any]) -> int:
+    """Start a learner process without fork (Windows, or ``ATTN_COURSE_GRADING_SPAWN=1``)."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
+            "from attn_course.tools.grading.learner import main_spawned; main_spawned()")
+    proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, text=True)
+    proc.stdin.write(json.dumps(job) + "\n")
+    proc.stdin.close()
+    _SPAWNED[proc.pid] = proc
+    return proc.pid
+
+
+_SPAWNED: dict[int, subprocess.Popen] = {}
+#: Set (to 1) in the grader's environment, learner processes are started fresh instead of forked.
+SPAWN_ENV = "ATTN_COURSE_GRADING_SPAWN"
+
+
 def main() -> None:
     """The server's life: preload, then fork one learner process per job line until stdin closes."""
     sandbox.set_parent_death_signal()
     sandbox.become_subreaper()
+    spawn = not hasattr(os, "fork") or os.environ.get(SPAWN_ENV) == "1"
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 1)  # nothing a library prints may corrupt the protocol
@@ -104,11 +126,19 @@ def main() -> None:
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
-    send({"ready": True, "pid": os.getpid(), **_preload()})
+    send({"ready": True, "pid": os.getpid(), **({"loaded": [], "failed": []} if spawn else _preload())})
     for line in sys.stdin:
         if not line.strip():
             continue
         job = json.loads(line)
+        if spawn:
+            pid = _spawn(job)
+            send({"started": pid})
+            returncode = _SPAWNED.pop(pid).wait()
+            sandbox.kill_tree(os.getpid(), include_root=False)
+            status = {"exit": returncode} if returncode >= 0 else {"signal": -returncode}
+            send({"ended": pid, "status": status})
+            continue
         pid = os.fork()
         if pid == 0:  # the learner process
             with contextlib.suppress(OSError):
@@ -119,9 +149,11 @@ def main() -> None:
             run(job)  # never returns
             os._exit(1)
         send({"started": pid})
+        cpu = None
         while True:
             try:
-                _, status = os.waitpid(pid, 0)
+                _, status, usage = os.wait4(pid, 0)
+                cpu = round(usage.ru_utime + usage.ru_stime, 3)
                 break
             except InterruptedError:
                 continue
@@ -129,7 +161,7 @@ def main() -> None:
                 status = 0
                 break
         _reap_all()
-        send({"ended": pid, "status": _describe(status)})
+        send({"ended": pid, "status": _describe(status), "cpu": cpu})
 
 
 # ============================================================================ the grader's side
@@ -140,8 +172,10 @@ class Zygote:
         """Start the server (returns at once; :meth:`wait_ready` waits for its imports). The server dies
         with the *thread* that starts it (``PR_SET_PDEATHSIG``): start it from one that lives on."""
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("ATTN_COURSE_", "JPY_", "JUPYTER_", "PYTHON"))}
+               if not k.startswith(("ATTN_COURSE_", "JPY_", "JUPYTER_", "PYTHON")) or k == SPAWN_ENV}
         env.update({"MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"})
+        if sys.platform == "darwin":  # fork after Objective-C initialisation is refused without this
+            env["OBJC_DISABLE_INITIALIZE_FORK_SAFETY"] = "YES"
         code = (f"import sys; sys.path.insert(0, {str(course_root)!r}); "
                 "from attn_course.tools.grading.zygote import main; main()")
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", code], stdin=subprocess.PIPE,
