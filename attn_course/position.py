@@ -57,7 +57,8 @@ __all__ = [
 
 # ============================================================================ attention with and without position
 #: Functions x (..., n, d) → (..., n, d) that treat every position alike (a test must call them equivariant).
-EQUIVARIANT = ("plain attention", "two heads", "sharp attention", "elementwise tanh", "feature mixing")
+EQUIVARIANT = ("plain attention", "two heads", "sharp attention", "centred attention", "elementwise tanh",
+               "feature mixing")
 #: Attentions that see positions (a test must call them not equivariant).
 POSITION_AWARE = ("sinusoidal positions", "learned positions", "causal mask", "symmetric distance bias", "RoPE")
 
@@ -107,12 +108,17 @@ def attention_variant(name: str, seed: int = 0) -> Callable[[torch.Tensor], torc
             scores = q[..., a:b] @ k[..., a:b].transpose(-2, -1) / math.sqrt(b - a)  # (..., n, n)
             if name == "sharp attention":
                 scores = scores * 8.0
+            if name == "centred attention":  # nearly uniform weights: each output row is close to the mean of v
+                scores = scores * 1e-6
             if name == "symmetric distance bias":
                 i = torch.arange(n)
                 scores = scores - 0.5 * (i[:, None] - i[None, :]).abs().to(x.dtype)
             mask = torch.ones(n, n, dtype=torch.bool).tril() if name == "causal mask" else None
             outs.append(masked_softmax(scores, mask) @ v[..., a:b])
-        return torch.cat(outs, dim=-1)
+        out = torch.cat(outs, dim=-1)  # (..., n, d)
+        if name == "centred attention":  # minus the mean over the tokens (itself order-free): outputs near 0,
+            out = out - v.mean(dim=-2, keepdim=True)  # where only an absolute tolerance absorbs rounding
+        return out
 
     attn.__name__ = attn.__qualname__ = name.replace(" ", "_").replace("-", "_")
     return attn

@@ -10,7 +10,7 @@ in binder/postBuild, what the instructor guide promises a hub:
 * binder/requirements.txt is installed into the environment the kernels and the server share;
 * binder/postBuild runs, installing ``attn_course`` non-editably into that environment's site-packages
   (outside /home, so a hub's home volume cannot hide it) and the course's server settings (idle
-  kernels culled) into that environment's etc/jupyter;
+  kernels culled) into that environment's etc/jupyter/jupyter_server_config.json;
 * the Python version of binder/runtime.txt is used.
 """
 
@@ -46,7 +46,8 @@ def main() -> int:
         "attn_course installed non-editably": re.search(r"pip install --no-deps --no-cache-dir \.\s*$", post_build, re.M)
             and "-e ." not in post_build,
         "server settings installed into the environment's etc/jupyter":
-            "etc/jupyter/jupyter_server_config.d" in post_build and "binder/jupyter_server_config.json" in post_build,
+            "python binder/install_server_config.py" in post_build
+            and "jupyter_server_config.json" in (ROOT / "binder" / "install_server_config.py").read_text(),
     }
     for name, ok in checks.items():
         print(f"{'ok' if ok else 'FAILED':7} {name}")

@@ -1,17 +1,27 @@
 #!/usr/bin/env python3
 """Run course notebooks the way Colab would, in a fresh virtual environment standing in for a Colab runtime.
 
-    python scripts/colab_simulation.py [NOTEBOOK ...]     # default: solutions/05_attention.ipynb and its exercise copy
+    python scripts/colab_simulation.py [-v] [NOTEBOOK ...]   # default: solutions/05_attention.ipynb and its exercise copy
 
-The stand-in runtime has what Colab ships (torch, numpy, matplotlib, ipywidgets, ipykernel, tqdm…), a
-stand-in ``google.colab`` module whose ``output.enable_custom_widget_manager()`` records that it was
-called, and NOT the course's package. Each notebook gets its Colab set-up cell (``python -m attn_course
-links``) and runs top to bottom in that runtime, the set-up cell installing the package from this
-checkout instead of GitHub (``ATTN_COURSE_COLAB_SOURCE``). It then checks that:
+The stand-in runtime (.cache/colab-venv, built on first use, about 2 minutes) has what Colab ships —
+PyTorch installed first, on its own, as Colab's preinstalled one (the CPU build pinned in
+binder/requirements.txt, ``pip install torch==X.Y.Z``), then numpy, matplotlib, ipywidgets, ipykernel, tqdm,
+nbformat, nbclient, psutil at the versions of binder/requirements.txt — plus a stand-in ``google.colab``
+package imported in every kernel before the first cell (as Colab does), whose
+``output.enable_custom_widget_manager()`` records that it was called and from which Python. It does NOT
+have the course's package.
 
-* every cell ran, and every check reported (passed in a solution, "not attempted" in an exercise copy);
-* the widget manager was turned on and widget outputs were produced;
-* no second PyTorch was installed (the same torch version, one torch distribution).
+Each notebook gets its Colab set-up cell (cell id ``colab-setup``, written by ``attn_course.tools.links``)
+and runs top to bottom in that runtime, the set-up cell installing the package from a clean copy of this
+checkout instead of GitHub (``ATTN_COURSE_COLAB_SOURCE``). The script then checks that:
+
+* the notebook ran to its last cell, in the stand-in runtime's Python, and every check reported (passed
+  in a solution, "not attempted" in an exercise copy);
+* the set-up cell installed ``attn_course`` into the runtime's site-packages (not editable);
+* Colab's custom widget manager was turned on and widget outputs were produced;
+* no second PyTorch was installed (one torch distribution, the same version before and after).
+
+Prints one line when all is well (``-v``: a line per check); on a problem, what went wrong; exit 1.
 """
 
 from __future__ import annotations
@@ -21,27 +31,30 @@ import os
 import subprocess
 import sys
 import tempfile
-import venv
+import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".cache" / "colab-venv"
-PY = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-# What a Colab runtime already has (versions from the course's own pins, so it installs offline here).
-PREINSTALLED = ["torch", "numpy", "matplotlib", "ipywidgets", "ipykernel", "tqdm", "nbformat", "nbclient", "psutil"]
-STAND_IN = '''"""Stand-in for Colab's google.colab module (the course's Colab simulation)."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _launch_env import CACHE, ROOT, binder_pins, quiet, source_copy, torch_distributions, venv_with_torch  # noqa: E402
+
+VENV = CACHE / "colab-venv"
+# What a Colab runtime already has besides PyTorch (at the course's tested versions).
+PREINSTALLED = ["numpy", "matplotlib", "ipywidgets", "ipykernel", "tqdm", "nbformat", "nbclient", "psutil"]
+STAND_IN = '''"""Stand-in for Colab's google.colab package (scripts/colab_simulation.py)."""
 '''
-OUTPUT = '''"""Stand-in for google.colab.output: records that the custom widget manager was enabled."""
+OUTPUT = '''"""Stand-in for google.colab.output: records that the custom widget manager was turned on, and by which Python."""
 import os
+import sys
+
 
 def enable_custom_widget_manager():
     marker = os.environ.get("COLAB_SIM_MARKER")
     if marker:
         with open(marker, "a") as fh:
-            fh.write("enabled\\n")
+            fh.write(sys.executable + "\\n")
 '''
 RUNNER = r'''
-import json, sys
+import sys
 import nbformat
 from nbclient import NotebookClient
 nb = nbformat.read(sys.argv[1], as_version=4)
@@ -51,40 +64,21 @@ nbformat.write(nb, sys.argv[2])
 '''
 
 
-def pins() -> dict[str, str]:
-    out = {}
-    for line in (ROOT / "binder" / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, version = line.split("==")
-            out[name.strip().lower()] = version.strip()
-    return out
-
-
-def ensure_runtime() -> None:
-    if PY.exists():
-        return
-    print(f"creating the stand-in Colab runtime in {VENV}")
-    venv.EnvBuilder(with_pip=True).create(VENV)
-    versions = pins()
+def build_runtime() -> Path:
+    versions = binder_pins()
     specs = [f"{name}=={versions[name]}" if name in versions else name for name in PREINSTALLED]
-    subprocess.run([str(PY), "-m", "pip", "install", "-q", *specs], check=True)
-    site = Path(subprocess.run([str(PY), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    python = venv_with_torch(VENV, [specs], key=STAND_IN + OUTPUT, fresh=False)
+    site = Path(quiet([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                      what="finding the runtime's site-packages").stdout.strip())
     (site / "google" / "colab").mkdir(parents=True, exist_ok=True)
     (site / "google" / "colab" / "__init__.py").write_text(STAND_IN)
     (site / "google" / "colab" / "output.py").write_text(OUTPUT)
-
-
-def torch_state() -> tuple[str, int]:
-    out = subprocess.run([str(PY), "-c", "import importlib.metadata as m, torch; "
-                          "print(torch.__version__); print(sum(1 for d in m.distributions() "
-                          "if (d.metadata['Name'] or '').lower() == 'torch'))"], capture_output=True, text=True, check=True)
-    version, count = out.stdout.split()
-    return version, int(count)
+    return python
 
 
 def main(argv: list[str]) -> int:
+    verbose = "-v" in argv
+    argv = [a for a in argv if a != "-v"]
     sys.path.insert(0, str(ROOT))
     import nbformat
 
@@ -92,58 +86,83 @@ def main(argv: list[str]) -> int:
     from attn_course.checks.result import Status, result_from_output
     from attn_course.tools import links, nbmeta
 
-    ensure_runtime()
-    subprocess.run([str(PY), "-m", "pip", "uninstall", "-q", "-y", "attn_course"], capture_output=True)
-    before = torch_state()
-    paths = [Path(p) for p in argv] or [ROOT / "solutions" / "05_attention.ipynb", ROOT / "notebooks" / "05_attention.ipynb"]
-    failures = 0
+    started = time.monotonic()
+    python = build_runtime()
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "attn_course"], capture_output=True)
+    before = torch_distributions(python)
+    paths = [Path(p).resolve() for p in argv] or [ROOT / "solutions" / "05_attention.ipynb",
+                                                  ROOT / "notebooks" / "05_attention.ipynb"]
+    problems: list[str] = []
+    lines: list[str] = []
     with tempfile.TemporaryDirectory(prefix="colab-sim-") as tmp:
         tmp = Path(tmp)
+        source = source_copy(tmp / "course")
         marker = tmp / "widget-manager"
-        env = dict(os.environ, COLAB_SIM_MARKER=str(marker), **{links.COLAB_SOURCE_ENV: str(ROOT)})
-        env.pop("VIRTUAL_ENV", None)
-        env["PYTHONPATH"] = ""
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+        env.update(COLAB_SIM_MARKER=str(marker), PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
+                   **{links.COLAB_SOURCE_ENV: str(source)})
         # Colab imports google.colab in every kernel before the first cell: an IPython startup file does that here.
         ipython_dir = tmp / "ipython"
         (ipython_dir / "profile_default" / "startup").mkdir(parents=True)
         (ipython_dir / "profile_default" / "startup" / "00-colab.py").write_text("import google.colab\n")
         env["IPYTHONDIR"] = str(ipython_dir)
         for path in paths:
+            name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+            kind = "exercise" if path.parent.name == "notebooks" else "solution"
             nb = nbformat.read(path, as_version=4)
-            entry = registry.by_slug(path.stem)
-            links.apply_header(nb, entry, "exercise" if path.parent.name == "notebooks" else "solution",
-                               links.repository(ROOT), None)
-            source, done = tmp / f"in-{path.name}", tmp / f"out-{path.name}"
-            nbformat.write(nb, source)
-            work = tmp / f"work-{path.stem}"
+            links.apply_header(nb, registry.by_slug(path.stem), kind, links.repository(ROOT), None)
+            given, done = tmp / f"in-{path.name}", tmp / f"out-{path.name}"
+            nbformat.write(nb, given)
+            work = tmp / f"work-{kind}-{path.stem}"
             work.mkdir()
-            result = subprocess.run([str(PY), "-c", RUNNER, str(source), str(done), str(work)], env=env,
+            result = subprocess.run([python, "-c", RUNNER, given, done, work], env=env, cwd=work,
                                     capture_output=True, text=True)
             if result.returncode != 0:
-                print(f"FAILED  {path.relative_to(ROOT)}: the notebook stopped\n{result.stderr[-3000:]}")
-                failures += 1
+                problems.append(f"{name}: the notebook stopped\n{result.stderr[-3000:]}")
                 continue
             ran = nbformat.read(done, as_version=4)
-            expected = Status.PASSED if path.parent.name == "solutions" else Status.NOT_ATTEMPTED
+            expected = Status.PASSED if kind == "solution" else Status.NOT_ATTEMPTED
             statuses = {}
             for ex in nbmeta.exercises(ran):
                 found = [r for r in map(result_from_output, ran.cells[ex.check_cell].outputs) if r]
                 statuses[ex.id] = found[0].status if found else None
             widgets = sum("application/vnd.jupyter.widget-view+json" in o.get("data", {})
                           for c in ran.cells if c.cell_type == "code" for o in c.outputs)
-            ok = statuses and all(s is expected for s in statuses.values()) and widgets > 0
-            failures += not ok
-            print(f"{'ok' if ok else 'FAILED':7} {path.relative_to(ROOT)}: checks {sorted({str(s) for s in statuses.values()})}, "
-                  f"{widgets} widget output(s)")
-        enabled = marker.exists()
-        failures += not enabled
-        print(f"{'ok' if enabled else 'FAILED':7} Colab's custom widget manager was {'turned on' if enabled else 'never turned on'}")
-    after = torch_state()
-    same_torch = before == after and after[1] == 1
-    failures += not same_torch
-    print(f"{'ok' if same_torch else 'FAILED':7} torch before {before}, after {after} (no second PyTorch)")
-    print("Colab simulation:", "OK" if not failures else f"{failures} problem(s)")
-    return 1 if failures else 0
+            wrong = {k: str(s) for k, s in statuses.items() if s is not expected}
+            if not statuses or wrong:
+                problems.append(f"{name}: expected every check {expected}, got {wrong or 'no checks'}")
+            if not widgets:
+                problems.append(f"{name}: no widget output")
+            lines.append(f"{name}: {len(statuses)} check(s) {expected}, {widgets} widget output(s)")
+        kernels = marker.read_text().split() if marker.exists() else []
+        if not kernels:
+            problems.append("Colab's custom widget manager was never turned on (the set-up cell did not run on 'Colab')")
+        elif any(Path(k).parent != python.parent for k in kernels):
+            problems.append(f"a kernel ran outside the stand-in runtime: {sorted(set(kernels))}")
+        installed = subprocess.run(
+            [python, "-c", "import importlib.metadata as m, json, attn_course; d = m.distribution('attn_course'); "
+             "print(json.dumps([attn_course.__file__, d.read_text('direct_url.json')]))"],
+            cwd=tmp, env=env, capture_output=True, text=True)
+        if installed.returncode != 0:
+            problems.append(f"attn_course is not installed in the runtime after the set-up cell\n{installed.stderr[-1500:]}")
+        else:
+            where, direct = json.loads(installed.stdout)
+            editable = bool(json.loads(direct or "{}").get("dir_info", {}).get("editable"))
+            if editable or "site-packages" not in where:
+                problems.append(f"attn_course was installed editable or outside site-packages: {where}")
+            lines.append(f"attn_course installed by the set-up cell at {where}")
+    after = torch_distributions(python)
+    if len(after) != 1 or after != before:
+        problems.append(f"a second PyTorch: torch distributions before {before}, after {after}")
+    lines.append(f"PyTorch before and after: {after}")
+    for line in lines if verbose or problems else []:
+        print("  " + line)
+    for problem in problems:
+        print("FAILED  " + problem)
+    if problems:
+        return 1
+    print(f"Colab simulation: OK ({len(paths)} notebook(s), {after[0]}, {time.monotonic() - started:.0f} s)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # a JupyterLab server, Chromium and two kernels: about a minute
     pytest.mark.skipif(sync_playwright is None,
                        reason="Playwright is not installed (pip install -r requirements-browser.txt)"),
     pytest.mark.skipif(CHROMIUM is None,

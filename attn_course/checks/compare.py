@@ -31,6 +31,7 @@ __all__ = [
     "expect_equal",
     "matching_mistakes",
     "describe_mismatch",
+    "Mismatch",
     "same",
     "fmt",
 ]
@@ -194,62 +195,88 @@ def expect_equal(actual: Any, expected: Any, *, tried: str, what: str = "your re
 
 def expect_close(actual: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str = "your result",
                  atol: float = 1e-5, rtol: float = 1e-4, mistakes: Sequence[Mistake] = (),
-                 factors: dict[str, float] | None = None, fix: str = "", oracle: str = "") -> None:
+                 factors: dict[str, float] | None = None, fix: str = "", oracle: str = "",
+                 axes: Sequence[str | None] | None = None) -> None:
     """Fail unless ``actual`` matches ``expected``: blame a mistake whose output it reproduces, or else
     measure what the difference is (:func:`describe_mismatch`). ``factors`` names constants a wrong
     scale could be off by (``{"√d_k": 2.83}``); ``oracle`` names where ``expected`` comes from
-    (``"F.scaled_dot_product_attention"``), for the diagnosis's "expected" line."""
+    (``"F.scaled_dot_product_attention"``), for the diagnosis's "expected" line; ``axes`` names the axes
+    in the plural (``("batch entries", "heads", "queries", "keys")``). ``fix`` is the advice when the
+    measurement names no cause; when it does, the measurement's own advice comes first."""
     if tuple(actual.shape) != tuple(expected.shape):
         expect_shape(actual, expected.shape, tried=tried, what=what, mistakes=mistakes, fix=fix)
     if same(actual, expected, atol=atol, rtol=rtol):
         return
     found = matching_mistakes(actual, mistakes, atol=atol, rtol=rtol)
-    got, exp, cause, summary = describe_mismatch(actual, expected, what=what, atol=atol, rtol=rtol, factors=factors)
+    mismatch = describe_mismatch(actual, expected, what=what, atol=atol, rtol=rtol, factors=factors, axes=axes)
+    got, exp, cause, summary = mismatch
     if oracle and exp == _EXPECTED:
         exp = f"the values {oracle} gives"
     if found:
         _blame(found, tried, got, exp)
+    measured = mismatch.fix if cause else ""  # advice that follows from what was measured outranks the general one
     fail(summary, tried=tried, got=got, expected=exp, cause=cause,
-         fix=fix or "compare your steps with the docstring on this input; print the intermediate tensors")
+         fix=measured or fix or mismatch.fix or "compare your steps with the docstring on this input; print the "
+         "intermediate tensors")
 
 
 # ============================================================================ what the difference is
 _EXPECTED = "the correct values (from the check's reference computation)"
+
+
+class Mismatch(tuple):
+    """What :func:`describe_mismatch` measured: unpacks as ``(got, expected, cause, summary)``; ``fix`` is the
+    advice that goes with the measurement (empty when the measurement suggests none)."""
+
+    fix: str
+
+    def __new__(cls, got: str, expected: str, cause: str, summary: str, fix: str = "") -> "Mismatch":
+        self = super().__new__(cls, (got, expected, cause, summary))
+        self.fix = fix
+        return self
+
+
 def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str = "your result", atol: float = 1e-5,
                       rtol: float = 1e-4, factors: dict[str, float] | None = None,
-                      axes: Sequence[str] | None = None) -> tuple[str, str, str, str]:
-    """Measure how ``actual`` differs from ``expected`` (same shape). Returns (got, expected, cause, summary);
-    ``cause`` is empty unless a measurement points at one.
+                      axes: Sequence[str | None] | None = None) -> Mismatch:
+    """Measure how ``actual`` differs from ``expected`` (same shape). Returns a :class:`Mismatch`, which unpacks
+    as (got, expected, cause, summary) and carries a ``fix``; ``cause`` is empty unless a measurement points at one.
 
     In order: the dtype (integers, float16), NaN or inf where the right values are finite, a constant
     factor (named from ``factors`` when only one name fits), a constant shift, a transposed matrix, the
-    right values along one axis reversed, shuffled or repeated (``axes`` names the axes: "queries",
-    "keys"…), an affine map a·x + b of the right values; failing all, which entries differ and where."""
+    right values along one axis reversed, shuffled or one index's values repeated for every index (``axes``
+    names the axes in the plural, one name per axis: "batch entries", "heads", "queries"…, or None for "slices
+    along axis k"; without it the axes are batch entries, rows and columns), an affine map a·x + b of the right
+    values; failing all, which entries differ and where."""
     a = actual.detach().to(torch.float64)
     e = expected.detach().to(torch.float64)
     dtype = str(actual.dtype).replace("torch.", "")
     if not (actual.is_floating_point() or actual.is_complex()) and expected.is_floating_point():
+        int_fix = ("keep every step in floating point: no // division, no .long() or .int(), and write 1.0 rather "
+                   "than 1 in torch.tensor([...])")
         if same(a, e.round(), atol=atol, rtol=rtol) or same(a, e.trunc(), atol=atol, rtol=rtol):
-            return (f"{what} has integer dtype {dtype}: the values were rounded to whole numbers",
-                    "floating-point values", "your computation ran in integers, so every fraction was dropped",
-                    f"integer result ({dtype})")
-        return (f"{what} has integer dtype {dtype}", "floating-point values",
-                "integer arithmetic somewhere (an integer tensor, or // division)", f"integer result ({dtype})")
+            return Mismatch(f"{what} has integer dtype {dtype}: the values were rounded to whole numbers",
+                            "floating-point values", "your computation ran in integers, so every fraction was dropped",
+                            f"integer result ({dtype})", int_fix)
+        return Mismatch(f"{what} has integer dtype {dtype}", "floating-point values",
+                        "integer arithmetic somewhere (an integer tensor, or // division)", f"integer result ({dtype})",
+                        int_fix)
     if actual.dtype in (torch.float16, torch.bfloat16) and expected.dtype not in (torch.float16, torch.bfloat16):
         if same(a, e, atol=max(atol, 2e-2), rtol=max(rtol, 1e-2)):
-            return (f"{dtype} values ({what}), close but not equal: {dtype} keeps about 3 significant digits",
-                    f"{str(expected.dtype).replace('torch.', '')}, as the input",
-                    f"your computation converted to {dtype} (.half() or dtype={dtype})", f"result in {dtype}")
+            return Mismatch(f"{dtype} values ({what}), close but not equal: {dtype} keeps about 3 significant digits",
+                            f"{str(expected.dtype).replace('torch.', '')}, as the input",
+                            f"your computation converted to {dtype} (.half() or dtype={dtype})", f"result in {dtype}",
+                            f"compute in the input's dtype: leave out .half(), .to(torch.{dtype}) or dtype={dtype}")
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
     if (nan_a & ~nan_e).any():
         first = tuple(int(i) for i in (nan_a & ~nan_e).nonzero()[0])
-        return (f"NaN in {int((nan_a & ~nan_e).sum())} of {a.numel()} entries (the first at index {first})",
-                "finite numbers there", "", "NaN in the result")
+        return Mismatch(f"NaN in {int((nan_a & ~nan_e).sum())} of {a.numel()} entries (the first at index {first})",
+                        "finite numbers there", "", "NaN in the result")
     inf_a = torch.isinf(a) & ~torch.isinf(e)
     if inf_a.any():
         first = tuple(int(i) for i in inf_a.nonzero()[0])
-        return (f"inf in {int(inf_a.sum())} entries (the first at index {first})", "finite numbers there",
-                "an overflow", "inf in the result")
+        return Mismatch(f"inf in {int(inf_a.sum())} entries (the first at index {first})", "finite numbers there",
+                        "an overflow", "inf in the result")
     finite = torch.isfinite(a) & torch.isfinite(e)
     af, ef = a[finite], e[finite]
     close = torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=True)
@@ -261,16 +288,21 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
             named = _name_factor(c, factors or {})
             shown = fmt(c) if abs(c - 1) > 0.01 else f"{c:.6g}"
             cause = f"your result is {named} times the expected one" if named else ""
-            return (f"every entry is {shown} × the expected value", "the expected values", cause,
-                    f"off by a factor of {named or shown}")
+            return Mismatch(f"every entry is {shown} × the expected value", "the expected values", cause,
+                            f"off by a factor of {named or shown}", _factor_fix(named, shown))
         offset = float((af - ef).mean())
         if abs(offset) > atol and same(a, e + offset, atol=atol, rtol=rtol):
-            return (f"every entry is the expected value {'+' if offset > 0 else '−'} {fmt(abs(offset))}",
-                    "the expected values", "", f"shifted by a constant {fmt(offset)}")
+            return Mismatch(f"every entry is the expected value {'+' if offset > 0 else '−'} {fmt(abs(offset))}",
+                            "the expected values", "", f"shifted by a constant {fmt(offset)}",
+                            f"look for a constant that your code {'adds to' if offset > 0 else 'subtracts from'} "
+                            f"every entry ({fmt(abs(offset))}): an offset, a stray ± 1 or an epsilon the docstring "
+                            "does not have")
     if a.ndim >= 2 and a.shape[-1] == a.shape[-2] and a.shape[-1] > 1 and same(a, e.transpose(-2, -1), atol=atol, rtol=rtol):
-        return ("the expected matrix with rows and columns swapped", "rows and columns as the docstring orders them",
-                "your result is transposed", "transposed")
-    along = _along_an_axis(a, e, atol=atol, rtol=rtol, axes=axes)
+        return Mismatch("the expected matrix with rows and columns swapped",
+                        "rows and columns as the docstring orders them", "your result is transposed", "transposed",
+                        "look for a matrix product in the wrong order (k @ qᵀ where the docstring has q @ kᵀ) or "
+                        "one .transpose(-2, -1) (or .T) too many or too few")
+    along = _along_an_axis(a, e, atol=atol, rtol=rtol, axes=axes, what=what)
     if along:
         return along
     affine = _affine(a, e, atol=atol, rtol=rtol)
@@ -282,40 +314,94 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
               f"got {fmt(float(a[worst]))}, expected {fmt(float(e[worst]))}")
     region = _where_wrong(wrong)
     got = f"{int(wrong.sum())} of {a.numel()} entries differ{region}; {detail}"
-    return got, _EXPECTED, "", f"wrong values{region}"
+    return Mismatch(got, _EXPECTED, "", f"wrong values{region}")
 
 
-def _axis_name(axis: int, ndim: int, axes: Sequence[str] | None) -> str:
-    if axes is not None and len(axes) == ndim:
-        return axes[axis]
-    if ndim >= 3 and axis == 0:
-        return "batch entries"
-    if ndim >= 2 and axis == ndim - 2:
-        return "rows"
-    if axis == ndim - 1:
-        return "columns" if ndim >= 2 else "entries"
-    return f"entries along axis {axis}"
+def _factor_fix(named: str, shown: str) -> str:
+    """Advice for a result ``named`` (or ``shown``) times the expected one."""
+    if named == "−1":
+        return "a sign is flipped: look for a subtraction the wrong way round (b − a for a − b) or a stray minus"
+    if named.startswith("1/"):
+        inner = named[2:]
+        return (f"your result needs multiplying by {inner}: a division by {inner} is one too many, or a "
+                f"multiplication by {inner} is missing")
+    if named == "½":
+        return "your result needs doubling: a division by 2 (or a factor ½) is one too many, or a factor 2 is missing"
+    if named:
+        return (f"your result needs dividing by {named}: a division by {named} is missing, or a multiplication by "
+                f"{named} is one too many")
+    return (f"every entry is off by the same factor {shown}: look for a scale the docstring does not have, or one it "
+            "has that you left out")
+
+
+class _Axis:
+    """How a diagnosis names axis ``number`` of a tensor and the indices along it ("head 2", "every head")."""
+
+    _SINGULAR = {"batch entries": "batch entry", "entries": "entry", "queries": "query", "keys": "key",
+                 "heads": "head", "positions": "position", "features": "feature", "rows": "row", "columns": "column",
+                 "tokens": "token", "values": "value"}
+
+    def __init__(self, number: int, ndim: int, axes: Sequence[str | None] | None):
+        self.number, self.suffix = number, ""
+        named = axes is not None and len(axes) == ndim
+        plural = axes[number] if named else None
+        if plural is None:
+            if named:  # the caller names the axes but not this one
+                plural, self.suffix = "slices", f" along axis {number}"
+            elif ndim >= 3 and number == 0:
+                plural = "batch entries"
+            elif ndim >= 2 and number == ndim - 2:
+                plural = "rows"
+            elif number == ndim - 1:
+                plural = "columns" if ndim >= 2 else "entries"
+            else:
+                plural, self.suffix = "slices", f" along axis {number}"
+        self.plural = plural + self.suffix
+        self.singular = self._SINGULAR.get(plural) or (plural[:-3] + "y" if plural.endswith("ies") else
+                                                       plural[:-1] if plural.endswith("s") else plural)
+
+    def item(self, i: int) -> str:
+        """'head 2', 'slice 2 along axis 1'."""
+        return f"{self.singular} {i}{self.suffix}"
+
+    def of(self, i: int) -> str:
+        """'head 2's values', 'the values of slice 2 along axis 1'."""
+        return f"the values of {self.item(i)}" if self.suffix else f"{self.item(i)}'s values"
+
+    @property
+    def every(self) -> str:
+        return f"every {self.singular}{self.suffix}"
+
+
+def _index_text(j: int, size: int) -> str:
+    """How code picks index ``j`` of ``size`` alone: '[0] or [:1]', '[-1] or [-1:]', '[2]'."""
+    if j == 0:
+        return "[0] or [:1]"
+    if j == size - 1:
+        return "[-1] or [-1:]"
+    return f"[{j}]"
 
 
 def _along_an_axis(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float,
-                   axes: Sequence[str] | None) -> tuple[str, str, str, str] | None:
-    """The right values along one axis reversed, shuffled, or the same for every index."""
+                   axes: Sequence[str | None] | None, what: str = "your result") -> Mismatch | None:
+    """The right values along one axis reversed, shuffled, or one index's values (or their mean or sum) for every
+    index."""
     for axis in range(a.ndim):
         size = a.shape[axis]
         if size < 2:
             continue
-        name = _axis_name(axis, a.ndim, axes)
+        ax = _Axis(axis, a.ndim, axes)
         if same(a, e.flip(axis), atol=atol, rtol=rtol):
-            return (f"the right values with the {name} in reverse order (axis {axis})", f"the {name} in order",
-                    f"your result has the {name} in reverse order: the first belongs last", f"{name} in reverse order")
+            return Mismatch(
+                f"the right values with the {ax.plural} in reverse order (axis {axis} of {what}): your "
+                f"{ax.item(0)} holds {ax.of(size - 1)}", f"{ax.item(0)} first, {ax.item(size - 1)} last",
+                f"your code reverses the {ax.plural} (axis {axis}): a flip, or an index or loop that counts down "
+                "from the end", f"{ax.plural} in reverse order",
+                f"keep the {ax.plural} in their order: remove the flip of axis {axis}, or count the index up from 0")
         sa, se = a.movedim(axis, 0), e.movedim(axis, 0)
         if all(same(sa[i], sa[0], atol=atol, rtol=rtol) for i in range(1, size)) and \
                 not all(same(se[i], se[0], atol=atol, rtol=rtol) for i in range(1, size)):
-            match = next((j for j in range(size) if same(sa[0], se[j], atol=atol, rtol=rtol)), None)
-            source = f"the values that belong to number {match}" if match is not None else "the same values"
-            return (f"the same values for every one of the {name} (axis {axis}): {source}",
-                    f"values that differ from one of the {name} to the next",
-                    f"your result does not change along axis {axis} (the {name})", f"the same values for all {name}")
+            return _repeated(sa, se, ax, atol=atol, rtol=rtol, what=what)
         if size > 32:
             continue  # matching every slice against every other would cost size² comparisons
         perm: list[int] = []
@@ -325,13 +411,57 @@ def _along_an_axis(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float
                 break
             perm.append(j)
         if len(perm) == size and perm != list(range(size)):
-            shown = ", ".join(map(str, perm[:8])) + ("…" if size > 8 else "")
-            return (f"the right values with the {name} in another order (axis {axis}): yours are numbers {shown}",
-                    f"the {name} in order", f"your result mixes up the {name}", f"{name} in the wrong order")
+            moved = [i for i in range(size) if perm[i] != i]
+            if len(moved) == 2:
+                how = f"{ax.item(moved[0])} and {ax.item(moved[1])} swapped"
+            else:
+                shift = (perm[0]) % size
+                rolled = all(perm[i] == (i + shift) % size for i in range(size))
+                shown = ", ".join(map(str, perm[:8])) + ("…" if size > 8 else "")
+                how = (f"your {ax.item(0)} holds {ax.of(perm[0])}, your {ax.item(1)} {ax.of(perm[1])}, and so on, "
+                       "wrapping round at the end (a rotation)" if rolled else
+                       f"yours are, in order, the expected {ax.plural} {shown}")
+            return Mismatch(
+                f"every {ax.singular}{ax.suffix} is right but in the wrong place (axis {axis} of {what}): {how}",
+                f"the {ax.plural} in the docstring's order",
+                f"your code puts the {ax.plural} in another order: a permute or transpose with the axes in another "
+                "order, a view or reshape with its sizes in another order, or an index that picks the wrong "
+                f"{ax.singular}", f"{ax.plural} in the wrong order",
+                f"keep the {ax.plural} in the docstring's order: check the axis order in every permute and transpose, "
+                "and the order of the sizes in every view or reshape")
     return None
 
 
-def _affine(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float) -> tuple[str, str, str, str] | None:
+def _repeated(sa: torch.Tensor, se: torch.Tensor, ax: _Axis, *, atol: float, rtol: float, what: str) -> Mismatch:
+    """Every index along ``ax`` (moved first in ``sa`` and ``se``) holds the same values: say whose."""
+    size, axis = sa.shape[0], ax.number
+    expected = f"each {ax.singular}{ax.suffix} with its own values"
+    match = next((j for j in range(size) if same(sa[0], se[j], atol=atol, rtol=rtol)), None)
+    if match is not None:
+        index = _index_text(match, size)
+        return Mismatch(
+            f"{ax.every} holds {ax.of(match)} (axis {axis} of {what})", expected,
+            f"you computed {ax.item(match)} only and reused it for {ax.every}: a fixed index {index} on axis "
+            f"{axis}, then broadcasting (expand, repeat) to the full shape",
+            f"{ax.item(match)} repeated for {ax.every}",
+            f"compute {ax.every}: drop the index {index} and let each step run over the whole axis {axis} (or loop "
+            f"over {ax.every})")
+    for reduction, op in (("mean", se.mean(0)), ("sum", se.sum(0))):
+        if same(sa[0], op, atol=atol, rtol=rtol):
+            return Mismatch(
+                f"{ax.every} holds the {reduction} over all the {ax.plural} (axis {axis} of {what})", expected,
+                f"your code takes the {reduction} over axis {axis} (the {ax.plural}) and broadcasts it back",
+                f"the {reduction} over the {ax.plural} in {ax.every}",
+                f"keep axis {axis}: no {reduction} over the {ax.plural}, each {ax.singular} stays on its own")
+    return Mismatch(
+        f"the same values for {ax.every} (axis {axis} of {what}), matching none of the expected {ax.plural}", expected,
+        f"your result does not change from one {ax.singular}{ax.suffix} to the next: a step drops axis {axis}",
+        f"the same values for {ax.every}",
+        f"make each {ax.singular} depend on its own part of the input: look for the step that loses axis {axis} (a "
+        "fixed index, a reduction, or a size-1 axis broadcast back)")
+
+
+def _affine(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float) -> Mismatch | None:
     """actual = α·expected + β for every entry (neither a pure factor nor a pure shift: those come first)."""
     if not (torch.isfinite(a).all() and torch.isfinite(e).all()) or e.numel() < 3 or float(e.std()) < 1e-9:
         return None
@@ -341,7 +471,17 @@ def _affine(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float) -> tu
         return None
     said = (f"{fmt(beta)} − the expected value" if abs(alpha + 1) < 1e-6 else
             f"{fmt(alpha)} × the expected value {'+' if beta > 0 else '−'} {fmt(abs(beta))}")
-    return f"every entry is {said}", "the expected values", "", f"every value is {said}"
+    if abs(alpha + 1) < 1e-6 and abs(beta - 1) < 1e-6:
+        cause, fix = ("your values are the right ones subtracted from 1: a `1 −` too many, or one missing",
+                      "remove the `1 −`, or add it where the docstring asks for the complement")
+    elif abs(alpha + 1) < 1e-6:
+        cause, fix = (f"your values are the right ones subtracted from {fmt(beta)}: a subtraction written the wrong "
+                      "way round", "swap the two sides of that subtraction")
+    else:
+        cause, fix = (f"your values are the right ones times {fmt(alpha)}, {'plus' if beta > 0 else 'minus'} "
+                      f"{fmt(abs(beta))}: a rescaling or a shift that the docstring does not have",
+                      "find the step that rescales or shifts every value, and remove it")
+    return Mismatch(f"every entry is {said}", "the expected values", cause, f"every value is {said}", fix)
 
 
 def _name_factor(c: float, factors: dict[str, float]) -> str:

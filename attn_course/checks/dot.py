@@ -406,14 +406,14 @@ def describe_cases(cases: Sequence[Case], outcomes: Sequence[Outcome], wrong: Se
         fail("right scores in the wrong order", tried=tried, got=preview(t), expected=expected,
              cause="every score is right but they are not in the keys' order: entry j must be the score of key j "
                    "(a reversed or shifted index?)", fix="put the score of K[j] at position j")
-    got, exp, cause, summary = describe_mismatch(t, e64, what="your result", atol=case.tolerance(), rtol=1e-5,
-                                                 factors=factors)
+    mismatch = describe_mismatch(t, e64, what="your result", atol=case.tolerance(), rtol=1e-5, factors=factors)
+    got, exp, cause, summary = mismatch
     if where and not cause:
         fail(f"wrong with {short} only", tried=tried, got=got, expected=expected,
              cause=f"your results are right on the other cases, so a step of your code mishandles {where}",
              fix="run your function on such an input yourself and compare each step with the docstring")
     fail(summary, tried=tried, got=got, expected=f"{expected_text}: {expected}", cause=cause,
-         fix="compare your steps with the docstring on this input; print the intermediate tensors")
+         fix=mismatch.fix or "compare your steps with the docstring on this input; print the intermediate tensors")
 
 
 def _only_on(cases: Sequence[Case], wrong: Sequence[int]) -> tuple[str, str]:

@@ -77,56 +77,11 @@ def _bool_hint(exc: LearnerRaised) -> dict:
     return _BOOL_HINT if "Boolean value of Tensor" in exc.message else {}
 
 
-def _probe_mismatch(failure: Failure, actual: torch.Tensor, expected: torch.Tensor, names: list[str], *,
-                    atol: float, rtol: float) -> bool:
-    """For a mismatch no known mistake explains, measure what it is: the right values in another order along one
-    axis, the same values for every index of an axis, or an affine map of the right values. Sets the diagnosis's
-    summary and cause and returns True when one of these holds exactly."""
-    d = failure.diagnosis
-    if d.cause or tuple(actual.shape) != tuple(expected.shape) or not actual.is_floating_point():
-        return False
-    a, e = actual.detach().to(torch.float64), expected.detach().to(torch.float64)
-    for axis, name in enumerate(names):
-        size = a.shape[axis]
-        if size < 2:
-            continue
-        if same(a, e.flip(axis), atol=atol, rtol=rtol):
-            d.summary, d.cause = (f"{name} in reverse order", f"your result holds the right values, but with the {name} "
-                                  f"in reverse order (axis {axis}): the first belongs last")
-            return True
-        sa, se = a.movedim(axis, 0), e.movedim(axis, 0)
-        constant = all(same(sa[i], sa[0], atol=atol, rtol=rtol) for i in range(1, size))
-        if constant and not all(same(se[i], se[0], atol=atol, rtol=rtol) for i in range(1, size)):
-            match = next((j for j in range(size) if same(sa[0], se[j], atol=atol, rtol=rtol)), None)
-            d.summary = f"the same values for every one of the {name}"
-            d.cause = (f"your result does not change along axis {axis} (the {name}): every one of them got "
-                       + (f"the values that belong to number {match}" if match is not None else "the same values"))
-            return True
-        perm: list[int] = []
-        for i in range(size):
-            j = next((j for j in range(size) if j not in perm and same(sa[i], se[j], atol=atol, rtol=rtol)), None)
-            if j is None:
-                break
-            perm.append(j)
-        if len(perm) == size and perm != list(range(size)):
-            shown = ", ".join(map(str, perm[:8])) + ("…" if size > 8 else "")
-            d.summary = f"{name} in the wrong order"
-            d.cause = (f"your result holds the right values with the {name} shuffled (axis {axis}): in order, yours are "
-                       f"the expected numbers {shown}")
-            return True
-    finite = torch.isfinite(a) & torch.isfinite(e)
-    if finite.all() and e.numel() > 2 and float(e.std()) > 1e-9:
-        design = torch.stack([e.flatten(), torch.ones(e.numel(), dtype=torch.float64)], 1)
-        alpha, beta = (float(v) for v in torch.linalg.lstsq(design, a.flatten()[:, None]).solution.flatten())
-        pure = abs(alpha - 1) < 1e-6  # a constant shift: describe_mismatch has said so already
-        if abs(beta) > atol and abs(alpha) > 1e-6 and not pure and same(a, alpha * e + beta, atol=atol, rtol=rtol):
-            if abs(alpha + 1) < 1e-6:
-                said = f"{fmt(beta)} − the expected value"
-            else:
-                said = f"{fmt(alpha)} × the expected value {'+' if beta > 0 else '−'} {fmt(abs(beta))}"
-            d.summary, d.cause = f"every value is {said}", f"your result is {said}, for every entry"
-            return True
-    return False
+# How the comparison layer names the axes (:func:`~.compare.describe_mismatch` probes each one).
+_SPLIT_AXES = ("batch entries", "heads", "positions", "features")  # (B, A, n, d_head)
+_MERGED_AXES = ("batch entries", "positions", "features")  # (B, n, A·d_head)
+_WEIGHT_AXES = ("batch entries", "heads", "queries", "keys")  # (B, A, n_q, n_k)
+_OUT_AXES = ("batch entries", "queries", "features")  # (B, n_q, d_model)
 
 
 def _factors(**named: float) -> dict[str, float]:
@@ -294,13 +249,8 @@ def check_split_heads(fn: Learner) -> str:
         mistakes = evidence.possible(_split_mistakes(x, a))
         _wrong_shape(out, (b, a, n, d), {"B": b, "A": a, "n": n, "d_head": d}, "(B, A, n, d_head)", tried=tried,
                      mistakes=mistakes, hint=_heads_count_cause(tuple(out.shape), b, n, a, a * d, previous))
-        try:
-            expect_close(out, ref_split(x, a), tried=tried, atol=1e-6, rtol=1e-5, mistakes=mistakes,
-                         factors=_factors(A=a, d_head=d, n=n))
-        except Failure as failure:
-            _probe_mismatch(failure, out, ref_split(x, a), ["batch entries", "heads", "positions", "features"],
-                            atol=1e-6, rtol=1e-5)
-            raise
+        expect_close(out, ref_split(x, a), tried=tried, atol=1e-6, rtol=1e-5, mistakes=mistakes,
+                     factors=_factors(A=a, d_head=d, n=n), axes=_SPLIT_AXES)
         _expect_same_precision(out, x, tried=tried, what="split_heads")
         evidence.passed(mistakes, ref_split(x, a), atol=1e-6, rtol=1e-5)
         previous = (a, d)
@@ -369,12 +319,8 @@ def check_merge_heads(fn: Learner) -> str:
         mistakes = evidence.possible(_merge_mistakes(x))
         _wrong_shape(out, (b, n, a * d), {"B": b, "A": a, "n": n, "d_head": d}, "(B, n, A·d_head)", tried=tried,
                      mistakes=mistakes)
-        try:
-            expect_close(out, ref_merge(x), tried=tried, atol=1e-6, rtol=1e-5, mistakes=mistakes,
-                         factors=_factors(A=a, d_head=d, n=n))
-        except Failure as failure:
-            _probe_mismatch(failure, out, ref_merge(x), ["batch entries", "positions", "features"], atol=1e-6, rtol=1e-5)
-            raise
+        expect_close(out, ref_merge(x), tried=tried, atol=1e-6, rtol=1e-5, mistakes=mistakes,
+                     factors=_factors(A=a, d_head=d, n=n), axes=_MERGED_AXES)
         _expect_same_precision(out, x, tried=tried, what="merge_heads")
         evidence.passed(mistakes, ref_merge(x), atol=1e-6, rtol=1e-5)
     return (f"matches the reference on {len(_MERGE_CASES)} cases (1 to 6 heads, one position, float32 and "
@@ -948,10 +894,12 @@ def check_MultiHeadAttention(cls: Learner) -> str:
         try:
             expect_shape(weights, want_w.shape, tried=tried, what="the weights", mistakes=[averaged, *w_mistakes],
                          fix="return the weights of every head, shaped (B, A, n_q, n_k)")
-            expect_close(weights, want_w, tried=tried, what="the weights", atol=2e-5, rtol=1e-4, mistakes=w_mistakes)
+            expect_close(weights, want_w, tried=tried, what="the weights", atol=2e-5, rtol=1e-4, mistakes=w_mistakes,
+                         axes=_WEIGHT_AXES)
             expect_shape(out, want_out.shape, tried=tried, what="out", mistakes=part(0, consistent=True),
                          fix="out has one row per query and d_model features: (B, n_q, d_model)")
-            expect_close(out, want_out, tried=tried, what="out", atol=2e-5, rtol=1e-4, mistakes=part(0, consistent=True))
+            expect_close(out, want_out, tried=tried, what="out", atol=2e-5, rtol=1e-4, mistakes=part(0, consistent=True),
+                         axes=_OUT_AXES)
         except Failure as failure:
             _explain_mismatch(failure, module, args, result, out, weights, want_out, want_w, mask, tried,
                               model=(P, x_q, x_kv, a, d_head))
@@ -975,9 +923,10 @@ def check_MultiHeadAttention(cls: Learner) -> str:
 def _explain_mismatch(failure: Failure, module: Learner, args: tuple, result, out: torch.Tensor,
                       weights: torch.Tensor, want_out: torch.Tensor, want_w: torch.Tensor, mask, tried: str, *,
                       model: tuple) -> None:
-    """Add what the evidence says to a mismatch no known mistake explains: the right values reordered or mapped,
-    another scale of the scores, weight rows that do not sum to 1 or ignore the mask, out off by one vector,
-    randomness (a second identical call gives other numbers), a difference confined to fully masked queries."""
+    """Add what the evidence says to a mismatch that neither a known mistake nor the comparison layer's probes
+    (the right values reordered, repeated or mapped) explain: another scale of the scores, weight rows that do
+    not sum to 1 or ignore the mask, out off by one vector, randomness (a second identical call gives other
+    numbers), a difference confined to fully masked queries."""
     d = failure.diagnosis
     if d.cause:
         return
@@ -995,8 +944,6 @@ def _explain_mismatch(failure: Failure, module: Learner, args: tuple, result, ou
              fix="use an nn.Dropout layer (eval() turns it off) or F.dropout(w, p, training=self.training)")
     weights_ok = tuple(weights.shape) == tuple(want_w.shape) and same(weights, want_w, atol=2e-5, rtol=1e-4)
     if weights_ok and tuple(out.shape) == tuple(want_out.shape):
-        if _probe_mismatch(failure, out, want_out, ["batch entries", "queries", "features"], atol=2e-5, rtol=1e-4):
-            return
         diff = (out.to(torch.float64) - want_out).flatten(0, -2)  # (B·n_q, d_model)
         if diff.shape[0] > 1 and same(diff, diff[:1].expand_as(diff), atol=2e-5, rtol=1e-4):
             bias = P["o"][1]
@@ -1012,9 +959,6 @@ def _explain_mismatch(failure: Failure, module: Learner, args: tuple, result, ou
                     "constant (a bias) added or missing")
             return
     elif tuple(weights.shape) == tuple(want_w.shape) and weights.is_floating_point():
-        if _probe_mismatch(failure, weights, want_w, ["batch entries", "heads", "queries", "keys"], atol=2e-5, rtol=1e-4):
-            d.summary = f"weights: {d.summary}"
-            return
         scale = _fitted_scale(P, x_q, x_kv, mask, a, d_head, weights)
         if scale is not None:
             named = {"1/(2·√d_head)": 1 / (2 * math.sqrt(d_head)), "1/√n_heads": 1 / math.sqrt(a),

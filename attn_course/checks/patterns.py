@@ -25,7 +25,7 @@ from .boundary import Opaque
 from .compare import Failure
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, fail, fmt,
                    learner_error)
-from .multihead import _Evidence, _bool_hint, _factors, _probe_mismatch
+from .multihead import _Evidence, _bool_hint, _factors
 
 __all__ = [
     "check_normalised_entropy",
@@ -177,14 +177,13 @@ class _Run:
             "rounded to whole numbers", "your values are the right ones rounded to integers (.round(), .long(), "
             "// or an integer tensor along the way)", "keep the values as floats: no rounding, no integer division",
             want.round())])
+        axes = (["batch entries"] + [None] * (want.ndim - 2) + ["queries"])[-want.ndim:]  # (B, …, n_q)
         try:
             expect_close(out, want, tried=self.tried(case), atol=ATOL, rtol=RTOL, mistakes=possible, factors=factors,
                          fix="return one value per query (the input's shape without its last axis); compare your "
-                             "steps with the docstring on this input")
+                             "steps with the docstring on this input", axes=axes)
         except Failure as failure:
-            names = [f"batch axis {i}" for i in range(want.ndim - 1)] + ["queries"]
-            if not _probe_mismatch(failure, out, want, names, atol=ATOL, rtol=RTOL) and explain is not None \
-                    and not failure.diagnosis.cause:
+            if explain is not None and not failure.diagnosis.cause:
                 explain(failure)
             raise
         self.evidence.passed(possible, want, atol=ATOL, rtol=RTOL)

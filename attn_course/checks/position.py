@@ -2,9 +2,9 @@
 sinusoidal_encoding, relative_position_bias, alibi_bias, apply_rope and additive_attention.
 
 The learner's *test* is checked by running it, in the learner's process (the probe
-``position.permutation_test``), on functions whose answer is known: four that treat every position
-alike (it must say "equivariant") and five that see positions in different ways (it must say "not
-equivariant") — a test that cannot tell them apart fails, and the pattern of its answers names the flaw
+``position.permutation_test``), on functions whose answer is known: six that treat every position
+alike (it must say "equivariant"; one has outputs near 0, where only an absolute tolerance absorbs
+rounding) and five that see positions in different ways (it must say "not equivariant") — a test that cannot tell them apart fails, and the pattern of its answers names the flaw
 (no permutation at all, an exact comparison, a reversal, a permutation that keeps token 0 in place…).
 
 The other checks compare with the course's references in float64 (``attn_course.position``), which
@@ -169,7 +169,7 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
              fix=_TEST_FIX)
     if set(rejected) == set(ref.EQUIVARIANT) and set(missed) == set(ref.POSITION_AWARE):
         fail("the test's verdicts are the wrong way round", tried=tried, got=shown,
-             expected="True (equivariant) for the first five, False for the others",
+             expected=f"True (equivariant) for the first {len(ref.EQUIVARIANT)}, False for the others",
              cause="your test returns True when the outputs differ and False when they agree (a `not` too many, or "
                    "an assert of the opposite)",
              fix="return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5): True means equivariant")
@@ -177,14 +177,14 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
     if rejected:
         if "elementwise tanh" in rejected:
             fail("the test rejects functions that ignore positions", tried=tried, got=shown,
-                 expected="equivariant for the first five (even tanh(x), which treats every number alone)",
+                 expected=f"equivariant for the first {len(ref.EQUIVARIANT)} (even tanh(x), which treats every number alone)",
                  cause="your comparison is wrong even where the answer is exact: permuting the input must permute "
                        "the output's rows the same way — compare attn(x[perm]) with attn(x)[perm], not with attn(x) "
                        "or with the inverse permutation",
                  fix=_TEST_FIX)
         if "feature mixing" in rejected:
             fail("the test rejects functions that ignore positions", tried=tried, got=shown,
-                 expected="equivariant for the first five",
+                 expected=f"equivariant for the first {len(ref.EQUIVARIANT)}",
                  cause="your test accepts tanh(x) but rejects a function that only mixes each token's own features: "
                        "your permutation moves the features (the last axis), not the tokens (the rows)",
                  fix="permute the rows: x[perm] (or x[..., perm, :] with batch axes)")
@@ -208,8 +208,8 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
             cause = (f"your permutation reorders the first axis of an x of shape {evidence['batch_axis']} (the batch), "
                      "not its tokens (axis -2): every batch entry is computed alone, so nothing can differ")
         elif evidence["single"]:
-            cause = ("your test calls attn on one and the same x every time: it compares an output with itself, or "
-                     "its permutation leaves every token in place")
+            cause = ("your test never runs attn on a reordering of x: it calls attn on one and the same x every "
+                     "time, so it compares an output with itself, or its permutation leaves every token in place")
         elif "perm" in evidence:
             gap, worst = _largest_gap(evidence, list(ref.POSITION_AWARE))
             cause = (f"your test does run attn on x and on x with its rows reordered, but for {worst} the two outputs "

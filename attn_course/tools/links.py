@@ -117,20 +117,30 @@ def header_source(nb: registry.Notebook, kind: str, repo: str, minutes: int | No
     return line
 
 
+def colab_requirements() -> list[str]:
+    """What the Colab cell installs when Colab lacks it: the course's own dependencies (from its package
+    metadata, i.e. pyproject.toml) without torch, because Colab's preinstalled PyTorch must stay the only one."""
+    from importlib.metadata import requires
+
+    specs = [r.split(";")[0].strip() for r in requires("attn_course") or [] if "extra ==" not in r]
+    return [s for s in specs if re.split(r"[<>=!~ \[]", s, maxsplit=1)[0].lower() != "torch"]
+
+
 def colab_cell_source(repo: str) -> str:
     """The code cell that sets a notebook up on Colab (it does nothing anywhere else)."""
     source = f"git+{repo}@{BRANCH}" if published(repo) else ""
+    needed = colab_requirements()
     return f'''# On Google Colab only: install the course's helper package (Colab's own PyTorch is kept) and turn on
 # Colab's widget manager. Anywhere else (JupyterLab, Binder, a hub) this cell does nothing.
-import importlib.util, os, subprocess, sys
+import importlib.util, os, re, subprocess, sys
 if "google.colab" in sys.modules:
     if importlib.util.find_spec("attn_course") is None:
         source = os.environ.get("{COLAB_SOURCE_ENV}", "{source}")
         if not source:
             raise RuntimeError("This copy of the course is not published yet: open it in JupyterLab instead.")
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", source], check=True)
-        needed = ["nbformat", "nbclient", "psutil", "tqdm", "ipywidgets"]
-        missing = [m for m in needed if importlib.util.find_spec(m) is None]
+        needed = {needed!r}  # the course's dependencies but torch
+        missing = [spec for spec in needed if importlib.util.find_spec(re.split(r"[<>=!~]", spec)[0]) is None]
         if missing:
             subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
     from google.colab import output

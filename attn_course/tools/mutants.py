@@ -19,7 +19,8 @@ Operators (each one change at one place; only code inside the solution block is 
 * ``call``      — a call replaced by its first argument (``math.sqrt(d)`` → ``d``, ``torch.exp(x)`` → ``x``), or by
   a sibling function (sum ↔ mean, max ↔ min, amax ↔ amin, tril ↔ triu, maximum ↔ minimum, sqrt ↔ rsqrt);
 * ``swap``      — the first two positional arguments of a call swapped (not for calls symmetric in them:
-  ``transpose(-2, -1)`` is ``transpose(-1, -2)``, ``max(a, b)`` is ``max(b, a)``);
+  ``transpose(-2, -1)`` is ``transpose(-1, -2)``, ``max(a, b)`` is ``max(b, a)``; nor when both are the same
+  expression: ``torch.ones(n, n)``, ``xlogy(w, w)``);
 * ``stmt``      — one statement deleted (an update that rescales a running quantity, a masking line…);
 * ``default``   — a parameter with a default ignored: every use replaced by its default value;
 * ``transpose`` — the returned tensor transposed on its last two axes.
@@ -180,7 +181,7 @@ class _Sites(ast.NodeVisitor):
             name = _callee(node)
             if name in _SIBLINGS:
                 self._add("call", node, f"{name}->{_SIBLINGS[name]}", lambda n, s=_SIBLINGS[name]: _renamed(n, s))
-            if len(node.args) >= 2 and name not in _SYMMETRIC:
+            if len(node.args) >= 2 and name not in _SYMMETRIC and ast.dump(node.args[0]) != ast.dump(node.args[1]):
                 self._add("swap", node, f"args-{name}", lambda n: ast.Call(n.func, [n.args[1], n.args[0], *n.args[2:]], n.keywords))
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.Expr, ast.If)) and not _is_docstring(node):
             self._add("stmt", node, f"delete-{type(node).__name__}", lambda n: None)
@@ -319,11 +320,14 @@ def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sampl
 
 
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[tuple[str, str], str]:
-    """``(exercise, mutant id) -> why it is equivalent`` for the survivors a check cannot and must not kill."""
+    """``(exercise, mutant id) -> why it is equivalent`` for the survivors a check cannot and must not kill.
+
+    The file is ``{"about": …, "equivalent": [{"exercise", "id", "notebook", "solution", "mutant", "reason"}, …]}``:
+    ``solution`` and ``mutant`` show the changed line before and after, for the reader; the key is (exercise, id)."""
     if not path.exists():
         return {}
     data = json.loads(path.read_text(encoding="utf-8"))
-    return {(row["exercise"], row["mutant"]): row["reason"] for row in data}
+    return {(row["exercise"], row["id"]): row["reason"] for row in data["equivalent"]}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -13,14 +13,25 @@ from pathlib import Path
 
 import nbformat
 
+from .nbmeta import CHECK, EXERCISE, role
 from .runner import execute
+
+
+def _unexpected_errors(nb, errors: list[int]) -> list[int]:
+    """Cells that raised but may not: a solution's exercise and check cells must pass, and any other
+    cell may raise only when it is tagged ``raises-exception`` (a demonstration of an error message)."""
+    def allowed(cell) -> bool:
+        return role(cell) not in (EXERCISE, CHECK) and "raises-exception" in cell.metadata.get("tags", [])
+
+    return [i for i in errors if not allowed(nb.cells[i])]
 
 
 def run_in_place(path: Path, out=sys.stdout) -> bool:
     nb = nbformat.read(path, as_version=4)
     run = execute(nb, cwd=path.parent.resolve(), allow_errors=False)
-    if run.problem or run.errors:
-        print(f"FAILED {path}: {run.problem or 'cell(s) ' + str(run.errors) + ' raised'}; file left unchanged", file=out)
+    errors = _unexpected_errors(run.notebook, run.errors)
+    if run.problem or errors:
+        print(f"FAILED {path}: {run.problem or 'cell(s) ' + str(errors) + ' raised'}; file left unchanged", file=out)
         return False
     executed = run.notebook
     for cell in executed.cells:

@@ -91,7 +91,10 @@ def test_a_factor_near_one_is_shown_with_enough_digits_or_not_called_a_factor():
 @pytest.mark.parametrize("actual,phrase", [
     (E.flip(-1), "columns in reverse order"),
     (E[:, [1, 2, 0]], "columns in the wrong order"),
-    (E[:1].expand(3, 3), "the same values for all rows"),
+    (E[:1].expand(3, 3), "row 0 repeated for every row"),
+    (E[-1:].expand(3, 3), "row 2 repeated for every row"),
+    (E.mean(0, keepdim=True).expand(3, 3), "the mean over the rows in every row"),
+    (E[[1, 0, 2]], "rows in the wrong order"),
     (2 * E + 0.25, "every value is 2 × the expected value + 0.25"),
     (1 - E, "1 − the expected value"),
 ])
@@ -105,3 +108,26 @@ def test_axis_names_and_ambiguous_factor_names():
     assert summary == "queries in reverse order"
     _, _, cause, summary = describe_mismatch(2 * E, E, factors={"√d_head": 2.0})
     assert summary == "off by a factor of 2" and not cause  # √4 = 2: no name is more likely than the other
+
+
+def test_a_probe_says_which_entry_and_what_to_do():
+    """The probes name the index along the named axis and give advice that follows from what they measured."""
+    batch = torch.stack([E, 2 * E, -E])  # (3 batch entries, 3, 3)
+    got, _, cause, summary = m = describe_mismatch(batch[:1].expand(3, 3, 3), batch)
+    assert summary == "batch entry 0 repeated for every batch entry"
+    assert "every batch entry holds batch entry 0's values" in got and "[0]" in cause and "drop the index [0]" in m.fix
+    got, _, _, summary = describe_mismatch(batch[:, [1, 0, 2]], batch, axes=("batch entries", "heads", "keys"))
+    assert summary == "heads in the wrong order" and "head 0 and head 1 swapped" in got
+    got, _, _, summary = describe_mismatch(batch.roll(1, 2), batch, axes=(None, None, "keys"))
+    assert "your key 0 holds key 2's values" in got and "rotation" in got
+    got, _, _, summary = describe_mismatch(batch.flip(1), batch, axes=(None, "queries", None))
+    assert "your query 0 holds query 2's values" in got
+
+
+def test_expect_close_passes_axis_names_and_prefers_the_measured_fix():
+    batch = torch.stack([E, 2 * E, -E])
+    d = diagnosis(lambda: expect_close(batch[:, :1].expand(3, 3, 3), batch, tried="t", fix="general advice",
+                                       axes=("batch entries", "heads", "keys")))
+    assert d.summary == "head 0 repeated for every head" and "drop the index [0]" in d.fix
+    d = diagnosis(lambda: expect_close(batch + torch.randn(3, 3, 3), batch, tried="t", fix="general advice"))
+    assert d.fix == "general advice"  # nothing measured: the caller's advice stands

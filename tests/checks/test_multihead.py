@@ -70,7 +70,7 @@ def split_one_sequence(x, n_heads):  # treats x as one (n, A·d_head) matrix: ra
     (lambda x, a: split_view_permute(x, a).transpose(-2, -1), ["positions and features swapped"]),
     (lambda x, a: split_view_permute(x, a).flip(2), ["positions in reverse order"]),
     (lambda x, a: x[..., :x.shape[-1] // a].unsqueeze(1).expand(-1, a, -1, -1),
-     ["the same values for every one of the heads", "belong to number 0"]),
+     ["head 0 repeated for every head", "every head holds head 0's values", "drop the index [0]"]),
     (lambda x, a: x.reshape(x.shape[0], x.shape[1], -1, 4).transpose(1, 2), ["the split of the previous case", "hard-coded"]),
     (split_one_sequence, ["ran with a batch of one (B = 1) but raised", "keep B as the first axis"]),
 ])
@@ -644,7 +644,7 @@ _RETURN = "return self.out_proj(out), weights"
     ((_RETURN, "return F.layer_norm(self.out_proj(out), (x_q.shape[-1],)), weights"), ["layer norm inside attention"]),
     ((_RETURN, "return out @ self.out_proj.weight.T, weights"), ["out_proj's bias not added"]),
     ((_RETURN, "return self.out_proj(out), weights[:, :1].expand_as(weights)"),
-     ["weights: the same values for every one of the heads"]),
+     ["head 0 repeated for every head", "axis 1 of the weights"]),
     (("v = self.v_proj(x_kv)", "v = (self.v_proj(x_kv) / math.sqrt(d))"), ["values scaled instead of the scores"]),
     (("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores, dim=-1) ** 2"),
      ["weight rows do not sum to 1"]),

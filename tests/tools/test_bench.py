@@ -71,6 +71,7 @@ def test_a_wrong_result_makes_the_exit_code_1(tmp_path, monkeypatch):
     assert bench.main([*SMALL, "--no-plot", "--out", str(tmp_path)]) == 1
 
 
+@pytest.mark.slow  # a fresh Python process imports torch and runs the quick benchmark
 def test_quick_runs_from_a_fresh_process_without_library_warnings(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-m", "attn_course", "bench", "--quick",
                            "--device", "cpu", "--n", "64", "--min-run-time", "0.005", "--no-progress",

@@ -16,7 +16,7 @@ from attn_course.tools.grading.commands import grade_class
 from attn_course.tools.grading.sandbox import landlock_abi
 
 from ._grading import (ATTENTION, BYTES, NOTEBOOK_03, NOTEBOOK_05, SOFTMAX, TEST_LIMITS, WRONG_ATTENTION, correct,
-                       course_dir, learner_notebook, write)
+                       course_dir, grader, learner_notebook, write)
 
 NAME = "José María Ñúñez"
 
@@ -69,8 +69,8 @@ def test_a_hostile_class_gets_a_row_or_a_named_warning_for_everything(tmp_path):
     _hostile_class(root)
     out = tmp_path / "grades"
     log = io.StringIO()
-    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), limits=TEST_LIMITS, jobs=2,
-                       stdout=log) == 0, log.getvalue()
+    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), stdout=log,
+                       runner=grader().runner) == 0, log.getvalue()  # the shared runner: TEST_LIMITS, confined
     grades = _read_csv(out / "grades.csv")
     table = {r["learner"]: r for r in _read_csv(out / "table.csv")}
     summary = (out / "summary.md").read_text(encoding="utf-8")
@@ -125,7 +125,7 @@ def test_assigned_notebooks_decide_the_table_and_an_extra_notebook_adds_no_rows(
     write(correct(NOTEBOOK_03), root / "ada" / f"{NOTEBOOK_03}.ipynb")
     write(correct(), root / "bob" / f"{NOTEBOOK_05}.ipynb")
     out = tmp_path / "grades"
-    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), limits=TEST_LIMITS, jobs=1,
+    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), runner=grader().runner,
                        assigned=["05"], stdout=io.StringIO()) == 0
     grades = _read_csv(out / "grades.csv")
     assert {r["notebook"] for r in grades} == {NOTEBOOK_05} and len(grades) == 4

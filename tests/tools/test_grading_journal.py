@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,24 @@ def test_the_journal_survives_a_cut_off_line_and_knows_what_is_done(tmp_path):
     info, entries = read_journals([tmp_path])
     assert info.learners == ["ada", "bob"] and len(entries) == 1
     assert Journal(tmp_path, fresh=True).done(key) is None
+
+
+def test_lines_written_by_anyone_but_the_grader_are_removed_and_named(tmp_path):
+    (tmp_path / JOURNAL).write_text('{"kind": "graded", "key": "cut off')  # an earlier grader died mid-line
+    journal = Journal(tmp_path)
+    key = key_for("ada")
+    journal.graded(key, [Row("ada", NOTEBOOK_05, "attention", "failed")])
+    assert journal.verify() is None
+    forged = {"kind": "graded", "key": "x", "rows": [Row("ada", "03_softmax", "stable_softmax", "passed").to_json()]}
+    with (tmp_path / JOURNAL).open("a") as fh:  # what a submission's subprocess could do without Landlock
+        fh.write(json.dumps(forged) + "\n")
+    warning = journal.verify()
+    assert warning and "changed by something other than the grader" in warning
+    journal.graded(key_for("bob"), [Row("bob", NOTEBOOK_05, "attention", "passed")])  # still appends after
+    assert journal.close() is None
+    _, entries = read_journals([tmp_path])
+    assert sorted((e["rows"][0]["learner"], e["rows"][0]["notebook"]) for e in entries) == \
+        [("ada", NOTEBOOK_05), ("bob", NOTEBOOK_05)]
 
 
 @pytest.mark.parametrize("spec, expected", [(None, (1, 1)), ("2/3", (2, 3)), ("1/1", (1, 1))])

@@ -180,6 +180,26 @@ def test_sweep_kills_whatever_carries_the_token():
         proc.kill()
 
 
+@pytest.mark.skipif(not LINUX, reason="tokens are read from /proc")
+def test_sweep_stale_kills_what_a_killed_grader_left_and_spares_a_live_graders():
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a grader pid that no longer exists
+    env = dict(os.environ)
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                              env={**env, sandbox.TOKEN_ENV: f"{gone.pid}-abc123-1"})
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                             env={**env, sandbox.TOKEN_ENV: f"{os.getpid()}-abc123-1"})
+    try:
+        time.sleep(0.2)
+        assert sandbox.sweep_stale() >= 1
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert alive.poll() is None
+    finally:
+        orphan.kill()
+        alive.kill()
+        alive.wait()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:

@@ -106,3 +106,13 @@ def test_every_notebook_has_a_first_and_last_neighbour():
 def test_the_course_itself_is_up_to_date():
     code, text = _links(ROOT, "--check")
     assert code == 0, text
+
+
+def test_the_colab_cell_installs_the_courses_dependencies_but_never_torch():
+    from importlib.metadata import requires
+
+    needed = links.colab_requirements()
+    assert needed and not any(spec.lower().startswith("torch") for spec in needed)
+    base = [r for r in requires("attn_course") if "extra ==" not in r and not r.lower().startswith("torch")]
+    assert needed == base
+    assert repr(needed) in links.colab_cell_source("https://github.com/owner/name")

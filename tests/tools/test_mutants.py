@@ -12,6 +12,7 @@ import pytest
 
 from attn_course import registry
 from attn_course.checks.core import check, expect_close, as_tensor
+from attn_course.tools import nbmeta
 from attn_course.tools.mutants import load_equivalents, mutants_of, run_exercise
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +88,30 @@ def test_every_check_kills_a_sample_of_its_mutants(nb, exercise):
     assert not survivors, "mutants the check passes (kill them with a stronger check, or list them as equivalent " \
         "with the reason in attn_course/tools/mutants_equivalent.json):\n" + "\n".join(
             f"{m.id}: {m.description}" for m in survivors)
+
+
+def test_no_swap_of_identical_arguments():
+    cell = CELL.replace("m = x.amax(dim=dim, keepdim=True)", "m = torch.maximum(x, x).amax(dim=dim, keepdim=True)\n"
+                        "    m = torch.ones(3, 3) * 0 + m.amax(dim=dim, keepdim=True)")
+    ids = [m.id for m in mutants_of("softmax", cell)]
+    assert not any(i.startswith("swap:") and i.endswith("args-ones") for i in ids), "ones(3, 3) swapped is itself"
+
+
+def test_every_listed_equivalent_names_a_mutant_that_exists_with_a_reason():
+    equivalent = load_equivalents()
+    assert equivalent, "the list is read"
+    solutions = {}
+    for nb in registry.NOTEBOOKS:
+        for exercise in nb.exercises:
+            solutions[exercise] = nb
+    made: dict[str, set[str]] = {}
+    for (exercise, mutant_id), reason in equivalent.items():
+        assert exercise in solutions, f"{exercise}: no such exercise"
+        assert len(reason) > 20, f"{exercise} {mutant_id}: say why it is equivalent"
+        if exercise not in made:
+            solution = nbformat.read(ROOT / "solutions" / solutions[exercise].filename, as_version=4)
+            cell = next(c for c in solution.cells
+                        if nbmeta.role(c) == nbmeta.EXERCISE and nbmeta.exercise_id(c) == exercise)
+            made[exercise] = {m.id for m in mutants_of(exercise, cell.source)}
+        assert mutant_id in made[exercise], \
+            f"{exercise} {mutant_id}: listed as equivalent but no longer made (the solution changed): remove it"

@@ -10,7 +10,7 @@
 * :mod:`.sandbox` — confinement and limits of a learner process (Landlock, rlimits, kill);
 * :mod:`.zygote` — the fork server: the course imported once, a fresh learner process per notebook;
 * :mod:`.learner` — the learner process: runs the planned cells in IPython, checks recording;
-* :mod:`.run` — one notebook in a learner process, watched, ended, its outputs read back safely;
+* :mod:`.watch` — one notebook in a learner process, watched, ended, its outputs read back safely;
 * :mod:`.verdict` — every check replayed in the grader from the logs: the only place verdicts are made;
 * :mod:`.pipeline` — the above for one submission (:class:`~.pipeline.Grader`);
 * :mod:`.journal` — results written as they come: resume, shards, merge;

@@ -142,7 +142,7 @@ def grade_learner(paths: list[Path], *, solutions: str | None = None, limits: Li
     from . import collect, files, report
     from .course import Course, find_solutions
     from .pipeline import Grader
-    from .run import Runner
+    from .watch import Runner
 
     started = time.monotonic()
     paths = paths or _default_notebooks()
@@ -209,10 +209,12 @@ def _grade_all(grader, subs: list, done) -> list[Row]:
 # ============================================================================ a class
 def grade_class(folder: Path, *, out: Path | None = None, solutions: str | None = None, limits: Limits | None = None,
                 jobs: int = 2, shard: str | None = None, assigned: list[str] | None = None, fresh: bool = False,
-                confine: bool = True, stdout=sys.stdout) -> int:
-    """Grade a class folder into ``out`` (see the module docstring); resumes from ``out``'s journal."""
+                confine: bool = True, stdout=sys.stdout, runner=None) -> int:
+    """Grade a class folder into ``out`` (see the module docstring); resumes from ``out``'s journal.
+    ``runner``: a started :class:`~.run.Runner` to use (its limits and confinement replace ``limits``
+    and ``confine``; it is left open), instead of one made and closed here."""
     from .course import find_solutions
-    from .run import Runner
+    from .watch import Runner
 
     started = time.monotonic()
     folder = Path(folder)
@@ -225,6 +227,9 @@ def grade_class(folder: Path, *, out: Path | None = None, solutions: str | None 
         return 2
     index, count = shard_of(shard)
     solutions_dir = find_solutions(solutions)
+    if runner is not None:
+        return _grade_class(folder, out, solutions_dir, runner.limits, runner, (index, count), assigned, fresh,
+                            runner.confine, stdout, started)
     limits = limits or Limits()
     runner = Runner(limits, jobs=jobs, confine=confine).start()  # imports PyTorch while the course loads
     try:
@@ -298,6 +303,9 @@ def _grade_class(folder, out, solutions_dir, limits, runner, shard, assigned, fr
             notice([sub.rel] + list(runner.running.values()))
         state["graded"] += 1
         if state["graded"] % 20 == 0:
+            tampered = journal.verify()  # before the journal is read back for the interim reports
+            if tampered and tampered not in info.warnings:
+                info.warnings.append(tampered)
             _write(out, journal, info)
 
     interrupted = False
@@ -312,6 +320,9 @@ def _grade_class(folder, out, solutions_dir, limits, runner, shard, assigned, fr
     notice([])
     if course.changed():
         info.warnings.append("the course's own files changed while grading ran: grade again from a clean copy")
+    tampered = journal.verify()
+    if tampered and tampered not in info.warnings:
+        info.warnings.append(tampered)
     journal.describe_class(info, course=course.fingerprint())
     journal.close()
     paths = _write(out, journal, info)

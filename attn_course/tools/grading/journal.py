@@ -8,7 +8,10 @@ those whose file, course and limits are unchanged (the *key*). Each grading run 
 — everything the class table needs, so that :func:`merge` builds one table from the journals of any
 number of shards without the course or the submissions at hand.
 
-A line that was cut off when the grader died is ignored.
+A line that was cut off when the grader died is ignored. The grader keeps its own copy of what the
+file must hold (what it held at the start, then every line this grader appended) and checks it before
+reading the journal back and at the end (:meth:`Journal.verify`): anything else written there — by a
+submission's process, where Landlock does not keep them out of ``--out`` — is removed and named.
 """
 
 from __future__ import annotations
@@ -62,17 +65,47 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh and self.path.exists():
             self.path.unlink()
+        # What the file must hold when this grader is done: what it held at the start, then every line
+        # this grader appended. Anything else found at the end was written by someone else.
+        self._expected = bytearray(self.path.read_bytes() if self.path.is_file() else b"")
+        if self._expected and not self._expected.endswith(b"\n"):
+            self._expected += b"\n"  # a line cut off when an earlier grader died: end it, so ours starts clean
+            self.path.write_bytes(bytes(self._expected))
         self.entries = _read(self.path)
         self._graded = {e["key"]: e for e in self.entries if e.get("kind") == "graded" and "key" in e}
         self._fh = self.path.open("a", encoding="utf-8")
 
-    def close(self) -> None:
+    def close(self) -> str | None:
+        """Close the journal, and make sure it holds exactly what it held at the start plus what this
+        grader wrote. Where something else changed it while grading ran (a submission's process, where
+        Landlock does not keep them out of ``--out``), it is rewritten and a warning returned."""
         self._fh.close()
+        return self.verify()
+
+    def verify(self) -> str | None:
+        """None when the file holds exactly what it should; else restore it and say so."""
+        try:
+            found = self.path.read_bytes()
+        except OSError:
+            found = None
+        if found == bytes(self._expected):
+            return None
+        reopen = not self._fh.closed
+        self._fh.close()
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_bytes(bytes(self._expected))
+        os.replace(tmp, self.path)
+        if reopen:
+            self._fh = self.path.open("a", encoding="utf-8")
+        return (f"{self.path} was changed by something other than the grader while grading ran; "
+                "it was restored from the grader's own copy (the grades hold only the grader's rows)")
 
     def _append(self, entry: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        self._fh.write(line)
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        self._expected += line.encode("utf-8")
         self.entries.append(entry)
 
     def done(self, key: str) -> list[Row] | None:

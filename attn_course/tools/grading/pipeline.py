@@ -11,7 +11,7 @@ from .collect import Submission
 from .course import Course
 from .model import Row
 from .plan import plan
-from .run import Runner
+from .watch import Runner
 from .sandbox import Limits
 from .verdict import judge, unreadable_rows
 

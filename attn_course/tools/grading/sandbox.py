@@ -1,7 +1,7 @@
 """Containment of a learner's process: what it may write, which limits it runs under, how it ends.
 
 Everything here is a primitive the grader combines (:mod:`.learner` calls the confining half inside
-the freshly forked learner process, :mod:`.run` the watching and killing half in the grader):
+the freshly forked learner process, :mod:`.watch` the watching and killing half in the grader):
 
 * :func:`confine_writes` — Landlock (Linux ≥ 5.13): from then on the process and everything it
   starts may create, change or delete files only inside its own folder (``/dev/null`` aside), may not
@@ -15,7 +15,8 @@ the freshly forked learner process, :mod:`.run` the watching and killing half in
   process that started it, and every process it starts, double-forked or in a new session, stays a
   descendant of the fork server (a subreaper), where :func:`kill_tree` finds it;
 * :data:`TOKEN_ENV` — every learner process carries a token in its environment; :func:`sweep` kills
-  whatever still carries one (a last resort for anything that escaped the tree);
+  whatever still carries one (a last resort for anything that escaped the tree), :func:`sweep_stale`
+  whatever carries the token of a grader that was killed;
 * :class:`Cgroup` — where the machine lets the grader create cgroups (root, or a delegated v2
   subtree): a memory and process-count limit enforced by the kernel, and a kill of the whole group.
 
@@ -35,7 +36,7 @@ from pathlib import Path
 
 __all__ = ["Limits", "TOKEN_ENV", "apply_rlimits", "clamp", "confine_writes", "audit_guard",
            "landlock_abi", "set_parent_death_signal", "become_subreaper", "drop_capabilities", "kill_tree",
-           "descendants", "tree_memory", "tree_cpu", "sweep", "Cgroup"]
+           "descendants", "tree_memory", "tree_cpu", "sweep", "sweep_stale", "Cgroup"]
 
 #: Environment variable carried by every process a submission runs (value: the grading run's token).
 TOKEN_ENV = "ATTN_COURSE_GRADING_TOKEN"
@@ -351,13 +352,12 @@ def kill_tree(pid: int, *, include_root: bool = True, timeout: float = 10.0) -> 
     return killed
 
 
-def sweep(token: str) -> int:
-    """Kill every process of this user whose environment carries ``TOKEN_ENV=token`` (Linux: read from
-    /proc). Returns how many were killed."""
-    if not token or not os.path.isdir("/proc"):
-        return 0
-    needle = f"{TOKEN_ENV}={token}".encode()
-    killed = 0
+def _tokens() -> list[tuple[int, str]]:
+    """``(pid, token)`` of every process (Linux: read from /proc) whose environment carries a token."""
+    if not os.path.isdir("/proc"):
+        return []
+    prefix = f"{TOKEN_ENV}=".encode()
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -366,10 +366,42 @@ def sweep(token: str) -> int:
                 environ = fh.read(1 << 20)
         except OSError:
             continue
-        if needle in environ.split(b"\0"):
-            with contextlib.suppress(OSError):
-                os.kill(int(entry), signal.SIGKILL)
-                killed += 1
+        for item in environ.split(b"\0"):
+            if item.startswith(prefix):
+                found.append((int(entry), item[len(prefix):].decode("ascii", "replace")))
+                break
+    return found
+
+
+def _kill(pid: int) -> int:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        return 1
+    except OSError:
+        return 0
+
+
+def sweep(token: str) -> int:
+    """Kill every process of this user whose environment carries ``TOKEN_ENV=token`` (Linux: read from
+    /proc). Returns how many were killed."""
+    if not token:
+        return 0
+    return sum(_kill(pid) for pid, found in _tokens() if found == token)
+
+
+def sweep_stale() -> int:
+    """Kill every process carrying the token of a grader that is gone (one killed with SIGKILL leaves
+    what its submissions started, where no cgroup held them). A token begins with its grader's pid."""
+    killed = 0
+    for pid, token in _tokens():
+        try:
+            owner = int(token.split("-")[0])
+            os.kill(owner, 0)
+            continue  # its grader is alive
+        except ProcessLookupError:
+            killed += _kill(pid)
+        except (ValueError, PermissionError):
+            continue
     return killed
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from ...checks.boundary import ReplayMismatch, ReplaySession, decode
 from .collect import Submission
-from .model import ERROR, FAILED, NOT_ATTEMPTED, Row
+from .model import ERROR, FAILED, NOT_ATTEMPTED, PASSED, Row
 from .plan import PlanCell, exercise_cells
-from .run import Run
+from .watch import Run
 from . import static
 
 __all__ = ["judge", "unreadable_rows"]
@@ -138,6 +138,13 @@ def _verdict(ex, source: str | None, ex_entry: dict, check_entry: dict, run: Run
                 return FAILED, _short(f"your code stopped the check: it raised {_raised(check_entry)}")
             if run.stopped:
                 return FAILED, _short(f"never finished: your notebook {run.stopped}")
+            # The check ran to its end in the learner's process, yet asked other questions there than the
+            # same check asks here (the checks are deterministic): its inputs or calls were changed in that
+            # process (PyTorch patched, the check edited), or the check has a bug. Not a pass either way.
+            flags.append("the check's record does not match the course's check replayed in the grader "
+                         "(its inputs or calls were different in the learner's process)")
+            if result.status.value == PASSED:  # a check that swallowed the mismatch never passes on it
+                return ERROR, "not graded: the check's record is incomplete"
         return result.status.value, _short(result.summary)
     return _without_log(ex, source, ex_entry, check_entry, run, flags)
 

@@ -109,6 +109,7 @@ class Runner:
         base = Path(temp_root or tempfile.gettempdir())
         _clean_stale(base)
         sandbox.Cgroup.clean_stale()
+        sandbox.sweep_stale()
         self.private = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=base))
         (self.private / "owner").write_text(str(os.getpid()))
         os.chmod(self.private, 0o711)  # learner processes may pass through to their own folder, not list
@@ -231,7 +232,9 @@ class Runner:
                 used = sandbox.tree_memory(zygote.pid)
             peak = max(peak, used)
             if not stopped:
-                if used > limits.memory_mb * 2**20:
+                if group is not None and group.out_of_memory():  # the kernel killed one of its processes
+                    stopped = f"used more than {limits.memory_mb} MB of memory and was killed"
+                elif used > limits.memory_mb * 2**20:
                     stopped = f"used more than {limits.memory_mb} MB of memory and was stopped"
                 elif sandbox.tree_cpu(zygote.pid) > limits.notebook_timeout:
                     stopped = f"used more than {limits.notebook_timeout:g} s of CPU time in all and was stopped"

@@ -1,5 +1,5 @@
 """One notebook in a learner process: watched, ended, its outputs read back as plain data, nothing
-left behind (attn_course.tools.grading.run, .learner, .zygote)."""
+left behind (attn_course.tools.grading.watch, .learner, .zygote)."""
 
 from __future__ import annotations
 
