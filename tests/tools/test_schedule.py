@@ -115,3 +115,13 @@ def test_docs_schedule_is_what_the_script_computes_from_the_notebooks_now(tmp_pa
     assert cli(["schedule", "--notebooks", str(ROOT / "solutions"), "--timings", str(TIMINGS), "--out", str(out)]) == 0
     assert out.read_text() == SCHEDULE_MD.read_text(), (
         "docs/schedule.md is stale (a notebook changed): run `python -m attn_course schedule`")
+
+
+def test_the_readme_syllabus_gives_the_minutes_of_docs_schedule():
+    import re
+
+    computed = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\d\d)_\S+ · .*?\*\*(\d+)\*\* \|$",
+                                                            SCHEDULE_MD.read_text(), re.M)}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stated = {m.group(1): m.group(2) for m in re.finditer(r"^\| (\d\d) \| \[.*\| (\d+) \|$", readme, re.M)}
+    assert computed and stated == computed, "README's syllabus minutes differ from docs/schedule.md: copy them over"
