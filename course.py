@@ -145,7 +145,7 @@ def lab(python: Path, rest: list[str]) -> int:
 def test(python: Path, rest: list[str]) -> int:
     parallel = []
     if subprocess.call([str(python), "-c", "import xdist"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
-        parallel = ["-n", "auto", "--dist", "loadgroup"]  # a notebook's cells stay on one worker (conftest.py)
+        parallel = ["-n", "auto", "--dist", "loadfile"]  # a notebook's cells stay on one worker, in order
     return run(python, "-m", "pytest", *parallel, *rest, check=False, env=env_with_venv())
 
 

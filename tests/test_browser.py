@@ -285,7 +285,7 @@ def test_every_explorer_responds_in_jupyterlab(lab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)
         page.set_default_timeout(60_000)
-        page.goto(f"{lab['url']}/lab/tree/explorers.ipynb?token={lab['token']}")
+        page.goto(f"{lab['url']}/lab/tree/explorers.ipynb?reset&token={lab['token']}")  # no tabs left by other tests
         page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
         page.wait_for_timeout(2000)
         dialog = page.locator(".jp-Dialog button", has_text="Select")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -259,7 +260,9 @@ def run(args: argparse.Namespace) -> int:
         timings_path.parent.mkdir(parents=True, exist_ok=True)
         timings_path.write_text(json.dumps(dict(sorted(timings.items())), indent=2) + "\n", encoding="utf-8")
         print(f"wrote {timings_path}", file=sys.stderr)
-    source = f"`{timings_path.as_posix()}`"
+    out = Path(args.out)
+    # named relative to the schedule itself, so the text is the same whichever folder the command ran from
+    source = f"`{Path(os.path.relpath(timings_path.resolve(), out.resolve().parent)).as_posix()}`"
     estimates = [estimate(p, timings[p.name], wpm=args.wpm, code_lpm=args.code_lpm,
                           exercise_minutes=args.exercise_minutes) for p in paths]
     text = render(estimates, wpm=args.wpm, code_lpm=args.code_lpm, exercise_minutes=args.exercise_minutes,

@@ -23,10 +23,11 @@ def test_setup_exercises_course_checks_and_added_cells_run_demonstrations_do_not
     nb = learner_notebook(answers={"attention": ATTENTION}, added=[("attention", "helper = 1")],
                           check_sources={"attention": "print('✓ passed')"})
     cells = plan(nb, course().notebooks[NOTEBOOK_05])
-    assert _kinds(cells) == [("setup", None), ("exercise", "attention"), ("check", "attention"), ("added", None),
-                             ("exercise", "score_matrix_bytes"), ("check", "score_matrix_bytes")]
+    # two set-up cells: the Colab one (it does nothing anywhere else) and the imports
+    assert _kinds(cells) == [("setup", None), ("setup", None), ("exercise", "attention"), ("check", "attention"),
+                             ("added", None), ("exercise", "score_matrix_bytes"), ("check", "score_matrix_bytes")]
     ours = course().notebooks[NOTEBOOK_05].exercises["attention"].check_source
-    assert cells[2].source == ours and cells[2].name == "attention"  # the course's check, not the learner's
+    assert cells[3].source == ours and cells[3].name == "attention"  # the course's check, not the learner's
     assert not any(FATAL_DEMO in c.source or CONSTANT_DEMO in c.source for c in cells)
 
 
