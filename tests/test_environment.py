@@ -65,6 +65,7 @@ def test_broken_torch_on_a_device_is_reported():
     assert "fails on" in env.torch_check("no-such-device")
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_print_report_and_command_line(capsys):
     env.print_report()
     out = capsys.readouterr().out

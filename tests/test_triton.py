@@ -19,6 +19,7 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installe
                                                           "the kernel's tests need it, nothing else does")
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_nothing_else_in_the_course_imports_triton():
     code = ("import sys, attn_course, attn_course.fast, attn_course.benchmark, attn_course.timing, "
             "attn_course.tools.bench, attn_course.triton_attention, attn_course.checks.fast; "

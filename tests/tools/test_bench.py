@@ -45,6 +45,7 @@ def test_bad_arguments_are_a_message_and_exit_code_2(capsys):
     assert bench.main(["--device", "cpu", "--n", "0"]) == 2
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_cli_writes_stamped_csv_json_and_plots(tmp_path, capsys):
     code = cli.main(["bench", *SMALL, "--impls", "naive", "tiled", "sdpa-math", "--modes", "fwd", "fwd+bwd",
                      "--out", str(tmp_path)])

@@ -64,6 +64,7 @@ def _hostile_class(root):
     (root / "notes.txt").write_text("instructor's notes")
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_a_hostile_class_gets_a_row_or_a_named_warning_for_everything(tmp_path):
     root = tmp_path / "srv" / "backups" / "class"  # an absolute path holding a folder named backups
     _hostile_class(root)
@@ -104,6 +105,7 @@ def test_a_hostile_class_gets_a_row_or_a_named_warning_for_everything(tmp_path):
         assert not (root / "ada" / "planted.ipynb").exists()  # the kernel refused the subprocess's write
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_a_file_planted_by_a_subprocess_is_noticed_and_attributed(tmp_path):
     """Without Landlock (forced off here) a subprocess can write; the grader notices and says where."""
     root = tmp_path / "class"

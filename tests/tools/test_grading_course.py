@@ -32,6 +32,7 @@ def test_no_solutions_gives_a_message_saying_what_to_pass(tmp_path, monkeypatch)
         find_solutions(tmp_path / "nowhere", cwd=tmp_path)
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_installed_outside_a_checkout_the_grade_command_says_what_to_do(tmp_path):
     """A non-editable install has no notebooks: the command must say so, not grade everything wrong."""
     done = subprocess.run([sys.executable, "-m", "attn_course", "grade", "x.ipynb"], cwd=tmp_path,

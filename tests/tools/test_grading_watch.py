@@ -22,6 +22,7 @@ def _run(*sources: str, exercises=(), limits=None):
     return grader().runner.run(cells, list(exercises), limits=limits)
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_each_cell_reports_and_the_learner_process_is_confined():
     run = _run("x = 1", "1 / 0", "x + 1")
     assert run.finished() and run.exit == {"exit": 0}

@@ -3,6 +3,8 @@ job, dies with the grader."""
 
 from __future__ import annotations
 
+import pytest
+
 import threading
 
 import psutil
@@ -24,6 +26,7 @@ def test_every_job_starts_from_the_same_clean_state():
     assert set(PRELOAD) - {"ipywidgets"} <= set(info["loaded"]) and "attn_course.checks.core" in info["loaded"]
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_a_server_dies_with_the_thread_that_started_it(tmp_path):
     """PR_SET_PDEATHSIG follows the starting thread: that is why the runner starts servers from one
     long-lived thread. Here a thread starts one, waits until it is ready, ends — and the server is gone."""
@@ -42,6 +45,7 @@ def test_a_server_dies_with_the_thread_that_started_it(tmp_path):
         zygote.close()
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_without_fork_each_notebook_gets_a_fresh_interpreter(tmp_path, monkeypatch):
     """The Windows path (no os.fork), forced here: the same verdicts, from a spawned learner process."""
     from attn_course.tools.grading import collect, files

@@ -97,6 +97,7 @@ def test_no_swap_of_identical_arguments():
     assert not any(i.startswith("swap:") and i.endswith("args-ones") for i in ids), "ones(3, 3) swapped is itself"
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_every_listed_equivalent_names_a_mutant_that_exists_with_a_reason():
     equivalent = load_equivalents()
     assert equivalent, "the list is read"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import io
 
 import nbformat
@@ -15,6 +17,7 @@ def _notebook(path, *cells):
     return path.read_text()
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_a_demonstration_tagged_raises_exception_may_raise_and_the_notebook_is_written(tmp_path):
     path = tmp_path / "00_demo.ipynb"
     _notebook(path, new_code_cell("x = 1"),
@@ -26,6 +29,7 @@ def test_a_demonstration_tagged_raises_exception_may_raise_and_the_notebook_is_w
     assert cells[1].outputs[0]["ename"] == "ValueError" and cells[2].outputs[0]["text"] == "2\n"
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_an_exercise_that_raises_fails_even_with_the_tag_and_the_file_is_left_alone(tmp_path):
     path = tmp_path / "01_demo.ipynb"
     exercise = new_code_cell("def f():\n    raise NotImplementedError()\nf()",
@@ -37,6 +41,7 @@ def test_an_exercise_that_raises_fails_even_with_the_tag_and_the_file_is_left_al
     assert path.read_text() == before
 
 
+@pytest.mark.slow  # a fresh process, kernel or fork server: seconds
 def test_an_untagged_cell_that_raises_fails(tmp_path):
     path = tmp_path / "02_demo.ipynb"
     before = _notebook(path, new_code_cell("1 / 0"))
