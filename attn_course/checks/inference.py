@@ -813,6 +813,11 @@ def _window_attention_mistakes(q, k, v, w, b) -> list[Mistake]:
     def tiled(kind, skip=False):
         return lambda: _window_tiled_variant(q, k, v, w, b, kind, skip)
 
+    def in_either_loop(summary, cause, fix, kind, skip_first=True):
+        """The same mistake in a loop that skips the blocks outside the window and in one that visits them all."""
+        order = (True, False) if skip_first else (False, True)
+        return [Mistake(summary, cause, fix, tiled(kind, skip=skip)) for skip in order]
+
     return [
         Mistake("window off by one: one key too many", "each query sees window + 1 keys (key ≥ query − window)",
                 "keep key j for query i iff i − window < j ≤ i", masked(_window(n, n, lo_offset=-1, window=w))),
@@ -849,37 +854,22 @@ def _window_attention_mistakes(q, k, v, w, b) -> list[Mistake]:
                 "is rescaled", "multiply both by exp(m_old − m_new) before adding the block", tiled("neither")),
         Mistake("no final division", "the output is the unnormalised accumulator", "divide acc by l once, after the "
                 "last key block", tiled("division")),
-        Mistake("last key block dropped", "the last, shorter key block is never visited when N is not a multiple of "
-                "the block", "loop over key blocks with range(start, q_end, block_size): slicing stops at the end",
-                tiled("k_tail")),
-        Mistake("last key block dropped", "the last, shorter key block is never visited when N is not a multiple of "
-                "the block", "loop over key blocks with range(start, q_end, block_size): slicing stops at the end",
-                tiled("k_tail", skip=True)),
-        Mistake("one running maximum for all rows", "you took the maximum over the whole tile (amax without dim=-1), "
-                "so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
-                "row: scores.amax(dim=-1, keepdim=True)", tiled("global_max", skip=True)),
-        Mistake("one running maximum for all rows", "you took the maximum over the whole tile (amax without dim=-1), "
-                "so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
-                "row: scores.amax(dim=-1, keepdim=True)", tiled("global_max")),
-        Mistake("running maximum started at 0", "you started the running maximum at 0 instead of −inf: when every "
-                "score of a row is far below 0, exp(s − 0) underflows to 0 and the row becomes 0 / 0",
-                "start it at −inf: torch.full(..., -math.inf)", tiled("zero_init", skip=True)),
-        Mistake("running maximum started at 0", "you started the running maximum at 0 instead of −inf: when every "
-                "score of a row is far below 0, exp(s − 0) underflows to 0 and the row becomes 0 / 0",
-                "start it at −inf: torch.full(..., -math.inf)", tiled("zero_init")),
-        Mistake("the block's maximum instead of the running maximum", "you rescaled by each block's own maximum: when "
-                "a block's scores fall far below an earlier block's, exp(m_old − m_block) overflows",
-                "m_new = torch.maximum(m_old, block maximum)", tiled("block_max", skip=True)),
-        Mistake("the block's maximum instead of the running maximum", "you rescaled by each block's own maximum: when "
-                "a block's scores fall far below an earlier block's, exp(m_old − m_block) overflows",
-                "m_new = torch.maximum(m_old, block maximum)", tiled("block_max")),
-        Mistake("NaN where a row sees no key of a whole tile", "for a row whose keys in this tile are all outside the "
-                "window, the running maximum is still −inf and exp(−inf − (−inf)) = NaN", "shift by 0 where the new "
-                "maximum is −inf: torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)",
-                tiled("unguarded", skip=True)),
-        Mistake("NaN where a row sees no key of a whole tile", "for a row whose keys in this tile are all outside the "
-                "window, the running maximum is still −inf and exp(−inf − (−inf)) = NaN", "shift by 0 where the new "
-                "maximum is −inf: torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)", tiled("unguarded")),
+        *in_either_loop("last key block dropped", "the last, shorter key block is never visited when N is not a "
+                        "multiple of the block", "loop over key blocks with range(start, q_end, block_size): slicing "
+                        "stops at the end", "k_tail", skip_first=False),
+        *in_either_loop("one running maximum for all rows", "you took the maximum over the whole tile (amax without "
+                        "dim=-1), so a row whose scores are far below another row's underflows to 0 / 0", "keep one "
+                        "maximum per query row: scores.amax(dim=-1, keepdim=True)", "global_max"),
+        *in_either_loop("running maximum started at 0", "you started the running maximum at 0 instead of −inf: when "
+                        "every score of a row is far below 0, exp(s − 0) underflows to 0 and the row becomes 0 / 0",
+                        "start it at −inf: torch.full(..., -math.inf)", "zero_init"),
+        *in_either_loop("the block's maximum instead of the running maximum", "you rescaled by each block's own "
+                        "maximum: when a block's scores fall far below an earlier block's, exp(m_old − m_block) "
+                        "overflows", "m_new = torch.maximum(m_old, block maximum)", "block_max"),
+        *in_either_loop("NaN where a row sees no key of a whole tile", "for a row whose keys in this tile are all "
+                        "outside the window, the running maximum is still −inf and exp(−inf − (−inf)) = NaN", "shift "
+                        "by 0 where the new maximum is −inf: torch.where(torch.isinf(m_new), torch.zeros_like(m_new), "
+                        "m_new)", "unguarded"),
         Mistake("a key block inside the window skipped", "your key loop starts one block too late (the first block "
                 "rounded up instead of down), so the keys at the window's start are never seen", "start at the block "
                 "holding key max(0, q_start − window + 1): max(0, q_start − window + 1) // block_size * block_size",

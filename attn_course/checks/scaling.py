@@ -205,9 +205,15 @@ def _dots(q, k):
 
 
 _VAR_FIX = "return the sample variance of the dot products: scores.var() (or .var(unbiased=False))"
+
+
+def _either_ddof(summary: str, cause: str, fix: str, estimate, right: bool = False) -> list[Candidate]:
+    """One answer with its variance taken either way, n − 1 or n in the denominator (the docstring allows both)."""
+    return [Candidate(summary, cause, fix, lambda q, k, ddof=ddof: estimate(q, k, ddof), right=right) for ddof in (1, 0)]
+
+
 CANDIDATES = [
-    Candidate("", "", "", lambda q, k: _var(_dots(q, k), 1), right=True),
-    Candidate("", "", "", lambda q, k: _var(_dots(q, k), 0), right=True),
+    *_either_ddof("", "", "", lambda q, k, ddof: _var(_dots(q, k), ddof), right=True),
     Candidate("mean of the squares, not centred", "you averaged the squared dot products without subtracting "
               "their mean: that is E[s²], not the sample variance (on many samples the two are close because the "
               "mean is near 0, but they are different numbers)", _VAR_FIX,
@@ -217,40 +223,23 @@ CANDIDATES = [
               lambda q, k: float((_dots(q, k) ** 2).sum() / (q.shape[0] - 1))),
     Candidate("the mean was not squared", "you computed mean(s²) − mean(s): the mean must be squared, "
               "mean(s²) − mean(s)²", _VAR_FIX, lambda q, k: float((_dots(q, k) ** 2).mean() - _dots(q, k).mean())),
-    Candidate("returned the standard deviation", "your estimate is the standard deviation of the dot products "
-              "(the square root of their variance)", "return .var() (or square the standard deviation)",
-              lambda q, k: _var(_dots(q, k), 1) ** 0.5),
-    Candidate("returned the standard deviation", "your estimate is the standard deviation of the dot products "
-              "(the square root of their variance)", "return .var() (or square the standard deviation)",
-              lambda q, k: _var(_dots(q, k), 0) ** 0.5),
-    Candidate("the variance of the mean", "you divided the variance of the dot products by n_samples once more: "
-              "that is the variance of their *mean* (the squared standard error)", "return scores.var() itself",
-              lambda q, k: _var(_dots(q, k), 1) / q.shape[0]),
-    Candidate("the variance of the mean", "you divided the variance of the dot products by n_samples once more: "
-              "that is the variance of their *mean* (the squared standard error)", "return scores.var() itself",
-              lambda q, k: _var(_dots(q, k), 0) / q.shape[0]),
-    Candidate("the products were not added up", "you took the variance of all the products qᵢ·kᵢ, one by one, "
-              "instead of first adding the d_k products of each pair into its dot product", _SUM_FIX,
-              lambda q, k: _var((q * k).flatten(), 1)),
-    Candidate("the products were not added up", "you took the variance of all the products qᵢ·kᵢ, one by one, "
-              "instead of first adding the d_k products of each pair into its dot product", _SUM_FIX,
-              lambda q, k: _var((q * k).flatten(), 0)),
-    Candidate("the scores were divided by √d_k", "you took the variance of q·k/√d_k, the scaled score (the "
-              "exercise measures the unscaled q·k)", "leave out the division by √d_k",
-              lambda q, k: _var(_dots(q, k), 1) / q.shape[1]),
-    Candidate("the scores were divided by √d_k", "you took the variance of q·k/√d_k, the scaled score (the "
-              "exercise measures the unscaled q·k)", "leave out the division by √d_k",
-              lambda q, k: _var(_dots(q, k), 0) / q.shape[1]),
-    Candidate("the same vector for q and k", "your estimate is the variance of q·q: q and k were the same random "
-              "draw", "draw k separately from q (two torch.randn calls)", lambda q, k: _var(_dots(q, q), 1)),
-    Candidate("the same vector for q and k", "your estimate is the variance of q·q: q and k were the same random "
-              "draw", "draw k separately from q (two torch.randn calls)", lambda q, k: _var(_dots(q, q), 0)),
-    Candidate("summed over the samples", "you added the products over the samples (axis 0) instead of over the "
-              "d_k entries of each pair, then took the variance of those d_k sums", _SUM_FIX,
-              lambda q, k: _var((q * k).sum(0), 1)),
-    Candidate("summed over the samples", "you added the products over the samples (axis 0) instead of over the "
-              "d_k entries of each pair, then took the variance of those d_k sums", _SUM_FIX,
-              lambda q, k: _var((q * k).sum(0), 0)),
+    *_either_ddof("returned the standard deviation", "your estimate is the standard deviation of the dot products "
+                  "(the square root of their variance)", "return .var() (or square the standard deviation)",
+                  lambda q, k, ddof: _var(_dots(q, k), ddof) ** 0.5),
+    *_either_ddof("the variance of the mean", "you divided the variance of the dot products by n_samples once more: "
+                  "that is the variance of their *mean* (the squared standard error)", "return scores.var() itself",
+                  lambda q, k, ddof: _var(_dots(q, k), ddof) / q.shape[0]),
+    *_either_ddof("the products were not added up", "you took the variance of all the products qᵢ·kᵢ, one by one, "
+                  "instead of first adding the d_k products of each pair into its dot product", _SUM_FIX,
+                  lambda q, k, ddof: _var((q * k).flatten(), ddof)),
+    *_either_ddof("the scores were divided by √d_k", "you took the variance of q·k/√d_k, the scaled score (the "
+                  "exercise measures the unscaled q·k)", "leave out the division by √d_k",
+                  lambda q, k, ddof: _var(_dots(q, k), ddof) / q.shape[1]),
+    *_either_ddof("the same vector for q and k", "your estimate is the variance of q·q: q and k were the same random "
+                  "draw", "draw k separately from q (two torch.randn calls)", lambda q, k, ddof: _var(_dots(q, q), ddof)),
+    *_either_ddof("summed over the samples", "you added the products over the samples (axis 0) instead of over the "
+                  "d_k entries of each pair, then took the variance of those d_k sums", _SUM_FIX,
+                  lambda q, k, ddof: _var((q * k).sum(0), ddof)),
 ]
 
 #: Denominators a learner may divide the sum of squared deviations by, with their names.
