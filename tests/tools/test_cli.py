@@ -34,3 +34,14 @@ def test_unknown_command_is_a_usage_error(capsys):
         cli.main(["no-such-command"])
     assert info.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_python_without_the_courses_libraries_gets_told_which_python_to_use():
+    # what `python3 -m attn_course grade` does in the course's folder with the system's Python: the package
+    # is found in the folder, its libraries are not
+    code = ("import runpy, sys; sys.modules['nbformat'] = None; sys.argv = ['attn_course', 'grade']; "
+            "runpy.run_module('attn_course', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "nbformat is missing" in out.stderr and "source .venv/bin/activate" in out.stderr
+    assert "python3 course.py grade" in out.stderr
