@@ -2,8 +2,11 @@
 
 Every solution-notebook cell that nbval collects is marked ``slow`` (it belongs to a whole-notebook
 run), so ``pytest -m "not slow"`` is the quick loop: package, checks and tools tests only. (Run in
-parallel with pytest-xdist's ``--dist loadfile``, as ``python course.py test`` does, a notebook's cells
+parallel with pytest-xdist's ``--dist loadfile``, as ``python3 course.py test`` does, a notebook's cells
 stay together, in order, on one worker.)
+
+A notebook's cells run top to bottom whatever reorders the tests: under ``-p randomly`` (test files
+and tests in an order drawn from a seed) each notebook's cells are put back in their own order.
 """
 
 from __future__ import annotations
@@ -12,6 +15,12 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        if item.path.suffix == ".ipynb":  # an nbval cell
-            item.add_marker(pytest.mark.slow)
+    cells = [k for k, item in enumerate(items) if item.path.suffix == ".ipynb"]  # nbval cells
+    for k in cells:
+        items[k].add_marker(pytest.mark.slow)
+    notebooks: dict = {}  # each notebook where its first cell now stands (dicts keep insertion order)
+    for k in cells:
+        notebooks.setdefault(items[k].path, []).append(items[k])
+    in_order = [cell for group in notebooks.values() for cell in sorted(group, key=lambda c: getattr(c, "cell_num", 0))]
+    for k, cell in zip(cells, in_order):
+        items[k] = cell

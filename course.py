@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Set up and run the course with one command, the same on Linux, macOS and Windows.
 
-    python course.py lab       # first time: make .venv, install the course, open JupyterLab at notebook 00
-    python course.py grade     # grade your notebooks: one row per exercise (passed / failed: why / not attempted)
-    python course.py update    # get the course's latest version without losing any of your work
-    python course.py test      # install if needed, then run the whole test suite (what CI runs)
-    python course.py setup     # only install
+    python3 course.py lab       # first time: make .venv, install the course, open JupyterLab at notebook 00
+    python3 course.py grade     # grade your notebooks: one row per exercise (passed / failed: why / not attempted)
+    python3 course.py update    # get the course's latest version without losing any of your work
+    python3 course.py test      # install if needed, then run the whole test suite (what CI runs)
+    python3 course.py setup     # only install
+
+On Windows, type `python` instead of `python3`. `python3 course.py COMMAND --help` says more about a
+command (at once: it installs nothing).
 
 The environment lives in .venv next to this file and is reinstalled only when pyproject.toml or
 requirements.txt change. Run from an already activated virtual environment (or conda env), the
@@ -15,6 +18,10 @@ script runs before anything is installed.
 PyTorch: on Linux and Windows machines without an NVIDIA driver, the small CPU-only build is
 installed first (the default download is a CUDA build of several GB). Set COURSE_TORCH=default to
 skip that and let pip choose, e.g. to get CUDA support.
+
+Exit status: 0 when the command did its work; `grade`: 0 when no exercise failed (passed or not
+attempted yet), 1 when at least one failed or could not be graded, 2 when nothing could be graded
+(no course notebook found, a wrong argument); `test`: pytest's exit status.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import hashlib
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,7 +42,6 @@ VENV = ROOT / ".venv"
 STAMP_NAME = ".attn_course-installed"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 FIRST_NOTEBOOK = "notebooks/00_setup.ipynb"
-SERVER_CONFIG = ROOT / "binder" / "jupyter_server_config.json"  # kernel culling; also used by Binder
 
 
 def say(message: str) -> None:
@@ -88,11 +95,11 @@ def wants_cpu_torch(python: Path) -> bool:
     return not has_torch
 
 
-def install_server_config(prefix: Path) -> None:
-    """Put the course's Jupyter server settings (idle kernels culled) where this environment's Jupyter reads them."""
-    target = prefix / "etc" / "jupyter" / "jupyter_server_config.d" / "attn-course.json"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SERVER_CONFIG, target)
+def install_server_config(python: Path) -> None:
+    """Merge the course's Jupyter server settings (idle kernels culled, the memory indicator's warning) into
+    this environment's etc/jupyter/jupyter_server_config.json, as Binder does (binder/postBuild). A file
+    in jupyter_server_config.d/ would not do: Jupyter Server reads only extensions to enable from there."""
+    run(python, ROOT / "binder" / "install_server_config.py")
 
 
 def setup() -> Path:
@@ -111,35 +118,116 @@ def setup() -> Path:
         if code != 0:
             say("the CPU-only PyTorch index could not be used; pip will choose a build instead")
     run(python, "-m", "pip", "install", "-r", "requirements.txt")
-    install_server_config(env_prefix())
+    install_server_config(python)
     stamp.write_text(wanted_digest() + "\n")
     say("installed")
     return python
 
 
+def env_bin() -> Path:
+    """The folder of the course environment's programs (python, jupyter, pytest)."""
+    if in_active_env():
+        return Path(sys.executable).parent
+    return VENV / ("Scripts" if os.name == "nt" else "bin")
+
+
 def env_with_venv() -> dict[str, str]:
-    """This environment with the course's interpreter first on PATH, so that `python` in JupyterLab's
-    terminal (and every subprocess) is the course's Python."""
+    """This environment with the course's interpreter first on PATH (and VIRTUAL_ENV set), so that
+    `python` in JupyterLab's terminal and in every subprocess is the course's Python."""
     env = dict(os.environ)
+    env["PATH"] = str(env_bin()) + os.pathsep + env.get("PATH", "")
     if not in_active_env():
-        bin_dir = VENV / ("Scripts" if os.name == "nt" else "bin")
-        env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
         env["VIRTUAL_ENV"] = str(VENV)
     return env
 
 
-def lab(python: Path, rest: list[str]) -> int:
-    say("opening JupyterLab at notebook 00 (stop it with Ctrl+C)")
+# A terminal's shell reads the learner's start-up files (~/.bashrc, ~/.zshrc, ~/.bash_profile...), and
+# those often put a pyenv or conda `python` first on PATH again. For bash and zsh, JupyterLab's terminals
+# start a shell that reads those files as usual and then puts the course's environment first once more.
+_BASH_RC = """# written by course.py: JupyterLab's terminal reads your usual start-up files, then puts the course first
+if [ -n "$COURSE_LOGIN_SHELL" ]; then
+  [ -f /etc/profile ] && . /etc/profile
+  for f in ~/.bash_profile ~/.bash_login ~/.profile; do [ -f "$f" ] && . "$f" && break; done
+else
+  [ -f /etc/bash.bashrc ] && . /etc/bash.bashrc
+  [ -f ~/.bashrc ] && . ~/.bashrc
+fi
+export PATH="$COURSE_BIN:$PATH"
+"""
+_ZSH_FILES = {  # ZDOTDIR points here: each file reads the learner's own, the last one puts the course first
+    ".zshenv": '[ -f "$HOME/.zshenv" ] && . "$HOME/.zshenv"\n',
+    ".zprofile": '[ -f "$HOME/.zprofile" ] && . "$HOME/.zprofile"\n',
+    ".zshrc": '[ -f "$HOME/.zshrc" ] && . "$HOME/.zshrc"\nexport PATH="$COURSE_BIN:$PATH"\n',
+    ".zlogin": '[ -f "$HOME/.zlogin" ] && . "$HOME/.zlogin"\nexport PATH="$COURSE_BIN:$PATH"\nunset ZDOTDIR\n',
+}
+
+
+def terminal_shell(env: dict[str, str], folder: Path) -> str | None:
+    """The shell command for JupyterLab's terminals (bash or zsh: the learner's start-up files, then the
+    course's environment first on PATH); ``env`` gains what that shell needs. None for other shells
+    (Windows, fish...): they get the server's environment, which already has the course first."""
+    shell = env.get("SHELL") or ""
+    name = Path(shell).name
+    if os.name == "nt" or name not in ("bash", "zsh") or not Path(shell).exists():
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    env["COURSE_BIN"] = str(env_bin())
+    # Jupyter starts a login shell when it does not run in a terminal itself (a desktop launcher).
+    if not sys.stdout.isatty():
+        env["COURSE_LOGIN_SHELL"] = "1"
+    if name == "bash":
+        rc = folder / "bashrc"
+        rc.write_text(_BASH_RC, encoding="utf-8")
+        return f"{shlex.quote(shell)} --rcfile {shlex.quote(str(rc))} -i"
+    for file, text in _ZSH_FILES.items():
+        (folder / file).write_text(text, encoding="utf-8")
+    env["ZDOTDIR"] = str(folder)
+    return f"{shlex.quote(shell)} -i" + (" -l" if env.get("COURSE_LOGIN_SHELL") else "")
+
+
+def _opens(rest: list[str]) -> list[str]:
+    """The notebooks or folders named among ``rest`` (JupyterLab opens those instead of notebook 00)."""
+    return [a for a in rest if not a.startswith("-") and (a.endswith(".ipynb") or (ROOT / a).exists() or Path(a).exists())]
+
+
+def lab_args(rest: list[str], env: dict[str, str]) -> tuple[list[str], str]:
+    """JupyterLab's arguments for ``lab`` with the learner's ``rest``, and the line that says what happens.
+    Notebook 00 is opened (and is the address JupyterLab prints) unless ``rest`` names another notebook or
+    a default URL of its own; every other argument (``--no-browser``, ``--port=...``) is passed on."""
     args = [f"--ServerApp.root_dir={ROOT}"]
-    if rest:
-        args += rest
+    opens = _opens(rest)
+    target = FIRST_NOTEBOOK
+    if opens:
+        named = Path(opens[0])
+        try:
+            target = (named if named.is_absolute() else (Path.cwd() / named)).resolve().relative_to(ROOT).as_posix()
+        except ValueError:
+            target = opens[0]
+    if not any("default_url" in a for a in rest):
+        args.append(f"--LabApp.default_url=/lab/tree/{target}")
+    args += rest
+    if not opens:
+        args.append(FIRST_NOTEBOOK)
+    where = "notebook 00" if target == FIRST_NOTEBOOK else target
+    if any(a == "--no-browser" or a.startswith("--ServerApp.open_browser=False") for a in rest):
+        line = f"starting JupyterLab at {where}: open the address it prints below (stop it with Ctrl+C)"
     else:
-        # Open notebook 00 in the browser and print a URL that opens it too (headless machines).
-        args += [FIRST_NOTEBOOK, f"--LabApp.default_url=/lab/tree/{FIRST_NOTEBOOK}"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:  # containers often run as root; JupyterLab refuses it
-        say("running as root (a container?): passing --allow-root to JupyterLab")
+        line = f"opening JupyterLab at {where} (stop it with Ctrl+C)"
+    if not any("terminado_settings" in a for a in rest):
+        shell = terminal_shell(env, env_prefix() / "etc" / "attn-course-shell")
+        if shell:
+            args.append(f"--ServerApp.terminado_settings=shell_command={shell}")
+    return args, line
+
+
+def lab(python: Path, rest: list[str]) -> int:
+    env = env_with_venv()
+    args, line = lab_args(rest, env)
+    say(line)
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in rest:
+        say("running as root (a container?): passing --allow-root to JupyterLab")  # JupyterLab refuses root without it
         args.append("--allow-root")
-    return run(python, "-m", "jupyterlab", *args, check=False, env=env_with_venv())
+    return run(python, "-m", "jupyterlab", *args, check=False, env=env)
 
 
 def test(python: Path, rest: list[str]) -> int:
@@ -206,16 +294,60 @@ def update() -> int:
 
 
 COMMANDS = ("setup", "lab", "test", "grade", "update")
+#: What `python3 course.py COMMAND --help` prints (at once: nothing is installed to answer).
+HELP = {
+    "setup": """python3 course.py setup
+
+Create .venv (unless a virtual environment or conda env is active: then it installs into that one) and
+install the course into it. Done again only when pyproject.toml or requirements.txt change.""",
+    "lab": f"""python3 course.py lab [JUPYTERLAB ARGUMENTS...]
+
+Install the course if needed, then start JupyterLab in the course's folder with {FIRST_NOTEBOOK} open
+(and as the address it prints). JupyterLab's terminals get the course's Python first on PATH.
+Every argument is passed on to JupyterLab, e.g. --no-browser (open the printed address yourself) or
+--port=8890; name a notebook (notebooks/05_attention.ipynb) to open that one instead of notebook 00.
+JupyterLab's own options: `.venv/bin/jupyter lab --help` (Windows: `.venv\\Scripts\\jupyter lab --help`).""",
+    "grade": """python3 course.py grade [NOTEBOOK|FOLDER ...] [--csv FILE] [--json FILE]
+
+Install the course if needed, then grade your notebooks (default: notebooks/): one row per exercise,
+passed / failed: why / not attempted. Each notebook runs in a fresh process; nothing is changed.
+
+Exit status: 0 when no exercise failed (every one passed or is not attempted yet), 1 when at least one
+failed or could not be graded, 2 when nothing could be graded (no course notebook found, a wrong
+argument). Every option of `python -m attn_course grade` works here too; their list:
+`.venv/bin/python -m attn_course grade --help` (Windows: `.venv\\Scripts\\python -m attn_course grade --help`).""",
+    "update": """python3 course.py update
+
+Bring in the course's latest version (git). Your work is never overwritten: a notebook you changed
+that the course also changed keeps your version, and the new one is saved beside it as
+NN_topic.updated.ipynb. Exit status 0 when updated (or already up to date), 1 when git failed, 2 when
+there is nothing to update from or you have commits of your own (merge those yourself).""",
+    "test": """python3 course.py test [PYTEST ARGUMENTS...]
+
+Install the course if needed, then run the whole test suite (what CI runs), in parallel when
+pytest-xdist is installed; arguments are passed on to pytest (e.g. -m "not slow" for the quick loop).
+Exit status: pytest's.""",
+}
+
+
+def wants_help(rest: list[str]) -> bool:
+    return any(a in ("-h", "--help", "help") for a in rest[:1]) or any(a in ("-h", "--help") for a in rest)
 
 
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
     if command in ("help", "-h", "--help"):
-        print(__doc__)
+        if rest and rest[0] in HELP:
+            print(HELP[rest[0]])
+        else:
+            print(__doc__)
         return 0
     if command not in COMMANDS:
         say(f"unknown command {command!r}; use one of: {', '.join(COMMANDS)}")
         return 2
+    if wants_help(rest):
+        print(HELP[command])
+        return 0
     if command == "update":
         return update()
     python = setup()

@@ -13,6 +13,8 @@ dS is notebook 04's O(n) softmax vector–Jacobian product, one row per query.
 
 * :func:`attention_backward` — those five lines, with the course's mask rule
   (:func:`attn_course.softmax.masked_softmax`: a fully masked row has zero weights, so zero gradients);
+* :func:`attention_backward_stored` — the same lines from a P the forward stored (no S, no softmax):
+  what autograd runs through naive attention;
 * :class:`AttentionFunction` / :func:`attention_fn` — a ``torch.autograd.Function`` using it;
 * :func:`tiled_attention_forward` — notebook 09's tiled loop, which also returns the row logsumexp
   L = m + log l, the one number per row the backward needs;
@@ -22,6 +24,10 @@ dS is notebook 04's O(n) softmax vector–Jacobian product, one row per query.
   It never holds more than one (block, block) tile of scores: O(n·d) extra memory instead of O(n²);
 * :class:`FlashAttentionFunction` / :func:`flash_attention` — both tiled passes as one differentiable
   operation (what ``python -m attn_course bench`` times in its backward mode);
+* the backward in practice: :func:`lowp_tiled_attention_backward` (bf16 operands; the statistics L and D and
+  the accumulators each in float32 or in bf16), ``key_order`` of :func:`tiled_attention_backward` (the order
+  the key blocks add into dQ), :func:`two_pass_attention_backward` (dQ in a pass of its own: no atomic
+  adds) and :func:`dropout_keep_tile` (a dropout mask replayed from a seed and an offset);
 * :func:`output_query_jacobian` — ∂oᵢ/∂qᵢ = scale · Cov_p(v, k), the Jacobian as a covariance;
 * :func:`saturation_study`, :func:`backward_flops`, figures.
 """
@@ -41,12 +47,16 @@ from .softmax import masked_softmax
 
 __all__ = [
     "attention_backward",
+    "attention_backward_stored",
     "AttentionFunction",
     "attention_fn",
     "tiled_attention_forward",
     "tiled_attention_backward",
     "FlashAttentionFunction",
     "flash_attention",
+    "lowp_tiled_attention_backward",
+    "two_pass_attention_backward",
+    "dropout_keep_tile",
     "output_query_jacobian",
     "backward_flops",
     "saturation_study",
@@ -72,6 +82,19 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: 
     """
     scale = _scale(q, scale)
     p = masked_softmax(q @ k.transpose(-2, -1) * scale, mask)  # (..., n_q, n_k); a fully masked row is 0
+    return attention_backward_stored(q, k, v, p, dout, scale=scale)
+
+
+def attention_backward_stored(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor, dout: torch.Tensor,
+                              *, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chain rule from the weights P the forward stored: S and the softmax are not recomputed.
+
+    q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v); p: (..., n_q, n_k), the forward's softmax(S)
+    (masked entries 0, a fully masked row all 0); dout = ∂ℒ/∂O: (..., n_q, d_v). Returns (dq, dk, dv) shaped like
+    (q, k, v): dV = Pᵀ dO, dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dQ = dS K·scale, dK = dSᵀ Q·scale — four
+    matrix products, what autograd runs through naive attention (which keeps P).
+    """
+    scale = _scale(q, scale)
     dv = p.transpose(-2, -1) @ dout  # (..., n_k, d_v)
     dp = dout @ v.transpose(-2, -1)  # (..., n_q, n_k)
     ds = softmax_vjp(p, dp)  # P ⊙ (dP − rowsum(dP ⊙ P)): (..., n_q, n_k)
@@ -167,7 +190,8 @@ def tiled_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b
 
 def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                              lse: torch.Tensor, dout: torch.Tensor, block_size: int = 64, *, causal: bool = False,
-                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             scale: float | None = None,
+                             key_order: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The FlashAttention-2 backward pass (Dao 2023, Algorithm 2) in PyTorch.
 
     q: (..., n_q, d_k), k: (..., n_k, d_k), v: (..., n_k, d_v); o: (..., n_q, d_v) and lse: (..., n_q) from
@@ -182,9 +206,20 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     dKⱼ, dVⱼ are complete when the inner loop ends; dQᵢ collects one term per key block. With
     ``causal`` (n_q == n_k), query blocks that end before key block j starts are skipped and the tiles on
     the diagonal are masked. Any block size works, including n_q, n_k not multiples of it.
+
+    ``key_order``: the order in which the outer loop visits the key blocks (a permutation of 0 … n_blocks − 1;
+    None = ascending). On a GPU each key block is a program of its own and they finish in any order, each
+    adding its terms into dQ as it goes: dK and dV come out the same whatever the order, dQ only up to
+    rounding, because floating-point addition is not associative.
     """
     _check_tiled(q, k, v, block_size, causal)
     n, m_keys = q.shape[-2], k.shape[-2]
+    starts = list(range(0, m_keys, block_size))
+    if key_order is not None:
+        if sorted(key_order) != list(range(len(starts))):
+            raise ValueError(f"key_order must be a permutation of the {len(starts)} key blocks 0 … {len(starts) - 1}, "
+                             f"got {list(key_order)}")
+        starts = [starts[j] for j in key_order]
     if o.shape != q.shape[:-1] + (v.shape[-1],) or dout.shape != o.shape:
         raise ValueError(f"o and dout must have shape {tuple(q.shape[:-1] + (v.shape[-1],))}, "
                          f"got {tuple(o.shape)} and {tuple(dout.shape)}")
@@ -196,7 +231,7 @@ def tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     dq = torch.zeros_like(q)  # (..., n_q, d_k): one term added per key block
     dk = torch.empty_like(k)  # (..., n_k, d_k)
     dv = torch.empty_like(v)  # (..., n_k, d_v)
-    for k_start in range(0, m_keys, block_size):
+    for k_start in starts:
         k_end = min(k_start + block_size, m_keys)
         k_blk, v_blk = k[..., k_start:k_end, :], v[..., k_start:k_end, :]  # (..., bk, d_k), (..., bk, d_v)
         dk_blk = torch.zeros_like(k_blk)  # (..., bk, d_k), complete after the inner loop
@@ -244,6 +279,116 @@ def flash_attention(q, k, v, block_size: int = 64, causal: bool = False) -> torc
     :func:`tiled_attention_backward`, so neither pass holds an n_q × n_k matrix.
     """
     return FlashAttentionFunction.apply(q, k, v, block_size, causal)
+
+
+# ============================================================================ the backward in practice
+def two_pass_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                                lse: torch.Tensor, dout: torch.Tensor, block_size: int = 64, *, causal: bool = False,
+                                scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tiled backward with dQ in a pass of its own: deterministic, for two more matrix products per tile.
+
+    Same arguments and result as :func:`tiled_attention_backward`. Pass 1 walks key blocks (outer) and query
+    blocks (inner) and computes only dK, dV. Pass 2 walks query blocks (outer) and key blocks (inner, always in
+    the same order): each dQᵢ is summed by one program, so no two programs ever add into the same rows and no
+    atomic add is needed. Pass 2 recomputes S = Qᵢ Kⱼᵀ and dP = dOᵢ Vⱼᵀ, so the backward does 7 matrix products
+    per tile instead of 5.
+    """
+    _check_tiled(q, k, v, block_size, causal)
+    n, m_keys = q.shape[-2], k.shape[-2]
+    scale = _scale(q, scale)
+    delta = (dout * o).sum(dim=-1, keepdim=True)  # D = rowsum(dO ⊙ O): (..., n_q, 1)
+    lse = lse.unsqueeze(-1)  # (..., n_q, 1)
+
+    def tile(q_start, q_end, k_start, k_end):
+        """P and dS of one tile: (..., bq, bk) each."""
+        s = q[..., q_start:q_end, :] @ k[..., k_start:k_end, :].transpose(-2, -1) * scale  # (..., bq, bk)
+        if causal and k_end - 1 > q_start:
+            s = _causal_tile(s, q_start, k_start)
+        p = torch.exp(s - lse[..., q_start:q_end, :])  # (..., bq, bk)
+        dp = dout[..., q_start:q_end, :] @ v[..., k_start:k_end, :].transpose(-2, -1)  # (..., bq, bk)
+        return p, p * (dp - delta[..., q_start:q_end, :])
+
+    dk, dv = torch.empty_like(k), torch.empty_like(v)  # (..., n_k, d_k), (..., n_k, d_v)
+    for k_start in range(0, m_keys, block_size):  # pass 1: dK, dV
+        k_end = min(k_start + block_size, m_keys)
+        dk_blk = torch.zeros_like(k[..., k_start:k_end, :])  # (..., bk, d_k)
+        dv_blk = torch.zeros_like(v[..., k_start:k_end, :])  # (..., bk, d_v)
+        for q_start in range(k_start if causal else 0, n, block_size):
+            q_end = min(q_start + block_size, n)
+            p, ds = tile(q_start, q_end, k_start, k_end)
+            dv_blk += p.transpose(-2, -1) @ dout[..., q_start:q_end, :]
+            dk_blk += ds.transpose(-2, -1) @ q[..., q_start:q_end, :]
+        dk[..., k_start:k_end, :], dv[..., k_start:k_end, :] = dk_blk * scale, dv_blk
+    dq = torch.empty_like(q)  # (..., n_q, d_k)
+    for q_start in range(0, n, block_size):  # pass 2: dQ, one query block at a time
+        q_end = min(q_start + block_size, n)
+        dq_blk = torch.zeros_like(q[..., q_start:q_end, :])  # (..., bq, d_k): one program's own accumulator
+        for k_start in range(0, q_end if causal else m_keys, block_size):
+            k_end = min(k_start + block_size, m_keys)
+            _, ds = tile(q_start, q_end, k_start, k_end)
+            dq_blk += ds @ k[..., k_start:k_end, :]
+        dq[..., q_start:q_end, :] = dq_blk * scale
+    return dq, dk, dv
+
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to ``dtype`` and held in float32 again (float32: unchanged)."""
+    return x.to(dtype).to(torch.float32)
+
+
+def lowp_tiled_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                                  lse: torch.Tensor, dout: torch.Tensor, block_size: int = 64, *,
+                                  lse_dtype: torch.dtype = torch.float32, delta_dtype: torch.dtype = torch.float32,
+                                  acc_dtype: torch.dtype = torch.float32, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tiled backward as a bf16 GPU kernel computes it, emulated on the CPU in float32.
+
+    Same arguments as :func:`tiled_attention_backward` (no causal mask); returns float32 (dq, dk, dv). What a
+    16-bit kernel holds in bf16 is rounded to bf16: the inputs q, k, v, o, dout, and the tiles P and dS before
+    they enter a matrix product. Every product multiplies those bf16 numbers and sums in float32 (what tensor
+    cores do: the product of two bf16 numbers is exact in float32). ``lse_dtype`` holds the row logsumexp L
+    (``lse``), ``delta_dtype`` the row term D = rowsum(dO ⊙ O), ``acc_dtype`` the accumulators dQ, dK, dV, rounded
+    after every addition. FlashAttention keeps all three in float32 (the defaults); bf16 shows what that
+    protects.
+    """
+    _check_tiled(q, k, v, block_size, False)
+    scale = _scale(q, scale)
+    bf16 = torch.bfloat16
+    q, k, v, o, dout = (_round_to(t, bf16) for t in (q, k, v, o, dout))  # the kernel's 16-bit inputs
+    n, m_keys = q.shape[-2], k.shape[-2]
+    lse = _round_to(lse.to(torch.float32), lse_dtype).unsqueeze(-1)  # L: (..., n_q, 1)
+    delta = _round_to((dout * o).sum(dim=-1, keepdim=True), delta_dtype)  # D: (..., n_q, 1)
+    dq = torch.zeros_like(q)  # (..., n_q, d_k)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    for k_start in range(0, m_keys, block_size):
+        k_blk, v_blk = k[..., k_start:k_start + block_size, :], v[..., k_start:k_start + block_size, :]
+        dk_blk, dv_blk = torch.zeros_like(k_blk), torch.zeros_like(v_blk)  # (..., bk, d_k), (..., bk, d_v)
+        for q_start in range(0, n, block_size):
+            rows = slice(q_start, q_start + block_size)
+            q_blk, do_blk = q[..., rows, :], dout[..., rows, :]  # (..., bq, d_k), (..., bq, d_v)
+            p = torch.exp(q_blk @ k_blk.transpose(-2, -1) * scale - lse[..., rows, :])  # (..., bq, bk), float32
+            dv_blk = _round_to(dv_blk + _round_to(p, bf16).transpose(-2, -1) @ do_blk, acc_dtype)
+            ds = p * (do_blk @ v_blk.transpose(-2, -1) - delta[..., rows, :])  # (..., bq, bk), float32
+            ds16 = _round_to(ds, bf16)  # dS enters two products as bf16
+            dq[..., rows, :] = _round_to(dq[..., rows, :] + ds16 @ k_blk * scale, acc_dtype)
+            dk_blk = _round_to(dk_blk + ds16.transpose(-2, -1) @ q_blk, acc_dtype)
+        dk[..., k_start:k_start + block_size, :] = dk_blk * scale
+        dv[..., k_start:k_start + block_size, :] = dv_blk
+    return dq, dk, dv
+
+
+def dropout_keep_tile(seed: int, offset: int, shape: Sequence[int], p_drop: float) -> torch.Tensor:
+    """The dropout mask of one tile, regenerated from (seed, offset): a bool tensor of ``shape``, True = kept
+    (probability 1 − ``p_drop``).
+
+    A GPU kernel draws its dropout mask from a counter-based generator (Philox), whose whole state is a seed
+    and an offset: given the same two numbers it returns the same bits, so the backward regenerates the mask
+    the forward used instead of storing it. Here a CPU generator seeded from (seed, offset) stands in for it;
+    ``offset`` numbers the tile (for example query block × number of key blocks + key block).
+    """
+    if not 0.0 <= p_drop < 1.0:
+        raise ValueError(f"p_drop must be in [0, 1), got {p_drop}")
+    g = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(offset)) % 2**63)
+    return torch.rand(tuple(shape), generator=g) >= p_drop
 
 
 # ============================================================================ what the notebook shows

@@ -11,7 +11,8 @@ work and only attention's n² part grows. Implementations (:data:`IMPLEMENTATION
 * ``sdpa-math``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn`` — ``F.scaled_dot_product_attention``
   pinned to one backend with ``torch.nn.attention.sdpa_kernel`` (those this device has);
 * ``compile`` — ``torch.compile(naive_attention)``; its compile time is reported in its own column;
-* ``triton`` — the course's Triton kernel (forward only; a CUDA GPU with Triton installed).
+* ``triton`` — the course's Triton kernels, forward and backward (:mod:`attn_course.triton_attention`;
+  a CUDA GPU with Triton installed, or Triton's CPU interpreter for a dry run).
 
 Each :class:`Impl` says how to run its forward and, separately, what to differentiate for the
 forward + backward mode: autograd through the forward itself, a function with its own backward
@@ -20,9 +21,19 @@ forward + backward mode: autograd through the forward itself, a function with it
 **Correctness first**: before anything is timed, each output (batch 0, heads 0–1) is compared with a
 float64 reference computed tile by tile; in forward + backward mode the gradients are compared too.
 A wrong implementation is reported as ``WRONG`` and not timed. Out of memory is a result (``OOM``),
-not a crash. Times are medians after warm-up (:func:`attn_course.timing.time_ms`), memory the peak
-above what was allocated before the call (:func:`attn_course.timing.peak_memory_bytes`). FLOPs
-follow the papers (:func:`attn_course.fast.attention_flops`).
+not a crash.
+
+**Numbers that hold on a busy machine**: every time is a median *with its spread* (the quartiles of
+the timed runs, :func:`attn_course.timing.measure`), repeated until the interquartile range is under
+10 % of the median or a time limit passes — then the row says *unstable*. :func:`results_table`
+ranks the implementations at each point and calls two of them *tied* when their middle halves
+[q1, q3] overlap, rather than ranking them on noise. Memory is the peak above what was allocated
+before the call (:func:`attn_course.timing.peak_memory_bytes`). FLOPs follow the papers
+(:func:`attn_course.fast.attention_flops`); throughput is shown in GFLOP/s on a CPU and TFLOP/s on a
+GPU, and "% of peak" compares it with the GPU's datasheet peak (:mod:`attn_course.datasheet`) or, on
+a CPU, with this machine's own measured matrix-multiply throughput
+(:func:`attn_course.timing.cpu_matmul_flops`). ``compile``'s first call (compiling included) is
+reported on its own, with whether inductor's on-disk cache was warm or cold.
 
 Use: ``results, stamp = run_sweep(BenchOptions(ns=[256, 512]))``, then :func:`results_table` and
 :func:`plot_results`. :class:`BenchOptions` has a default for everything (a small CPU sweep), so
@@ -32,6 +43,7 @@ pass only what you change.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import warnings
@@ -46,6 +58,7 @@ import torch.nn.functional as F
 from . import datasheet, fast, timing
 from .attention import score_matrix_bytes
 from .plots import styled
+from .tables import format_table
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -64,6 +77,8 @@ __all__ = [
     "results_table",
     "plot_results",
     "load_recorded",
+    "rankings",
+    "ranking_disagreements",
 ]
 
 SDPA_BACKENDS = {"sdpa-math": "MATH", "sdpa-flash": "FLASH_ATTENTION",
@@ -187,13 +202,16 @@ def implementations(names: Iterable[str], device: str | torch.device, dtype: tor
         elif name == "triton":
             from . import triton_attention
 
-            reason = (triton_attention.unavailable_reason(device) if device.type == "cuda" else
-                      "the Triton kernel runs on CUDA GPUs (its CPU interpreter is for tests only)")
+            interpreted = device.type == "cpu" and triton_attention._interpreting()
+            reason = (triton_attention.unavailable_reason(device) if device.type == "cuda" or interpreted else
+                      "the Triton kernel runs on CUDA GPUs (its CPU interpreter, TRITON_INTERPRET=1, is for tests "
+                      "and the GPU script's dry run)")
             if reason:
                 missing[name] = reason
-            else:
+            else:  # forward + backward through the kernels' autograd.Function (notebook 10)
                 found.append(Impl("triton", lambda q, k, v, causal: triton_attention.attention(q, k, v, causal=causal),
-                                  differentiable=None, note="forward only"))
+                                  differentiable=lambda q, k, v, causal: triton_attention.flash_attention(q, k, v, causal),
+                                  note="Triton's CPU interpreter: a dry run, not a speed" if interpreted else ""))
         else:
             missing[name] = f"unknown implementation (known: {', '.join(IMPLEMENTATIONS)})"
     return found, missing
@@ -207,9 +225,12 @@ class BenchOptions:
     ``ns``: sequence lengths; ``head_dims``: d_k (= d_v); ``tokens``: B·n held fixed (B = tokens // n,
     at least 1); ``hidden``: A·d_k held fixed (A = hidden // d_k, at least 1); ``modes``: "fwd" and/or
     "fwd+bwd"; ``tiled_block``: the block size of the course's tiled loop; ``min_run_time``: seconds
-    of timed calls per CPU measurement; ``max_memory``: on the CPU, skip implementations that hold an
-    n × n matrix when they would need more bytes than this (Linux may grant a huge allocation and then
-    kill the process); ``seed``: of the random inputs.
+    of timed calls at least, per measurement; ``max_run_time``: seconds after which a measurement whose
+    spread is still large stops and is marked unstable (default: 10 × ``min_run_time``, at least 1 s);
+    ``max_memory``: on the CPU, skip implementations that hold an n × n matrix when they would need
+    more bytes than this (Linux may grant a huge allocation and then kill the process); ``threads``: CPU
+    threads for torch (default: torch's current setting, or 1 when the machine is busier than it has
+    cores — the sweep says so); ``seed``: of the random inputs.
     """
 
     device: str = "cpu"
@@ -226,6 +247,8 @@ class BenchOptions:
     warmup: int = 1
     max_memory: float | None = None
     seed: int = 0
+    max_run_time: float | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ns", "head_dims", "dtypes", "causal", "modes", "impls"):
@@ -234,8 +257,8 @@ class BenchOptions:
                 raise ValueError(f"{name} must be a non-empty list, got {value!r}")
             setattr(self, name, list(value))
         if any(not isinstance(n, int) or n < 1 for n in [*self.ns, *self.head_dims, self.tokens, self.hidden,
-                                                          self.tiled_block]):
-            raise ValueError("ns, head_dims, tokens, hidden and tiled_block must be positive integers")
+                                                          self.tiled_block, self.threads or 1]):
+            raise ValueError("ns, head_dims, tokens, hidden, tiled_block and threads must be positive integers")
         unknown = [d for d in self.dtypes if d not in DTYPES] + [m for m in self.modes if m not in MODES]
         if unknown:
             raise ValueError(f"unknown dtype or mode {unknown}: dtypes from {list(DTYPES)}, modes from {list(MODES)}")
@@ -285,13 +308,18 @@ class Result:
     causal: bool
     mode: str
     status: str  # ok, WRONG, OOM, unsupported, skipped, error
-    ms: float | None = None
-    tflops: float | None = None
+    ms: float | None = None  # median
+    tflops: float | None = None  # at the median time; shown as GFLOP/s on a CPU
     pct_of_peak: float | None = None
     peak_memory_bytes: int | None = None
-    compile_s: float | None = None
+    compile_s: float | None = None  # compile's first call: compiling + one run
     max_abs_error: float | None = None
     note: str = ""
+    ms_q1: float | None = None  # 25th and 75th percentiles of the timed runs: the spread
+    ms_q3: float | None = None
+    runs: int | None = None  # timed runs behind the median
+    stable: bool | None = None  # IQR ≤ 10 % of the median before the time limit
+    compile_cache: str | None = None  # compile: inductor's on-disk cache "warm" (hits only) or "cold" (wrote)
 
 
 FIELDS = [f.name for f in fields(Result)]
@@ -340,6 +368,18 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         return out, None
     o, lse = tiled_attention_forward(q0, k0, v0, block, causal=causal)
     return out, tiled_attention_backward(q0, k0, v0, o, lse, d0, block, causal=causal)
+
+
+def _inductor_cache_files() -> int | None:
+    """How many files inductor's on-disk cache holds (None when it cannot be found): a compile that
+    adds files found its caches cold; one that adds none was served from them (warm)."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        root = Path(cache_dir())
+        return sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+    except Exception:  # noqa: BLE001 - a private module that may move: then say nothing
+        return None
 
 
 def _free(device: torch.device) -> None:
@@ -401,12 +441,17 @@ def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, t
         if impl.prepare is not None:
             impl.prepare()
         want_out, want_grads = reference(q, k, v, cfg.causal, dout)
+        cache_before = _inductor_cache_files() if impl.compiles else None
         start = time.perf_counter()
         out, grads = first()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        first_s = time.perf_counter() - start
         if impl.compiles:
-            res.compile_s = time.perf_counter() - start  # compiling + one run
+            res.compile_s = first_s  # compiling + one run
+            after = _inductor_cache_files()
+            if cache_before is not None and after is not None:
+                res.compile_cache = "cold" if after > cache_before else "warm"
         res.max_abs_error = float((out[0, :2].double() - want_out).abs().max())
         problems = [_first_error("output", out[0, :2], want_out, TOLERANCE[dtype], relative_to_max=False)]
         if grads is not None and want_grads is not None:
@@ -418,7 +463,14 @@ def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, t
             res.note = "; ".join(problems) + ": not timed"
             return res
         del out, grads
-        res.ms = timing.time_ms(step, device=device, warmup=options.warmup, min_run_time=options.min_run_time)
+        # A first call slower than 0.2 s (not compiling) already warmed up what a warm-up call would.
+        warmup = options.warmup if first_s < 0.2 else 0
+        t = timing.measure(step, device=device, warmup=warmup, min_run_time=options.min_run_time,
+                           max_run_time=options.max_run_time)
+        res.ms, res.ms_q1, res.ms_q3, res.runs, res.stable = t.median, t.q1, t.q3, t.runs, t.stable
+        if not t.stable:
+            res.note = (f"unstable: IQR {100 * t.relative_spread:.0f}% of the median after {t.runs} runs"
+                        + (f"; {res.note}" if res.note else ""))
         flops = fast.attention_flops(cfg.batch, cfg.heads, cfg.n, cfg.head_dim, causal=cfg.causal, backward=backward)
         res.tflops = flops / (res.ms * 1e-3) / 1e12
         if peak:
@@ -432,7 +484,7 @@ def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, t
         else:
             first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
             res.status, res.note = "error", f"{type(exc).__name__}: {first_line}"
-        res.ms = res.tflops = res.pct_of_peak = None
+        res.ms = res.tflops = res.pct_of_peak = res.ms_q1 = res.ms_q3 = res.runs = res.stable = None
     finally:
         _free(device)
     return res
@@ -448,6 +500,54 @@ def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
 
     options = options or BenchOptions()
     device = torch.device(options.device)
+    threads_before = torch.get_num_threads()
+    busy = _busy_note(device, options.threads)
+    if busy:
+        log(busy)
+    if device.type == "cpu":
+        torch.set_num_threads(options.threads or (1 if busy else threads_before))
+    try:
+        return _sweep(options, device, progress, log, tqdm, busy)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _busy_note(device: torch.device, threads: int | None) -> str | None:
+    """A line when the CPU is busier than it has cores (load average above the core count). Then each
+    parallel operation waits until all of torch's threads are scheduled at once, which on a busy
+    machine can take far longer than the work itself: without an explicit ``threads``, the sweep
+    runs on one thread and says so."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # Windows
+        return None
+    cores = os.cpu_count() or 1
+    if device.type != "cpu" or load <= cores:
+        return None
+    what = (f"measuring with {threads} torch thread(s) as asked" if threads else
+            "measuring on 1 torch thread (each parallel operation would wait for all its threads to be scheduled "
+            "at once); --threads N overrides")
+    return (f"this machine is busy (load average {load:.1f} on {cores} cores): {what}; times spread more, so each "
+            "is shown with its spread and close results are called tied")
+
+
+#: The forecast's seconds for one torch.compile (a fresh compile per point; tens of seconds on a CPU).
+COMPILE_FORECAST_S = 20.0
+
+
+def _work_seconds(cfg: Config, flops_per_s: float, options: BenchOptions) -> float:
+    """A rough forecast of one measurement's seconds, for the progress bar's ETA: the timed runs
+    (at least ``min_run_time``) plus about six untimed calls (reference, first call, warm-up, block
+    estimate, memory), each at an assumed 20 % of the roofline. Only ratios matter: the bar learns the
+    real rate as it goes, and points far apart in n weigh what their FLOPs say."""
+    flops = fast.attention_flops(cfg.batch, cfg.heads, cfg.n, cfg.head_dim, causal=cfg.causal,
+                                 backward=cfg.mode == "fwd+bwd")
+    call = flops / (0.2 * flops_per_s)
+    return max(options.min_run_time, 4 * call) + 6 * call
+
+
+def _sweep(options: BenchOptions, device: torch.device, progress: bool, log: Callable[[str], None],
+           tqdm: Any, busy: str | None) -> tuple[list[Result], dict[str, Any]]:
     points = configs(options)
     impls_by_dtype: dict[str, list[Impl]] = {}
     missing_all: dict[str, str] = {}
@@ -458,10 +558,18 @@ def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
     for name, why in missing_all.items():
         log(f"not measured: {name}: {why}")
     name = timing.device_name(device)
+    peaks = {dt: _peak_flops(name, device, dt) for dt in options.dtypes}  # (FLOP/s or None, source)
     results: list[Result] = []
     oom_at: dict[tuple, int] = {}
-    total = sum(len(impls_by_dtype[c.dtype]) for c in points)
-    bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr)
+    rate = next((p for p, _ in peaks.values() if p), 1e11)  # FLOP/s, only for the forecast
+    work = {(id(c), impl.name): _work_seconds(c, rate, options) + (COMPILE_FORECAST_S if impl.compiles else 0.0)
+            for c in points for impl in impls_by_dtype[c.dtype]}
+    total = sum(work.values())
+    # The bar counts forecast seconds of work, not measurements: a point at n = 4096 weighs 64 of one at
+    # n = 512, so the ETA does not assume that the last points cost what the first did.
+    bar = tqdm(total=total, desc="bench", unit="s of work", unit_scale=False, disable=not progress,
+               file=sys.stderr, bar_format="{l_bar}{bar}| {percentage:3.0f}% of the forecast work "
+                                           "[{elapsed} so far, about {remaining} left{postfix}]")
     gen = torch.Generator(device="cpu").manual_seed(options.seed)
     for cfg in points:
         dtype = DTYPES[cfg.dtype]
@@ -474,10 +582,10 @@ def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
             for impl in impls_by_dtype[cfg.dtype]:
                 results.append(Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim,
                                       cfg.causal, cfg.mode, "OOM", note=f"OOM at n={cfg.n} (inputs)"))
-                bar.update(1)
+                bar.update(work[(id(cfg), impl.name)])
             _free(device)
             continue
-        peak = datasheet.peak_tflops(name, dtype)[0] if device.type == "cuda" else None
+        peak = peaks[cfg.dtype][0] / 1e12 if peaks[cfg.dtype][0] else None  # TFLOP/s
         for impl in impls_by_dtype[cfg.dtype]:
             key = (impl.name, cfg.head_dim, cfg.dtype, cfg.causal, cfg.mode)
             bar.set_postfix_str(f"{impl.name} n={cfg.n} d={cfg.head_dim} {cfg.dtype} "
@@ -493,23 +601,48 @@ def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
                     log(f"{impl.name}: {res.status} at n={cfg.n} (d={cfg.head_dim}, {cfg.dtype}, "
                         f"{'causal' if cfg.causal else 'non-causal'}, {cfg.mode}): {res.note}")
             results.append(res)
-            bar.update(1)
+            bar.update(work[(id(cfg), impl.name)])
         del inputs
         _free(device)
     bar.close()
-    return results, _stamp(options, device, name, missing_all)
+    info = _stamp(options, device, name, missing_all, peaks)
+    if busy:
+        info["load_note"] = busy
+    return results, info
 
 
-def _stamp(options: BenchOptions, device: torch.device, name: str, missing: dict[str, str]) -> dict[str, Any]:
+#: The CPU's roofline: a (size × size) @ (size × size) float matrix product, measured on this machine.
+CPU_ROOFLINE_SIZE = 2048
+
+
+def _peak_flops(name: str, device: torch.device, dtype_name: str) -> tuple[float | None, str]:
+    """(peak FLOP/s or None, where it comes from) for "% of peak": the datasheet on a GPU, this
+    machine's own measured matrix product on a CPU."""
+    dtype = DTYPES[dtype_name]
+    if device.type == "cuda":
+        peak, model = datasheet.peak_tflops(name, dtype)
+        if peak is None:
+            return None, (f"no {dtype_name} tensor-core peak for {model}" if model else "no known peak for this GPU")
+        return peak * 1e12, f"{datasheet.PEAK_SOURCE} ({model})"
+    if device.type == "cpu" and dtype in (torch.float32, torch.float64):
+        flops = timing.cpu_matmul_flops(CPU_ROOFLINE_SIZE, dtype)
+        return flops, (f"this CPU's measured {dtype_name} matmul ({CPU_ROOFLINE_SIZE}×{CPU_ROOFLINE_SIZE}, "
+                       f"{torch.get_num_threads()} threads): {flops / 1e9:.1f} GFLOP/s")
+    return None, f"no roofline for {device.type}/{dtype_name}"
+
+
+def _stamp(options: BenchOptions, device: torch.device, name: str, missing: dict[str, str],
+           peaks: dict[str, tuple[float | None, str]]) -> dict[str, Any]:
     info = timing.stamp(device, None, {"tokens (B·n)": options.tokens, "hidden (A·d_k)": options.hidden,
                                        "n": list(options.ns), "head_dims": list(options.head_dims),
                                        "dtypes": list(options.dtypes)})
-    if device.type == "cuda":
-        info["peak_tflops"] = {dt: datasheet.peak_tflops(name, DTYPES[dt])[0] for dt in options.dtypes}
-        model = datasheet.peak_tflops(name, DTYPES[options.dtypes[0]])[1]
-        info["peak_source"] = f"{datasheet.PEAK_SOURCE} ({model})" if model else "no known peak for this GPU"
-    else:
-        info["peak_tflops"], info["peak_source"] = None, "no peak for CPUs"
+    info["threads"] = torch.get_num_threads() if device.type == "cpu" else None
+    info["peak_tflops"] = {dt: (p / 1e12 if p else None) for dt, (p, _) in peaks.items()}
+    info["peak_source"] = "; ".join(dict.fromkeys(source for _, source in peaks.values()))
+    info["timing"] = (f"median of the timed runs with their quartiles, repeated until IQR ≤ {timing.STABLE_IQR:.0%} "
+                      "of the median or the time limit (then 'unstable'); implementations whose [q1, q3] overlap "
+                      "are tied; compile_s: compile's first call, compiling included (compile_cache: inductor's "
+                      "on-disk cache warm or cold)")
     info["not_measured"] = missing
     info["flops"] = "4·B·A·n²·d_k forward, half when causal; forward+backward = 3.5 × forward"
     info["correctness"] = ("each output (and, forward+backward, each gradient) compared with float64 on batch 0, "
@@ -527,29 +660,107 @@ def _rows(results: Iterable[Result | dict]) -> list[dict[str, Any]]:
     return [asdict(r) if isinstance(r, Result) else dict(r) for r in results]
 
 
-def results_table(results: Iterable[Result | dict], *, max_width: int | None = None) -> str:
-    """A text table, one row per measurement (through the package's one table writer)."""
-    from .tools.tables import format_table
+def _point(r: dict[str, Any]) -> tuple:
+    return (r["dtype"], r["head_dim"], r["batch"], r["heads"], r["causal"], r["mode"], r["n"])
 
-    headers = ["impl", "dtype", "n", "d", "B×A", "causal", "mode", "ms", "TFLOP/s", "% peak", "peak mem",
-               "compile s", "status"]
-    rows = []
+
+def _interval(r: dict[str, Any]) -> tuple[float, float]:
+    q1, q3 = r.get("ms_q1"), r.get("ms_q3")
+    return (r["ms"] if q1 is None else q1, r["ms"] if q3 is None else q3)
+
+
+def rankings(results: Iterable[Result | dict]) -> dict[tuple, list[list[str]]]:
+    """At each point (dtype, d_k, B, A, causal, mode, n), the measured implementations fastest first, in
+    groups of ties: sorted by median time, an implementation joins the group before it when its
+    middle half [q1, q3] overlaps the previous one's (the data cannot tell which is faster)."""
+    by_point: dict[tuple, list[dict[str, Any]]] = {}
     for r in _rows(results):
+        if r["status"] == "ok" and r["ms"] is not None:
+            by_point.setdefault(_point(r), []).append(r)
+    ranked: dict[tuple, list[list[str]]] = {}
+    for point, rows in by_point.items():
+        rows.sort(key=lambda r: r["ms"])
+        groups: list[list[str]] = []
+        previous: tuple[float, float] | None = None
+        for r in rows:
+            q1, q3 = _interval(r)
+            if previous is not None and q1 <= previous[1] and previous[0] <= q3:
+                groups[-1].append(r["impl"])
+            else:
+                groups.append([r["impl"]])
+            previous = (q1, q3)
+        ranked[point] = groups
+    return ranked
+
+
+def ranking_disagreements(first: Iterable[Result | dict], second: Iterable[Result | dict]) -> list[str]:
+    """Where two runs rank two implementations in opposite orders, each time *outside* their spreads
+    (a pair tied in either run never disagrees). One line per disagreement; [] when the rankings agree."""
+    a, b = rankings(first), rankings(second)
+    found = []
+    for point in sorted(set(a) & set(b), key=str):
+        place_a = {impl: i for i, group in enumerate(a[point]) for impl in group}
+        place_b = {impl: i for i, group in enumerate(b[point]) for impl in group}
+        common = [impl for impl in place_a if impl in place_b]
+        for x in common:
+            for y in common:
+                if place_a[x] < place_a[y] and place_b[x] > place_b[y]:
+                    dtype, d, batch, heads, causal, mode, n = point
+                    found.append(f"{dtype} d={d} n={n} {'causal' if causal else 'full'} {mode}: "
+                                 f"{x} < {y} in the first run, {y} < {x} in the second")
+    return found
+
+
+def results_table(results: Iterable[Result | dict], *, max_width: int | None = None) -> str:
+    """A text table, one row per measurement: the median time with its spread (IQR as a percentage of
+    the median, ``!`` when the measurement never became stable), the rank at that point (``=2``: tied
+    with another, their spreads overlap), throughput in GFLOP/s on a CPU or TFLOP/s on a GPU, % of
+    peak, peak memory and compile's first call."""
+    rows_in = _rows(results)
+    gpu = any(r.get("device") == "cuda" for r in rows_in)
+    unit, factor = ("TFLOP/s", 1.0) if gpu else ("GFLOP/s", 1e3)
+    ranks: dict[tuple[tuple, str], str] = {}
+    for point, groups in rankings(rows_in).items():
+        place = 1
+        for group in groups:
+            for impl in group:
+                ranks[(point, impl)] = f"={place}" if len(group) > 1 else str(place)
+            place += len(group)
+    headers = ["impl", "dtype", "n", "d", "B×A", "causal", "mode", "ms", "IQR", "rank", unit, "% peak", "memory",
+               "1st call s", "status"]
+    rows = []
+    for r in rows_in:
         status = r["status"] + (f" ({r['note']})" if r.get("note") and r["status"] != "ok" else "")
+        if r["status"] == "ok" and r.get("stable") is False:
+            status = "ok, unstable"  # the IQR column has the spread; the CSV/JSON note says after how many runs
+        spread = None
+        if r["ms"] is not None and r.get("ms_q1") is not None:
+            spread = f"{100 * (r['ms_q3'] - r['ms_q1']) / r['ms']:.0f}%" + ("" if r.get("stable", True) else "!")
+        first_call = None
+        if r.get("compile_s") is not None:
+            first_call = f"{r['compile_s']:.1f}" + (f" ({r['compile_cache']} cache)" if r.get("compile_cache") else "")
         rows.append([r["impl"], r["dtype"], r["n"], r["head_dim"], r["batch"] * r["heads"], r["causal"], r["mode"],
-                     r["ms"], r["tflops"], r["pct_of_peak"],
+                     r["ms"], spread, ranks.get((_point(r), r["impl"])),
+                     None if r["tflops"] is None else r["tflops"] * factor, r["pct_of_peak"],
                      None if r["peak_memory_bytes"] is None else timing.format_bytes(r["peak_memory_bytes"]),
-                     r["compile_s"], status])
-    return format_table(headers, rows, formats={"ms": ".3f", "TFLOP/s": ".4f", "% peak": ".1f", "compile s": ".1f"},
-                        align={h: ">" for h in ("n", "d", "B×A", "ms", "TFLOP/s", "% peak", "peak mem", "compile s")},
+                     first_call, status])
+    for optional in ("1st call s", "% peak", "IQR"):  # columns nothing was measured for are left out
+        j = headers.index(optional)
+        if all(row[j] is None for row in rows):
+            headers.pop(j)
+            for row in rows:
+                row.pop(j)
+    return format_table(headers, rows, formats={"ms": ".3f", unit: ".1f" if gpu else ".2f", "% peak": ".1f"},
+                        align={h: ">" for h in ("n", "d", "B×A", "ms", "IQR", "rank", unit, "% peak", "memory",
+                                                "1st call s")},
                         max_width=max_width, flex="status")
 
 
 @styled
 def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtype: str | None = None,
                  mode: str = "fwd") -> plt.Figure | None:
-    """Time (ms) and peak extra memory vs n, log–log: a pair of rows per head dim, one column per
-    causal setting. None when there is no successful measurement of ``dtype`` (default: the first
+    """Time (ms, median with the quartiles as error bars) and peak extra memory vs n, log–log: a pair
+    of rows per head dim, one column per causal setting. None when there is no successful measurement of ``dtype`` (default: the first
     measured) in ``mode``."""
     ok = [r for r in _rows(results) if r["status"] == "ok" and r["mode"] == mode]
     dtype = dtype or (ok[0]["dtype"] if ok else None)
@@ -569,12 +780,14 @@ def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtyp
         for j, causal in enumerate(causals):
             time_ax, mem_ax = axes[2 * i][j], axes[2 * i + 1][j]
             for m, impl in enumerate(impls):
-                pts = sorted((r["n"], r["ms"], r["peak_memory_bytes"]) for r in ok
+                pts = sorted((r["n"], r["ms"], r["peak_memory_bytes"], *_interval(r)) for r in ok
                              if r["impl"] == impl and r["head_dim"] == d and r["causal"] == causal)
                 if not pts:
                     continue
                 style = dict(marker=markers[m % len(markers)], label=impl)
-                time_ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+                # error bars: the middle half of the timed runs (q1 to q3)
+                time_ax.errorbar([p[0] for p in pts], [p[1] for p in pts], capsize=3,
+                                 yerr=[[p[1] - p[3] for p in pts], [p[4] - p[1] for p in pts]], **style)
                 mem = [(p[0], p[2] / 2**20) for p in pts if p[2] is not None]
                 if mem:
                     mem_ax.plot(*zip(*mem), **style)

@@ -58,7 +58,7 @@ def query_scores(q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 
 
 def score_matrix(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """Every query against every key: ``S = Q Kᵀ``; ``S[..., i, j] = Q[..., i, :] · K[..., j, :]``.
+    """Every query against every key, unscaled: ``Q Kᵀ``, entry ``[..., i, j] = Q[..., i, :] · K[..., j, :]``.
 
     Q: (..., n_q, d)   K: (..., n_k, d)   ->   (..., n_q, n_k)
     """

@@ -16,7 +16,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["MINIMUM", "Report", "versions", "device", "widget_check", "torch_check", "report", "verdict", "print_report"]
+__all__ = ["MINIMUM", "Report", "versions", "device", "widget_check", "torch_check", "report", "verdict", "print_report", "in_kernel"]
 
 #: The packages this report checks, in the order it prints them.
 CHECKED = ("python", "torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab")
@@ -48,7 +48,7 @@ MINIMUM = _minimum_versions()
 #: Needed to run notebooks at all; JupyterLab is only needed to *open* them (Colab, VS Code, a
 #: JupyterHub with its own front end, and the test suite do without it).
 REQUIRED = ("python", "torch", "numpy", "matplotlib", "ipywidgets")
-FIX = "run `python course.py setup` (or `pip install -r requirements.txt`) in the course folder"
+FIX = "run `python3 course.py setup` (on Windows `python course.py setup`) in the course folder"
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -160,19 +160,29 @@ def report() -> Report:
             if trouble:
                 (problems if dev == "cpu" else notes).append(trouble)
     trouble = widget_check()
-    if trouble:
+    if trouble and trouble not in problems:  # "ipywidgets is not installed" is said once
         problems.append(trouble)
     if device_type == "cpu":
         notes.append("no GPU: every notebook runs on the CPU; notebook 09 then shows recorded GPU results")
     return Report(found, device_type, device_name, problems, notes)
 
 
-def verdict(rep: Report) -> str:
-    """One line: ``READY: ...`` or ``NOT READY: <what to fix>``."""
+def in_kernel() -> bool:
+    """Is this code running in a Jupyter kernel (a notebook), rather than in a terminal?"""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return getattr(shell, "kernel", None) is not None
+
+
+def verdict(rep: Report, *, kernel: bool | None = None) -> str:
+    """One line: ``READY: ...`` or ``NOT READY: <what to fix>``. In a notebook (``kernel``; by default:
+    whether this runs in a Jupyter kernel) the fix ends with restarting the kernel; in a terminal, with
+    running the check again."""
     if rep.ready:
         return (f"READY: Python {rep.versions['python']}, torch {rep.versions['torch']} on "
                 f"{rep.device.upper()} ({rep.device_name}), widgets OK")
-    return "NOT READY: " + "; ".join(rep.problems) + f" — {FIX}, then restart the kernel"
+    then = "then restart the kernel" if (in_kernel() if kernel is None else kernel) else "then run this check again"
+    return "NOT READY: " + "; ".join(rep.problems) + f" — {FIX}, {then}"
 
 
 def print_report(rep: Report | None = None) -> Report:

@@ -196,21 +196,21 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """Causal sliding-window attention, tile by tile (09's FlashAttention loop), skipping every key block
     that lies wholly outside the window.
 
-    q, k (..., N, D), v (..., N, Dv) → (..., N, Dv); query i sees keys i − window < j ≤ i. For each query
+    q, k (..., n, d_k), v (..., n, d_v) → (..., n, d_v); query i sees keys i − window < j ≤ i. For each query
     block only the key blocks of :func:`visited_key_blocks` are computed (about window / block_size + 1 of
-    them, however long N is); tiles cut by the band's edges are masked element by element.
+    them, however long n is); tiles cut by the band's edges are masked element by element.
     """
     if block_size < 1 or window < 1:
         raise ValueError(f"block_size and window must be positive, got {block_size} and {window}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     n = q.shape[-2]
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., N, Dv)
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., n, d_v)
     for q_start in range(0, n, block_size):
         q_end = min(q_start + block_size, n)
-        q_blk = q[..., q_start:q_end, :] * scale  # (..., bq, D)
+        q_blk = q[..., q_start:q_end, :] * scale  # (..., bq, d_k)
         row_max = torch.full(q_blk.shape[:-1] + (1,), float("-inf"), dtype=q.dtype, device=q.device)
         row_sum = torch.zeros_like(row_max)  # (..., bq, 1)
-        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., bq, Dv)
+        acc = torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., bq, d_v)
         rows = torch.arange(q_start, q_end, device=q.device)[:, None]  # (bq, 1) global query positions
         for k_start in visited_key_blocks(q_start, q_end, window, block_size):
             k_end = min(k_start + block_size, n)
@@ -256,6 +256,7 @@ class GPU:
     tflops: float  # dense 16-bit tensor-core peak, TFLOP/s
     bandwidth: float  # memory bandwidth, TB/s
     source: str
+    sms: int = 0  # streaming multiprocessors: how many programs (thread blocks) run side by side, at least
 
     @property
     def ridge(self) -> float:
@@ -264,9 +265,10 @@ class GPU:
 
 
 #: NVIDIA H100 Tensor Core GPU datasheet, SXM5 form factor: the dense BF16 peak of attn_course.datasheet
-#: (989.4 TFLOP/s) and 3.35 TB/s of HBM3 bandwidth.
+#: (989.4 TFLOP/s) and 3.35 TB/s of HBM3 bandwidth; 132 SMs (NVIDIA H100 Tensor Core GPU Architecture
+#: whitepaper, the SXM5 product).
 H100_SXM = GPU("NVIDIA H100 SXM5", tflops=float(peak_tflops("NVIDIA H100 SXM5", "bfloat16")[0] or 989.4),
-               bandwidth=3.35, source="NVIDIA H100 datasheet (dense, no sparsity)")
+               bandwidth=3.35, source="NVIDIA H100 datasheet (dense, no sparsity)", sms=132)
 
 
 def kv_cache_bytes(config: ModelConfig, seq_len: int, *, n_kv_heads: int | None = None, batch: int = 1,

@@ -11,8 +11,11 @@ away later (by the loss). Even so, a row can be entirely ``False`` (a *fully mas
 decoder mask with left padding, the ``<pad>`` queries before the first real token see only ``<pad>``
 keys, and every row of a sequence made only of ``<pad>`` is empty. The course's one rule for such a
 row is :func:`attn_course.softmax.masked_softmax`: zero weights, zero output. Masks meant for scores
-of shape (B, H, n_q, n_k) are returned with a heads axis of size 1, (B, 1, n_q, n_k), so that they
+of shape (B, A, n_q, n_k) (A heads) are returned with a heads axis of size 1, (B, 1, n_q, n_k), so that they
 broadcast over the heads.
+
+Sizes follow the course's notation: a sequence whose tokens are both queries and keys has length n;
+in cross-attention the target's n_q tokens ask and the source's n_k tokens are the keys.
 
 The toy data: two short English→Italian sentence pairs, padded with ``<pad>`` into one batch
 (:func:`toy_batch`), deterministic embeddings for them (:func:`toy_qkv`), figures of a mask next to
@@ -75,30 +78,32 @@ def padding_mask_from_lengths(lengths, max_len: int | None = None) -> torch.Tens
 
 
 def padding_mask_from_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """(B, S) bool, True where ``ids`` (B, S) is a real token, False at ``pad_id``."""
+    """(B, n) bool, True where ``ids`` (B, n) is a real token, False at ``pad_id``."""
     return ids != pad_id
 
 
 def encoder_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """(B, 1, S, S) bool for encoder self-attention: every query sees every real source key."""
-    keys = padding_mask_from_ids(src_ids, pad_id)  # (B, S)
-    S = src_ids.shape[-1]
-    return keys[:, None, None, :].expand(-1, 1, S, S)  # (B, 1, S, S)
+    """(B, 1, n, n) bool for encoder self-attention over ``src_ids`` (B, n): every query sees every real
+    source key."""
+    keys = padding_mask_from_ids(src_ids, pad_id)  # (B, n)
+    n = src_ids.shape[-1]
+    return keys[:, None, None, :].expand(-1, 1, n, n)  # (B, 1, n, n)
 
 
 def decoder_mask(tgt_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """(B, 1, T, T) bool for decoder self-attention: causal AND real keys."""
-    keys = padding_mask_from_ids(tgt_ids, pad_id)  # (B, T)
-    T = tgt_ids.shape[-1]
-    return causal_mask(T, tgt_ids.device) & keys[:, None, None, :]  # (T, T) & (B, 1, 1, T) → (B, 1, T, T)
+    """(B, 1, n, n) bool for decoder self-attention over ``tgt_ids`` (B, n): causal AND real keys."""
+    keys = padding_mask_from_ids(tgt_ids, pad_id)  # (B, n)
+    n = tgt_ids.shape[-1]
+    return causal_mask(n, tgt_ids.device) & keys[:, None, None, :]  # (n, n) & (B, 1, 1, n) → (B, 1, n, n)
 
 
 def cross_attention_mask(tgt_ids: torch.Tensor, src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """(B, 1, T, S) bool for cross-attention: rows are target queries, columns source keys;
-    only source padding is blocked (no causal constraint: the whole source is known)."""
-    keys = padding_mask_from_ids(src_ids, pad_id)  # (B, S)
-    T = tgt_ids.shape[-1]
-    return keys[:, None, None, :].expand(-1, 1, T, -1)  # (B, 1, T, S)
+    """(B, 1, n_q, n_k) bool for cross-attention, ``tgt_ids`` (B, n_q) and ``src_ids`` (B, n_k): rows are
+    target queries, columns source keys; only source padding is blocked (no causal constraint: the whole
+    source is known)."""
+    keys = padding_mask_from_ids(src_ids, pad_id)  # (B, n_k)
+    n_q = tgt_ids.shape[-1]
+    return keys[:, None, None, :].expand(-1, 1, n_q, -1)  # (B, 1, n_q, n_k)
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -111,7 +116,8 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> tor
 class ToyBatch:
     """Two sentence pairs padded into one batch.
 
-    ``src_ids`` (B, S) and ``tgt_ids`` (B, T) are long tensors; ``src_tokens`` / ``tgt_tokens`` hold
+    ``src_ids`` (B, source length) and ``tgt_ids`` (B, target length) are long tensors (in cross-attention
+    the source length is n_k, the target length n_q); ``src_tokens`` / ``tgt_tokens`` hold
     the same sequences as strings (with ``<pad>``), for labelling figures.
     """
 

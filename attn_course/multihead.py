@@ -41,7 +41,7 @@ __all__ = [
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, n, A·d_head) → (B, A, n, d_head): feature block h becomes head h."""
+    """(B, n, A·d_head) → (B, A, n, d_head): feature block a becomes head a."""
     *lead, n, width = x.shape
     if width % n_heads:
         raise ValueError(f"the last axis ({width}) is not a multiple of n_heads ({n_heads})")

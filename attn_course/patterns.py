@@ -9,15 +9,15 @@ return one number per query, shaped ``(..., n_q)``:
   against its i + 1 keys, not all n_k. Rows with at most one allowed key get 0;
 * peak weight          the largest weight of the row;
 * self-attention       the weight a query puts on its own position (the diagonal; square matrices);
-* attention distance   Σ_j w_ij·|j − i| — how far, in positions, query i looks on average
+* attention distance   Σ_j P_ij·|j − i| — how far, in positions, query i looks on average
   (the "mean attention distance" of Dosovitskiy et al. 2021); query i sits at position i;
 * effective positions  exp(H) — how many keys the row spreads over (1 … n_k).
 
 H is :func:`attn_course.softmax.entropy`: natural log, 0·log 0 = 0.
 
 The toy task ("two questions") asks, at every position of a random digit sequence, *which digit came
-just before?* and *which digit started the sequence?*. No position can answer from its own token, so
-the model must attend; a one-layer, two-head attention-only model learns it on a CPU in seconds.
+just before?* and *which digit started the sequence?*. Only position 0's second question can be answered
+from the position's own token; every other answer sits at another position, so the model must attend; a one-layer, two-head attention-only model learns it on a CPU in seconds.
 """
 
 from __future__ import annotations
@@ -88,12 +88,12 @@ def peak_weight(weights) -> torch.Tensor:
 
 
 def self_attention_weight(weights) -> torch.Tensor:
-    """Weight each query puts on its own position, w_ii: (..., n, n) → (..., n)."""
+    """Weight each query puts on its own position, P_ii: (..., n, n) → (..., n)."""
     return _weights(weights).diagonal(dim1=-2, dim2=-1)
 
 
 def attention_distance(weights) -> torch.Tensor:
-    """Mean attention distance Σ_j w_ij·|j − i| of every row: (..., n_q, n_k) → (..., n_q).
+    """Mean attention distance Σ_j P_ij·|j − i| of every row: (..., n_q, n_k) → (..., n_q).
 
     Keys and queries are counted from 0 along the same sequence (query i sits at position i).
     """

@@ -1,17 +1,23 @@
-"""Position (notebook 12): attention without position is permutation-equivariant; five ways to give it
-position (sinusoidal encodings, T5's relative bias buckets, ALiBi, RoPE) and additive (Bahdanau) attention.
+"""Position (notebook 12): attention without position is permutation-equivariant; four ways to give it
+position (sinusoidal encodings, T5's relative bias buckets, ALiBi, RoPE), RoPE with a KV cache and beyond
+its training length, a tiny model trained on short sequences and evaluated on longer ones, and additive
+(Bahdanau) attention.
 
 Conventions, stated once (the exercises' docstrings repeat them):
 
-* **Sinusoidal encoding** (Vaswani et al. 2017, §3.5), interleaved: column 2i is sin(p / base^(2i/d)),
-  column 2i + 1 is cos(p / base^(2i/d)); with an odd d the last column is a sine.
+* **Positions** are t = 0, 1, … (the course's notation: docs/notation.md); a query's position is i, a
+  key's j. The (sin, cos) or rotation pairs are numbered r = 0 … d/2 − 1.
+* **Sinusoidal encoding** (Vaswani et al. 2017, §3.5), interleaved: column 2r is sin(t / base^(2r/d)),
+  column 2r + 1 is cos(t / base^(2r/d)); with an odd d the last column is a sine.
 * **Relative positions** are j − i (key position minus query position: positive = the key comes after
   the query), as in T5 (Raffel et al. 2020) and its Hugging Face implementation.
-* **ALiBi** (Press, Smith and Lewis 2022): head h (0-based) of H has slope m_h = 2^(−8(h+1)/H) and bias
-  −m_h·|i − j| (for a causal model only j ≤ i matters, where it is the paper's −m_h·(i − j)).
-* **RoPE** (Su et al. 2021, RoFormer) pairs **interleaved** dimensions (2i, 2i + 1), as in the RoFormer
-  paper and Meta's original LLaMA code (GPT-NeoX and Hugging Face's LLaMA pair i with i + d/2 instead),
-  and rotates the pair at position p by the angle +p·θ_i, θ_i = base^(−2i/d).
+* **ALiBi** (Press, Smith and Lewis 2022): head a (0-based) of A has slope slope_a = 2^(−8(a+1)/A) (the
+  paper's m, a letter this course keeps for the running maximum) and bias −slope_a·(i − j) on the keys
+  j ≤ i of a causal model, the paper's form; :func:`alibi_bias` gives the symmetric −slope_a·|i − j|, a
+  later extension for attention without a causal mask.
+* **RoPE** (Su et al. 2021, RoFormer) pairs **interleaved** dimensions (2r, 2r + 1), as in the RoFormer
+  paper and Meta's original LLaMA code (GPT-NeoX and Hugging Face's LLaMA pair r with r + d/2 instead),
+  and rotates the pair at position t by the angle +t·θ_r, θ_r = base^(−2r/d).
 * **Additive attention** (Bahdanau, Cho and Bengio 2015): score(q, k) = wᵀ tanh(W_q q + W_k k).
 
 Masks are boolean, True = may attend (the course's convention).
@@ -44,6 +50,14 @@ __all__ = [
     "apply_rope_halves",
     "rope_angles",
     "rope_self_score",
+    "rope_decay_bound",
+    "rope_decode_step",
+    "rope_decode",
+    "ntk_base",
+    "EXTRAPOLATION_SCHEMES",
+    "recency_sequences",
+    "TinyPositionModel",
+    "length_extrapolation",
     "additive_scores",
     "additive_attention",
     "saturation_vs_dk",
@@ -51,6 +65,8 @@ __all__ = [
     "plot_bias_heads",
     "plot_rope",
     "plot_rope_decay",
+    "plot_rope_extension",
+    "plot_length_extrapolation",
     "plot_saturation",
 ]
 
@@ -132,11 +148,11 @@ def permutation_gap(attn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tenso
 
 # ============================================================================ sinusoidal encodings
 def sinusoidal_encoding(n: int, d: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """(n, d): row p is position p's encoding. Column 2i = sin(p / base^(2i/d)), column 2i + 1 =
-    cos(p / base^(2i/d)) (Vaswani et al. 2017, §3.5); with an odd d the last column is a sine."""
-    p = torch.arange(n, dtype=torch.float64)[:, None]  # (n, 1)
-    two_i = torch.arange(0, d, 2, dtype=torch.float64)  # (ceil(d/2),): 0, 2, 4, …
-    angles = p / base ** (two_i / d)  # (n, ceil(d/2))
+    """(n, d): row t is position t's encoding. Column 2r = sin(t / base^(2r/d)), column 2r + 1 =
+    cos(t / base^(2r/d)) (Vaswani et al. 2017, §3.5); with an odd d the last column is a sine."""
+    t = torch.arange(n, dtype=torch.float64)[:, None]  # (n, 1)
+    two_r = torch.arange(0, d, 2, dtype=torch.float64)  # (ceil(d/2),): 0, 2, 4, …
+    angles = t / base ** (two_r / d)  # (n, ceil(d/2))
     pe = torch.zeros(n, d, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles[:, : d // 2])
@@ -171,21 +187,23 @@ def relative_position_bucket(relative_position: torch.Tensor, bidirectional: boo
 
 def relative_position_bias(n: int, table: torch.Tensor, bidirectional: bool = True,
                            max_distance: int = 128) -> torch.Tensor:
-    """(H, n, n) bias added to the scores: bias[h, i, j] = table[bucket(j − i), h].
+    """(A, n, n) bias added to the scores: bias[a, i, j] = table[bucket(j − i), a].
 
-    ``table`` (num_buckets, H) is the learned bias of each bucket and head (T5's ``nn.Embedding``)."""
+    ``table`` (num_buckets, A) is the learned bias of each bucket and head (T5's ``nn.Embedding``). T5 keeps
+    one such table per stack (encoder, decoder), in its first layer, and every layer of the stack adds the
+    same bias."""
     positions = torch.arange(n)
     rel = positions[None, :] - positions[:, None]  # (n, n): j − i
     buckets = relative_position_bucket(rel, bidirectional, table.shape[0], max_distance)  # (n, n)
-    return table[buckets].permute(2, 0, 1)  # (n, n, H) → (H, n, n)
+    return table[buckets].permute(2, 0, 1)  # (n, n, A) → (A, n, n)
 
 
 # ============================================================================ ALiBi
 def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """(H,) ALiBi slopes (Press et al. 2022): 2^(−8(h+1)/H) for H a power of two. Otherwise, as in the
-    authors' code, the slopes of the closest smaller power of two, then every other slope of twice that."""
-    def power_of_two(h: int) -> list[float]:
-        return [2.0 ** (-8.0 * (i + 1) / h) for i in range(h)]
+    """(A,) ALiBi slopes (Press et al. 2022): slope_a = 2^(−8(a+1)/A) for A a power of two. Otherwise, as in
+    the authors' code, the slopes of the closest smaller power of two, then every other slope of twice that."""
+    def power_of_two(heads: int) -> list[float]:
+        return [2.0 ** (-8.0 * (a + 1) / heads) for a in range(heads)]
 
     if n_heads & (n_heads - 1) == 0:
         return torch.tensor(power_of_two(n_heads), dtype=torch.float64)
@@ -195,26 +213,29 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def alibi_bias(n: int, n_heads: int) -> torch.Tensor:
-    """(H, n, n) float64: bias[h, i, j] = −m_h·|i − j| (zero on the diagonal, more negative with distance)."""
-    i = torch.arange(n, dtype=torch.float64)
-    distance = (i[:, None] - i[None, :]).abs()  # (n, n)
-    return -alibi_slopes(n_heads)[:, None, None] * distance  # (H, n, n)
+    """(A, n, n) float64: bias[a, i, j] = −slope_a·|i − j| (zero on the diagonal, more negative with distance).
+
+    The symmetric form, for attention without a causal mask; on the keys j ≤ i that a causal mask keeps it is
+    the paper's −slope_a·(i − j)."""
+    t = torch.arange(n, dtype=torch.float64)
+    distance = (t[:, None] - t[None, :]).abs()  # (n, n)
+    return -alibi_slopes(n_heads)[:, None, None] * distance  # (A, n, n)
 
 
 # ============================================================================ RoPE
 def rope_angles(positions: torch.Tensor, d: int, base: float = 10000.0) -> torch.Tensor:
-    """(n, d/2) float64: the angle p·θ_i of pair i at each position p, θ_i = base^(−2i/d)."""
+    """(n, d/2) float64: the angle t·θ_r of pair r at each position t, θ_r = base^(−2r/d)."""
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d/2,)
     return torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta  # (n, d/2)
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: float = 10000.0) -> torch.Tensor:
-    """Rotate each interleaved pair (x_2i, x_2i+1) of x (..., n, d), d even, by +p·θ_i at position p:
+    """Rotate each interleaved pair (x_2r, x_2r+1) of x (..., n, d), d even, by +t·θ_r at position t:
 
-        (x_2i, x_2i+1) → (x_2i cos − x_2i+1 sin, x_2i sin + x_2i+1 cos)
+        (x_2r, x_2r+1) → (x_2r cos − x_2r+1 sin, x_2r sin + x_2r+1 cos)
 
     ``positions`` (n,) defaults to 0 … n − 1. Same shape and dtype as x. Then
-    rope(q, m) · rope(k, n) depends on m and n only through n − m (Su et al. 2021).
+    rope(q, i) · rope(k, j) depends on i and j only through j − i (Su et al. 2021).
     """
     n, d = x.shape[-2:]
     if d % 2:
@@ -228,7 +249,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: flo
 
 
 def apply_rope_halves(x: torch.Tensor, positions: torch.Tensor | None = None, base: float = 10000.0) -> torch.Tensor:
-    """The GPT-NeoX / Hugging Face LLaMA convention: dimension i is paired with i + d/2. It equals
+    """The GPT-NeoX / Hugging Face LLaMA convention: dimension r is paired with r + d/2. It equals
     :func:`apply_rope` on x with its dimensions reordered (the two differ only in which weights are paired)."""
     n, d = x.shape[-2:]
     positions = torch.arange(n) if positions is None else positions
@@ -238,11 +259,68 @@ def apply_rope_halves(x: torch.Tensor, positions: torch.Tensor | None = None, ba
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
-def rope_self_score(d: int, distances: Sequence[int], base: float = 10000.0) -> torch.Tensor:
-    """rope(u, 0) · rope(u, Δ) / d for the all-ones vector u: Σ_i 2cos(Δ·θ_i) / d, one value per Δ.
-    The upper bound of the RoFormer paper (§3.4.3) has the same shape: it shrinks, oscillating, with Δ."""
-    angles = rope_angles(torch.as_tensor(list(distances)), d, base)  # (len, d/2)
+def rope_self_score(d: int, distances: Sequence[int], base: float = 10000.0, scale: float = 1.0) -> torch.Tensor:
+    """rope(u, 0) · rope(u, Δ) / d for the all-ones vector u: Σ_r 2cos(Δ·θ_r / scale) / d, one value per Δ.
+
+    ``scale`` > 1 is position interpolation (Chen et al. 2023): positions divided by ``scale``. The score
+    itself is not monotone in Δ (it oscillates, and turns negative); what RoFormer (§3.4.3) proves decays
+    is an upper bound, :func:`rope_decay_bound`."""
+    angles = rope_angles(torch.as_tensor(list(distances)), d, base) / scale  # (len, d/2)
     return 2 * torch.cos(angles).sum(-1) / d
+
+
+def rope_decay_bound(d: int, distances: Sequence[int], base: float = 10000.0) -> torch.Tensor:
+    """RoFormer's (§3.4.3) decaying quantity, one value per Δ: (2/d) Σ_{s=1}^{d/2} |S_s| with
+    S_s = Σ_{r<s} e^{iΔθ_r}. The score of any q, k is at most max_r |h_{r+1} − h_r| times it, where h_r is
+    pair r's complex product q_r k_r*."""
+    angles = rope_angles(torch.as_tensor(list(distances)), d, base)  # (len, d/2)
+    partial = torch.polar(torch.ones_like(angles), angles).cumsum(-1)  # (len, d/2): S_1 … S_{d/2}
+    return partial.abs().mean(-1)
+
+
+def ntk_base(base: float, factor: float, d: int) -> float:
+    """The "NTK-aware" base change for a context ``factor`` times longer (bloc97, 2023; Peng et al. 2023,
+    YaRN): base · factor^(d/(d − 2)), which slows the slowest pair by exactly ``factor`` and the fastest
+    not at all."""
+    return base * factor ** (d / (d - 2))
+
+
+# ============================================================================ RoPE with a KV cache
+def rope_decode_step(q_new: torch.Tensor, k_new: torch.Tensor, k_cache: torch.Tensor,
+                     base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step with RoPE and a cache of rotated keys.
+
+    q_new, k_new (..., n_new, d): the newest tokens' queries and keys, not rotated yet; k_cache
+    (..., n_cache, d): the earlier tokens' keys, each already rotated by its own position. The new tokens
+    sit at the absolute positions n_cache … n_cache + n_new − 1. Returns (q_new rotated (..., n_new, d),
+    the cache with the new keys rotated and appended (..., n_cache + n_new, d))."""
+    n_cache, n_new = k_cache.shape[-2], q_new.shape[-2]
+    positions = torch.arange(n_cache, n_cache + n_new)  # (n_new,): cache length + offset
+    q_rot = apply_rope(q_new, positions, base)
+    k_rot = apply_rope(k_new, positions, base)
+    return q_rot, torch.cat([k_cache, k_rot], dim=-2)
+
+
+def rope_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prompt: int,
+                restart_positions: bool = False) -> torch.Tensor:
+    """Causal self-attention of q, k (n, d), v (n, d_v) computed the way a decoder does it: the first
+    ``prompt`` tokens at once, then one token per step, keys rotated once and kept in a cache. With
+    ``restart_positions`` each step's new tokens are rotated from position 0 again (the mistake). Returns
+    the outputs (n, d_v), equal to causal attention over apply_rope(q), apply_rope(k) when done right."""
+    n, d = q.shape
+    k_cache, v_cache, outs = q.new_zeros(0, d), v.new_zeros(0, v.shape[-1]), []
+    for start, stop in [(0, prompt)] + [(t, t + 1) for t in range(prompt, n)]:
+        if restart_positions:
+            positions = torch.arange(stop - start)  # 0, 1, … at every step: wrong
+            q_rot = apply_rope(q[start:stop], positions)
+            k_cache = torch.cat([k_cache, apply_rope(k[start:stop], positions)])
+        else:
+            q_rot, k_cache = rope_decode_step(q[start:stop], k[start:stop], k_cache)
+        v_cache = torch.cat([v_cache, v[start:stop]])  # values are not rotated
+        scores = q_rot @ k_cache.T / math.sqrt(d)  # (n_new, n_cache + n_new)
+        keep = torch.arange(stop)[None, :] <= torch.arange(start, stop)[:, None]  # bottom-right causal
+        outs.append(masked_softmax(scores, keep) @ v_cache)
+    return torch.cat(outs)  # (n, d_v)
 
 
 # ============================================================================ additive attention
@@ -264,29 +342,136 @@ def additive_attention(q, k, v, W_q, W_k, w, mask=None) -> tuple[torch.Tensor, t
 
 def saturation_vs_dk(dims: Sequence[int], *, n_keys: int = 16, d_hidden: int = 64, trials: int = 200,
                      seed: int = 0) -> dict[str, dict[str, list[float]]]:
-    """For each d_k: random queries and keys with N(0, 1) entries; the mean largest softmax weight and the
-    mean norm of the softmax Jacobian (diag(s) − s sᵀ, notebook 04) of one query's scores over ``n_keys`` keys,
-    for unscaled dot products, scaled dot products and additive scores (W_q, W_k with N(0, 1/d_k) entries,
-    w with N(0, 1/d_hidden): the pre-activations have unit variance whatever d_k)."""
+    """For each d_k: random queries and keys with N(0, 1) entries, and a loss L = gᵀp of one query's softmax
+    weights p over ``n_keys`` keys with a random upstream gradient g (N(0, 1) entries). Per kind of score
+    (unscaled dot products, scaled dot products, additive scores), the means over ``trials`` of: the largest
+    weight, ‖∂L/∂S‖ (the gradient that leaves the softmax, toward the scores) and ‖∂L/∂q‖ (the gradient that
+    reaches the query). Additive scores use W_q, W_k with N(0, 1/d_k) entries (each of W_q q, W_k k has unit
+    variance per hidden unit, their sum variance 2, whatever d_k; its measured variance is under
+    "tanh input variance") and w with N(0, 1/d_hidden) entries."""
     g = torch.Generator().manual_seed(seed)
     kinds = ("dot, unscaled", "dot / √d_k", "additive")
-    stats = {kind: {"max weight": [], "gradient": []} for kind in kinds}
+    stats = {kind: {"max weight": [], "dL/dS": [], "dL/dq": []} for kind in kinds}
+    stats["additive"]["tanh input variance"] = []
     for d in dims:
         q = torch.randn(trials, 1, d, generator=g, dtype=torch.float64)
         k = torch.randn(trials, n_keys, d, generator=g, dtype=torch.float64)
         W_q = torch.randn(d_hidden, d, generator=g, dtype=torch.float64) / math.sqrt(d)
         W_k = torch.randn(d_hidden, d, generator=g, dtype=torch.float64) / math.sqrt(d)
         w = torch.randn(d_hidden, generator=g, dtype=torch.float64) / math.sqrt(d_hidden)
-        dot = q @ k.transpose(-2, -1)  # (trials, 1, n_keys)
-        scores = {"dot, unscaled": dot, "dot / √d_k": dot / math.sqrt(d),
-                  "additive": additive_scores(q, k, W_q, W_k, w)}
-        for kind, s in scores.items():
+        upstream = torch.randn(trials, n_keys, generator=g, dtype=torch.float64)  # ∂L/∂p
+        pre = (q @ W_q.T)[:, :, None, :] + (k @ W_k.T)[:, None, :, :]  # (trials, 1, n_keys, d_hidden)
+        stats["additive"]["tanh input variance"].append(pre.var().item())
+        for kind in kinds:
+            q_ = q.clone().requires_grad_(True)
+            if kind == "additive":
+                s = additive_scores(q_, k, W_q, W_k, w)  # (trials, 1, n_keys)
+            else:
+                s = q_ @ k.transpose(-2, -1) / (math.sqrt(d) if kind == "dot / √d_k" else 1.0)
+            s.retain_grad()
             p = torch.softmax(s, dim=-1)[:, 0]  # (trials, n_keys)
-            sq = (p * p).sum(-1)  # ‖diag(p) − p pᵀ‖²_F = Σp² − 2Σp³ + (Σp²)², without building the matrix
-            jac_norm = (sq - 2 * (p ** 3).sum(-1) + sq * sq).clamp(min=0).sqrt()
+            (p * upstream).sum().backward()
             stats[kind]["max weight"].append(p.max(-1).values.mean().item())
-            stats[kind]["gradient"].append(jac_norm.mean().item())
+            stats[kind]["dL/dS"].append(s.grad[:, 0].norm(dim=-1).mean().item())
+            stats[kind]["dL/dq"].append(q_.grad[:, 0].norm(dim=-1).mean().item())
     return stats
+
+
+# ============================================================================ length extrapolation
+#: The position schemes of :class:`TinyPositionModel`.
+EXTRAPOLATION_SCHEMES = ("sinusoidal", "RoPE", "ALiBi")
+
+
+def recency_sequences(batch: int, n: int, generator: torch.Generator, vocab: int = 8, p_copy: float = 0.6,
+                      gap_stop: float = 0.35) -> torch.Tensor:
+    """(batch, n) token ids where recent tokens come back: token t copies an earlier token with probability
+    ``p_copy`` (the one Δ = 1 + G back, G geometric with stopping probability ``gap_stop``: near ones more
+    often), else it is drawn uniformly. Predicting the next token rewards looking at recent tokens."""
+    x = torch.empty(batch, n, dtype=torch.long)
+    x[:, 0] = torch.randint(0, vocab, (batch,), generator=generator)
+    rows = torch.arange(batch)
+    for t in range(1, n):
+        fresh = torch.randint(0, vocab, (batch,), generator=generator)
+        u = torch.rand(batch, generator=generator, dtype=torch.float64).clamp(min=1e-12)
+        gap = torch.floor(torch.log(u) / math.log(1 - gap_stop)).long()  # (batch,): 0, 1, 2, … geometric
+        copied = x[rows, (t - 1 - gap).clamp(min=0)]
+        copy = torch.rand(batch, generator=generator, dtype=torch.float64) < p_copy
+        x[:, t] = torch.where(copy, copied, fresh)
+    return x
+
+
+class TinyPositionModel(torch.nn.Module):
+    """One causal attention layer that predicts the next token: embedding (+ sinusoids for "sinusoidal"),
+    A heads whose queries and keys are rotated ("RoPE") or whose scores get ALiBi's −slope_a·(i − j)
+    ("ALiBi"), a residual connection and a linear read-out."""
+
+    def __init__(self, scheme: str, vocab: int = 8, d_model: int = 32, n_heads: int = 4, max_len: int = 1024):
+        super().__init__()
+        if scheme not in EXTRAPOLATION_SCHEMES:
+            raise ValueError(f"unknown scheme {scheme!r}: one of {EXTRAPOLATION_SCHEMES}")
+        self.scheme, self.n_heads = scheme, n_heads
+        self.embed = torch.nn.Embedding(vocab, d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.proj = torch.nn.Linear(d_model, d_model)
+        self.readout = torch.nn.Linear(d_model, vocab)
+        self.register_buffer("pe", sinusoidal_encoding(max_len, d_model), persistent=False)
+        self.register_buffer("slopes", alibi_slopes(n_heads).float(), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        B, n = ids.shape
+        h = self.embed(ids)  # (B, n, d_model)
+        if self.scheme == "sinusoidal":
+            h = h + self.pe[:n]
+        q, k, v = self.qkv(h).view(B, n, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # each (B, A, n, d_head)
+        if self.scheme == "RoPE":
+            q, k = apply_rope(q), apply_rope(k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, A, n, n)
+        t = torch.arange(n)
+        if self.scheme == "ALiBi":
+            scores = scores - self.slopes[:, None, None] * (t[:, None] - t[None, :]).clamp(min=0)
+        scores = scores.masked_fill(t[None, :] > t[:, None], float("-inf"))  # causal
+        out = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, n, -1)  # (B, n, d_model)
+        return self.readout(h + self.proj(out))  # (B, n, vocab)
+
+
+def length_extrapolation(schemes: Sequence[str] = EXTRAPOLATION_SCHEMES, *, train_len: int = 32,
+                         eval_lens: Sequence[int] = (32, 64, 128, 256), steps: int = 100, batch: int = 32,
+                         seed: int = 0, progress: Callable | None = None) -> dict[str, list[float]]:
+    """Train one :class:`TinyPositionModel` per scheme on :func:`recency_sequences` of ``train_len`` tokens
+    (Adam, the same batches for every scheme), then return each one's mean next-token loss (nats) on the
+    second half of fresh sequences of each length in ``eval_lens``: the positions a short sequence never has
+    once the length passes 2 × ``train_len``. Runs on one thread (its tensors are tiny: more threads only
+    add overhead) and restores the thread count after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _length_extrapolation(schemes, train_len, eval_lens, steps, batch, seed, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _length_extrapolation(schemes, train_len, eval_lens, steps, batch, seed, progress) -> dict[str, list[float]]:
+    g = torch.Generator().manual_seed(seed)
+    train = recency_sequences(steps * batch, train_len + 1, g).view(steps, batch, train_len + 1)
+    evals = {n: recency_sequences(32, n + 1, g) for n in eval_lens}
+    losses: dict[str, list[float]] = {}
+    for scheme in schemes:
+        torch.manual_seed(seed)
+        model = TinyPositionModel(scheme)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for ids in (train if progress is None else progress(train, desc=scheme, leave=False)):
+            logits = model(ids[:, :-1])  # (batch, train_len, vocab)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            losses[scheme] = []
+            for n, ids in evals.items():
+                per_token = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten(),
+                                                              reduction="none").view(len(ids), n)
+                losses[scheme].append(per_token[:, n // 2:].mean().item())
+    return losses
 
 
 # ============================================================================ figures
@@ -336,9 +521,14 @@ def plot_rope(angles: torch.Tensor, scores: torch.Tensor) -> plt.Figure:
 
 
 @styled
-def plot_rope_decay(distances: Sequence[int], values: torch.Tensor, d: int) -> plt.Figure:
+def plot_rope_decay(distances: Sequence[int], values: torch.Tensor, d: int,
+                    bound: torch.Tensor | None = None) -> plt.Figure:
+    """The all-ones score over Δ (and, when given, RoFormer's bound quantity scaled to start at 1)."""
     fig, ax = plt.subplots(figsize=(6.8, 3.6))
-    ax.plot(list(distances), values.numpy())
+    ax.plot(list(distances), values.numpy(), label="score / d (all-ones q = k)")
+    if bound is not None:
+        ax.plot(list(distances), (bound / bound[0]).numpy(), lw=1, label="RoFormer's bound quantity, scaled")
+        ax.legend(loc="lower left")
     ax.set_xscale("symlog", linthresh=10)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("distance Δ = j − i")
@@ -350,19 +540,52 @@ def plot_rope_decay(distances: Sequence[int], values: torch.Tensor, d: int) -> p
 
 
 @styled
+def plot_rope_extension(distances: Sequence[int], curves: dict[str, torch.Tensor], train_len: int) -> plt.Figure:
+    """Score-vs-distance curves of several RoPE variants, with the training length marked."""
+    fig, ax = plt.subplots(figsize=(8.4, 3.6))
+    for name, values in curves.items():
+        ax.plot(list(distances), values.numpy(), lw=1.2, label=name)
+    ax.axvline(train_len, color="grey", ls="--", lw=1)
+    ax.text(train_len * 1.05, 0.9, "training length", fontsize=9, color="grey")
+    ax.set_xscale("symlog", linthresh=10)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("distance Δ = j − i")
+    ax.set_ylabel("score / d")
+    ax.set_title("all-ones score: base 10,000, interpolated, NTK-aware, base 500,000")
+    ax.legend(fontsize=9, loc="lower left")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+@styled
+def plot_length_extrapolation(lengths: Sequence[int], losses: dict[str, list[float]], train_len: int) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(6.8, 3.6))
+    for scheme, values in losses.items():
+        ax.plot(list(lengths), values, marker="o", label=scheme)
+    ax.axvline(train_len, color="grey", ls="--", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluated sequence length (trained on " + str(train_len) + ")")
+    ax.set_ylabel("loss on the second half (nats)")
+    ax.set_title("next-token loss beyond the training length")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+@styled
 def plot_saturation(dims: Sequence[int], stats: dict[str, dict[str, list[float]]]) -> plt.Figure:
-    fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.8))
-    for ax, metric, ylabel in zip(axes, ("max weight", "gradient"),
-                                  ("mean largest weight", "mean ‖softmax Jacobian‖")):
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.6))
+    for ax, metric, title in zip(axes, ("max weight", "dL/dS", "dL/dq"),
+                                 ("mean largest weight", "mean ‖∂L/∂S‖ (to the scores)", "mean ‖∂L/∂q‖ (to the query)")):
         for kind, values in stats.items():
             ax.plot(list(dims), values[metric], marker="o", label=kind)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("d_k")
-        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, alpha=0.3)
-    axes[0].set_title("saturation")
-    axes[1].set_title("gradient through the softmax")
-    axes[0].legend()
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=9)
     fig.tight_layout()
     return fig
-

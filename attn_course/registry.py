@@ -74,7 +74,10 @@ NOTEBOOKS: tuple[Notebook, ...] = (
               "sliding_window_attention")),
     Notebook("12", "12_position", "Position", "attn_course.position", "attn_course.checks.position",
              ("is_permutation_equivariant", "sinusoidal_encoding", "relative_position_bias", "alibi_bias",
-              "apply_rope", "additive_attention")),
+              "apply_rope", "rope_decode_step", "additive_attention")),
+    Notebook("13", "13_beyond_softmax", "Beyond softmax", "attn_course.beyond", "attn_course.checks.beyond",
+             ("linear_attention", "causal_linear_attention", "chunked_linear_attention", "positive_random_features",
+              "block_sparse_attention")),
 )
 
 

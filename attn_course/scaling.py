@@ -88,15 +88,15 @@ def saturation_vs_dk(dims: Sequence[int] = DIMS, n_keys: int = 16, n_trials: int
     """What softmax and its gradients do with unscaled and with scaled scores as d_k grows.
 
     For each d_k: ``n_trials`` random queries q, each against ``n_keys`` random keys K (entries N(0, 1)),
-    scores s = K q (unscaled) or K q / √d_k (scaled), weights w = softmax(s) and a loss L = u · w with a
+    scores s = K q (unscaled) or K q / √d_k (scaled), weights p = softmax(s) and a loss L = u · p with a
     random unit upstream gradient u (one per trial). Returns tensors of shape (len(dims),), each a mean
     over the trials, for ``name`` in ("unscaled", "scaled"):
 
     * ``max_weight_<name>`` — the largest weight (1/n_keys is uniform, 1 is one-hot);
     * ``grad_scores_<name>`` — ‖∂L/∂s‖, the gradient that reaches the scores through softmax;
     * ``top2_share_<name>`` — the share of that gradient (sum of absolute values) on the two keys with
-      the largest weights: softmax passes key j a gradient proportional to its weight w_j;
-    * ``grad_q_<name>`` — ‖∂L/∂q‖, the gradient that reaches the query (what would update W^Q);
+      the largest weights: softmax passes key j a gradient proportional to its weight p_j;
+    * ``grad_q_<name>`` — ‖∂L/∂q‖, the gradient that reaches the query (in a model, what would update W^Q);
     * ``score_step_<name>`` — ‖Δs‖ after one gradient-descent step on q with learning rate 1: how far
       one step moves the scores.
     """

@@ -1,10 +1,15 @@
 """Timing and peak memory, the one way every notebook and tool of the course measures them (notebooks
 05, 09 and 10, the ``bench`` command), and a stamp saying where and how a measurement was taken.
 
-* :func:`time_ms` — median milliseconds of a call after warm-up. On a CUDA GPU: ``triton.testing.do_bench``
-  when Triton is installed, otherwise CUDA events around each repeat (a GPU runs asynchronously:
-  wall-clock time without synchronising measures nothing). On the CPU: ``torch.utils.benchmark.Timer``
-  (which handles warm-up and thread settings).
+* :func:`measure` — a call's time with its spread (:class:`Timing`: median, quartiles, interquartile
+  range, number of timed runs), repeated until the spread is small (IQR ≤ 10 % of the median) or a
+  time limit is reached, and then marked *unstable* rather than trusted. On the CPU:
+  ``torch.utils.benchmark.Timer.adaptive_autorange`` (it also handles thread settings). On a CUDA
+  GPU: ``triton.testing.do_bench`` when Triton is installed, otherwise CUDA events around each repeat
+  (a GPU runs asynchronously: wall-clock time without synchronising measures nothing).
+* :func:`time_ms` — just the median, in milliseconds (what the notebooks print).
+* :func:`cpu_matmul_flops` — this machine's measured float32 matrix-multiply throughput: the CPU's
+  roofline, so that "% of peak" means something on a CPU too (GPUs use the vendor's datasheet).
 * :func:`peak_memory_bytes` — the most memory a call held *on top of* what was allocated before it
   (its result included). On CUDA: ``torch.cuda.max_memory_allocated`` (the caching allocator's exact
   peak of live tensor bytes). On the CPU: PyTorch's profiler with ``profile_memory=True`` records every
@@ -23,11 +28,13 @@ import os
 import platform
 import statistics
 import sys
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["time_ms", "peak_memory_bytes", "stamp", "describe_stamp", "device_name", "triton_version",
+__all__ = ["Timing", "measure", "time_ms", "cpu_matmul_flops", "STABLE_IQR", "peak_memory_bytes", "stamp", "describe_stamp", "device_name", "triton_version",
            "format_bytes"]
 
 
@@ -63,42 +70,134 @@ def _sync(device: torch.device) -> None:
 
 
 # ============================================================================ time
-def time_ms(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup: int = 2,
-            repeats: int = 10, min_run_time: float = 0.2) -> float:
-    """Median time of ``fn()`` in milliseconds, after ``warmup`` untimed calls.
+#: A measurement is *stable* when its interquartile range is at most this fraction of its median.
+STABLE_IQR = 0.10
+#: Fewest timed runs (blocks of calls) behind a median and its quartiles.
+MIN_RUNS = 4
 
-    CPU: ``torch.utils.benchmark.Timer.blocked_autorange`` (runs at least ``min_run_time`` seconds,
-    reports the median per call). CUDA: ``triton.testing.do_bench`` (median) when Triton is present,
-    else ``repeats`` pairs of CUDA events recorded around each call, median.
+
+@dataclass(frozen=True)
+class Timing:
+    """One call's time with its spread, in milliseconds: ``median``; ``q1`` and ``q3`` (the 25th and
+    75th percentiles); ``runs`` timed; ``stable`` when IQR = q3 − q1 ≤ :data:`STABLE_IQR` · median
+    over at least :data:`MIN_RUNS` runs;
+    ``method`` says how it was timed."""
+
+    median: float
+    q1: float
+    q3: float
+    runs: int
+    stable: bool
+    method: str
+
+    @property
+    def iqr(self) -> float:
+        """Interquartile range (ms): the middle half of the timed runs lies within it."""
+        return self.q3 - self.q1
+
+    @property
+    def relative_spread(self) -> float:
+        """IQR / median (0.05 = the middle half of the runs within 5 % of the median's size)."""
+        return self.iqr / self.median if self.median > 0 else float("inf")
+
+    def overlaps(self, other: "Timing") -> bool:
+        """True when the two middle halves [q1, q3] overlap: neither is measurably faster (a tie)."""
+        return self.q1 <= other.q3 and other.q1 <= self.q3
+
+
+def _quartiles(times_ms: list[float]) -> tuple[float, float, float]:
+    t = torch.tensor(times_ms, dtype=torch.float64)
+    q1, med, q3 = (float(t.quantile(p)) for p in (0.25, 0.5, 0.75))
+    return med, q1, q3
+
+
+def _timing(times_ms: list[float], method: str) -> Timing:
+    med, q1, q3 = _quartiles(times_ms)
+    return Timing(med, q1, q3, len(times_ms), len(times_ms) >= MIN_RUNS and (q3 - q1) <= STABLE_IQR * med, method)
+
+
+def measure(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup: int = 2,
+            min_run_time: float = 0.2, max_run_time: float | None = None) -> Timing:
+    """Time ``fn()`` after ``warmup`` untimed calls, repeating until the spread is small.
+
+    CPU: ``torch.utils.benchmark.Timer.adaptive_autorange`` — blocks of calls until at least
+    ``min_run_time`` seconds and 4 blocks are timed *and* the IQR is under 10 % of the median, or
+    ``max_run_time`` (default: 10 × ``min_run_time``, at least 1 s) has passed; then
+    ``stable`` is False. At least :data:`MIN_RUNS` runs are always timed. CUDA: ``triton.testing.do_bench`` (all its runs, quartiles from them) when
+    Triton is installed, else CUDA events around each call, in rounds until stable or out of time.
     """
     device = torch.device(device)
+    max_run_time = max(10 * min_run_time, 1.0) if max_run_time is None else max_run_time
     for _ in range(warmup):
         fn()
     _sync(device)
     if device.type == "cuda":
-        return _cuda_time_ms(fn, repeats)
+        return _cuda_measure(fn, device, min_run_time, max_run_time)
     from torch.utils import benchmark
 
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return float(timer.blocked_autorange(min_run_time=min_run_time).median * 1e3)
+    m = timer.adaptive_autorange(threshold=STABLE_IQR, min_run_time=min_run_time, max_run_time=max_run_time)
+    times = list(m.times)
+    while len(times) < MIN_RUNS:  # slow calls reach the time limit first: quartiles need a few runs
+        times += timer.timeit(m.number_per_run).times
+    return _timing([t * 1e3 for t in times], "torch.utils.benchmark adaptive_autorange (per call, blocks of "
+                                             f"{m.number_per_run})")
 
 
-def _cuda_time_ms(fn: Callable[[], Any], repeats: int) -> float:
+def time_ms(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup: int = 2,
+            repeats: int = 10, min_run_time: float = 0.2) -> float:
+    """Median time of ``fn()`` in milliseconds, after ``warmup`` untimed calls (:func:`measure`'s median).
+
+    ``repeats`` is kept for callers of earlier versions; :func:`measure` decides how many runs it needs.
+    """
+    return measure(fn, device=device, warmup=warmup, min_run_time=min_run_time).median
+
+
+def _cuda_measure(fn: Callable[[], Any], device: torch.device, min_run_time: float, max_run_time: float) -> Timing:
     try:
         from triton.testing import do_bench
     except Exception:  # noqa: BLE001 - Triton absent or broken: CUDA events do the same job
         do_bench = None
     if do_bench is not None:
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        times: list[float] = []
+        started = time.perf_counter()
+        while True:  # do_bench times ~rep ms of calls, flushing the L2 cache before each
+            times += [float(t) for t in do_bench(fn, warmup=25, rep=max(100, int(min_run_time * 1e3)),
+                                                 return_mode="all")]
+            result = _timing(times, "triton.testing.do_bench (L2 flushed before each call)")
+            if result.stable or time.perf_counter() - started > max_run_time:
+                return result
     times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(statistics.median(times))
+    started = time.perf_counter()
+    while True:
+        for _ in range(10):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        result = _timing(times, "CUDA events around each call")
+        elapsed = time.perf_counter() - started
+        if (result.stable and elapsed >= min_run_time) or elapsed > max_run_time:
+            return result
+
+
+_MATMUL_CACHE: dict[tuple[int, int, str], float] = {}
+
+
+def cpu_matmul_flops(size: int = 2048, dtype: torch.dtype = torch.float32, *, min_run_time: float = 1.0) -> float:
+    """This CPU's measured matrix-multiply throughput (FLOP/s) with the current number of torch threads:
+    2·size³ FLOPs per (size × size) @ (size × size) product, over the 25th-percentile time (a roofline
+    is what the machine *can* do, so the faster runs count). Measured once per process, size, thread
+    count and dtype (it takes about ``min_run_time`` seconds)."""
+    key = (size, torch.get_num_threads(), str(dtype))
+    if key not in _MATMUL_CACHE:
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(size, size, generator=g).to(dtype) for _ in range(2))
+        t = measure(lambda: a @ b, warmup=1, min_run_time=min_run_time)
+        _MATMUL_CACHE[key] = 2.0 * size**3 / (t.q1 * 1e-3)
+    return _MATMUL_CACHE[key]
 
 
 # ============================================================================ peak memory

@@ -43,7 +43,8 @@ app.initialize(argv=["--ServerApp.root_dir=" + sys.argv[1]], find_extensions=Fal
 km = app.kernel_manager
 print(json.dumps({"MappingKernelManager": {k: getattr(km, k) for k in
                                            ("cull_idle_timeout", "cull_interval", "cull_connected", "cull_busy")},
-                  "TerminalManager": {k: v for k, v in app.config.get("TerminalManager", {}).items()}}))
+                  "TerminalManager": {k: v for k, v in app.config.get("TerminalManager", {}).items()},
+                  "ResourceUseDisplay": {k: v for k, v in app.config.get("ResourceUseDisplay", {}).items()}}))
 '''
 IMPORT_PROBE = ("import attn_course, importlib.metadata as m, json; d = m.distribution('attn_course'); "
                 "print(json.dumps([attn_course.__file__, d.read_text('direct_url.json')]))")

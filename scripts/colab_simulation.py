@@ -12,11 +12,14 @@ package imported in every kernel before the first cell (as Colab does), whose
 have the course's package.
 
 Each notebook gets its Colab set-up cell (cell id ``colab-setup``, written by ``attn_course.tools.links``)
-and runs top to bottom in that runtime, the set-up cell installing the package from a clean copy of this
-checkout instead of GitHub (``ATTN_COURSE_COLAB_SOURCE``). The script then checks that:
+and runs top to bottom in that runtime as Colab's *Run all* does — every cell tag ignored (the
+``raises-exception`` tags removed), stopping at the first cell that raises — the set-up cell installing
+the package from a clean copy of this checkout instead of GitHub (``ATTN_COURSE_COLAB_SOURCE``). The
+script then checks that:
 
 * the notebook ran to its last cell, in the stand-in runtime's Python, and every check reported (passed
-  in a solution, "not attempted" in an exercise copy);
+  in a solution, "not attempted" in an exercise copy, where Run All must not stop at an unfinished
+  exercise);
 * the set-up cell installed ``attn_course`` into the runtime's site-packages (not editable);
 * Colab's custom widget manager was turned on and widget outputs were produced;
 * no second PyTorch was installed (one torch distribution, the same version before and after).
@@ -111,6 +114,9 @@ def main(argv: list[str]) -> int:
             kind = "exercise" if path.parent.name == "notebooks" else "solution"
             nb = nbformat.read(path, as_version=4)
             links.apply_header(nb, registry.by_slug(path.stem), kind, links.repository(ROOT), None)
+            for cell in nb.cells:  # Colab reads no cell tags: Run all stops at the first cell that raises
+                if nbmeta.RAISES in cell.get("metadata", {}).get("tags", []):
+                    cell.metadata["tags"] = [t for t in cell.metadata["tags"] if t != nbmeta.RAISES]
             given, done = tmp / f"in-{path.name}", tmp / f"out-{path.name}"
             nbformat.write(nb, given)
             work = tmp / f"work-{kind}-{path.stem}"

@@ -4,14 +4,23 @@
 diagnosis (summary, got, expected, cause, to do); ``accepts(check, fn)`` asserts it passes, and
 ``unfinished`` is an exercise stub. Every result is also pushed through record → replay, so each
 pitfall test proves as well that the grader, replaying the log, reaches the same verdict.
+
+A learner's answer written in a test may raise a warning (``.var()`` of one sample, ``np.dot`` on a
+tensor): that warning is the learner's, shown to them in the notebook, and is not shown here. A
+warning from the course's own code is an error everywhere (``filterwarnings`` in pyproject.toml).
+
+No test leaves global state behind for the next one (the suite runs in any order: ``-p randomly``):
+a learner-side probe a test registers is removed after it.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
-from attn_course.checks.boundary import ReplaySession
+from attn_course.checks.boundary import PROBES, ReplaySession
 from attn_course.checks.result import CheckResult, Status
 
 
@@ -20,9 +29,24 @@ from attn_course.checks.result import CheckResult, Status
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _probes_restored():
+    """Probes a test registers (or replaces) do not outlive it; probes a check module registers when a
+    test first imports it stay, as they would in a notebook."""
+    before = dict(PROBES)
+    yield
+    for name, fn in list(PROBES.items()):
+        if name in before:
+            PROBES[name] = before[name]
+        elif not getattr(fn, "__module__", "").startswith("attn_course."):
+            del PROBES[name]
+
+
 def _evaluate(check, fn, tmp_path_factory) -> CheckResult:
     log = tmp_path_factory.mktemp("log") / f"{check.exercise}.npz"
-    live = check.evaluate(fn, record=log)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"tests\.")  # the learner's answer, written in a test
+        live = check.evaluate(fn, record=log)
     replayed = check.evaluate(session=ReplaySession(log))
     assert replayed.to_json() == live.to_json(), f"replay differs from the live run:\n{live.text()}\n---\n{replayed.text()}"
     return live

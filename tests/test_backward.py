@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from attn_course import backward as ref
 from attn_course import fast, plots
 from attn_course.checks.backward import _watch_probe
+from attn_course.softmax import masked_softmax
 
 
 def _inputs(*lead, n_q, n_k, d_k, d_v, seed=0, dtype=torch.float64):
@@ -55,6 +56,21 @@ def test_attention_backward_masks_and_fully_masked_rows():
     blocked_everywhere = ~mask.any(0)
     if blocked_everywhere.any():
         assert torch.equal(dv[:, blocked_everywhere], torch.zeros_like(dv[:, blocked_everywhere]))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_backward_from_stored_p_equals_autograd(masked):
+    q, k, v, dout = _inputs(2, 3, n_q=6, n_k=7, d_k=5, d_v=4, seed=13)
+    mask = None
+    if masked:
+        mask = torch.rand(6, 7, generator=torch.Generator().manual_seed(14)) < 0.6
+        mask[:, 0], mask[3] = True, False  # row 3 sees nothing: zero weights, zero gradients
+    p = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(5), mask)  # what the forward stored
+    _, oracle = _autograd(q, k, v, dout, mask)
+    assert _max_diff(ref.attention_backward_stored(q, k, v, p, dout), oracle) < 1e-10
+    # It really uses the P it receives: a different P gives different gradients.
+    other = ref.attention_backward_stored(q, k, v, torch.softmax(q @ k.transpose(-2, -1), -1), dout)
+    assert _max_diff(other, oracle) > 1e-3
 
 
 def test_key_gradients_sum_to_zero():
@@ -140,6 +156,77 @@ def test_tiled_backward_rejects_bad_arguments():
         ref.tiled_attention_backward(q, k, v, o, lse, dout.T, 2)
     with pytest.raises(ValueError, match="q, k, v must be"):
         ref.tiled_attention_forward(q, k.T, v, 2)
+
+
+# ============================================================================ the backward in practice
+def test_key_order_changes_dq_by_rounding_only_and_dk_dv_not_at_all():
+    q, k, v, dout = _inputs(1, n_q=256, n_k=256, d_k=16, d_v=16, seed=15, dtype=torch.float32)
+    o, lse = ref.tiled_attention_forward(q, k, v, 32)
+    ascending = ref.tiled_attention_backward(q, k, v, o, lse, dout, 32)
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(0)).tolist()
+    shuffled = ref.tiled_attention_backward(q, k, v, o, lse, dout, 32, key_order=order)
+    assert torch.equal(ascending[1], shuffled[1]) and torch.equal(ascending[2], shuffled[2])
+    assert not torch.equal(ascending[0], shuffled[0])  # the same terms, added in another order
+    torch.testing.assert_close(ascending[0], shuffled[0], atol=1e-5, rtol=1e-5)
+    for causal in (False, True):  # any order gives autograd's gradients
+        q, k, v, dout = _inputs(2, n_q=11, n_k=11, d_k=4, d_v=3, seed=16)
+        o, lse = ref.tiled_attention_forward(q, k, v, 3, causal=causal)
+        _, oracle = _autograd(q, k, v, dout, causal=causal)
+        got = ref.tiled_attention_backward(q, k, v, o, lse, dout, 3, causal=causal, key_order=[2, 0, 3, 1])
+        assert _max_diff(got, oracle) < 1e-10
+    with pytest.raises(ValueError, match="permutation"):
+        ref.tiled_attention_backward(q, k, v, o, lse, dout, 3, key_order=[0, 1, 2])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_pass_backward_equals_autograd_and_is_order_free(causal):
+    n_k = 13 if causal else 17
+    q, k, v, dout = _inputs(2, n_q=13, n_k=n_k, d_k=6, d_v=5, seed=17)
+    _, oracle = _autograd(q, k, v, dout, causal=causal)
+    o, lse = ref.tiled_attention_forward(q, k, v, 4, causal=causal)
+    assert _max_diff(ref.two_pass_attention_backward(q, k, v, o, lse, dout, 4, causal=causal), oracle) < 1e-10
+
+
+@pytest.mark.slow  # FlopCounterMode's first use imports sympy: seconds on a busy CPU
+def test_two_pass_backward_does_seven_products_per_tile():
+    q, k, v, dout = _inputs(1, n_q=128, n_k=128, d_k=32, d_v=32, dtype=torch.float32)
+    o, lse = ref.tiled_attention_forward(q, k, v, 64)
+    with FlopCounterMode(display=False) as two:
+        ref.two_pass_attention_backward(q, k, v, o, lse, dout, 64)
+    assert two.get_total_flops() == 7 * 2 * 128 * 128 * 32
+
+
+def test_low_precision_backward_float32_statistics_are_what_keeps_it_accurate():
+    g = torch.Generator().manual_seed(18)
+    q, k, v, dout = (torch.randn(1, 256, 32, generator=g).to(torch.bfloat16).double() for _ in range(4))
+    o, oracle = _autograd(q, k, v, dout)
+    lse = torch.logsumexp(q @ k.transpose(-2, -1) / math.sqrt(32), dim=-1)
+
+    def error(**dtypes):
+        grads = ref.lowp_tiled_attention_backward(q, k, v, o, lse, dout, 32, **dtypes)
+        assert all(gr.dtype == torch.float32 for gr in grads)
+        return max(float((gr.double() - e).norm() / e.norm()) for gr, e in zip(grads, oracle))
+
+    good = error()
+    assert good < 5e-3  # bf16 operands, float32 statistics and sums: bf16-level error
+    assert error(lse_dtype=torch.bfloat16) > 2 * good  # L rounded to bf16: every weight of a row off together
+    assert error(delta_dtype=torch.bfloat16) >= good * 0.9  # D rounded: runs, no better than float32
+    assert error(acc_dtype=torch.bfloat16) > 1.5 * good  # the sums rounded to bf16 after every addition
+    # Not a float32 backward in disguise: P and dS go through bf16, which costs accuracy.
+    o32, lse32 = ref.tiled_attention_forward(q.float(), k.float(), v.float(), 32)
+    full32 = ref.tiled_attention_backward(q.float(), k.float(), v.float(), o32, lse32, dout.float(), 32)
+    assert max(float((gr.double() - e).norm() / e.norm()) for gr, e in zip(full32, oracle)) < good / 100
+
+
+def test_dropout_mask_is_replayed_from_seed_and_offset():
+    first = ref.dropout_keep_tile(7, 3, (64, 64), 0.1)
+    assert first.dtype == torch.bool and first.shape == (64, 64)
+    assert torch.equal(first, ref.dropout_keep_tile(7, 3, (64, 64), 0.1))  # replayed: the same bits
+    assert not torch.equal(first, ref.dropout_keep_tile(7, 4, (64, 64), 0.1))  # another tile
+    assert not torch.equal(first, ref.dropout_keep_tile(8, 3, (64, 64), 0.1))  # another step
+    assert abs(first.float().mean().item() - 0.9) < 0.03
+    with pytest.raises(ValueError, match="p_drop"):
+        ref.dropout_keep_tile(0, 0, (2, 2), 1.0)
 
 
 # ============================================================================ what the notebook shows

@@ -1,6 +1,7 @@
 """attn_course.benchmark: the sweep checks before it times, refuses wrong implementations (forward and
-gradients), turns out-of-memory into a result, lets an implementation bring its own backward, and its
-figure is readable. Everything runs on the CPU in seconds."""
+gradients), turns out-of-memory into a result, lets an implementation bring its own backward, reports
+every time with its spread and calls overlapping spreads a tie, compares CPU throughput with this
+machine's own matmul, and its figure is readable. Everything runs on the CPU in seconds."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ from attn_course import benchmark, fast
 from attn_course.plots import readability_problems
 
 
+@pytest.fixture(autouse=True)
+def small_roofline(monkeypatch):
+    """The CPU roofline from a 128 × 128 matmul: the same code path as the 2048 × 2048 one, in milliseconds."""
+    monkeypatch.setattr(benchmark, "CPU_ROOFLINE_SIZE", 128)
+
+
 def tiny(**over) -> benchmark.BenchOptions:
     values = dict(ns=[32, 64], head_dims=[16], impls=["naive", "tiled", "sdpa-math", "sdpa-flash"], tokens=64,
-                  hidden=32, tiled_block=16, min_run_time=0.005, max_memory=1e9)
+                  hidden=32, tiled_block=16, min_run_time=0.005, max_run_time=0.05, max_memory=1e9)
     values.update(over)
     return benchmark.BenchOptions(**values)
 
@@ -56,10 +63,15 @@ def test_every_implementation_is_checked_and_timed():
     for r in results:
         flops = fast.attention_flops(r.batch, r.heads, r.n, r.head_dim, causal=r.causal)
         assert r.tflops == pytest.approx(flops / (r.ms * 1e-3) / 1e12)
-        assert r.peak_memory_bytes is not None and r.peak_memory_bytes > 0
-        assert r.pct_of_peak is None and r.max_abs_error < 2e-4  # no datasheet peak for a CPU
+        assert r.peak_memory_bytes is not None and r.peak_memory_bytes > 0 and r.max_abs_error < 2e-4
+        assert r.ms_q1 <= r.ms <= r.ms_q3 and r.runs >= 4 and isinstance(r.stable, bool)  # the spread
+        assert r.stable == (r.ms_q3 - r.ms_q1 <= 0.10 * r.ms)  # with at least 4 runs
+        assert r.pct_of_peak == pytest.approx(100 * r.tflops / info["peak_tflops"]["float32"])
+    # the CPU's roofline is this machine's measured matmul, named in the stamp
+    assert info["peak_tflops"]["float32"] > 0 and "measured float32 matmul (128×128" in info["peak_source"]
     assert "sdpa-cudnn (float32)" in info["not_measured"]  # no such backend on a CPU: said, not hidden
-    for key in ("device", "torch", "python", "shapes", "flops", "memory", "correctness", "date", "options"):
+    for key in ("device", "torch", "python", "shapes", "flops", "memory", "correctness", "date", "options", "timing",
+                "threads"):
         assert key in info
 
 
@@ -215,3 +227,64 @@ def test_torch_compile_reports_its_compile_time_separately():
     assert r.compile_s is not None and r.compile_s > r.ms / 1e3
     assert r.max_abs_error < 2e-4
     assert not math.isnan(r.ms)
+
+
+def _row(impl, ms, q1, q3, n=64, **over):
+    row = dict(impl=impl, device="cpu", dtype="float32", batch=1, heads=1, n=n, head_dim=16, causal=False,
+               mode="fwd", status="ok", ms=ms, tflops=1e-3, pct_of_peak=None, peak_memory_bytes=None, compile_s=None,
+               max_abs_error=0.0, note="", ms_q1=q1, ms_q3=q3, runs=10, stable=(q3 - q1) <= 0.1 * ms)
+    row.update(over)
+    return row
+
+
+def test_overlapping_spreads_are_ties_not_ranks():
+    rows = [_row("a", 1.0, 0.95, 1.05), _row("b", 1.04, 1.0, 1.08), _row("c", 2.0, 1.9, 2.1),
+            _row("d", 5.0, 4.9, 5.1, status="WRONG")]
+    assert benchmark.rankings(rows) == {("float32", 16, 1, 1, False, "fwd", 64): [["a", "b"], ["c"]]}
+    table = benchmark.results_table(rows)
+    ranks = {line.split()[0]: line.split()[9] for line in table.splitlines()[2:]}  # no "% peak", "1st call s"
+    assert ranks["a"] == ranks["b"] == "=1" and ranks["c"] == "3" and ranks["d"] == "—"
+    assert "GFLOP/s" in table.splitlines()[0] and "TFLOP/s" not in table  # a CPU's units
+    assert "1.0" in table.splitlines()[2].split()[10]  # 1e-3 TFLOP/s shown as 1.00 GFLOP/s
+    gpu = benchmark.results_table([_row("a", 1.0, 0.95, 1.05, device="cuda", tflops=123.4)])
+    assert "TFLOP/s" in gpu.splitlines()[0] and "123.4" in gpu
+
+
+def test_two_runs_disagree_only_outside_their_spreads():
+    first = [_row("a", 1.0, 0.95, 1.05), _row("b", 2.0, 1.9, 2.1)]
+    swapped = [_row("a", 2.0, 1.9, 2.1), _row("b", 1.0, 0.95, 1.05)]
+    tied = [_row("a", 1.5, 1.0, 2.0), _row("b", 1.4, 1.2, 1.6)]
+    assert benchmark.ranking_disagreements(first, first) == []
+    assert benchmark.ranking_disagreements(first, tied) == []  # b ahead of a, but within the spread: a tie
+    (line,) = benchmark.ranking_disagreements(first, swapped)
+    assert line == "float32 d=16 n=64 full fwd: a < b in the first run, b < a in the second"
+
+
+def test_an_unstable_measurement_says_so(monkeypatch):
+    from attn_course import timing
+
+    shaky = timing.Timing(median=1.0, q1=0.5, q3=2.0, runs=5, stable=False, method="test")
+    monkeypatch.setattr(timing, "measure", lambda *a, **kw: shaky)
+    results, _ = benchmark.run_sweep(tiny(ns=[32], causal=[False], impls=["naive"]), progress=False, log=quiet)
+    (r,) = results
+    assert r.status == "ok" and r.stable is False and r.note.startswith("unstable: IQR 150% of the median after 5 runs")
+    table = benchmark.results_table(results)
+    assert "150%!" in table and "unstable" in table
+
+
+def test_the_progress_forecast_weighs_points_by_their_work():
+    options = tiny(ns=[256, 1024], min_run_time=0.0)
+    small, large = (benchmark.Config(n, 16, 1, 1, "float32", False, "fwd") for n in (256, 1024))
+    ratio = benchmark._work_seconds(large, 1e10, options) / benchmark._work_seconds(small, 1e10, options)
+    assert ratio == pytest.approx(16)  # n² work: four times the length, sixteen times the forecast
+
+
+def test_learner_runtime_never_imports_the_tools():
+    import ast
+    from pathlib import Path
+
+    for module in ("benchmark", "timing", "datasheet", "results", "tables", "triton_attention"):
+        tree = ast.parse(Path(benchmark.__file__).with_name(f"{module}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith(("tools", "attn_course.tools")), (module, node.module)

@@ -4,9 +4,13 @@ Starts JupyterLab on 127.0.0.1 with a token in a temporary folder, then:
 
 * opens an unfilled exercise notebook and runs *Run All*: every cell runs to the last one, and each
   check shows its "not attempted" verdict without stopping the notebook;
+* then, in that kernel (the stub defined), types a syntax error into an exercise cell and runs *Run All*
+  again: the check names the syntax error with its line and caret, never "not attempted" for the stub
+  that is still defined (a check never grades a definition older than its cell's last run);
 * opens the same notebook with a wrong answer in one exercise and a syntax error in another: the wrong
-  answer's output shows the diagnosis (tried / got / expected / cause / to do) and no frame of the
-  course's code; the syntax error is named with its line; Run All still reaches the end;
+  answer's output shows the diagnosis (tried / got / expected / cause / to do) in a box with a red edge,
+  and no frame of the course's code; the syntax error is named with its line; Run All still reaches the
+  end (checks do not raise in a notebook);
 * opens a notebook showing every explorer (the d_k slider, the temperature slider, the five-step
   stepper, the mask builder, the head explorer), uses each control the way a person would and asserts
   that the figure drawn below the controls changed.
@@ -209,6 +213,21 @@ def _wait_until_every_cell_ran(page, seconds: float = 240) -> list[str]:
     return prompts
 
 
+def _run_all_again(page, seconds: float = 240) -> list[str]:
+    """Run All in the open notebook once more; wait until every cell ran again (new execution counts)."""
+    before = _prompts(page)
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+    deadline = time.time() + seconds
+    prompts = before
+    while time.time() < deadline:
+        prompts = _prompts(page)
+        if prompts and prompts[-1] != before[-1] and all(p.strip("[]: ").isdigit() for p in prompts):
+            break
+        page.wait_for_timeout(500)
+    return prompts
+
+
 def _cell_output(page, cell_text: str):
     """The output area of the code cell whose source contains ``cell_text``."""
     cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea", has_text=cell_text)).first
@@ -250,6 +269,25 @@ def test_run_all_reaches_the_end_and_failures_read_like_a_tutor(lab):
         assert len(prompts) == code_cells and all(p.strip("[]: ").isdigit() for p in prompts), prompts
         text = check.locator(".jp-OutputArea").inner_text()
         assert "○ attention: not attempted yet" in text and "to do" in text
+        assert check.locator(".attn-course-check").count() == 1  # the box with the red edge
+
+        # The stub is defined in this kernel. A syntax error typed into the exercise cell, then Run All again:
+        # the check must name the syntax error, not grade the stub that is still defined.
+        exercise = _cell_output(page, "def attention(")
+        exercise.locator(".cm-content").first.click()
+        page.keyboard.press("Control+a")
+        stub_source = next(c.source for c in unfilled.cells if c.source.startswith("def attention("))
+        page.keyboard.insert_text(stub_source.replace(
+            "    # YOUR CODE HERE\n    raise NotImplementedError()",
+            "    scores = (Q @ K.transpose(-2, -1)\n    return scores @ V"))
+        prompts = _run_all_again(page)
+        assert all(p.strip("[]: ").isdigit() for p in prompts), f"Run All stopped: {prompts}"
+        stale = _cell_output(page, "check_attention()")
+        stale.screenshot(path=str(ARTIFACTS / "stale-definition-syntax-error-check.png"))
+        text = stale.locator(".jp-OutputArea").inner_text()
+        line = 1 + stub_source.split("\n").index("    # YOUR CODE HERE")
+        assert f"✗ attention: syntax error in your exercise cell (line {line})" in text, text
+        assert "not attempted" not in text and "^" in text and "earlier run" in text, text
 
         page.close()
         page = browser.new_page(viewport=VIEWPORT, device_scale_factor=1)

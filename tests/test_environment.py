@@ -44,6 +44,27 @@ def test_missing_package_makes_it_not_ready_and_says_what_to_fix(monkeypatch):
     assert not rep.ready
     line = env.verdict(rep)
     assert line.startswith("NOT READY: ") and "ipywidgets is not installed" in line and "course.py setup" in line
+    assert line.count("ipywidgets is not installed") == 1, line  # the version list and the widget check agree: once
+
+
+def test_missing_ipywidgets_is_named_once_even_when_it_cannot_be_imported(monkeypatch):
+    real = env._installed
+    monkeypatch.setattr(env, "_installed", lambda name: None if name == "ipywidgets" else real(name))
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # `import ipywidgets` fails, as when it is missing
+    rep = env.report()
+    assert rep.problems.count("ipywidgets is not installed") == 1, rep.problems
+
+
+def test_the_fix_says_restart_the_kernel_only_in_a_notebook(monkeypatch):
+    real = env._installed
+    monkeypatch.setattr(env, "_installed", lambda name: None if name == "ipywidgets" else real(name))
+    rep = env.report()
+    in_terminal, in_notebook = env.verdict(rep, kernel=False), env.verdict(rep, kernel=True)
+    assert "restart the kernel" not in in_terminal and "run this check again" in in_terminal
+    assert in_notebook.endswith("then restart the kernel")
+    assert not env.in_kernel()  # pytest is a terminal: the default is the terminal's wording
+    assert env.verdict(rep) == in_terminal
+    assert "python3 course.py setup" in in_terminal
 
 
 def test_old_package_is_reported_with_its_minimum(monkeypatch):

@@ -58,14 +58,25 @@ def test_server_settings_are_real_jupyter_server_traits():
     from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
     from jupyter_server_terminals.terminalmanager import TerminalManager
 
+    ResourceUseDisplay = pytest.importorskip("jupyter_resource_usage.config").ResourceUseDisplay
     config = json.loads((ROOT / "binder" / "jupyter_server_config.json").read_text())
-    assert set(config) == {"MappingKernelManager", "TerminalManager"}
-    for cls in (MappingKernelManager, TerminalManager):
+    assert set(config) == {"MappingKernelManager", "TerminalManager", "ResourceUseDisplay"}
+    for cls in (MappingKernelManager, TerminalManager, ResourceUseDisplay):
         traits = cls.class_traits(config=True)
         for key, value in config[cls.__name__].items():
             assert key in traits, f"{cls.__name__}.{key} is not a setting"
             traits[key].validate(None, value)
     assert config["MappingKernelManager"]["cull_idle_timeout"] > 0
+    # the memory indicator turns red before Binder's limit is reached, not at it
+    assert 0.1 <= config["ResourceUseDisplay"]["mem_warning_threshold"] < 0.5
+
+
+def test_the_memory_indicator_is_installed_with_the_lab_and_on_binder():
+    import tomllib
+
+    lab = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["lab"]
+    assert any(r.startswith("jupyter-resource-usage") for r in lab)
+    assert "jupyter-resource-usage" in _launch_env.binder_pins()
 
 
 def test_scripts_say_how_to_use_them():

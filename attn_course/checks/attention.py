@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from .compare import Failure, same
 from .core import Learner, LearnerRaised, Mistake, as_tensor, check, expect_close, expect_shape, fail, fmt, learner_error
 from .dot import CALL_PROBE
+from .kit import reproduce as _reproduce
 
-__all__ = ["check_attention", "check_score_matrix_bytes", "Known", "Elimination"]
+__all__ = ["check_attention", "check_score_matrix_bytes", "Known", "Elimination", "explain_raise"]
 
 
 # ============================================================================ cases
@@ -386,18 +387,7 @@ class Elimination:
 
 
 # ============================================================================ exceptions
-def _reproduce(attempt: Callable[[], object]) -> str | None:
-    """The message ``attempt()`` raises (None if it does not raise)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            attempt()
-    except Exception as exc:  # noqa: BLE001
-        return str(exc)
-    return None
-
-
-def _explain_raise(exc: LearnerRaised, case: Case) -> dict[str, str]:
+def explain_raise(exc: LearnerRaised, case: Case) -> dict[str, str]:
     """A cause and fix for the learner's exception, only when the check can reproduce its very message
     with the construct it blames (or the message itself names the cause)."""
     Q, K, V, mask = case.Q, case.K, case.V, case.mask
@@ -462,7 +452,7 @@ def _call_attention(fn: Learner, case: Case, tried: str) -> tuple[object, list[s
     try:
         result = fn.observe(CALL_PROBE, *args)  # runs attention(*args) in the learner's process, watching the inputs
     except LearnerRaised as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **_explain_raise(exc, case))) from None
+        raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **explain_raise(exc, case))) from None
     value, changed = result if isinstance(result, tuple) and len(result) == 2 else (result, [])
     return value, [_ARG_NAMES[int(i)] for i in changed if 0 <= int(i) < len(args)]
 

@@ -571,15 +571,35 @@ def _expect_grads(got: tuple, expected: tuple, *, tried: str, dtype: torch.dtype
                                                      atol=atol, rtol=rtol, factors=factors)
         wrong_names = ", ".join(NAMES[i] for i in wrong)
         _blame(chosen, tried, f"{wrong_names} {'is' if len(wrong) == 1 else 'are'} wrong; in {name}: {got_text}",
-               exp_text)
+               _named_expected(exp_text, name))
     for i in wrong:
         g = got[i]
         if torch.isnan(g).any() and nan_cause and not torch.isnan(expected[i]).any():
             fail(f"NaN in {NAMES[i]}", tried=tried, got=f"NaN in {int(torch.isnan(g).sum())} of {g.numel()} entries of your {NAMES[i]}",
                  expected="finite gradients", cause=nan_cause, fix=nan_fix)
     _describe_properties(got, expected, wrong, tried=tried, dtype=dtype, atol=atol, rtol=rtol)
-    expect_close(got[wrong[0]], expected[wrong[0]], tried=tried, what=f"your {name}", atol=atol, rtol=rtol,
-                 factors=factors)
+    try:
+        expect_close(got[wrong[0]], expected[wrong[0]], tried=tried, what=f"your {name}", atol=atol, rtol=rtol,
+                     factors=factors)
+    except Failure as failure:
+        d = failure.diagnosis
+        d.expected = _named_expected(d.expected, name)
+        if name not in d.summary:
+            d.summary = f"{name}: {d.summary}"
+        if name not in d.got:
+            d.got = f"in your {name}: {d.got}"
+        raise
+
+
+#: What a measured mismatch says it expected when it has nothing more specific to say.
+_GENERIC_EXPECTED = ("the expected values", "the correct values (from the check's reference computation)")
+
+
+def _named_expected(text: str, name: str) -> str:
+    """The diagnosis's "expected" line: say which gradient and where it comes from, not "the expected values"."""
+    if text in _GENERIC_EXPECTED:
+        return f"the {name} that autograd computes through F.scaled_dot_product_attention (in float64)"
+    return text
 
 
 def _describe_properties(got: tuple, expected: tuple, wrong: list[int], *, tried: str, dtype: torch.dtype,
@@ -897,6 +917,8 @@ def check_AttentionFunction(fn: Learner) -> str:
                      and not same(val, o_exp, atol=atol, rtol=rtol) and same(out, val, atol=atol, rtol=rtol)]
             got_text, exp_text, cause, summary = describe_mismatch(out, o_exp, what="the output of forward", atol=atol,
                                                                    rtol=rtol, factors={"√d_k": math.sqrt(q.shape[-1])})
+            if exp_text in _GENERIC_EXPECTED:
+                exp_text = "softmax(q kᵀ/√d_k) v, as F.scaled_dot_product_attention computes it (in float64)"
             if found:
                 m = found[0]
                 fail(m.summary, tried=tried, got=f"the output of forward: {got_text}", expected=exp_text, cause=m.cause,

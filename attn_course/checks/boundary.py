@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +45,13 @@ import torch
 __all__ = [
     "DEFAULT_TIMEOUT",
     "RECORD_ENV",
+    "CALL_TIMEOUT_ENV",
+    "capped_timeout",
     "Learner",
     "LearnerRaised",
     "LearnerTimedOut",
+    "MachineBusy",
+    "Clock",
     "LearnerNotAttempted",
     "ReplayMismatch",
     "Opaque",
@@ -59,10 +64,14 @@ __all__ = [
     "describe_args",
 ]
 
-#: Seconds of CPU time one call of the learner's code may use before it is stopped (see ``_time_limit``).
+#: Seconds of computing (CPU time) the learner's code may use in one check, in all its calls; the check
+#: also stops it once the learner has waited ``WALL_FACTOR`` times that long (see :class:`Clock`).
 DEFAULT_TIMEOUT = 10.0
 #: Set in a kernel's environment, checks also write their operation log into this folder (grading).
 RECORD_ENV = "ATTN_COURSE_RECORD_DIR"
+#: Set in a kernel's environment (seconds), no call of the learner's code may compute longer than this,
+#: whatever its check allows (an instructor's limit for a whole class: ``grade --call-timeout``).
+CALL_TIMEOUT_ENV = "ATTN_COURSE_CALL_TIMEOUT"
 #: The largest tensor or array a learner's result may hold (elements); larger ones are refused.
 MAX_ELEMENTS = 1 << 24
 #: The largest log the grader reads back, in bytes (its arrays, uncompressed).
@@ -277,11 +286,39 @@ class LearnerRaised(Exception):
 
 
 class LearnerTimedOut(Exception):
-    """The learner's code ran past its time limit and was stopped."""
+    """The learner's code ran past its time limit and was stopped. ``seconds`` is the check's limit (of
+    computing); ``waited`` the seconds the learner had waited since the check started; ``computed`` the
+    seconds the learner's code computed in that time; ``by`` which limit struck (``"cpu"`` or ``"wall"``)."""
 
-    def __init__(self, seconds: float, call: str):
-        self.seconds, self.call = seconds, call
-        super().__init__(f"{call} was stopped after {seconds:g} s")
+    def __init__(self, seconds: float, call: str, *, waited: float | None = None, computed: float | None = None,
+                 by: str = "cpu", queued: float | None = None):
+        self.seconds, self.call, self.by = seconds, call, by
+        self.waited = float(waited) if waited is not None else float(seconds)
+        self.computed = float(computed) if computed is not None else float(seconds)
+        self.queued = float(queued) if queued is not None else None  # runnable, waiting for a processor
+        super().__init__(f"{call} was stopped after {self.waited:.1f} s")
+
+    @property
+    def waiting(self) -> bool:
+        """The code neither computed nor wanted to while the learner waited: it sleeps or waits for
+        something: it was neither running nor ready to run for most of the wait. (Where the time spent
+        ready to run is unknown, computing for less than a tenth of the wait counts.)"""
+        if self.by != "wall":
+            return False
+        if self.queued is None:
+            return self.computed < 0.1 * self.waited
+        return self.computed + self.queued < 0.5 * self.waited
+
+
+class MachineBusy(BaseException):
+    """The wall-clock limit struck while the learner's code had computed for less than half its limit:
+    the processor was busy with other work, so nothing is known about the code. A BaseException, so
+    that a check's ``except Exception`` (or ``except LearnerTimedOut``) never turns it into a verdict on
+    the learner: :class:`~.core.Check` reports it as an error verdict ("not checked")."""
+
+    def __init__(self, timeout: LearnerTimedOut):
+        self.timeout = timeout
+        super().__init__(str(timeout))
 
 
 class LearnerNotAttempted(Exception):
@@ -301,29 +338,73 @@ class _TimeUp(BaseException):
     learner's code does not swallow it)."""
 
 
-#: The wall-clock backstop, as a multiple of the CPU-time limit (code that sleeps or waits uses no CPU).
-WALL_FACTOR = 6
+#: The longest a learner waits for one check, as a multiple of its limit of computing: on a machine busy
+#: with other work, the check stops the learner's code after this much waiting even if it computed less.
+WALL_FACTOR = 2
+
+
+class Clock:
+    """One check's time. The learner's code may compute (CPU time, all its calls together) for ``limit``
+    seconds, and the learner waits at most ``WALL_FACTOR × limit`` seconds from the check's start.
+
+    CPU time is what says "endless": a first call that imports a library pays only for the import's own
+    work, and on a busy machine a correct answer is not stopped early. The wall-clock limit is what the
+    learner lives through: however busy the machine, no check keeps them waiting longer. An operation
+    that asks for a longer limit (``observe(..., timeout=60)``: a slow probe) raises the check's limit
+    to that from then on."""
+
+    def __init__(self, limit: float):
+        self.limit = float(limit)
+        self.start = time.monotonic()
+        self.computed = 0.0
+        self.queued: float | None = 0.0  # seconds the learner's code was ready to run but had no processor
+
+    def waited(self) -> float:
+        return time.monotonic() - self.start
+
+    def allow(self, timeout: float | None = None) -> tuple[float, float]:
+        """Seconds of computing and of waiting left for the next call (raising the limit to ``timeout``)."""
+        if timeout is not None and timeout > self.limit:
+            self.limit = float(timeout)
+        return self.limit - self.computed, WALL_FACTOR * self.limit - self.waited()
+
+    def outcome(self, by: str) -> dict[str, Any]:
+        """A time-out, as the data a log keeps (the grader's replay shows the very same numbers)."""
+        outcome = {"timeout": self.limit, "waited": round(self.waited(), 2), "computed": round(self.computed, 2),
+                   "by": by}
+        if self.queued is not None:
+            outcome["queued"] = round(self.queued, 2)
+        return outcome
+
+
+def _queued() -> float | None:
+    """Seconds this thread has spent ready to run but waiting for a processor (Linux); None elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[dict]:
-    """Stop the code inside after ``seconds`` of CPU time, or ``WALL_FACTOR`` times that of wall-clock time.
+def _time_limit(seconds: float, wall: float | None = None) -> Iterator[dict]:
+    """Stop the code inside after ``seconds`` of CPU time, or after ``wall`` seconds of wall-clock time
+    (default ``WALL_FACTOR × seconds``).
 
-    CPU time, not wall-clock time, decides: on a machine busy with other work a correct answer gets the
-    same verdict, and a first call that imports a library pays only for the import's own work. On POSIX
-    (main thread) SIGPROF and SIGALRM timers raise inside the learner's code; elsewhere a timer thread
-    interrupts the main thread after the wall-clock limit. Yields a dict whose ``"fired"`` says whether
-    a limit struck."""
-    state = {"fired": False}
+    On POSIX (main thread) SIGPROF and SIGALRM timers raise inside the learner's code; elsewhere a timer
+    thread interrupts the main thread after the wall-clock limit. Yields a dict whose ``"fired"`` says
+    which limit struck (``"cpu"`` or ``"wall"``; False while none has)."""
+    state: dict[str, Any] = {"fired": False}
+    wall = seconds * WALL_FACTOR if wall is None else wall
     main = threading.current_thread() is threading.main_thread()
     if main and hasattr(signal, "setitimer") and hasattr(signal, "SIGPROF"):
         def on_limit(signum, frame):
-            state["fired"] = True
+            state["fired"] = "cpu" if signum == signal.SIGPROF else "wall"
             raise _TimeUp()
 
         previous = {sig: signal.signal(sig, on_limit) for sig in (signal.SIGPROF, signal.SIGALRM)}
-        signal.setitimer(signal.ITIMER_PROF, seconds)
-        signal.setitimer(signal.ITIMER_REAL, seconds * WALL_FACTOR)
+        signal.setitimer(signal.ITIMER_PROF, max(seconds, 1e-3))
+        signal.setitimer(signal.ITIMER_REAL, max(wall, 1e-3))
         try:
             yield state
         finally:
@@ -338,10 +419,10 @@ def _time_limit(seconds: float) -> Iterator[dict]:
     import _thread
 
     def fire():
-        state["fired"] = True
+        state["fired"] = "wall"
         _thread.interrupt_main()
 
-    timer = threading.Timer(seconds * WALL_FACTOR, fire)
+    timer = threading.Timer(wall, fire)
     timer.daemon = True
     timer.start()
     try:
@@ -466,11 +547,30 @@ class _Runner:
         return self._handles[int(ref[1])]
 
     def run(self, op: str, ref: list, method: str | None, args: tuple, kwargs: dict, timeout: float,
-            extra: dict[str, Any]) -> tuple[dict, dict[str, np.ndarray]]:
+            extra: dict[str, Any], clock: Clock | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+        clock = clock if clock is not None else Clock(timeout)  # no check's clock: this call alone
+        cpu_left, wall_left = clock.allow(timeout)
+        if cpu_left <= 1e-3 or wall_left <= 1e-3:  # the check's time is used up: the code is not run again
+            return {"timeout": True, **clock.outcome("cpu" if cpu_left <= 1e-3 else "wall")}, {}
+        started, queued = time.process_time(), _queued()
+        try:
+            outcome, arrays = self._run(op, ref, method, args, kwargs, extra, cpu_left, wall_left)
+        finally:
+            clock.computed += time.process_time() - started
+            now = _queued()
+            clock.queued = None if queued is None or now is None or clock.queued is None else \
+                clock.queued + now - queued
+        if "_by" in outcome:  # stopped: the numbers the learner reads (waited, computed) go into the outcome
+            outcome = {"timeout": True, **clock.outcome(outcome["_by"])}
+        return outcome, arrays
+
+    def _run(self, op, ref, method, args, kwargs, extra, cpu_left: float,
+             wall_left: float) -> tuple[dict, dict[str, np.ndarray]]:
         enc = _Encoder()
         phase = "call"
+        limit: dict[str, Any] = {"fired": False}
         try:
-            with _time_limit(timeout) as limit:
+            with _time_limit(cpu_left, wall_left) as limit:
                 try:
                     obj = self.target(ref)
                     if method:
@@ -523,15 +623,17 @@ class _Runner:
                 except BaseException as exc:  # noqa: BLE001 - SystemExit and custom BaseExceptions too
                     return {"raised": _raised_info(exc, phase)}, {}
         except _TimeUp:
-            return {"timeout": timeout}, {}
+            return {"_by": limit["fired"] or "wall"}, {}
 
 
 # ============================================================================ sessions
 class Session:
     """Carries a check's operations to the learner's code (or to a log of them) and back."""
 
-    def run(self, op: str, ref: list, method: str | None, args: tuple, kwargs: dict, *, timeout: float,
-            extra: dict[str, Any] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    def run(self, op: str, ref: list, method: str | None, args: tuple, kwargs: dict, *, timeout: float | None,
+            extra: dict[str, Any] | None = None, clock: Clock | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+        """Run one operation. ``clock`` is the check's time (shared by its operations); ``timeout``, when
+        given, raises its limit (see :class:`Clock`)."""
         raise NotImplementedError
 
     def finish(self) -> None:
@@ -552,7 +654,7 @@ class LocalSession(Session):
     def __init__(self, resolve: Callable[[], Any]):
         self._runner = _Runner(resolve)
 
-    def run(self, op, ref, method, args, kwargs, *, timeout, extra=None):
+    def run(self, op, ref, method, args, kwargs, *, timeout, extra=None, clock=None):
         extra = extra or {}
         tree, arrays = _request(op, ref, method, args, kwargs, extra)
         # The learner's code gets copies decoded from the request: it can neither see the check's own
@@ -561,7 +663,7 @@ class LocalSession(Session):
         fresh_kwargs = decode(tree["kwargs"], arrays)
         fresh_extra = decode(tree["extra"], arrays)
         fresh_args = tuple(self._runner._handles[a.id] if isinstance(a, Handle) else a for a in fresh_args)
-        return self._runner.run(op, ref, method, fresh_args, fresh_kwargs, timeout, fresh_extra)
+        return self._runner.run(op, ref, method, fresh_args, fresh_kwargs, timeout, fresh_extra, clock)
 
 
 class RecordingSession(LocalSession):
@@ -573,9 +675,9 @@ class RecordingSession(LocalSession):
         self.events: list[dict[str, Any]] = []
         self.arrays: dict[str, np.ndarray] = {}
 
-    def run(self, op, ref, method, args, kwargs, *, timeout, extra=None):
+    def run(self, op, ref, method, args, kwargs, *, timeout, extra=None, clock=None):
         tree, req_arrays = _request(op, ref, method, args, kwargs, extra or {})
-        outcome, arrays = super().run(op, ref, method, args, kwargs, timeout=timeout, extra=extra)
+        outcome, arrays = super().run(op, ref, method, args, kwargs, timeout=timeout, extra=extra, clock=clock)
         prefix = f"e{len(self.events)}_"
         self.arrays.update({prefix + k: v for k, v in arrays.items()})
         self.events.append({"request": _digest(tree, req_arrays), "op": op, "outcome": outcome, "prefix": prefix})
@@ -598,19 +700,34 @@ class ReplaySession(Session):
         self.events, self.arrays = _read_log(Path(path), max_bytes)
         self._used: set[int] = set()
 
-    def run(self, op, ref, method, args, kwargs, *, timeout, extra=None):
-        tree, arrays = _request(op, ref, method, args, kwargs, extra or {})
+    def run(self, op, ref, method, args, kwargs, *, timeout, extra=None, clock=None):
+        tree, arrays = _request(op, ref, method, args, kwargs, extra or {})  # (no code runs: no clock)
         key = _digest(tree, arrays)
         for i, event in enumerate(self.events):
             if i not in self._used and event.get("request") == key:
                 self._used.add(i)
-                prefix = str(event.get("prefix", ""))
-                mine = {k[len(prefix):]: v for k, v in self.arrays.items() if k.startswith(prefix)}
                 outcome = event.get("outcome")
                 if not isinstance(outcome, dict):
                     raise ReplayMismatch("a recorded outcome is malformed")
-                return outcome, mine
+                return outcome, self._arrays_of(event)
         raise ReplayMismatch(f"the log holds no record of this {op} (the check's run in the notebook did not get here)")
+
+    def _arrays_of(self, event: dict) -> dict[str, np.ndarray]:
+        prefix = str(event.get("prefix", ""))
+        return {k[len(prefix):]: v for k, v in self.arrays.items() if k.startswith(prefix)}
+
+    def recorded(self, op: str) -> Iterator[Any]:
+        """The values that the logged operations ``op`` returned, decoded, in the order they ran (what the
+        log says by itself, without replaying a check: the grader's evidence). Outcomes that are not a
+        value (raised, timed out) or cannot be decoded are skipped."""
+        for event in self.events:
+            outcome = event.get("outcome")
+            if event.get("op") != op or not isinstance(outcome, dict) or "ok" not in outcome:
+                continue
+            try:
+                yield decode(outcome["ok"], self._arrays_of(event))
+            except (ReplayMismatch, KeyError, TypeError, ValueError):
+                continue
 
 
 def _read_log(path: Path, max_bytes: int) -> tuple[list[dict], dict[str, np.ndarray]]:
@@ -633,19 +750,30 @@ def _read_log(path: Path, max_bytes: int) -> tuple[list[dict], dict[str, np.ndar
 
 
 # ============================================================================ what a check holds
+def capped_timeout(seconds: float) -> float:
+    """``seconds``, or the limit :data:`CALL_TIMEOUT_ENV` sets when that is lower."""
+    try:
+        return min(seconds, float(os.environ.get(CALL_TIMEOUT_ENV) or "inf"))
+    except ValueError:
+        return seconds
+
+
 class Learner:
     """The learner's exercise (or an object made from it), as a check sees it.
 
     ``learner(*args)`` calls it; ``learner.method("apply")`` is one of its attributes; ``construct``
     instantiates a class and returns a Learner for the new object; ``vjp`` runs it and backpropagates;
     ``inspect`` describes it; ``observe`` runs a registered learner-side probe. Results are plain data;
-    failures raise :class:`LearnerRaised`, :class:`LearnerTimedOut` or :class:`LearnerNotAttempted`.
+    failures raise :class:`LearnerRaised`, :class:`LearnerTimedOut` or :class:`LearnerNotAttempted`
+    (:class:`MachineBusy` when the machine was too busy to tell). All operations of one check share
+    one :class:`Clock` (``timeout``: its limit of computing; ``clock``: the check's, when given).
     """
 
     def __init__(self, session: Session, name: str, *, ref: tuple = ("exercise",), method: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT):
+                 timeout: float = DEFAULT_TIMEOUT, clock: Clock | None = None):
         self.session, self.name, self.ref, self.attr = session, name, tuple(ref), method
         self.timeout = timeout
+        self.clock = clock if clock is not None else Clock(capped_timeout(timeout))
         self.last_call = ""  # what the most recent operation was given, for "tried" lines
 
     # --- operations -------------------------------------------------------------------------------
@@ -655,13 +783,19 @@ class Learner:
         label = f"{self.name}.{self.attr}" if self.attr else self.name
         self.last_call = describe_args(label, args, kwargs)
         outcome, arrays = self.session.run(op, list(self.ref), self.attr, tuple(args), kwargs,
-                                           timeout=timeout or self.timeout, extra=extra)
+                                           timeout=capped_timeout(timeout) if timeout else None, extra=extra,
+                                           clock=self.clock)
         if "ok" in outcome:
             return decode(outcome["ok"], arrays)
         if outcome.get("not_attempted"):
             raise LearnerNotAttempted()
         if "timeout" in outcome:
-            raise LearnerTimedOut(float(outcome["timeout"]), self.last_call)
+            stopped = LearnerTimedOut(float(outcome["timeout"]), self.last_call, waited=outcome.get("waited"),
+                                      computed=outcome.get("computed"), by=str(outcome.get("by", "cpu")),
+                                      queued=outcome.get("queued"))
+            if stopped.by == "wall" and not stopped.waiting and stopped.computed < stopped.seconds / 2:
+                raise MachineBusy(stopped)
+            raise stopped
         if isinstance(outcome.get("raised"), dict):
             raise LearnerRaised(outcome["raised"], self.last_call)
         raise ReplayMismatch("a recorded outcome is malformed")
@@ -670,13 +804,14 @@ class Learner:
         return self._op("call", args, kwargs)
 
     def method(self, name: str) -> "Learner":
-        return Learner(self.session, self.name, ref=self.ref, method=name, timeout=self.timeout)
+        return Learner(self.session, self.name, ref=self.ref, method=name, timeout=self.timeout, clock=self.clock)
 
     def construct(self, *args: Any, **kwargs: Any) -> "Learner":
         handle = self._op("construct", args, kwargs)
         if not isinstance(handle, Handle):
             raise ReplayMismatch("construct returned no object")
-        return Learner(self.session, f"{self.name}(…)", ref=("handle", handle.id), timeout=self.timeout)
+        return Learner(self.session, f"{self.name}(…)", ref=("handle", handle.id), timeout=self.timeout,
+                       clock=self.clock)
 
     def vjp(self, args: tuple, upstream: Any, *, wrt: tuple[int, ...] = (0,), index: int | None = None,
             kwargs: dict | None = None) -> tuple[Any, tuple | None]:

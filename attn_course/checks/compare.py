@@ -34,6 +34,7 @@ __all__ = [
     "Mismatch",
     "same",
     "fmt",
+    "explain_exception",
 ]
 
 
@@ -141,8 +142,10 @@ def as_tensor(value: Any, *, tried: str, what: str = "your function", expected: 
 
 
 def expect_shape(t: torch.Tensor, shape: Sequence[int], *, tried: str, what: str = "your result",
-                 mistakes: Sequence[Mistake] = (), fix: str = "") -> None:
-    """Fail unless ``t`` has exactly ``shape``; blame a mistake that produces this very shape and values."""
+                 mistakes: Sequence[Mistake] = (), fix: str = "", values: torch.Tensor | None = None) -> None:
+    """Fail unless ``t`` has exactly ``shape``; blame a mistake that produces this very shape and values.
+    ``values`` (the expected result, when the caller has it) lets the diagnosis tell an axis lost to an
+    index (``x[0]``) from one lost to a sum or a mean."""
     shape = tuple(int(s) for s in shape)
     if tuple(t.shape) == shape:
         return
@@ -150,9 +153,39 @@ def expect_shape(t: torch.Tensor, shape: Sequence[int], *, tried: str, what: str
     found = matching_mistakes(t, mistakes, atol=1e-5, rtol=1e-4)
     if found:
         _blame(found, tried, got, expected)
+    lost = _lost_axis(t, values) if values is not None and tuple(values.shape) == shape else None
+    if lost:
+        summary, cause, lost_fix = lost
+        fail(summary, tried=tried, got=got, expected=expected, cause=cause, fix=lost_fix)
     cause = _shape_cause(tuple(t.shape), shape)
     fail(f"wrong shape {tuple(t.shape)}, expected {shape}", tried=tried, got=got, expected=expected, cause=cause,
          fix=fix or "follow the shapes in the docstring line by line; print(x.shape) after each step helps")
+
+
+def _lost_axis(t: torch.Tensor, e: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> tuple[str, str, str] | None:
+    """(summary, cause, fix) when ``t`` is the expected ``e`` with one axis taken away: one index of it kept
+    (``x[0]``), or its sum or mean; None otherwise."""
+    if t.ndim + 1 != e.ndim or not (t.is_floating_point() and e.is_floating_point()):
+        return None
+    a, x = t.detach().to(torch.float64), e.detach().to(torch.float64)
+    for axis in range(e.ndim):
+        if tuple(x.select(axis, 0).shape) != tuple(a.shape):
+            continue
+        ax = _Axis(axis, e.ndim, None)
+        for j in range(e.shape[axis]):
+            if same(a, x.select(axis, j), atol=atol, rtol=rtol):
+                index = _index_text(j, e.shape[axis]).split(" or ")[0]
+                return (f"only {ax.item(j)} kept (axis {axis} dropped)",
+                        f"your result is the right answer for {ax.item(j)} alone: an index {index} on axis {axis} "
+                        f"picks one {ax.singular} and drops the axis",
+                        f"keep axis {axis}: compute every {ax.singular}, without the index {index}")
+        for reduction in ("sum", "mean"):
+            if same(a, getattr(x, reduction)(axis), atol=atol, rtol=rtol):
+                return (f"the {reduction} over axis {axis} (the axis is gone)",
+                        f"your result is the right one's {reduction} over the {ax.plural} (axis {axis}): a "
+                        f".{reduction}() the docstring does not have",
+                        f"keep axis {axis}: remove the {reduction} over it")
+    return None
 
 
 def _shape_cause(got: tuple[int, ...], want: tuple[int, ...]) -> str:
@@ -166,7 +199,8 @@ def _shape_cause(got: tuple[int, ...], want: tuple[int, ...]) -> str:
     if math.prod(got) == math.prod(want):
         return "the right number of entries in the wrong shape: a reshape or view to the wrong sizes"
     if len(got) < len(want):
-        return "an axis is missing: a sum or a reduction over one axis too many"
+        return ("an axis is missing: an index that picks one entry (x[0]) or a reduction (sum, mean, max) over "
+                "an axis the docstring keeps")
     return ""
 
 
@@ -204,7 +238,7 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, *, tried: str, wh
     in the plural (``("batch entries", "heads", "queries", "keys")``). ``fix`` is the advice when the
     measurement names no cause; when it does, the measurement's own advice comes first."""
     if tuple(actual.shape) != tuple(expected.shape):
-        expect_shape(actual, expected.shape, tried=tried, what=what, mistakes=mistakes, fix=fix)
+        expect_shape(actual, expected.shape, tried=tried, what=what, mistakes=mistakes, fix=fix, values=expected)
     if same(actual, expected, atol=atol, rtol=rtol):
         return
     found = matching_mistakes(actual, mistakes, atol=atol, rtol=rtol)
@@ -270,13 +304,19 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
     if (nan_a & ~nan_e).any():
         first = tuple(int(i) for i in (nan_a & ~nan_e).nonzero()[0])
-        return Mismatch(f"NaN in {int((nan_a & ~nan_e).sum())} of {a.numel()} entries (the first at index {first})",
-                        "finite numbers there", "", "NaN in the result")
+        return Mismatch(f"NaN in {int((nan_a & ~nan_e).sum())} of {_count(a.numel(), 'entry', 'entries')} (the first "
+                        f"at index {first})", "finite numbers there",
+                        "an undefined operation in your computation: 0/0, ∞ − ∞, 0 × ∞, or the log or square root of a "
+                        "negative number (often an exp that overflowed to inf first, or a division by a sum that is 0)",
+                        "NaN in the result",
+                        "find the first step that makes a NaN (print torch.isnan(x).any() after each step) and compare it "
+                        "with the docstring")
     inf_a = torch.isinf(a) & ~torch.isinf(e)
     if inf_a.any():
         first = tuple(int(i) for i in inf_a.nonzero()[0])
-        return Mismatch(f"inf in {int(inf_a.sum())} entries (the first at index {first})", "finite numbers there",
-                        "an overflow", "inf in the result")
+        return Mismatch(f"inf in {_count(int(inf_a.sum()), 'entry', 'entries')} (the first at index {first})",
+                        "finite numbers there", "an overflow (an exp of a large number) or a division by zero",
+                        "inf in the result")
     finite = torch.isfinite(a) & torch.isfinite(e)
     af, ef = a[finite], e[finite]
     close = torch.isclose(a, e, atol=atol, rtol=rtol, equal_nan=True)
@@ -288,12 +328,14 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
             named = _name_factor(c, factors or {})
             shown = fmt(c) if abs(c - 1) > 0.01 else f"{c:.6g}"
             cause = f"your result is {named} times the expected one" if named else ""
-            return Mismatch(f"every entry is {shown} × the expected value", "the expected values", cause,
+            return Mismatch(f"every entry is {shown} × the expected value", _EXPECTED, cause,
                             f"off by a factor of {named or shown}", _factor_fix(named, shown))
         offset = float((af - ef).mean())
         if abs(offset) > atol and same(a, e + offset, atol=atol, rtol=rtol):
             return Mismatch(f"every entry is the expected value {'+' if offset > 0 else '−'} {fmt(abs(offset))}",
-                            "the expected values", "", f"shifted by a constant {fmt(offset)}",
+                            _EXPECTED, f"your code {'adds' if offset > 0 else 'subtracts'} the same constant "
+                            f"{fmt(abs(offset))} {'to' if offset > 0 else 'from'} every entry",
+                            f"shifted by a constant {fmt(offset)}",
                             f"look for a constant that your code {'adds to' if offset > 0 else 'subtracts from'} "
                             f"every entry ({fmt(abs(offset))}): an offset, a stray ± 1 or an epsilon the docstring "
                             "does not have")
@@ -308,13 +350,57 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
     affine = _affine(a, e, atol=atol, rtol=rtol)
     if affine:
         return affine
+    per_slice = _per_slice(a, e, atol=atol, rtol=rtol, axes=axes, what=what)
+    if per_slice:
+        return per_slice
     wrong = ~close
     worst = _worst_index(a, e)
     detail = (f"largest difference {fmt(float((a - e).abs().nan_to_num(nan=math.inf)[worst]))} at index {worst}: "
               f"got {fmt(float(a[worst]))}, expected {fmt(float(e[worst]))}")
     region = _where_wrong(wrong)
-    got = f"{int(wrong.sum())} of {a.numel()} entries differ{region}; {detail}"
+    got = f"{int(wrong.sum())} of {_count(a.numel(), 'entry', 'entries')} differ{region}; {detail}"
     return Mismatch(got, _EXPECTED, "", f"wrong values{region}")
+
+
+def _count(n: int, singular: str, plural: str) -> str:
+    """'1 entry', '3 entries'."""
+    return f"{n} {singular if n == 1 else plural}"
+
+
+def _per_slice(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float,
+               axes: Sequence[str | None] | None, what: str) -> Mismatch | None:
+    """Each slice along one axis (each row, each query...) off by its own factor, or by its own constant: a
+    normalisation or a shift (a max, a logsumexp, a norm) missing, doubled, or taken along another axis."""
+    if a.ndim < 2 or not (torch.isfinite(a).all() and torch.isfinite(e).all()):
+        return None
+    for axis in (a.ndim - 2, a.ndim - 1, *range(a.ndim - 2)):
+        ax = _Axis(axis, a.ndim, axes)
+        keep = tuple(i for i in range(a.ndim) if i != axis)  # reduce over every other axis: one number per slice
+        if not keep:
+            continue
+        ee = (e * e).sum(keep, keepdim=True)
+        factor = torch.where(ee > 1e-18, (a * e).sum(keep, keepdim=True) / ee.clamp_min(1e-300), torch.ones_like(ee))
+        # Every slice off (a slice or two wrong is better told by where they are), not all by the same amount.
+        if factor.numel() > 1 and float(factor.max() - factor.min()) > 1e-3 * max(1.0, float(factor.abs().max())) \
+                and bool(((factor - 1).abs() > 1e-3).all()) and same(a, factor * e, atol=atol, rtol=rtol):
+            return Mismatch(f"each {ax.singular}{ax.suffix} of {what} is the expected one times its own factor "
+                            f"(factors from {fmt(float(factor.min()))} to {fmt(float(factor.max()))})", _EXPECTED,
+                            f"each {ax.singular} is scaled by a number of its own: a normalisation (a division by a sum, "
+                            f"a norm or a count) that is missing, one too many, or taken along another axis",
+                            f"each {ax.singular} off by its own factor",
+                            "check every division by a sum, norm or count: is it in the docstring, and along the "
+                            "axis the docstring says?")
+        shift = (a - e).mean(keep, keepdim=True)
+        if shift.numel() > 1 and float(shift.max() - shift.min()) > atol and bool((shift.abs() > atol).all()) \
+                and same(a, e + shift, atol=atol, rtol=rtol):
+            return Mismatch(f"each {ax.singular}{ax.suffix} of {what} is the expected one plus a constant of its own "
+                            f"(from {fmt(float(shift.min()))} to {fmt(float(shift.max()))})", _EXPECTED,
+                            f"each {ax.singular} is shifted by a number of its own: a subtraction of a per-{ax.singular} "
+                            "maximum, mean or logsumexp that is missing, one too many, or taken along another axis",
+                            f"each {ax.singular} shifted by its own constant",
+                            "check every subtraction of a maximum, mean or logsumexp: is it in the docstring, and along "
+                            "the axis the docstring says?")
+    return None
 
 
 def _factor_fix(named: str, shown: str) -> str:
@@ -481,7 +567,7 @@ def _affine(a: torch.Tensor, e: torch.Tensor, *, atol: float, rtol: float) -> Mi
         cause, fix = (f"your values are the right ones times {fmt(alpha)}, {'plus' if beta > 0 else 'minus'} "
                       f"{fmt(abs(beta))}: a rescaling or a shift that the docstring does not have",
                       "find the step that rescales or shifts every value, and remove it")
-    return Mismatch(f"every entry is {said}", "the expected values", cause, f"every value is {said}", fix)
+    return Mismatch(f"every entry is {said}", _EXPECTED, cause, f"every value is {said}", fix)
 
 
 def _name_factor(c: float, factors: dict[str, float]) -> str:
@@ -516,13 +602,108 @@ def _where_wrong(wrong: torch.Tensor) -> str:
     if len(bad_rows) < n_rows and bad_rows == list(range(bad_rows[0], n_rows)):
         return f" only from row {bad_rows[0]} on"
     if len(bad_rows) < n_rows and bad_rows == list(range(0, bad_rows[-1] + 1)):
-        return f" only in the first {len(bad_rows)} row{'s' if len(bad_rows) > 1 else ''}"
+        return f" only in the first {len(bad_rows)} rows" if len(bad_rows) > 1 else " only in the first row"
     if len(bad_cols) < n_cols and bad_cols == list(range(bad_cols[0], n_cols)):
         return f" only from column {bad_cols[0]} on"
     if len(bad_rows) < n_rows:
         return f" only in row{'s' if len(bad_rows) > 1 else ''} {', '.join(map(str, bad_rows[:6]))}" + (
             "…" if len(bad_rows) > 6 else "")
     return ""
+
+
+# ============================================================================ what an exception means
+#: (type, pattern of the message, cause, fix): what the errors learners' tensor code raises most often mean.
+#: Groups of the pattern may be used in the cause and fix ({1}, {2}...). Checked in order; the first match wins.
+_EXCEPTIONS: tuple[tuple[str, str, str, str], ...] = (
+    ("NameError", r"name '(\w+)' is not defined",
+     "`{1}` is used before anything is assigned to it: the line that computes it is missing, comes later, or "
+     "spells the name differently",
+     "compute `{1}` before the line that uses it (or correct the spelling)"),
+    ("UnboundLocalError", r"'?(\w+)'? (?:referenced before assignment|where it is not associated with a value)",
+     "`{1}` is used before anything is assigned to it: the line that computes it is missing or comes later",
+     "compute `{1}` before the line that uses it"),
+    ("RuntimeError", r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton dimension (\d+)",
+     "two tensors combined entry by entry (+, −, ×, ÷, where) have shapes that do not fit together: sizes {1} and {2} "
+     "meet on one axis. Usually an axis was reduced without keepdim=True, or one operand has its axes in another "
+     "order (a transpose too many or too few)",
+     "print the shapes of both operands on the line shown; keep reduced axes with keepdim=True, or fix the axis order"),
+    ("RuntimeError", r"mat1 and mat2 shapes cannot be multiplied \((\w+) and (\w+)\)",
+     "a matrix product whose inner sizes differ ({1} @ {2}): an operand is transposed the wrong way, or the "
+     "product is written in the wrong order",
+     "for A @ B the last size of A must equal the first (matrix) size of B: transpose the right operand, or swap them"),
+    ("RuntimeError", r"(?:Expected size for first two dimensions of batch2 tensor|batch1 and batch2 shapes cannot be "
+                     r"multiplied|shapes cannot be multiplied|size mismatch)",
+     "a matrix product whose inner sizes differ: an operand is transposed the wrong way, or the product is "
+     "written in the wrong order", "print both operands' shapes; for A @ B the last size of A must equal B's "
+     "second-to-last"),
+    ("IndexError", r"Dimension out of range \(expected to be in range of \[(-?\d+), (-?\d+)\], but got (-?\d+)\)",
+     "an axis number the tensor does not have (axis {3}, where it has axes {1} to {2}): the tensor has fewer "
+     "axes than the code expects (one was removed earlier), or the axis number is wrong",
+     "print the tensor's shape on the line shown and use an axis it has (−1 is the last)"),
+    ("RuntimeError", r"stack expects a non-empty TensorList",
+     "torch.stack got an empty list: nothing was appended to it (the append is missing, or the loop never ran)",
+     "append each result inside the loop, and check that the loop runs over every item"),
+    ("RuntimeError", r"stack expects each tensor to be equal size",
+     "torch.stack got tensors of different shapes: the items collected in the loop differ in shape",
+     "make every item the same shape before stacking (print their shapes)"),
+    ("TypeError", r"unsupported operand type\(s\) for ([^:]+): '(\w+)' and '(\w+)'",
+     "an operation ({1}) between {2} and {3} values: one side is not the tensor it should be (a step that should "
+     "produce a tensor returned a plain number or None)",
+     "print the type of both sides on the line shown; each must be a tensor"),
+    ("TypeError", r"'(\w+)' object is not (?:callable|subscriptable|iterable)",
+     "a value of type {1} used as if it were a function, a tensor or a list: a name holds something other than "
+     "you think",
+     "print the value on the line shown and check which name holds it"),
+    ("TypeError", r"(\w+)\(\) (?:missing \d+ required|takes \d+ positional|got an unexpected keyword|received an "
+                  r"invalid combination)",
+     "{1}() was called with arguments it does not take (a wrong number, order or name of arguments)",
+     "compare the call on the line shown with {1}'s documentation"),
+    ("IndexError", r"index (-?\d+) is out of bounds for dimension (\d+) with size (\d+)",
+     "an index ({1}) past the end of an axis of size {3}: a loop or index runs one step too far",
+     "make the loop or index stop before the axis's size (range(n) ends at n − 1)"),
+    ("IndexError", r"(?:list index out of range|index out of range|too many indices)",
+     "an index past the end of a list or tensor (or more indices than it has axes)",
+     "print the length or shape of what you index on the line shown"),
+    ("RuntimeError", r"(?:shape '\[[^\]]*\]' is invalid for input of size \d+|view size is not compatible)",
+     "a view or reshape to sizes that do not hold the tensor's entries (or a .view of a transposed tensor)",
+     "check the sizes you reshape to (their product must be the number of entries); after a transpose use .reshape"),
+    ("RuntimeError", r"(?:expected (?:scalar type|m1 and m2 to have the same dtype|both vectors to have same dtype)|"
+                     r"dtype|Found dtype)",
+     "two tensors of different dtypes (e.g. float32 and float64, or an integer tensor) meet in one operation",
+     "create new tensors with the inputs' dtype (dtype=x.dtype), and keep every step in floating point"),
+    ("RuntimeError", r"(?:number of dims|dimension specified as|Expected \d+-dimensional|must be a matrix|"
+                     r"1D tensors expected|expected 2D)",
+     "a function got a tensor with a different number of axes than it takes (torch.dot and torch.mm take 1-D and "
+     "2-D tensors only)", "use @ (torch.matmul), which handles any number of leading axes, or reshape first"),
+    ("RuntimeError", r"(?:a leaf Variable that requires grad|modified by an inplace operation)",
+     "an in-place change (+=, [...] =, .add_) of a tensor that autograd still needs",
+     "write the step out of place (x = x + y), or work on a copy"),
+    ("ZeroDivisionError", r".*", "a division by zero: a count or a size that is 0 here",
+     "check what you divide by on the line shown"),
+    ("RecursionError", r".*", "the function calls itself without end", "remove the call of the function inside itself"),
+    ("AttributeError", r"'(\w+)' object has no attribute '(\w+)'",
+     "`.{2}` used on a value of type {1}, which has no such attribute: a value is not the type you expect (or the name is "
+     "misspelt)", "print the value on the line shown; check its type and the attribute's spelling"),
+    ("ValueError", r"(?:too many values to unpack|not enough values to unpack)",
+     "an unpacking (a, b = ...) of something with a different number of items", "check how many items the "
+     "right-hand side holds"),
+)
+
+
+def explain_exception(type_name: str, message: str) -> tuple[str, str] | None:
+    """(cause, fix) for an exception the learner's code raised, when its type and message say what it means
+    (a shape mismatch, an axis that does not exist, a name used before it is assigned...); None otherwise."""
+    import re
+
+    for kind, pattern, cause, fix in _EXCEPTIONS:
+        if kind != type_name:
+            continue
+        match = re.search(pattern, message or "")
+        if match:
+            groups = [match.group(0), *match.groups()]
+            fill = lambda text: re.sub(r"\{(\d)\}", lambda m: str(groups[int(m.group(1))] or ""), text)  # noqa: E731
+            return fill(cause), fill(fix)
+    return None
 
 
 def call_or_skip(fn: Callable[[], Any]) -> Any:

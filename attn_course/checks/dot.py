@@ -403,9 +403,9 @@ def describe_cases(cases: Sequence[Case], outcomes: Sequence[Outcome], wrong: Se
                    "digits, and the result was converted back", fix="keep the computation in the inputs' dtype")
     if t.ndim == 1 and t.numel() > 1 and t.is_floating_point() and not torch.isnan(a64).any() and \
             _close(a64.sort().values, e64.sort().values, case.tolerance()):
-        fail("right scores in the wrong order", tried=tried, got=preview(t), expected=expected,
-             cause="every score is right but they are not in the keys' order: entry j must be the score of key j "
-                   "(a reversed or shifted index?)", fix="put the score of K[j] at position j")
+        summary, cause = _wrong_order(a64, e64, case.tolerance())
+        fail(summary, tried=tried, got=preview(t), expected=expected, cause=cause,
+             fix="put the score of K[j] at position j")
     mismatch = describe_mismatch(t, e64, what="your result", atol=case.tolerance(), rtol=1e-5, factors=factors)
     got, exp, cause, summary = mismatch
     if where and not cause:
@@ -414,6 +414,29 @@ def describe_cases(cases: Sequence[Case], outcomes: Sequence[Outcome], wrong: Se
              fix="run your function on such an input yourself and compare each step with the docstring")
     fail(summary, tried=tried, got=got, expected=f"{expected_text}: {expected}", cause=cause,
          fix=mismatch.fix or "compare your steps with the docstring on this input; print the intermediate tensors")
+
+
+def _wrong_order(a: torch.Tensor, e: torch.Tensor, tol: float) -> tuple[str, str]:
+    """(summary, cause) for a 1-D result that holds the right scores in another order: sorted, reversed,
+    rotated, or some other order."""
+    n = a.numel()
+    for descending, how in ((False, "ascending"), (True, "descending")):
+        if _close(a, e.sort(descending=descending).values, tol):
+            return (f"right scores, sorted in {how} order",
+                    f"every score is right but your result is sorted ({how}): entry j must be the score of key j, "
+                    "in the keys' order; a sort (torch.sort, sorted, .sort(), topk) the docstring does not have")
+    if _close(a, e.flip(0), tol):
+        return ("right scores in reverse order",
+                "every score is right but in reverse order: your index counts down from the end (K[-1 - j], "
+                "or a flip)")
+    for shift in range(1, n):
+        if _close(a, e.roll(-shift), tol) or _close(a, e.roll(shift), tol):
+            return ("right scores, shifted",
+                    f"every score is right but shifted by {shift} place{'s' if shift > 1 else ''}, wrapping round: an "
+                    "index off by a constant (K[j + 1] or K[j - 1] for K[j])")
+    return ("right scores in the wrong order",
+            "every score is right but they are not in the keys' order: entry j must be the score of key j "
+            "(an index that picks the wrong key)")
 
 
 def _only_on(cases: Sequence[Case], wrong: Sequence[int]) -> tuple[str, str]:

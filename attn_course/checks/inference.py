@@ -18,11 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .attention import Case, _explain_raise, _reproduce, lower_precision
+from .attention import Case, explain_raise as _explain_raise, lower_precision
 from .boundary import probe
-from .compare import Failure, describe_mismatch, same
+from .compare import Failure, describe_mismatch, matching_mistakes, same
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, expect_shape, fail,
                    learner_error)
+from .kit import reproduce as _reproduce
 
 __all__ = ["check_KVCache", "check_bottom_right_causal_mask", "check_merge_partials", "check_sliding_window_mask",
            "check_sliding_window_attention"]
@@ -97,6 +98,14 @@ def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str, what: str = "y
 
 def _expect_mask(got: torch.Tensor, expected: torch.Tensor, *, tried: str, mistakes: list[Mistake], fix: str) -> None:
     """Exact comparison of two bool masks; when no known mistake matches, say which entries are wrong."""
+    if tuple(got.shape) == tuple(expected.shape) and got.numel() and not bool(got.any()) and bool(expected.any()):
+        alike = matching_mistakes(got, mistakes, atol=0, rtol=0)  # known mistakes that keep nothing on this shape
+        fail("the mask blocks every key", tried=tried, got="False everywhere: no query may attend to any key",
+             expected=f"{int(expected.sum())} of the {expected.numel()} entries True (True = may attend), at least "
+                      "one per query",
+             cause=" — or ".join(f"possibly {m.summary}: {m.cause} (on this shape that keeps no key at all)"
+                                 for m in alike),
+             fix=alike[0].fix if alike else fix)
     try:
         expect_close(got, expected, tried=tried, what="your mask", atol=0, rtol=0, mistakes=mistakes, fix=fix)
     except Failure as failure:
@@ -165,8 +174,6 @@ def _cache_mistakes_kv(old: torch.Tensor | None, new: torch.Tensor, shared_old: 
     out += [
         Mistake("cache appended in the wrong order", "you put the new token before the cached ones (torch.cat([new, "
                 "cached]))", "new tokens go last: " + _FIX_APPEND, torch.cat([new, old], dim=-2)),
-        Mistake("cache overwritten", "you kept only the newest token(s) instead of adding them to the cache",
-                "keep what is cached and append: " + _FIX_APPEND, new),
         Mistake("returned the cache before appending", "you returned the cache as it was before the new token was added",
                 "append first, then return the whole cache", old),
     ]
@@ -303,14 +310,62 @@ def _append(cache: Learner, k: torch.Tensor, v: torch.Tensor, tried: str, fresh:
         raise
 
 
+def _rows(n: int) -> str:
+    """'1 row', '3 rows'."""
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
+def _tokens(n: int) -> str:
+    """'token' (the last token), '3 tokens'."""
+    return "token" if n == 1 else f"{n} tokens"
+
+
+def _the_right(n: int) -> str:
+    """'the right one', 'the 3 right ones'."""
+    return "the right one" if n == 1 else f"the {n} right ones"
+
+
+def _only_new_returned(cache: Learner, got: torch.Tensor, new: torch.Tensor, *, has_old: bool, what: str,
+                       q_new: torch.Tensor, kv_all: tuple[torch.Tensor, torch.Tensor],
+                       kv_new: tuple[torch.Tensor, torch.Tensor], tried: str, tol: dict) -> None:
+    """When append returned only the tokens it was just given, ask attend whether the cache itself kept the earlier
+    ones: a cache that lost them ("overwritten") and one that kept them but returns the wrong thing are told apart."""
+    if not has_old or not same(got, new, **tol):
+        return
+    try:
+        seen = as_tensor(cache.method("attend")(q_new), tried=tried, what="attend")
+    except (Failure, LearnerRaised, LearnerTimedOut):
+        seen = None
+    n_new = new.shape[-2]
+    new_tokens = "the new token" if n_new == 1 else f"the {n_new} new tokens"
+    if seen is not None and same(seen, _sdpa(q_new, *kv_all), **tol):
+        fail("append returned only the new tokens", tried=tried,
+             got=f"{what} holds {new_tokens} only, yet attend(q) sees every token appended so far: the cache "
+                 "itself is right",
+             expected=f"{what} of the whole cache, {_rows(kv_all[0].shape[-2])}: every token so far, oldest first",
+             cause="append stores the tokens but returns the k and v it was given instead of the whole cache",
+             fix="end append with `return self.k, self.v`, after the concatenation")
+    if seen is not None and same(seen, _sdpa(q_new, *kv_new), **tol):
+        fail("cache overwritten", tried=tried,
+             got=f"{what} holds {new_tokens} only, and attend(q) sees only {new_tokens} as well",
+             expected=f"{_rows(kv_all[0].shape[-2])}: every token so far, oldest first",
+             cause="you replaced the cache with the newest token(s) instead of adding them to it",
+             fix="keep what is cached and append: " + _FIX_APPEND)
+    fail("append returned only the new tokens", tried=tried, got=f"{what} holds {new_tokens} only",
+         expected=f"{_rows(kv_all[0].shape[-2])}: every token so far, oldest first",
+         cause="either the cache keeps only the newest token(s) (it is overwritten), or it keeps them all but append "
+               "returns the k and v it was given; attend's output is wrong as well, so it cannot tell which",
+         fix="keep what is cached and append (" + _FIX_APPEND + "), then `return self.k, self.v`")
+
+
 def _expect_cache(got: torch.Tensor, want: torch.Tensor, *, tried: str, what: str, mistakes: list[Mistake],
                   tol: dict) -> None:
     n_got, n_want = (got.shape[-2], want.shape[-2]) if got.dim() >= 2 else (0, 0)
     if got.dim() == want.dim() and n_got > n_want and tuple(got.shape[:-2]) == tuple(want.shape[:-2]) \
             and same(got[..., n_got - n_want:, :], want, **tol):
         fail(f"{what} holds tokens from another cache", tried=tried,
-             got=f"{n_got} rows: the {n_want} right ones after {n_got - n_want} that were never appended to this cache",
-             expected=f"{n_want} rows", cause="your KVCache objects share their storage (a class attribute such as "
+             got=f"{_rows(n_got)}: {_the_right(n_want)} after {_rows(n_got - n_want)} never appended to this cache",
+             expected=f"{_rows(n_want)}: the tokens appended to this cache", cause="your KVCache objects share their storage (a class attribute such as "
              "`keys = []` in the class body), so a new cache starts with an old one's tokens",
              fix="create the storage in __init__: self.k = self.v = None")
     if got.dim() == want.dim() and 0 < n_got < n_want and tuple(got.shape[:-2]) == tuple(want.shape[:-2]) \
@@ -318,10 +373,10 @@ def _expect_cache(got: torch.Tensor, want: torch.Tensor, *, tried: str, what: st
                                                             if m.value() is not None):
         dropped = same(got, want[..., n_want - n_got:, :], **tol)
         fail(f"{what} holds {n_got} of the {n_want} tokens", tried=tried,
-             got=f"{n_got} rows" + (": the newest ones, the oldest dropped" if dropped else ""),
-             expected=f"{n_want} rows: every token appended so far",
-             cause=(f"your cache keeps only the last {n_got} tokens (a window or a fixed-size buffer)" if dropped else
-                    f"your cache stopped growing at {n_got} tokens (a buffer of fixed size?)"),
+             got=_rows(n_got) + (": the newest ones, the oldest dropped" if dropped else ""),
+             expected=f"{_rows(n_want)}: every token appended so far",
+             cause=(f"your cache keeps only the last {_tokens(n_got)} (a window or a fixed-size buffer)" if dropped else
+                    f"your cache stopped growing at {_tokens(n_got)} (a buffer of fixed size?)"),
              fix="keep every token: grow the cache with torch.cat([cached, new], dim=-2) (or enlarge a buffer when full)")
     expect_close(got, want, tried=tried, what=what, mistakes=mistakes, **tol,
                  fix="append returns the whole cache: every row so far, oldest first, shape (..., t, d)")
@@ -341,6 +396,10 @@ def check_KVCache(cls: Learner) -> str:
             K, V = _append(cache, new, vv[..., t:t + 1, :], tried, fresh=t == 0,
                            expected=(kk[..., :t + 1, :], vv[..., :t + 1, :]))
             shared = torch.cat(appended, dim=-2) if appended else None
+            if shared is None or not same(K, torch.cat([shared, new], dim=-2), **_tol(k.dtype)):
+                _only_new_returned(cache, K, new, has_old=t > 0, what="the returned K", q_new=q[..., t:t + 1, :],
+                                   kv_all=(kk[..., :t + 1, :], vv[..., :t + 1, :]),
+                                   kv_new=(new, vv[..., t:t + 1, :]), tried=tried, tol=_tol(k.dtype))
             _expect_cache(K, kk[..., :t + 1, :], tried=tried, what="the returned K", tol=_tol(k.dtype),
                           mistakes=_cache_mistakes_kv(kk[..., :t, :] if t else None, new, shared))
             appended.append(new)
@@ -363,6 +422,9 @@ def check_KVCache(cls: Learner) -> str:
                 for got, want, new, name in ((K, K_true, k[..., start:stop, :], "K"),
                                              (V, V_true, v[..., start:stop, :], "V")):
                     old = want[..., :start, :] if start else None
+                    _only_new_returned(cache, got, new, has_old=start > 0, what=f"the returned {name}",
+                                       q_new=q[..., stop - 1:stop, :], kv_all=(K_true, V_true),
+                                       kv_new=(k[..., start:stop, :], v[..., start:stop, :]), tried=tried, tol=tol)
                     extra = [Mistake("append returned the keys as V", "the second element append returns is the keys",
                                      "return self.k, self.v", K_true)] if name == "V" else []
                     _expect_cache(got, want, tried=tried, what=f"the returned {name}", tol=tol,
@@ -854,7 +916,7 @@ def _window_attention_mistakes(q, k, v, w, b) -> list[Mistake]:
                 "is rescaled", "multiply both by exp(m_old − m_new) before adding the block", tiled("neither")),
         Mistake("no final division", "the output is the unnormalised accumulator", "divide acc by l once, after the "
                 "last key block", tiled("division")),
-        *in_either_loop("last key block dropped", "the last, shorter key block is never visited when N is not a "
+        *in_either_loop("last key block dropped", "the last, shorter key block is never visited when n is not a "
                         "multiple of the block", "loop over key blocks with range(start, q_end, block_size): slicing "
                         "stops at the end", "k_tail", skip_first=False),
         *in_either_loop("one running maximum for all rows", "you took the maximum over the whole tile (amax without "
@@ -882,9 +944,9 @@ def _window_attention_mistakes(q, k, v, w, b) -> list[Mistake]:
                 "in every tile", tiled("band_only", skip=True)),
         Mistake("running sum restarted in every block", "you set l to the block's own sum instead of adding it to "
                 "the rescaled running sum", "l = l·exp(m_old − m_new) + block sum", tiled("sum_block", skip=True)),
-        Mistake("scores not scaled", "you did not multiply q kᵀ by 1/√D", "scale the scores by 1 / math.sqrt(D)",
+        Mistake("scores not scaled", "you did not multiply q kᵀ by 1/√d_k", "scale the scores by 1 / math.sqrt(d_k)",
                 tiled("no_scale")),
-        Mistake("divided by D instead of √D", "you divided the scores by D", "scale by 1 / math.sqrt(D)",
+        Mistake("divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)",
                 tiled("scale_d")),
     ]
 
@@ -903,9 +965,9 @@ _ATTN_CASES = [
     ("q, k (2, 10, 4) with every score below −1000, window 5, block 2", ((2,), 10, 4), 5, 2),
     ("q, k (10, 4) whose scores fall by hundreds from one key to the next, window 6, block 2", ((), 10, 4), 6, 2),
 ]
-#: (N, D, block, window, batch) of the work measurements. The window's first key falls one past a block
+#: (n, d_k, block, window, batch) of the work measurements. The window's first key falls one past a block
 #: boundary in the first and on a boundary in the second, so a loop that starts one block early is seen
-#: there; the two block sizes differ (and differ from D, Dv and 64), so tiles of a fixed size are seen too.
+#: there; the two block sizes differ (and differ from d_k, d_v and 64), so tiles of a fixed size are seen too.
 _WORK_CASES = [(80, 6, 8, 8, 2), (80, 6, 4, 9, 2)]
 
 
@@ -939,9 +1001,9 @@ def _check_work(fn: Learner) -> None:
         shapes = [tuple(s) for s in work.get("shapes", [])]
         full = [s for s in shapes if s[-2:] == (n, n)]
         if full:
-            fail("built the full N × N score matrix", tried=tried, got=f"a floating-point tensor of shape {full[0]}",
+            fail("built the full n × n score matrix", tried=tried, got=f"a floating-point tensor of shape {full[0]}",
                  expected="no tensor larger than a (block, block) tile of scores",
-                 cause="the values are right, but the memory is O(N²): that is what tiling avoids",
+                 cause="the values are right, but the memory is O(n²): that is what tiling avoids",
                  fix="compute scores one (block, block) tile at a time")
         square: dict[int, int] = {}
         for shape, count in work.get("products", []):
@@ -989,15 +1051,15 @@ def _last_block_cause(failure: Failure, out: torch.Tensor, expected: torch.Tenso
     if bool(close[..., :tail, :].all()) and not bool(close[..., tail:, :].all()):
         d = failure.diagnosis
         fail(f"wrong only in the last, shorter query block (rows {tail} … {n - 1})", tried=d.tried, got=d.got,
-             expected=d.expected, cause=f"N = {n} is not a multiple of block_size = {b}, and your loop mishandles the "
-             f"last {n % b} rows (a range that stops before them, or a block length taken as block_size)",
-             fix="loop with range(0, N, block_size) and slice q[..., q_start:q_start + block_size, :]: the last "
+             expected=d.expected, cause=f"n = {n} is not a multiple of block_size = {b}, and your loop mishandles the "
+             f"last {_rows(n % b)} (a range that stops before them, or a block length taken as block_size)",
+             fix="loop with range(0, n, block_size) and slice q[..., q_start:q_start + block_size, :]: the last "
                  "slice is simply shorter; use its own length for the accumulators")
     raise failure
 
 
 @check("sliding_window_attention",
-       expects="a function sliding_window_attention(q, k, v, window, block_size) returning a tensor (..., N, Dv)")
+       expects="a function sliding_window_attention(q, k, v, window, block_size) returning a tensor (..., n, d_v)")
 def check_sliding_window_attention(fn: Learner) -> str:
     for i, (label, (lead, n, d), w, b) in enumerate(_ATTN_CASES):
         dtype = torch.float32 if "float32" in label else torch.float64
@@ -1005,7 +1067,7 @@ def check_sliding_window_attention(fn: Learner) -> str:
         if "differ by more" in label:
             q[..., 0, :] *= 1000.0  # row 0's scores are in the thousands, the others near 1
         if "below −1000" in label:
-            q, k = q.abs() + 0.5, k - 600.0  # q·k/√D ≈ −600·Σ q_i / 2 for every query and key
+            q, k = q.abs() + 0.5, k - 600.0  # q·k/√d_k ≈ −600·Σ q_i / 2 for every query and key
         if "fall by hundreds" in label:
             q = q.abs() + 1.0
             k = torch.linspace(1600, -5600, n, dtype=torch.float64)[:, None] / q.sum(-1).mean() * 2 + 0.1 * k
@@ -1015,7 +1077,7 @@ def check_sliding_window_attention(fn: Learner) -> str:
         if tuple(out.shape) == tuple(q.shape) and q.shape[-1] != v.shape[-1]:
             fail("output as wide as q, not v", tried=tried, got=f"shape {tuple(out.shape)}",
                  expected=f"shape {tuple(expected.shape)}", cause="you allocated the output or the accumulator with "
-                 "q's width D", fix="use v.shape[-1] (Dv) for the output and the accumulator")
+                 "q's width d_k", fix="use v.shape[-1] (d_v) for the output and the accumulator")
         try:
             expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=_window_attention_mistakes(q, k, v, w, b))
         except Failure as failure:

@@ -4,9 +4,9 @@ Oracle: PyTorch's autograd — ``torch.autograd.functional.jacobian`` of ``torch
 gradient of ``torch.softmax`` for the vector–Jacobian product and for the Function's backward, and
 ``torch.autograd.gradcheck`` for the Function.
 
-The cases cover one vector (n,), batches (B, n) — square and not — and (B, H, n), size-1 axes, n = 1,
-float32 and float64, a saturated softmax, exact zeros in s (scores of -inf), and upstream gradients
-of ±1000: so a sign or transposition slip, sᵀs for s sᵀ, a missing term, a reduction over the whole
+The cases cover one vector (n,), batches (B, n) — square and not — and (B, A, n), size-1 axes, n = 1,
+float32 and float64, a saturated softmax, exact zeros in p (scores of -inf), and upstream gradients
+of ±1000: so a sign or transposition slip, pᵀp for p pᵀ, a missing term, a reduction over the whole
 tensor or without keepdim, and code for one vector only each fail, and are named.
 
 **O(n) memory and work** (the docstrings' promise for the VJP and the Function's backward) are
@@ -16,15 +16,15 @@ measured where the learner's code runs, by the learner-side probes :func:`vjp_co
 ``torch.overrides.TorchFunctionMode`` records every tensor that a torch function called from
 Python returns, and ``tracemalloc`` records NumPy's peak. Only those numbers cross back; the
 verdict is the check's. The O(n) route holds a few vectors of n numbers (about 10⁴ in all); building
-J or its outer product holds n² = 4,194,304 at once, and recomputing ⟨g, s⟩ for every entry creates
+J or its outer product holds n² = 4,194,304 at once, and recomputing ⟨g, p⟩ for every entry creates
 n² in total. The line is drawn at n²/8: 8× below the wrong answers and over 50× above the right
 ones. The mode is imported inside the probe, with a fallback (memory then reported as not measured),
 so a change in PyTorch can never break these checks at import.
 
-The Function's backward is also compared with what a backward using the wrong saved tensor (x, or the
+The Function's backward is also compared with what a backward using the wrong saved tensor (z, or the
 exponentials before normalising) would give, and a gradcheck failure says which pass lost float64
 precision, measured on the float64 cases before it. Every check also asks, once, whether the learner's
-code leaves its input (s or x) as it was.
+code leaves its input (p or z) as it was.
 
 Shared pieces come from notebook 03's checks, where they are public and documented
 (:mod:`attn_course.checks.softmax`).
@@ -56,17 +56,17 @@ INF = float("inf")
 
 
 # ============================================================================ oracles
-def _oracle_jacobian(s: torch.Tensor) -> torch.Tensor:
-    """∂softmax/∂x by autograd at x = log s (softmax(log s) = s), one row at a time: (..., n, n)."""
-    x = torch.log(s.double())
-    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), row) for row in x.reshape(-1, x.shape[-1])]
-    return torch.stack(rows).reshape(*s.shape, s.shape[-1])
+def _oracle_jacobian(p: torch.Tensor) -> torch.Tensor:
+    """∂softmax/∂z by autograd at z = log p (softmax(log p) = p), one row at a time: (..., n, n)."""
+    z = torch.log(p.double())
+    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), row) for row in z.reshape(-1, z.shape[-1])]
+    return torch.stack(rows).reshape(*p.shape, p.shape[-1])
 
 
-def _oracle_vjp(s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """gᵀJ by autograd through torch.softmax at x = log s."""
-    x = torch.log(s.double()).requires_grad_(True)
-    (grad,) = torch.autograd.grad(torch.softmax(x, -1), x, g.double())
+def _oracle_vjp(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """gᵀJ by autograd through torch.softmax at z = log p."""
+    z = torch.log(p.double()).requires_grad_(True)
+    (grad,) = torch.autograd.grad(torch.softmax(z, -1), z, g.double())
     return grad
 
 
@@ -131,25 +131,25 @@ def _measure(work: Callable[[], Any]) -> dict[str, Any]:
 
 
 @probe("softmax_vjp_cost")
-def vjp_cost(fn: Callable, s: torch.Tensor, g: torch.Tensor, numpy: bool = False) -> dict[str, Any]:
-    """Learner side: what one call ``fn(s, g)`` creates (see :func:`_measure`), after one unwatched
+def vjp_cost(fn: Callable, p: torch.Tensor, g: torch.Tensor, numpy: bool = False) -> dict[str, Any]:
+    """Learner side: what one call ``fn(p, g)`` creates (see :func:`_measure`), after one unwatched
     call (so that one-off costs are not counted). ``numpy``: call with arrays."""
-    args = (s.numpy(), g.numpy()) if numpy else (s, g)
+    args = (p.numpy(), g.numpy()) if numpy else (p, g)
     fn(*args)
     return _measure(lambda: fn(*args))
 
 
 @probe("softmax_function_cost")
-def function_cost(cls: type, x: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
-    """Learner side: what ``cls.apply(x)`` creates, and what its backward creates for upstream ``g``.
+def function_cost(cls: type, z: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
+    """Learner side: what ``cls.apply(z)`` creates, and what its backward creates for upstream ``g``.
 
     The backward is run by calling the output's ``grad_fn.apply(g)`` from Python: that is the learner's
     own ``backward`` with its real ctx, and torch functions it calls are seen (the autograd engine's
     own calls are not seen by a TorchFunctionMode)."""
-    x = x.detach().requires_grad_(True)
-    cls.apply(x)  # one unwatched forward
+    z = z.detach().requires_grad_(True)
+    cls.apply(z)  # one unwatched forward
     holder: dict[str, Any] = {}
-    forward = _measure(lambda: holder.setdefault("y", cls.apply(x)))
+    forward = _measure(lambda: holder.setdefault("y", cls.apply(z)))
     node = getattr(holder["y"], "grad_fn", None)
     if node is None or not callable(getattr(node, "apply", None)):
         return {"forward": forward, "backward": {"measured": False}}
@@ -169,7 +169,7 @@ def _quadratic(cost: dict, what: str, tried: str, fix: str) -> None:
     if largest >= QUADRATIC:
         fail(f"O(n²) memory in {what}", tried=tried,
              got=f"at n = {BIG_N}, {what} built a tensor of shape {shape} ({largest:,} numbers)", expected=expected,
-             cause=f"{what} forms an n×n matrix (the Jacobian, or the outer product s sᵀ)", fix=fix)
+             cause=f"{what} forms an n×n matrix (the Jacobian, or the outer product p pᵀ)", fix=fix)
     if peak >= 4 * QUADRATIC:
         fail(f"O(n²) memory in {what}", tried=tried,
              got=f"at n = {BIG_N}, {what} held {peak / 2**20:.0f} MiB of NumPy arrays at once", expected=expected,
@@ -178,11 +178,11 @@ def _quadratic(cost: dict, what: str, tried: str, fix: str) -> None:
         fail(f"O(n²) work in {what}", tried=tried,
              got=f"at n = {BIG_N}, {what} created {total:,} numbers in all, about n²/{max(1, round(BIG_N ** 2 / total))}",
              expected=expected, cause=f"{what} recomputes a whole row's worth of numbers for every entry (a Python "
-             "loop over the entries, each computing ⟨g, s⟩ or a row of J again)", fix=fix)
+             "loop over the entries, each computing ⟨g, p⟩ or a row of J again)", fix=fix)
 
 
 # ============================================================================ after an exception
-_ANY_AXES_FIX = "write every step for shape (..., n): torch.diag_embed, s.unsqueeze(-1) * s.unsqueeze(-2), sums " \
+_ANY_AXES_FIX = "write every step for shape (..., n): torch.diag_embed, p.unsqueeze(-1) * p.unsqueeze(-2), sums " \
                 "along -1 with keepdim=True"
 
 
@@ -197,18 +197,18 @@ def _size_one(n: int, passed: set[int]) -> dict[str, str]:
     return dict(cause=f"your code fails when n = 1, though it worked for n = {', '.join(map(str, sorted(passed)))}: "
                       "something in it treats an axis of size 1 differently (.squeeze() without an axis removes "
                       "it, for example)",
-                fix="keep every axis: no .squeeze() without an axis, and take n from s.shape[-1]")
+                fix="keep every axis: no .squeeze() without an axis, and take n from p.shape[-1]")
 
 
 # ============================================================================ softmax_jacobian
-_BATCH_FIX = ("use operations that work for any leading axes: torch.diag_embed(s) (torch.diag on a 2-D tensor "
-              "extracts a diagonal instead of building one) and s.unsqueeze(-1) * s.unsqueeze(-2) (torch.outer and "
+_BATCH_FIX = ("use operations that work for any leading axes: torch.diag_embed(p) (torch.diag on a 2-D tensor "
+              "extracts a diagonal instead of building one) and p.unsqueeze(-1) * p.unsqueeze(-2) (torch.outer and "
               "np.outer flatten their inputs)")
 
 
-def _new_size(s: torch.Tensor, passed: set[int]) -> str:
+def _new_size(p: torch.Tensor, passed: set[int]) -> str:
     """``"n = 5, though it worked for n = 3"`` when no earlier case had this row length, else ``""``."""
-    n = s.shape[-1]
+    n = p.shape[-1]
     if not passed or n in passed:
         return ""
     return f"n = {n}, though it worked for n = {', '.join(map(str, sorted(passed)))}"
@@ -231,202 +231,202 @@ def _jacobian_cases() -> list[torch.Tensor]:
     ]
 
 
-def _jacobian_mistakes(s: torch.Tensor, expected: torch.Tensor) -> list[Mistake]:
-    outer = s.unsqueeze(-1) * s.unsqueeze(-2)  # (..., n, n)
-    diag = torch.diag_embed(s)
-    n = s.shape[-1]
-    eye = torch.eye(n, dtype=s.dtype)
-    formula = "J = diag(s) − s sᵀ: torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)"
-    inner = ("sᵀs for s sᵀ", "you subtracted the inner product sᵀs = Σ s_i² (one number) where J needs the outer "
-             "product s sᵀ (an n×n matrix with entries s_i s_j)", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)")
+def _jacobian_mistakes(p: torch.Tensor, expected: torch.Tensor) -> list[Mistake]:
+    outer = p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n, n)
+    diag = torch.diag_embed(p)
+    n = p.shape[-1]
+    eye = torch.eye(n, dtype=p.dtype)
+    formula = "J = diag(p) − p pᵀ: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)"
+    inner = ("pᵀp for p pᵀ", "you subtracted the inner product pᵀp = Σ p_i² (one number) where J needs the outer "
+             "product p pᵀ (an n×n matrix with entries p_i p_j)", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)")
     out = [
-        Mistake("sign flipped", "your J is s sᵀ − diag(s), the negative of diag(s) − s sᵀ (its diagonal s_i(1 − s_i) "
+        Mistake("sign flipped", "your J is p pᵀ − diag(p), the negative of diag(p) − p pᵀ (its diagonal p_i(1 − p_i) "
                 "must be positive)", formula, lambda: outer - diag),
-        Mistake(*inner, lambda: diag - (s * s).sum(-1)[..., None, None]),
-        Mistake(*inner, lambda: diag - (s * s).sum()),
-        Mistake("− s sᵀ term missing", "you returned diag(s) alone: off the diagonal, ∂s_i/∂x_j = −s_i s_j, not 0",
+        Mistake(*inner, lambda: diag - (p * p).sum(-1)[..., None, None]),
+        Mistake(*inner, lambda: diag - (p * p).sum()),
+        Mistake("− p pᵀ term missing", "you returned diag(p) alone: off the diagonal, ∂p_i/∂z_j = −p_i p_j, not 0",
                 formula, lambda: diag),
-        Mistake("diag(s) term missing", "you returned −s sᵀ alone: the diagonal entries are s_i − s_i², not −s_i²",
+        Mistake("diag(p) term missing", "you returned −p pᵀ alone: the diagonal entries are p_i − p_i², not −p_i²",
                 formula, lambda: -outer),
-        Mistake("only the diagonal", "you returned only the diagonal entries s_i(1 − s_i): the off-diagonal entries "
-                "−s_i s_j are missing", formula, lambda: torch.diag_embed(s * (1 - s))),
-        Mistake("s_i² for s_i s_j", "you subtracted s_i² in row i (s ⊙ s broadcast along the rows), not the outer "
-                "product s_i s_j", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)",
-                lambda: diag - (s * s).unsqueeze(-1)),
-        Mistake("s_j² for s_i s_j", "you subtracted s_j² in column j, not the outer product s_i s_j",
-                "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)", lambda: diag - (s * s).unsqueeze(-2)),
-        Mistake("s_i / s_j for s_i s_j", "you divided where the outer product multiplies: s_i / s_j", formula,
-                lambda: diag - s.unsqueeze(-1) / s.unsqueeze(-2)),
-        Mistake("outer product missing a factor", "you subtracted s_i (s broadcast along one axis), not the outer "
-                "product s_i s_j", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)",
-                lambda: diag - s.unsqueeze(-1)),
-        Mistake("outer product missing a factor", "you subtracted s_j (s broadcast along one axis), not the outer "
-                "product s_i s_j", "the outer product: s.unsqueeze(-1) * s.unsqueeze(-2)",
-                lambda: diag - s.unsqueeze(-2)),
-        Mistake("s for diag(s)", "you subtracted the outer product from the vector s, which broadcasts along the "
-                "rows, where J needs the diagonal matrix diag(s)", "torch.diag_embed(s) builds diag(s) for any leading "
-                "axes", lambda: s.unsqueeze(-2) - outer),
-        Mistake("outer product added", "you added s sᵀ to diag(s); J subtracts it", formula, lambda: diag + outer),
-        Mistake("outer product alone", "you returned s sᵀ alone", formula, lambda: outer),
-        Mistake("identity for diag(s)", "you used the identity matrix where J has diag(s)", formula,
+        Mistake("only the diagonal", "you returned only the diagonal entries p_i(1 − p_i): the off-diagonal entries "
+                "−p_i p_j are missing", formula, lambda: torch.diag_embed(p * (1 - p))),
+        Mistake("p_i² for p_i p_j", "you subtracted p_i² in row i (p ⊙ p broadcast along the rows), not the outer "
+                "product p_i p_j", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)",
+                lambda: diag - (p * p).unsqueeze(-1)),
+        Mistake("p_j² for p_i p_j", "you subtracted p_j² in column j, not the outer product p_i p_j",
+                "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)", lambda: diag - (p * p).unsqueeze(-2)),
+        Mistake("p_i / p_j for p_i p_j", "you divided where the outer product multiplies: p_i / p_j", formula,
+                lambda: diag - p.unsqueeze(-1) / p.unsqueeze(-2)),
+        Mistake("outer product missing a factor", "you subtracted p_i (p broadcast along one axis), not the outer "
+                "product p_i p_j", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)",
+                lambda: diag - p.unsqueeze(-1)),
+        Mistake("outer product missing a factor", "you subtracted p_j (p broadcast along one axis), not the outer "
+                "product p_i p_j", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)",
+                lambda: diag - p.unsqueeze(-2)),
+        Mistake("p for diag(p)", "you subtracted the outer product from the vector p, which broadcasts along the "
+                "rows, where J needs the diagonal matrix diag(p)", "torch.diag_embed(p) builds diag(p) for any leading "
+                "axes", lambda: p.unsqueeze(-2) - outer),
+        Mistake("outer product added", "you added p pᵀ to diag(p); J subtracts it", formula, lambda: diag + outer),
+        Mistake("outer product alone", "you returned p pᵀ alone", formula, lambda: outer),
+        Mistake("identity for diag(p)", "you used the identity matrix where J has diag(p)", formula,
                 lambda: eye - outer),
-        Mistake("Jacobian of log-softmax", "you returned I − 1 sᵀ, the Jacobian of log-softmax; softmax's is "
-                "diag(s) − s sᵀ", formula, lambda: eye - s.unsqueeze(-2).expand(*s.shape[:-1], n, n)),
-        Mistake("softmax applied to s", "you took the softmax of s again: s is already the softmax output, and J is "
-                "written in terms of it", "use s as it is: " + formula,
-                lambda: torch.diag_embed(torch.softmax(s, -1)) - torch.softmax(s, -1).unsqueeze(-1) *
-                torch.softmax(s, -1).unsqueeze(-2)),
-        Mistake("outer product over the batch", "you multiplied sᵀ @ s over a (B, n) tensor, which sums the outer "
-                "products of all rows into one n×n matrix", "one matrix per row: s.unsqueeze(-1) * s.unsqueeze(-2)",
-                lambda: torch.diag_embed(s).sum(0) - s.T @ s if s.ndim == 2 else None),
+        Mistake("Jacobian of log-softmax", "you returned I − 1 pᵀ, the Jacobian of log-softmax; softmax's is "
+                "diag(p) − p pᵀ", formula, lambda: eye - p.unsqueeze(-2).expand(*p.shape[:-1], n, n)),
+        Mistake("softmax applied to p", "you took the softmax of p again: p is already the softmax output, and J is "
+                "written in terms of it", "use p as it is: " + formula,
+                lambda: torch.diag_embed(torch.softmax(p, -1)) - torch.softmax(p, -1).unsqueeze(-1) *
+                torch.softmax(p, -1).unsqueeze(-2)),
+        Mistake("outer product over the batch", "you multiplied pᵀ @ p over a (B, n) tensor, which sums the outer "
+                "products of all rows into one n×n matrix", "one matrix per row: p.unsqueeze(-1) * p.unsqueeze(-2)",
+                lambda: torch.diag_embed(p).sum(0) - p.T @ p if p.ndim == 2 else None),
     ]
-    if s.ndim >= 2:
-        flat = s.reshape(-1)
+    if p.ndim >= 2:
+        flat = p.reshape(-1)
         out.append(Mistake("one Jacobian for the whole batch, flattened", "torch.outer and np.outer flatten their "
                            "inputs, so your J treats the whole batch as one long vector: one (B·n)×(B·n) matrix",
                            "one n×n matrix per row: " + formula, lambda: torch.diag(flat) - torch.outer(flat, flat)))
-        batch = list(range(s.ndim - 1))
+        batch = list(range(p.ndim - 1))
         out += [
             Mistake("batch axes last", "your J has the batch axes after the two Jacobian axes",
-                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂s_i/∂x_j",
+                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂p_i/∂z_j",
                     lambda: expected.movedim(batch, [expected.ndim - len(batch) + k for k in batch])),
             Mistake("batch axes in the wrong place", "your J has a batch axis between the two Jacobian axes",
-                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂s_i/∂x_j",
+                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂p_i/∂z_j",
                     lambda: expected.movedim(batch, [k + 1 for k in batch])),
         ]
-    if s.ndim == 2:
+    if p.ndim == 2:
         out.append(Mistake("Jacobian across the batch", "you differentiated the whole (B, n) batch at once: that is "
                            "a (B, n, B, n) array, most of it zeros between different rows",
                            "one n×n matrix per row: " + formula,
                            lambda: torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1),
-                                                                      torch.log(s.double()))))
+                                                                      torch.log(p.double()))))
     return out
 
 
-def _explain_jacobian(out: torch.Tensor, s: torch.Tensor, expected: torch.Tensor, tried: str) -> None:
-    """Which property of J = diag(s) − s sᵀ the answer breaks (same shape, no known mistake)."""
+def _explain_jacobian(out: torch.Tensor, p: torch.Tensor, expected: torch.Tensor, tried: str) -> None:
+    """Which property of J = diag(p) − p pᵀ the answer breaks (same shape, no known mistake)."""
     a, e = out.detach().double(), expected
     if not torch.isfinite(a).all():
         return
-    eye = torch.eye(s.shape[-1], dtype=torch.bool)
+    eye = torch.eye(p.shape[-1], dtype=torch.bool)
     close = torch.isclose(a, e, atol=1e-6, rtol=1e-4)
     diag_ok, off_ok = bool(close[..., eye].all()), bool(close[..., ~eye].all())
-    formula = "J = diag(s) − s sᵀ: torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)"
+    formula = "J = diag(p) − p pᵀ: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)"
     if diag_ok and not off_ok:
         fail("off-diagonal entries wrong", tried=tried, got="the diagonal of your J is right, the entries off it are not",
-             expected="J[i, j] = −s_i s_j for i ≠ j", fix=formula)
+             expected="J[i, j] = −p_i p_j for i ≠ j", fix=formula)
     if off_ok and not diag_ok:
         fail("diagonal wrong", tried=tried, got="the entries off the diagonal are right, the diagonal is not",
-             expected="J[i, i] = s_i (1 − s_i)", fix=formula)
+             expected="J[i, i] = p_i (1 − p_i)", fix=formula)
     if not torch.allclose(a, a.transpose(-1, -2), atol=1e-6):
         fail("J not symmetric", tried=tried,
              got=f"your J differs from its transpose (by up to {fmt(float((a - a.transpose(-1, -2)).abs().max()))})",
-             expected="a symmetric J: J[i, j] = J[j, i] = −s_i s_j off the diagonal", fix=formula)
+             expected="a symmetric J: J[i, j] = J[j, i] = −p_i p_j off the diagonal", fix=formula)
     rows = a.sum(-1)
     if not torch.allclose(rows, torch.zeros_like(rows), atol=1e-6):
         fail("rows of J do not sum to 0", tried=tried,
              got=f"rows of your J sum to {fmt(float(rows.min()))} … {fmt(float(rows.max()))}",
-             expected="every row summing to 0 (Σ_i s_i = 1 whatever x is)", fix=formula)
+             expected="every row summing to 0 (Σ_i p_i = 1 whatever z is)", fix=formula)
 
 
-@check("softmax_jacobian", expects="a function softmax_jacobian(s) returning J of shape (..., n, n)")
+@check("softmax_jacobian", expects="a function softmax_jacobian(p) returning J of shape (..., n, n)")
 def check_softmax_jacobian(fn: Learner) -> str:
     run, ruled = TensorOrArray(fn), RuledOut()
     cases = _jacobian_cases()
     passed_ndim, passed_n, passed_ndims = 0, set(), set()
-    for s in cases:
-        tried = f"softmax_jacobian(s) on {describe_input(s, 's')}"
+    for p in cases:
+        tried = f"softmax_jacobian(p) on {describe_input(p, 'p')}"
         try:
-            result = run(s)
+            result = run(p)
         except LearnerRaised as exc:
-            hint = raised_hint(exc, signature="softmax_jacobian(s)", batched=s.ndim > passed_ndim >= 1,
-                               reductions=False, new_size=_new_size(s, passed_n))
-            hint = _size_one(s.shape[-1], passed_n) or hint
-            if s.ndim not in passed_ndims and probe_worth(hint):
-                hint = _works_elsewhere(tuple(s.shape), [
+            hint = raised_hint(exc, signature="softmax_jacobian(p)", batched=p.ndim > passed_ndim >= 1,
+                               reductions=False, new_size=_new_size(p, passed_n))
+            hint = _size_one(p.shape[-1], passed_n) or hint
+            if p.ndim not in passed_ndims and probe_worth(hint):
+                hint = _works_elsewhere(tuple(p.shape), [
                     (tuple(c.shape), lambda c=c: same_as(run(c), _oracle_jacobian(c), atol=1e-6))
                     for c in cases if c.ndim not in passed_ndims]) or hint
             raise Failure(learner_error(exc, tried=tried, expected="J of shape (..., n, n)", **hint)) from None
         out = as_tensor(result, tried=tried)
-        expect_floating(out, s.dtype, tried=tried, what="your J")
-        expected = _oracle_jacobian(s)
-        compare(out, expected, tried=tried, what="your J", mistakes=_jacobian_mistakes(s, expected), atol=1e-6,
-                rtol=1e-4, ruled_out=ruled, explain=lambda o, s=s, e=expected: _explain_jacobian(o, s, e, tried),
-                shape_fix="one n×n matrix per row of s: J has shape (*s.shape, n)" + (
-                    "; " + _BATCH_FIX if s.ndim > passed_ndim >= 1 else ""), factors={"n": float(s.shape[-1])})
-        passed_ndim = max(passed_ndim, s.ndim)
-        passed_ndims.add(s.ndim)
-        passed_n.add(s.shape[-1])
-    expect_input_unchanged(fn, cases[0], call="softmax_jacobian(s)", numpy=run.mode == "numpy", name="s")
+        expect_floating(out, p.dtype, tried=tried, what="your J")
+        expected = _oracle_jacobian(p)
+        compare(out, expected, tried=tried, what="your J", mistakes=_jacobian_mistakes(p, expected), atol=1e-6,
+                rtol=1e-4, ruled_out=ruled, explain=lambda o, p=p, e=expected: _explain_jacobian(o, p, e, tried),
+                shape_fix="one n×n matrix per row of p: J has shape (*p.shape, n)" + (
+                    "; " + _BATCH_FIX if p.ndim > passed_ndim >= 1 else ""), factors={"n": float(p.shape[-1])})
+        passed_ndim = max(passed_ndim, p.ndim)
+        passed_ndims.add(p.ndim)
+        passed_n.add(p.shape[-1])
+    expect_input_unchanged(fn, cases[0], call="softmax_jacobian(p)", numpy=run.mode == "numpy", name="p")
     return (f"matches torch.autograd.functional.jacobian on {len(cases)} cases ({run.kind}): (n,), (B, n), "
-            "(B, H, n), n = 1, saturated")
+            "(B, A, n), n = 1, saturated")
 
 
 # ============================================================================ softmax_vjp
-_VJP_FORMULA = "s * (grad - (grad * s).sum(-1, keepdim=True))"
+_VJP_FORMULA = "p * (grad - (grad * p).sum(-1, keepdim=True))"
 
 
-def _vjp_mistakes(s: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
-    dot = (g * s).sum(-1, keepdim=True)
-    fix = f"∂L/∂x = s ⊙ (g − ⟨g, s⟩): {_VJP_FORMULA}"
+def _vjp_mistakes(p: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
+    dot = (g * p).sum(-1, keepdim=True)
+    fix = f"∂L/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}"
     return [
         Mistake("grad returned unchanged", "you returned the upstream gradient as it is: the gradient with respect to "
                 "the scores is grad multiplied by the softmax Jacobian", fix, lambda: g.clone()),
-        Mistake("⟨g, s⟩ term missing", "you returned s ⊙ g, only the diagonal part of the product: the − s ⟨g, s⟩ "
-                "term is missing", fix, lambda: s * g),
-        Mistake("sign flipped", "you returned s ⊙ (⟨g, s⟩ − g), the negative of the gradient", fix,
-                lambda: s * (dot - g)),
-        Mistake("final multiplication by s missing", "you returned g − ⟨g, s⟩ without multiplying by s", fix,
+        Mistake("⟨g, p⟩ term missing", "you returned p ⊙ g, only the diagonal part of the product: the − p ⟨g, p⟩ "
+                "term is missing", fix, lambda: p * g),
+        Mistake("sign flipped", "you returned p ⊙ (⟨g, p⟩ − g), the negative of the gradient", fix,
+                lambda: p * (dot - g)),
+        Mistake("final multiplication by p missing", "you returned g − ⟨g, p⟩ without multiplying by p", fix,
                 lambda: g - dot),
-        Mistake("plain sum of g", "you subtracted the plain sum Σ_j g_j; the term is the s-weighted sum ⟨g, s⟩ = "
-                "Σ_j g_j s_j", fix, lambda: s * (g - g.sum(-1, keepdim=True))),
-        Mistake("mean of g", "you subtracted the mean of g; the term is the s-weighted sum ⟨g, s⟩ = Σ_j g_j s_j", fix,
-                lambda: s * (g - g.mean(-1, keepdim=True))),
-        Mistake("⟨g, s⟩ summed over the whole tensor", "you summed g ⊙ s over the whole tensor, not per row, so every "
-                "row gets the same ⟨g, s⟩", "sum along the last axis only: (grad * s).sum(-1, keepdim=True)",
-                lambda: s * (g - (g * s).sum())),
-        Mistake("keepdim missing", "you reduced ⟨g, s⟩ without keepdim=True, so it broadcast along the wrong axis "
-                "(each row got another row's sum)", "(grad * s).sum(-1, keepdim=True)",
-                lambda: s * (g - (g * s).sum(-1))),
-        Mistake("only the diagonal of J", "you multiplied g by the diagonal of J, s ⊙ (1 − s), leaving out the "
-                "off-diagonal −s_i s_j", fix, lambda: s * (1 - s) * g),
-        Mistake("s and grad swapped", "you used grad where the formula has s and s where it has grad", fix,
-                lambda: g * (s - dot)),
-        Mistake("mean instead of sum for ⟨g, s⟩", "you took the mean of g ⊙ s; ⟨g, s⟩ is its sum", fix,
-                lambda: s * (g - (g * s).mean(-1, keepdim=True))),
-        Mistake("g / s for g ⊙ s", "you divided grad by s inside ⟨g, s⟩; it is the sum of the products g_j s_j", fix,
-                lambda: s * (g - (g / s).sum(-1, keepdim=True))),
-        Mistake("⟨g, s⟩ replaced by Σ s", "you summed s alone (which is 1) where ⟨g, s⟩ sums g ⊙ s", fix,
-                lambda: s * (g - s.sum(-1, keepdim=True))),
-        Mistake("divided by (g − ⟨g, s⟩)", "you divided s by (g − ⟨g, s⟩); the two are multiplied", fix,
-                lambda: s / (g - dot)),
-        Mistake("returned s", "you returned s itself", fix, lambda: s.clone()),
-        Mistake("sign of the ⟨g, s⟩ term", "you added ⟨g, s⟩; the formula subtracts it", fix, lambda: s * (g + dot)),
-        Mistake("only the − s ⟨g, s⟩ part", "you returned s ⊙ ⟨g, s⟩: the s ⊙ g part is missing", fix,
-                lambda: s * dot),
+        Mistake("plain sum of g", "you subtracted the plain sum Σ_j g_j; the term is the p-weighted sum ⟨g, p⟩ = "
+                "Σ_j g_j p_j", fix, lambda: p * (g - g.sum(-1, keepdim=True))),
+        Mistake("mean of g", "you subtracted the mean of g; the term is the p-weighted sum ⟨g, p⟩ = Σ_j g_j p_j", fix,
+                lambda: p * (g - g.mean(-1, keepdim=True))),
+        Mistake("⟨g, p⟩ summed over the whole tensor", "you summed g ⊙ p over the whole tensor, not per row, so every "
+                "row gets the same ⟨g, p⟩", "sum along the last axis only: (grad * p).sum(-1, keepdim=True)",
+                lambda: p * (g - (g * p).sum())),
+        Mistake("keepdim missing", "you reduced ⟨g, p⟩ without keepdim=True, so it broadcast along the wrong axis "
+                "(each row got another row's sum)", "(grad * p).sum(-1, keepdim=True)",
+                lambda: p * (g - (g * p).sum(-1))),
+        Mistake("only the diagonal of J", "you multiplied g by the diagonal of J, p ⊙ (1 − p), leaving out the "
+                "off-diagonal −p_i p_j", fix, lambda: p * (1 - p) * g),
+        Mistake("p and grad swapped", "you used grad where the formula has p and p where it has grad", fix,
+                lambda: g * (p - dot)),
+        Mistake("mean instead of sum for ⟨g, p⟩", "you took the mean of g ⊙ p; ⟨g, p⟩ is its sum", fix,
+                lambda: p * (g - (g * p).mean(-1, keepdim=True))),
+        Mistake("g / p for g ⊙ p", "you divided grad by p inside ⟨g, p⟩; it is the sum of the products g_j p_j", fix,
+                lambda: p * (g - (g / p).sum(-1, keepdim=True))),
+        Mistake("⟨g, p⟩ replaced by Σ p", "you summed p alone (which is 1) where ⟨g, p⟩ sums g ⊙ p", fix,
+                lambda: p * (g - p.sum(-1, keepdim=True))),
+        Mistake("divided by (g − ⟨g, p⟩)", "you divided p by (g − ⟨g, p⟩); the two are multiplied", fix,
+                lambda: p / (g - dot)),
+        Mistake("returned p", "you returned p itself", fix, lambda: p.clone()),
+        Mistake("sign of the ⟨g, p⟩ term", "you added ⟨g, p⟩; the formula subtracts it", fix, lambda: p * (g + dot)),
+        Mistake("only the − p ⟨g, p⟩ part", "you returned p ⊙ ⟨g, p⟩: the p ⊙ g part is missing", fix,
+                lambda: p * dot),
         Mistake("upstream gradient not used", "your result is J·1, the product with a vector of ones (which is 0), "
-                "not with grad", fix, lambda: torch.zeros_like(s)),
-        Mistake("upstream gradient not used", "your result is the diagonal of J, s ⊙ (1 − s): grad does not enter it",
-                fix, lambda: s * (1 - s)),
-        Mistake("softmax applied to s", "you took the softmax of s again: s is already the softmax output",
-                "use s as it is: " + _VJP_FORMULA, lambda: torch.softmax(s, -1) * (
-                    g - (g * torch.softmax(s, -1)).sum(-1, keepdim=True))),
-        Mistake("sᵀs for s sᵀ", "you used J = diag(s) − sᵀs (one number) in place of the outer product s sᵀ",
-                fix, lambda: s * g - (s * s).sum(-1, keepdim=True) * g),
-        Mistake("⟨g, s⟩ not multiplied by s", "you returned s ⊙ g − ⟨g, s⟩: the ⟨g, s⟩ term must be multiplied by "
-                "s too, s ⊙ g − s ⟨g, s⟩", fix, lambda: s * g - dot),
-        Mistake("⟨s, s⟩ for ⟨g, s⟩", "you subtracted ⟨s, s⟩ = Σ s_j² where the formula has ⟨g, s⟩ = Σ g_j s_j", fix,
-                lambda: s * (g - (s * s).sum(-1, keepdim=True))),
-        Mistake("⟨g, g⟩ for ⟨g, s⟩", "you subtracted ⟨g, g⟩ = Σ g_j² where the formula has ⟨g, s⟩ = Σ g_j s_j", fix,
-                lambda: s * (g - (g * g).sum(-1, keepdim=True))),
+                "not with grad", fix, lambda: torch.zeros_like(p)),
+        Mistake("upstream gradient not used", "your result is the diagonal of J, p ⊙ (1 − p): grad does not enter it",
+                fix, lambda: p * (1 - p)),
+        Mistake("softmax applied to p", "you took the softmax of p again: p is already the softmax output",
+                "use p as it is: " + _VJP_FORMULA, lambda: torch.softmax(p, -1) * (
+                    g - (g * torch.softmax(p, -1)).sum(-1, keepdim=True))),
+        Mistake("pᵀp for p pᵀ", "you used J = diag(p) − pᵀp (one number) in place of the outer product p pᵀ",
+                fix, lambda: p * g - (p * p).sum(-1, keepdim=True) * g),
+        Mistake("⟨g, p⟩ not multiplied by p", "you returned p ⊙ g − ⟨g, p⟩: the ⟨g, p⟩ term must be multiplied by "
+                "p too, p ⊙ g − p ⟨g, p⟩", fix, lambda: p * g - dot),
+        Mistake("⟨p, p⟩ for ⟨g, p⟩", "you subtracted ⟨p, p⟩ = Σ p_j² where the formula has ⟨g, p⟩ = Σ g_j p_j", fix,
+                lambda: p * (g - (p * p).sum(-1, keepdim=True))),
+        Mistake("⟨g, g⟩ for ⟨g, p⟩", "you subtracted ⟨g, g⟩ = Σ g_j² where the formula has ⟨g, p⟩ = Σ g_j p_j", fix,
+                lambda: p * (g - (g * g).sum(-1, keepdim=True))),
     ] + [
-        Mistake(f"⟨g, s⟩ summed along axis {o}", f"you summed g ⊙ s along axis {o}; ⟨g, s⟩ is the sum along the "
-                "last axis, one number per row", "(grad * s).sum(-1, keepdim=True)",
-                lambda o=o: s * (g - (g * s).sum(o, keepdim=True))) for o in range(s.ndim - 1)
+        Mistake(f"⟨g, p⟩ summed along axis {o}", f"you summed g ⊙ p along axis {o}; ⟨g, p⟩ is the sum along the "
+                "last axis, one number per row", "(grad * p).sum(-1, keepdim=True)",
+                lambda o=o: p * (g - (g * p).sum(o, keepdim=True))) for o in range(p.ndim - 1)
     ] + [
-        Mistake("⟨g, s⟩ summed over a whole batch entry", "you summed g ⊙ s over each batch entry (a loop over the "
-                "first axis?), not over each row", "sum along the last axis only: (grad * s).sum(-1, keepdim=True)",
-                lambda: s * (g - (g * s).flatten(1).sum(1).reshape(-1, *[1] * (s.ndim - 1))) if s.ndim >= 3 else None),
+        Mistake("⟨g, p⟩ summed over a whole batch entry", "you summed g ⊙ p over each batch entry (a loop over the "
+                "first axis?), not over each row", "sum along the last axis only: (grad * p).sum(-1, keepdim=True)",
+                lambda: p * (g - (g * p).flatten(1).sum(1).reshape(-1, *[1] * (p.ndim - 1))) if p.ndim >= 3 else None),
     ]
 
 
@@ -439,7 +439,7 @@ def _vjp_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     s5 = _probs(g, 5)
     return [
         (s5, grad(5)),
-        (s5, torch.ones(5, dtype=torch.float64)),  # the gradient of Σ s = 1 is 0
+        (s5, torch.ones(5, dtype=torch.float64)),  # the gradient of Σ p = 1 is 0
         (_probs(g, 6, dtype=torch.float32), grad(6, dtype=torch.float32)),
         (_probs(g, 4, 4), grad(4, 4)),  # square: a keepdim slip broadcasts instead of failing
         (_probs(g, 3, 5, dtype=torch.float32), grad(3, 5, dtype=torch.float32)),
@@ -447,86 +447,86 @@ def _vjp_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
         (_probs(g, 1, 5), grad(1, 5)),
         (_probs(g, 3, 1, 4, dtype=torch.float32), grad(3, 1, 4, dtype=torch.float32)),
         (torch.ones(2, 1, dtype=torch.float64), grad(2, 1)),  # n = 1: the gradient is 0
-        # saturated rows with large upstream gradients, and exact zeros in s
+        # saturated rows with large upstream gradients, and exact zeros in p
         (_fixed([[20.0, 0.0, -5.0, 3.0], [2.0, -INF, 0.0, -INF]]),
          torch.tensor([[1000.0, -1000.0, 500.0, 0.001], [-1000.0, 7.0, 1000.0, 3.0]], dtype=torch.float64)),
     ]
 
 
-def _explain_vjp(out: torch.Tensor, s: torch.Tensor, g: torch.Tensor, tried: str,
-                 x: torch.Tensor | None = None) -> None:
-    """What is wrong with a gradient that matches no known mistake. ``x``: the scores, when the answer is a
+def _explain_vjp(out: torch.Tensor, p: torch.Tensor, g: torch.Tensor, tried: str,
+                 z: torch.Tensor | None = None) -> None:
+    """What is wrong with a gradient that matches no known mistake. ``z``: the scores, when the answer is a
     Function's backward (whose forward has already passed every case, ±1000 included)."""
     a = out.detach().double()
     if not torch.isfinite(a).all():
         rows = (~torch.isfinite(a)).any(-1)  # (...,) the rows holding NaN or inf
         cause = ""
-        if x is not None:
-            xs = x.double()
+        if z is not None:
+            xs = z.double()
             top = xs.masked_fill(~torch.isfinite(xs), -INF).amax(-1)
-            limit = math.log(torch.finfo(x.dtype).max)
+            limit = math.log(torch.finfo(z.dtype).max)
             if bool((top[rows] > limit).all()):
-                cause = (f"those rows hold scores above {limit:.2f}, where e^x overflows in "
-                         f"{str(x.dtype).replace('torch.', '')}; your forward handles them (it passed the cases at "
-                         "±1000), so your backward must be exponentiating x again without subtracting the maximum")
+                cause = (f"those rows hold scores above {limit:.2f}, where e^z overflows in "
+                         f"{str(z.dtype).replace('torch.', '')}; your forward handles them (it passed the cases at "
+                         "±1000), so your backward must be exponentiating z again without subtracting the maximum")
         fail("NaN or inf in the gradient", tried=tried, got=f"{int((~torch.isfinite(a)).sum())} entries are NaN or inf",
-             expected="finite gradients (s and grad are finite)", cause=cause,
-             fix="save s in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
+             expected="finite gradients (p and grad are finite)", cause=cause,
+             fix="save p in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
              if cause else f"compute {_VJP_FORMULA}: no division, no log")
     sums = a.sum(-1)
     if not torch.allclose(sums, torch.zeros_like(sums), atol=1e-6 * max(1.0, float(g.abs().max()))):
         fail("rows do not sum to 0", tried=tried,
              got=f"rows of your result sum to {fmt(float(sums.min()))} … {fmt(float(sums.max()))}",
-             expected="every row summing to 0 (Σ_i s_i (g_i − ⟨g, s⟩) = ⟨g, s⟩ − ⟨g, s⟩ = 0)",
-             fix=f"∂L/∂x = s ⊙ (g − ⟨g, s⟩): {_VJP_FORMULA}")
+             expected="every row summing to 0 (Σ_i p_i (g_i − ⟨g, p⟩) = ⟨g, p⟩ − ⟨g, p⟩ = 0)",
+             fix=f"∂L/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}")
 
 
-def _vjp_tried(name: str, s: torch.Tensor, g: torch.Tensor) -> str:
-    return f"{name} on {describe_input(s, 's')} and {describe_input(g, 'grad')}"
+def _vjp_tried(name: str, p: torch.Tensor, g: torch.Tensor) -> str:
+    return f"{name} on {describe_input(p, 'p')} and {describe_input(g, 'grad')}"
 
 
-@check("softmax_vjp", expects="a function softmax_vjp(s, grad) returning ∂L/∂x shaped like s")
+@check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂L/∂z shaped like p")
 def check_softmax_vjp(fn: Learner) -> str:
     run, ruled = TensorOrArray(fn), RuledOut()
     cases = _vjp_cases()
     passed_ndim, passed_n, passed_ndims = 0, set(), set()
-    for s, g in cases:
-        tried = _vjp_tried("softmax_vjp(s, grad)", s, g)
+    for p, g in cases:
+        tried = _vjp_tried("softmax_vjp(p, grad)", p, g)
         try:
-            result = run(s, g)
+            result = run(p, g)
         except LearnerRaised as exc:
-            hint = raised_hint(exc, signature="softmax_vjp(s, grad)", batched=s.ndim > passed_ndim >= 1,
-                               new_size=_new_size(s, passed_n))
-            hint = _size_one(s.shape[-1], passed_n) or hint
-            if s.ndim not in passed_ndims and probe_worth(hint):
-                hint = _works_elsewhere(tuple(s.shape), [
+            hint = raised_hint(exc, signature="softmax_vjp(p, grad)", batched=p.ndim > passed_ndim >= 1,
+                               new_size=_new_size(p, passed_n))
+            hint = _size_one(p.shape[-1], passed_n) or hint
+            if p.ndim not in passed_ndims and probe_worth(hint):
+                hint = _works_elsewhere(tuple(p.shape), [
                     (tuple(c.shape), lambda c=c, h=h: same_as(run(c, h), _oracle_vjp(c, h), atol=1e-5))
                     for c, h in cases if c.ndim not in passed_ndims]) or hint
-            raise Failure(learner_error(exc, tried=tried, expected="∂L/∂x shaped like s", **hint)) from None
+            raise Failure(learner_error(exc, tried=tried, expected="∂L/∂z shaped like p", **hint)) from None
         out = as_tensor(result, tried=tried)
-        expect_floating(out, s.dtype, tried=tried)
+        expect_floating(out, p.dtype, tried=tried)
         atol = 1e-6 * max(1.0, float(g.abs().max()))
-        compare(out, _oracle_vjp(s, g), tried=tried, what="your result", mistakes=_vjp_mistakes(s, g), atol=atol,
-                rtol=1e-4, ruled_out=ruled, explain=lambda o, s=s, g=g: _explain_vjp(o, s, g, tried),
-                shape_fix="∂L/∂x has the shape of s")
-        passed_ndim = max(passed_ndim, s.ndim)
-        passed_ndims.add(s.ndim)
-        passed_n.add(s.shape[-1])
-    expect_input_unchanged(fn, cases[0][0], cases[0][1], call="softmax_vjp(s, grad)", numpy=run.mode == "numpy",
-                           name="s")
+        compare(out, _oracle_vjp(p, g), tried=tried, what="your result", mistakes=_vjp_mistakes(p, g), atol=atol,
+                rtol=1e-4, ruled_out=ruled, explain=lambda o, p=p, g=g: _explain_vjp(o, p, g, tried),
+                shape_fix="∂L/∂z has the shape of p")
+        passed_ndim = max(passed_ndim, p.ndim)
+        passed_ndims.add(p.ndim)
+        passed_n.add(p.shape[-1])
+    expect_input_unchanged(fn, cases[0][0], cases[0][1], call="softmax_vjp(p, grad)", numpy=run.mode == "numpy",
+                           name="p")
     # O(n): measured in the learner's process
     gen = torch.Generator().manual_seed(80)
     big_s, big_g = _probs(gen, 1, BIG_N, dtype=torch.float32), torch.randn(1, BIG_N, generator=gen)
-    tried = f"softmax_vjp(s, grad) on s and grad of shape (1, {BIG_N}), float32, watching what it creates"
+    tried = f"softmax_vjp(p, grad) on p and grad of shape (1, {BIG_N}), float32, watching what it creates"
     try:
         cost = fn.observe("softmax_vjp_cost", big_s, big_g, run.mode == "numpy")
     except (LearnerRaised, LearnerTimedOut) as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="∂L/∂x in O(n)",
+        raise Failure(learner_error(exc, tried=tried, expected="∂L/∂z in O(n)",
                                     cause="" if isinstance(exc, LearnerRaised) else
                                     f"at n = {BIG_N} your function needs far more than O(n) work")) from None
     _quadratic(cost, "your softmax_vjp", tried, fix=f"do not form J: {_VJP_FORMULA}")
     memory = f"O(n) at n = {BIG_N}" if cost.get("measured") else "memory not measured (no TorchFunctionMode)"
-    return f"matches autograd on {len(cases)} cases ({run.kind}): (n,) to (B, H, n), n = 1, grads of ±1000; {memory}"
+    return f"matches autograd on {len(cases)} cases ({run.kind}): (n,) to (B, A, n), n = 1, grads of ±1000; {memory}"
 
 
 # ============================================================================ SoftmaxFunction
@@ -534,26 +534,26 @@ class _ThroughLearner(torch.autograd.Function):
     """A Function whose forward and backward are the learner's, reached through Learner operations.
 
     ``torch.autograd.gradcheck`` runs on it in the check's own process: every forward it asks for is a
-    ``learner.method("apply")(x)`` operation and every backward a ``learner.method("apply").vjp(...)``,
+    ``learner.method("apply")(z)`` operation and every backward a ``learner.method("apply").vjp(...)``,
     so the grader, replaying the log, feeds gradcheck exactly the same numbers (gradcheck's inputs
     are deterministic) without running the learner's code. A probe would instead have to trust a
     verdict computed in the learner's process."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, apply: Learner) -> torch.Tensor:
+    def forward(ctx, z: torch.Tensor, apply: Learner) -> torch.Tensor:
         ctx.learner = apply  # (not ctx.apply: that name is the backward node's own method)
-        ctx.save_for_backward(x)
-        out = as_tensor(apply(x.detach()), tried="gradcheck's forward")
-        return out.to(x.dtype).reshape(x.shape)
+        ctx.save_for_backward(z)
+        out = as_tensor(apply(z.detach()), tried="gradcheck's forward")
+        return out.to(z.dtype).reshape(z.shape)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (x,) = ctx.saved_tensors
+        (z,) = ctx.saved_tensors
         with torch.enable_grad():  # autograd runs backward with grad mode off; the learner's forward needs it on
-            _, grads = ctx.learner.vjp((x.detach(),), grad.detach())
+            _, grads = ctx.learner.vjp((z.detach(),), grad.detach())
         if not grads or grads[0] is None:
-            return torch.zeros_like(x), None
-        return as_tensor(grads[0], tried="gradcheck's backward").to(x.dtype).reshape(x.shape), None
+            return torch.zeros_like(z), None
+        return as_tensor(grads[0], tried="gradcheck's backward").to(z.dtype).reshape(z.shape), None
 
 
 #: Relative errors above this, on float64 inputs, are not float64 rounding (which stays near 1e-16).
@@ -568,23 +568,23 @@ def _relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
     return float((a[ok] - e[ok]).abs().max() / e[ok].abs().max().clamp(min=1e-300))
 
 
-def _saved_mistakes(x: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
-    """Backwards that use another tensor than s = softmax(x) as s: what forward saved was not the output."""
-    x = x.double()
-    e = torch.exp(x - x.amax(-1, keepdim=True))  # the exponentials before normalising
-    fix = "save the output of forward: ctx.save_for_backward(s) with s = e / e.sum(-1, keepdim=True) (or save x " \
-          "and recompute s from it, stably)"
+def _saved_mistakes(z: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
+    """Backwards that use another tensor than p = softmax(z) as p: what forward saved was not the output."""
+    z = z.double()
+    e = torch.exp(z - z.amax(-1, keepdim=True))  # the exponentials before normalising
+    fix = "save the output of forward: ctx.save_for_backward(p) with p = e / e.sum(-1, keepdim=True) (or save z " \
+          "and recompute p from it, stably)"
 
     def product(t: torch.Tensor) -> torch.Tensor:
         return t * (g - (g * t).sum(-1, keepdim=True))
 
     return [
-        Mistake("x used as s in backward", "your backward uses x, the scores, where the formula needs s = softmax(x): "
-                "forward saved its input, not its output", fix, lambda: product(x)),
-        Mistake("unnormalised e used as s in backward", "your backward uses e = exp(x − max) before it is divided "
-                "by its sum: forward saved e, not s = e / Σ e", fix, lambda: product(e)),
-        Mistake("e^x used as s in backward", "your backward uses exp(x), not s = softmax(x): forward saved the "
-                "exponentials before normalising", fix, lambda: product(torch.exp(x))),
+        Mistake("z used as p in backward", "your backward uses z, the scores, where the formula needs p = softmax(z): "
+                "forward saved its input, not its output", fix, lambda: product(z)),
+        Mistake("unnormalised e used as p in backward", "your backward uses e = exp(z − max) before it is divided "
+                "by its sum: forward saved e, not p = e / Σ e", fix, lambda: product(e)),
+        Mistake("e^z used as p in backward", "your backward uses exp(z), not p = softmax(z): forward saved the "
+                "exponentials before normalising", fix, lambda: product(torch.exp(z))),
     ]
 
 
@@ -596,7 +596,7 @@ def _forward_cases() -> list[torch.Tensor]:
         torch.randn(6, generator=g),
         torch.randn(1, 5, generator=g, dtype=torch.float64),
         torch.randn(3, 1, 4, generator=g),
-        torch.tensor([[50.0, 48.0, 49.0], [-3.0, 0.0, 1.0]]),  # e^x finite in float32, e^(x + max) not
+        torch.tensor([[50.0, 48.0, 49.0], [-3.0, 0.0, 1.0]]),  # e^z finite in float32, e^(z + max) not
         torch.tensor([[1000.0, 1001.0, 1002.0], [2.0, 1.0, 0.0]]),
         torch.tensor([[-1000.0, -998.0, -999.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
         torch.tensor([[0.0, -INF, 1.0], [-INF, 3.0, -INF]]),
@@ -622,41 +622,41 @@ def _backward_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def _backward_right(apply: Learner, x: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether the learner's Function gives the right gradient on (x, g) (an attempt on another shape)."""
-    _, grads = apply.vjp((x,), g)
+def _backward_right(apply: Learner, z: torch.Tensor, g: torch.Tensor) -> bool:
+    """Whether the learner's Function gives the right gradient on (z, g) (an attempt on another shape)."""
+    _, grads = apply.vjp((z,), g)
     return bool(grads) and grads[0] is not None and \
-        same_as(grads[0], _oracle_vjp(torch.softmax(x.double(), -1), g.double()), atol=1e-5 * max(1.0, float(g.abs().max())))
+        same_as(grads[0], _oracle_vjp(torch.softmax(z.double(), -1), g.double()), atol=1e-5 * max(1.0, float(g.abs().max())))
 
 
-def _backward_error(exc: LearnerRaised, tried: str, x: torch.Tensor, passed_ndim: int,
+def _backward_error(exc: LearnerRaised, tried: str, z: torch.Tensor, passed_ndim: int,
                     others: list | None = None) -> Failure:
     hint: dict[str, str] = {}
     if "invalid gradient" in exc.message or "expected shape" in exc.message:
-        hint = dict(cause="backward returned a gradient whose shape is not the shape of x",
-                    fix="return ∂L/∂x shaped like x: s * (grad - (grad * s).sum(-1, keepdim=True))")
+        hint = dict(cause="backward returned a gradient whose shape is not the shape of z",
+                    fix="return ∂L/∂z shaped like z: p * (grad - (grad * p).sum(-1, keepdim=True))")
     elif "saved_tensors" in exc.code and "unpack" in exc.message:
-        hint = dict(cause="ctx.saved_tensors holds nothing: your forward did not save s",
-                    fix="in forward, call ctx.save_for_backward(s) before returning s")
+        hint = dict(cause="ctx.saved_tensors holds nothing: your forward did not save p",
+                    fix="in forward, call ctx.save_for_backward(p) before returning p")
     elif "saved" in exc.message and ("freed" in exc.message or "saved_tensors" in exc.message):
-        hint = dict(cause="backward could not read what forward saved", fix="save with ctx.save_for_backward(s) "
-                    "in forward and read it back with (s,) = ctx.saved_tensors in backward")
+        hint = dict(cause="backward could not read what forward saved", fix="save with ctx.save_for_backward(p) "
+                    "in forward and read it back with (p,) = ctx.saved_tensors in backward")
     else:
-        hint = raised_hint(exc, signature="forward(ctx, x) and backward(ctx, grad)", batched=x.ndim > passed_ndim >= 1)
+        hint = raised_hint(exc, signature="forward(ctx, z) and backward(ctx, grad)", batched=z.ndim > passed_ndim >= 1)
         if probe_worth(hint):
-            hint = _works_elsewhere(tuple(x.shape), others or []) or hint
-    return Failure(learner_error(exc, tried=tried, expected="∂L/∂x shaped like x", **hint))
+            hint = _works_elsewhere(tuple(z.shape), others or []) or hint
+    return Failure(learner_error(exc, tried=tried, expected="∂L/∂z shaped like z", **hint))
 
 
 @check("SoftmaxFunction", kind="class",
-       expects="the class SoftmaxFunction, a subclass of torch.autograd.Function used as SoftmaxFunction.apply(x)")
+       expects="the class SoftmaxFunction, a subclass of torch.autograd.Function used as SoftmaxFunction.apply(z)")
 def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exercise X is check_X
     info = fn.inspect()
     if not info.get("autograd_function"):
         fail("not a torch.autograd.Function", tried="checking the class SoftmaxFunction",
              got=f"a class whose bases are {', '.join(info.get('bases', [])) or 'object'}",
              expected="class SoftmaxFunction(torch.autograd.Function) with static forward and backward",
-             fix="keep `class SoftmaxFunction(torch.autograd.Function):` and define forward(ctx, x) and "
+             fix="keep `class SoftmaxFunction(torch.autograd.Function):` and define forward(ctx, z) and "
                  "backward(ctx, grad) as @staticmethod")
     apply = fn.method("apply")
 
@@ -664,79 +664,79 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
     ruled = RuledOut()
     passed_ndim, passed_ndims = 0, set()
     forward_error = 0.0  # the largest error of forward on float64 input, relative to the largest weight
-    for x in _forward_cases():
-        tried = f"SoftmaxFunction.apply(x) on {describe_input(x)}"
+    for z in _forward_cases():
+        tried = f"SoftmaxFunction.apply(z) on {describe_input(z, 'z')}"
         try:
-            result = apply(x)
+            result = apply(z)
         except LearnerRaised as exc:
-            hint = raised_hint(exc, signature="forward(ctx, x)", batched=x.ndim > passed_ndim >= 1)
-            if x.ndim not in passed_ndims and probe_worth(hint):
-                hint = _works_elsewhere(tuple(x.shape), [
+            hint = raised_hint(exc, signature="forward(ctx, z)", batched=z.ndim > passed_ndim >= 1)
+            if z.ndim not in passed_ndims and probe_worth(hint):
+                hint = _works_elsewhere(tuple(z.shape), [
                     (tuple(c.shape), lambda c=c: same_as(apply(c), torch.softmax(c.double(), -1)))
                     for c in _forward_cases() if c.ndim not in passed_ndims]) or hint
-            raise Failure(learner_error(exc, tried=tried, expected="s = softmax(x) along the last axis, shaped like x",
+            raise Failure(learner_error(exc, tried=tried, expected="p = softmax(z) along the last axis, shaped like z",
                                         **hint)) from None
         if isinstance(result, np.ndarray):
             fail("forward returned a NumPy array", tried=tried, got=f"a NumPy array of shape {result.shape}",
-                 expected="a torch.Tensor s shaped like x",
+                 expected="a torch.Tensor p shaped like z",
                  cause="autograd follows tensors only: a NumPy result leaves the graph, so backward can never run",
-                 fix="compute s with torch operations and return the tensor")
+                 fix="compute p with torch operations and return the tensor")
         out = as_tensor(result, tried=tried, what="forward")
-        expect_floating(out, x.dtype, tried=tried, what="forward's output")
+        expect_floating(out, z.dtype, tried=tried, what="forward's output")
         atol, rtol = (1e-5, 1e-4)
-        compare(out, torch.softmax(x.double(), -1), tried=tried, what="forward's output",
-                mistakes=softmax_mistakes(x, -1), atol=atol, rtol=rtol, ruled_out=ruled,
-                explain=lambda o, x=x: explain_weights(o, x, -1, tried=tried, what="forward's output"),
-                shape_fix="forward returns s shaped like x", reduced=x.ndim - 1)
-        passed_ndim = max(passed_ndim, x.ndim)
-        passed_ndims.add(x.ndim)
-        if x.dtype == torch.float64:
-            forward_error = max(forward_error, _relative_error(out, torch.softmax(x, -1)))
+        compare(out, torch.softmax(z.double(), -1), tried=tried, what="forward's output",
+                mistakes=softmax_mistakes(z, -1), atol=atol, rtol=rtol, ruled_out=ruled,
+                explain=lambda o, z=z: explain_weights(o, z, -1, tried=tried, what="forward's output"),
+                shape_fix="forward returns p shaped like z", reduced=z.ndim - 1)
+        passed_ndim = max(passed_ndim, z.ndim)
+        passed_ndims.add(z.ndim)
+        if z.dtype == torch.float64:
+            forward_error = max(forward_error, _relative_error(out, torch.softmax(z, -1)))
 
-    expect_input_unchanged(fn, _forward_cases()[0], call="SoftmaxFunction.apply(x)", apply=True)
+    expect_input_unchanged(fn, _forward_cases()[0], call="SoftmaxFunction.apply(z)", apply=True, name="z")
 
     # 2. backward: the gradient autograd gets through torch.softmax, for any upstream gradient
     ruled = RuledOut()
     passed_ndim, passed_ndims = 0, set()
     backward_error = 0.0  # the same for backward's gradient
-    for x, g in _backward_cases():
-        tried = f"SoftmaxFunction.apply(x), then backward, on {describe_input(x)} and upstream {describe_input(g, 'grad')}"
+    for z, g in _backward_cases():
+        tried = f"SoftmaxFunction.apply(z), then backward, on {describe_input(z, 'z')} and upstream {describe_input(g, 'grad')}"
         try:
-            _, grads = apply.vjp((x,), g)
+            _, grads = apply.vjp((z,), g)
         except LearnerRaised as exc:
-            others = [] if x.ndim in passed_ndims else [
+            others = [] if z.ndim in passed_ndims else [
                 (tuple(c.shape), lambda c=c, h=h: _backward_right(apply, c, h))
                 for c, h in _backward_cases() if c.ndim not in passed_ndims]
-            raise _backward_error(exc, tried, x, passed_ndim, others) from None
+            raise _backward_error(exc, tried, z, passed_ndim, others) from None
         if grads is None:
-            fail("no gradient reaches x", tried=tried, got="the output of apply(x) does not depend on x through autograd",
-                 expected="∂L/∂x from your backward",
-                 fix="return s from forward as computed from x (no .detach(), no torch.no_grad())")
+            fail("no gradient reaches z", tried=tried, got="the output of apply(z) does not depend on z through autograd",
+                 expected="∂L/∂z from your backward",
+                 fix="return p from forward as computed from z (no .detach(), no torch.no_grad())")
         if grads[0] is None:
-            fail("backward returned None", tried=tried, got="None as the gradient for x",
-                 expected="∂L/∂x, a tensor shaped like x", fix=f"end backward with return {_VJP_FORMULA}")
+            fail("backward returned None", tried=tried, got="None as the gradient for z",
+                 expected="∂L/∂z, a tensor shaped like z", fix=f"end backward with return {_VJP_FORMULA}")
         grad = as_tensor(grads[0], tried=tried, what="backward's gradient")
-        s = torch.softmax(x.double(), -1)
+        p = torch.softmax(z.double(), -1)
         g64 = g.double()
         atol = 1e-5 * max(1.0, float(g.abs().max()))
-        compare(grad, _oracle_vjp(s, g64), tried=tried, what="backward's gradient",
-                mistakes=_saved_mistakes(x, g64) + _vjp_mistakes(s, g64), atol=atol, rtol=1e-4, ruled_out=ruled,
-                explain=lambda o, s=s, g64=g64, x=x: _explain_vjp(o, s, g64, tried, x=x),
-                shape_fix="backward returns ∂L/∂x shaped like x")
-        passed_ndim = max(passed_ndim, x.ndim)
-        passed_ndims.add(x.ndim)
-        if x.dtype == torch.float64:
-            backward_error = max(backward_error, _relative_error(grad, _oracle_vjp(s, g64)))
+        compare(grad, _oracle_vjp(p, g64), tried=tried, what="backward's gradient",
+                mistakes=_saved_mistakes(z, g64) + _vjp_mistakes(p, g64), atol=atol, rtol=1e-4, ruled_out=ruled,
+                explain=lambda o, p=p, g64=g64, z=z: _explain_vjp(o, p, g64, tried, z=z),
+                shape_fix="backward returns ∂L/∂z shaped like z")
+        passed_ndim = max(passed_ndim, z.ndim)
+        passed_ndims.add(z.ndim)
+        if z.dtype == torch.float64:
+            backward_error = max(backward_error, _relative_error(grad, _oracle_vjp(p, g64)))
 
     # 3. gradcheck: backward agrees with finite differences of the learner's own forward (float64)
-    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(11), dtype=torch.float64).requires_grad_(True)
-    tried = "torch.autograd.gradcheck(SoftmaxFunction.apply, x) with x of shape (3, 4), float64"
+    z = torch.randn(3, 4, generator=torch.Generator().manual_seed(11), dtype=torch.float64).requires_grad_(True)
+    tried = "torch.autograd.gradcheck(SoftmaxFunction.apply, z) with z of shape (3, 4), float64"
     try:
-        ok = torch.autograd.gradcheck(lambda v: _ThroughLearner.apply(v, apply), (x,), raise_exception=False)
+        ok = torch.autograd.gradcheck(lambda v: _ThroughLearner.apply(v, apply), (z,), raise_exception=False)
     except LearnerRaised as exc:
-        raise _backward_error(exc, tried, x, 2) from None
+        raise _backward_error(exc, tried, z, 2) from None
     if not ok:
-        # A forward that loses precision hands its backward a rounded s too: blame the forward first.
+        # A forward that loses precision hands its backward a rounded p too: blame the forward first.
         where, error = ("forward", forward_error) if forward_error > _FLOAT64_ROUNDING else ("backward", backward_error)
         lossy = error > _FLOAT64_ROUNDING
         fail(f"gradcheck fails: {where} not in float64 precision" if lossy else "gradcheck fails", tried=tried,
@@ -753,14 +753,14 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
     # 4. O(n): measured in the learner's process, forward and backward apart
     gen = torch.Generator().manual_seed(12)
     big_x, big_g = torch.randn(1, BIG_N, generator=gen), torch.randn(1, BIG_N, generator=gen)
-    tried = f"SoftmaxFunction.apply(x) and its backward on x of shape (1, {BIG_N}), float32, watching what they create"
+    tried = f"SoftmaxFunction.apply(z) and its backward on z of shape (1, {BIG_N}), float32, watching what they create"
     try:
         cost = fn.observe("softmax_function_cost", big_x, big_g)
     except (LearnerRaised, LearnerTimedOut) as exc:
         raise Failure(learner_error(exc, tried=tried, expected="softmax and its gradient in O(n)",
                                     cause="" if isinstance(exc, LearnerRaised) else
                                     f"at n = {BIG_N} your Function needs far more than O(n) work")) from None
-    fix = f"save s in forward; in backward compute {_VJP_FORMULA}, never J"
+    fix = f"save p in forward; in backward compute {_VJP_FORMULA}, never J"
     _quadratic(cost.get("forward", {}) if isinstance(cost, dict) else {}, "your forward", tried, fix)
     backward = cost.get("backward", {}) if isinstance(cost, dict) else {}
     _quadratic(backward, "your backward", tried, fix)

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import Elimination, Known, _reproduce, lower_precision
+from .attention import Elimination, Known, lower_precision
 from .compare import Failure, same
 from .core import Learner, LearnerRaised, as_tensor, check, expect_close, fail, fmt, learner_error
 from .dot import CALL_PROBE
+from .kit import reproduce as _reproduce
 
 __all__ = [
     "check_causal_mask",
@@ -461,7 +462,7 @@ def _fixed_width(fn: Learner, width: int, tried: str) -> None:
                       tried=shown, what="your function")
     if again.dim() == 2 and again.shape[1] == width:
         fail(f"width fixed at {width}", tried=f"{tried}, then {shown}",
-             got=f"{width} columns both times", expected="max_len columns when max_len is given, else the largest length",
+             got=f"{width} column{'s' if width != 1 else ''} both times", expected="max_len columns when max_len is given, else the largest length",
              cause="the width does not follow the arguments: a number written into your code, or a variable from "
                    "outside the function", fix="build the mask from the arguments: torch.arange(max_len) < lengths[:, None]")
 

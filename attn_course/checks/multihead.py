@@ -27,6 +27,7 @@ from ..softmax import masked_softmax
 from .compare import Failure, matching_mistakes, same
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, expect_shape, fail,
                    fmt, learner_error)
+from .kit import Evidence as _Evidence, bool_hint as _bool_hint, factors as _factors
 
 __all__ = ["check_split_heads", "check_merge_heads", "check_MultiHeadAttention"]
 
@@ -35,46 +36,10 @@ _VIEW = dict(cause="`.view` needs memory laid out in the new shape, and `.transp
              fix="use `.reshape(...)`, or `.contiguous().view(...)`, after the transpose")
 
 
-class _Evidence:
-    """Mistakes that earlier cases rule out: an answer that matched the oracle on a case where a mistake's
-    output differs from it did not make that mistake, so a later mismatch is never blamed on it.
-    Worked out lazily, only when a later case fails (right answers pay nothing)."""
-
-    def __init__(self) -> None:
-        self._history: list[tuple[list[Mistake], torch.Tensor, float, float]] = []
-        self._ruled: dict[str, bool] = {}
-
-    def passed(self, mistakes: list[Mistake], expected: torch.Tensor, *, atol: float, rtol: float) -> None:
-        self._history.append((mistakes, expected, atol, rtol))
-
-    def ruled_out(self, summary: str) -> bool:
-        if summary not in self._ruled:
-            self._ruled[summary] = False
-            for mistakes, expected, atol, rtol in self._history:
-                values = [m.value() for m in mistakes if m.summary == summary]
-                if values and all(v is not None and not same(v, expected, atol=atol, rtol=rtol) for v in values):
-                    self._ruled[summary] = True
-                    break
-        return self._ruled[summary]
-
-    def possible(self, mistakes: list[Mistake]) -> list[Mistake]:
-        return [Mistake(m.summary, m.cause, m.fix, lambda m=m: None if self.ruled_out(m.summary) else m.value())
-                for m in mistakes]
-
-
 def _raised(exc: LearnerRaised, tried: str, expected: str, **hint) -> Failure:
     if not hint and ("view size is not compatible" in exc.message or "contiguous" in exc.message):
         hint = _VIEW
     return Failure(learner_error(exc, tried=tried, expected=expected, **hint))
-
-
-_BOOL_HINT = dict(cause="Python asked a tensor for one True/False (`x_kv or x_q`, `if mask:`, `and` / `or` between "
-                        "tensors); a tensor of several values has none",
-                  fix="test for None instead: `x_q if x_kv is None else x_kv`, `if mask is not None:`")
-
-
-def _bool_hint(exc: LearnerRaised) -> dict:
-    return _BOOL_HINT if "Boolean value of Tensor" in exc.message else {}
 
 
 # How the comparison layer names the axes (:func:`~.compare.describe_mismatch` probes each one).
@@ -82,12 +47,6 @@ _SPLIT_AXES = ("batch entries", "heads", "positions", "features")  # (B, A, n, d
 _MERGED_AXES = ("batch entries", "positions", "features")  # (B, n, A·d_head)
 _WEIGHT_AXES = ("batch entries", "heads", "queries", "keys")  # (B, A, n_q, n_k)
 _OUT_AXES = ("batch entries", "queries", "features")  # (B, n_q, d_model)
-
-
-def _factors(**named: float) -> dict[str, float]:
-    """Names for a constant factor, keeping only values no other name (nor 2, ½ or −1) shares on this input."""
-    taken = [2.0, 0.5, -1.0, 1.0, *named.values()]
-    return {k: v for k, v in named.items() if sum(abs(v - t) < 1e-9 or abs(1 / v - t) < 1e-9 for t in taken) == 1}
 
 
 def _tensor(value, *, tried: str, what: str = "your function") -> torch.Tensor:
@@ -396,7 +355,9 @@ def _layers(info: dict, d_model: int, a: int, d_head: int, tried: str) -> dict:
                 cause = (f"you used d_head = d_model // n_heads = {d_model // a}: the d_head argument (or its default "
                          f"⌈d_model / n_heads⌉ = {d_head}) was ignored")
             elif p_out % d_head == 0:
-                cause = (f"your projection makes {p_out // d_head} heads of width d_head = {d_head}, but n_heads = {a}: "
+                made = p_out // d_head
+                cause = (f"your projection makes {made} head{'s' if made != 1 else ''} of width d_head = {d_head}, but "
+                         f"n_heads = {a}: "
                          "the head count is hard-coded or taken from somewhere else")
             else:
                 cause = ""

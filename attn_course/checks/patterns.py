@@ -25,7 +25,7 @@ from .boundary import Opaque
 from .compare import Failure
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, fail, fmt,
                    learner_error)
-from .multihead import _Evidence, _bool_hint, _factors
+from .kit import Evidence as _Evidence, bool_hint as _bool_hint, factors as _factors
 
 __all__ = [
     "check_normalised_entropy",

@@ -6,6 +6,14 @@ The learner's *test* is checked by running it, in the learner's process (the pro
 alike (it must say "equivariant"; one has outputs near 0, where only an absolute tolerance absorbs
 rounding) and five that see positions in different ways (it must say "not equivariant") — a test that cannot tell them apart fails, and the pattern of its answers names the flaw
 (no permutation at all, an exact comparison, a reversal, a permutation that keeps token 0 in place…).
+The check seeds torch's, NumPy's and Python's random generators before each call of the learner's test
+(and restores them after), so a test that draws without a seed of its own gets the same draws every
+run: its verdict never depends on chance (``tests/checks/test_position.py`` enumerates every permutation
+of 6 tokens).
+
+``rope_decode_step`` (RoPE with a KV cache) is checked on prompts and single-token steps, against
+``attn_course.position.rope_decode_step``, naming the classic mistakes: positions restarting at 0 at every
+step, cached keys rotated a second time, new keys stored unrotated, positions off by one.
 
 The other checks compare with the course's references in float64 (``attn_course.position``), which
 ``tests/test_position.py`` holds to the papers' formulas and to Hugging Face's T5 buckets, and name the
@@ -16,20 +24,22 @@ sin/cos interleaving…).
 from __future__ import annotations
 
 import math
+import random
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from .. import position as ref
-from .attention import _reproduce, lower_precision
+from .attention import lower_precision
 from .boundary import Opaque, probe
 from .compare import Failure, call_or_skip, same
 from .core import (Learner, LearnerRaised, Mistake, as_tensor, check, expect_close, expect_shape, fail, fmt,
                    learner_error)
+from .kit import reproduce as _reproduce
 
 __all__ = ["check_is_permutation_equivariant", "check_sinusoidal_encoding", "check_relative_position_bias",
-           "check_alibi_bias", "check_apply_rope", "check_additive_attention"]
+           "check_alibi_bias", "check_apply_rope", "check_rope_decode_step", "check_additive_attention"]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -37,6 +47,9 @@ def _gen(seed: int) -> torch.Generator:
 
 
 # ================================================================================== the learner's test
+#: The seed of torch's, NumPy's and Python's generators while the learner's test runs.
+SEED = 12
+
 @probe("position.permutation_test")
 def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
     """Learner-side: call the learner's test on one of the course's attention variants. Returns its verdict
@@ -57,10 +70,18 @@ def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
         return attn(x)
 
     watched.__name__ = attn.__name__
+    np_state, py_state = np.random.get_state(), random.getstate()
     try:
-        verdict = test(watched)
+        with torch.random.fork_rng(devices=[]):  # the learner's unseeded draws: the same every run
+            torch.manual_seed(SEED)
+            np.random.seed(SEED)
+            random.seed(SEED)
+            verdict = test(watched)
     except AssertionError as exc:
         return {"verdict": False, "asserted": True, "message": str(exc)[:200], "calls": calls}
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
     if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
         verdict = bool(verdict.item()) if verdict.dtype == torch.bool else verdict.item()
     return {"verdict": verdict, "asserted": False, "calls": calls}
@@ -137,7 +158,8 @@ def _largest_gap(evidence: dict[str, Any], names: list[str]) -> tuple[float, str
 
 
 _TEST_FIX = ("draw x = torch.randn(n, d) with a few tokens (n ≥ 3, d ≥ 2), a random permutation perm = "
-             "torch.randperm(n), and return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
+             "torch.randperm(n) that is neither the identity nor the reversal, and return "
+             "torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
 
 
 @check("is_permutation_equivariant",
@@ -234,7 +256,8 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
         elif missed == ["symmetric distance bias"]:
             cause = ("your permutation keeps every distance |i − j| (a reversal does, as does swapping two tokens "
                      "of a sequence of 2): a bias that depends only on |i − j| goes unnoticed")
-            fix = "use a random permutation of a few tokens: perm = torch.randperm(n) with n ≥ 3"
+            fix = ("use a random permutation of a few tokens (n ≥ 3), drawn again while it is the identity or the "
+                   "reversal: perm = torch.randperm(n)")
         elif small:
             cause = "your inputs are tiny (|x| < 0.1), so the scores barely differ and positional effects vanish"
             fix = "use inputs of a typical size: x = torch.randn(n, d)"
@@ -269,11 +292,11 @@ class Refuted:
 
 
 def _frequency_cause(measured: torch.Tensor, expected: torch.Tensor, base: float, d: int) -> str:
-    """What a set of per-pair frequencies (or angles per position) is, next to base^(−2i/d): a constant
-    factor, one frequency for all, or base'^(−2i/d) for another base (= base^(−2i/d') for another d)."""
+    """What a set of per-pair frequencies (or angles per position) is, next to base^(−2r/d): a constant
+    factor, one frequency for all, or base'^(−2r/d) for another base (= base^(−2r/d') for another d)."""
     shown = ", ".join(fmt(float(w)) for w in measured[:5]) + ("…" if len(measured) > 5 else "")
     want = ", ".join(fmt(float(w)) for w in expected[:5]) + ("…" if len(expected) > 5 else "")
-    text = f"pair frequencies {shown} (pair 0, 1, …); expected base^(−2i/d): {want}"
+    text = f"pair frequencies {shown} (pair 0, 1, …); expected base^(−2r/d): {want}"
     if len(measured) >= 2 and torch.allclose(measured, measured[0].expand_as(measured), rtol=1e-3, atol=1e-6):
         return f"{text}. Every pair has the same frequency {fmt(float(measured[0]))}"
     ratio = measured / expected
@@ -286,8 +309,8 @@ def _frequency_cause(measured: torch.Tensor, expected: torch.Tensor, base: float
         if torch.allclose(logs, logs[0].expand_as(logs), rtol=1e-3) and float(logs[0]) < 0:
             d_fit = -2 * math.log(base) / float(logs[0])
             base_fit = math.exp(-float(logs[0]) * d / 2)
-            return (f"{text}. They are base'^(−2i/d) with base' = {fmt(base_fit)} instead of {fmt(base)} — the same "
-                    f"numbers as base^(−2i/d') with d' = {fmt(d_fit)} instead of d = {d}")
+            return (f"{text}. They are base'^(−2r/d) with base' = {fmt(base_fit)} instead of {fmt(base)} — the same "
+                    f"numbers as base^(−2r/d') with d' = {fmt(d_fit)} instead of d = {d}")
     return text
 
 
@@ -308,7 +331,7 @@ def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor:
         half = (d + 1) // 2
         angle = p / base ** (2 * torch.arange(half, dtype=torch.float64) / d)
         return torch.cat([torch.cos(angle), torch.sin(angle[:, : d - half])], dim=-1)
-    if mistake == "intdiv":  # exponent 2i // d = 0: every pair turns at frequency 1
+    if mistake == "intdiv":  # exponent 2r // d = 0: every pair turns at frequency 1
         angle = p.expand(n, d)
     if mistake == "swapped":
         return torch.where(even, torch.cos(angle), torch.sin(angle))
@@ -322,7 +345,7 @@ def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor:
     return out
 
 
-_SIN_FIX = "column 2i = sin(p / base^(2i/d)) and column 2i + 1 = cos(p / base^(2i/d)), with p = 0 … n − 1"
+_SIN_FIX = "column 2r = sin(t / base^(2r/d)) and column 2r + 1 = cos(t / base^(2r/d)), with t = 0 … n − 1"
 _SIN_MISTAKES = [
     ("swapped", "sin and cos swapped", "your even columns hold cosines and the odd ones sines", _SIN_FIX),
     ("halves", "sin and cos in halves, not interleaved", "you put all the sines in the first half of the columns "
@@ -330,18 +353,18 @@ _SIN_MISTAKES = [
      "columns, cos in odd ones", "pe[:, 0::2] = sin(…) and pe[:, 1::2] = cos(…)"),
     ("halves_cos_first", "sin and cos in halves, not interleaved", "you put all the cosines in the first half of the "
      "columns and the sines in the second", "pe[:, 0::2] = sin(…) and pe[:, 1::2] = cos(…)"),
-    ("col", "cos columns use the exponent (2i + 1)/d", "your exponent is the column index over d, so the cos column "
-     "2i + 1 gets a frequency of its own instead of sharing its sine's", "both columns of pair i use base^(2i/d)"),
-    ("half", "exponent i/d instead of 2i/d", "your frequencies use the pair index i over d", _SIN_FIX),
+    ("col", "cos columns use the exponent (2r + 1)/d", "your exponent is the column index over d, so the cos column "
+     "2r + 1 gets a frequency of its own instead of sharing its sine's", "both columns of pair r use base^(2r/d)"),
+    ("half", "exponent r/d instead of 2r/d", "your frequencies use the pair index r over d", _SIN_FIX),
     ("twocol", "exponent 2j/d with j the column", "your exponent doubles the column index, not the pair index",
      _SIN_FIX),
-    ("times", "multiplied by base^(2i/d) instead of dividing", "your angles grow with the dimension instead of "
+    ("times", "multiplied by base^(2r/d) instead of dividing", "your angles grow with the dimension instead of "
      "shrinking", _SIN_FIX),
     ("from1", "positions start at 1", "your first row is position 1; it is position 0 (all sines 0, cosines 1)",
      _SIN_FIX),
     ("base", "base ignored", "your encoding uses 10000 whatever `base` is passed", "use the `base` argument"),
-    ("intdiv", "every pair has frequency 1", "your exponent 2i/d came out 0 for every pair: integer division "
-     "(2 * i // d) or integer tensors in the exponent", "compute the exponent in floating point: "
+    ("intdiv", "every pair has frequency 1", "your exponent 2r/d came out 0 for every pair: integer division "
+     "(2 * r // d) or integer tensors in the exponent", "compute the exponent in floating point: "
      "torch.arange(0, d, 2) / d (true division)"),
     ("all_sin", "sines in every column", "your odd columns hold sines too; they hold cosines", _SIN_FIX),
     ("all_cos", "cosines in every column", "your even columns hold cosines too; they hold sines", _SIN_FIX),
@@ -351,12 +374,12 @@ _SIN_MISTAKES = [
 
 
 def _sinusoid_frequencies(failure: Failure, out: torch.Tensor, n: int, d: int, base: float) -> None:
-    """Re-raise ``failure``; when the answer is sin/cos of p·ω_i pair by pair, with wrong ω, say what the ω are."""
+    """Re-raise ``failure``; when the answer is sin/cos of t·ω_r pair by pair, with wrong ω, say what the ω are."""
     if failure.diagnosis.cause or tuple(out.shape) != (n, d) or n < 3 or d < 2 or not out.is_floating_point():
         raise failure
     x = out.double()
     pairs = d // 2
-    omega = torch.atan2(x[1, 0:2 * pairs:2], x[1, 1:2 * pairs:2])  # (pairs,): the angle at p = 1
+    omega = torch.atan2(x[1, 0:2 * pairs:2], x[1, 1:2 * pairs:2])  # (pairs,): the angle at t = 1
     p = torch.arange(n, dtype=torch.float64)[:, None]
     fitted = torch.stack([torch.sin(p * omega), torch.cos(p * omega)], dim=-1).flatten(-2)  # (n, 2·pairs)
     if not same(x[:, : 2 * pairs], fitted, atol=1e-4, rtol=1e-4) or bool((omega <= 0).any()):
@@ -364,7 +387,7 @@ def _sinusoid_frequencies(failure: Failure, out: torch.Tensor, n: int, d: int, b
     expected = base ** (-2 * torch.arange(pairs, dtype=torch.float64) / d)
     d_ = failure.diagnosis
     fail("wrong frequencies", tried=d_.tried, got=d_.got, expected=d_.expected,
-         cause="your columns are sin and cos of p·ω_i pair by pair, as they should be, but with the " +
+         cause="your columns are sin and cos of t·ω_r pair by pair, as they should be, but with the " +
                _frequency_cause(omega, expected, base, d), fix=_SIN_FIX)
 
 
@@ -450,7 +473,7 @@ def _t5_buckets(n: int, nb: int, bidirectional: bool, max_distance: int, mistake
     return out + offset, alt + offset
 
 
-_T5_FIX = ("bias[h, i, j] = table[bucket(j − i), h]: with bidirectional, keys after the query (j − i > 0) use the "
+_T5_FIX = ("bias[a, i, j] = table[bucket(j − i), a]: with bidirectional, keys after the query (j − i > 0) use the "
            "upper half of the buckets; distances below half a half are exact; larger ones are logarithmic up to "
            "max_distance, then clamped to the last bucket")
 _T5_MISTAKES = [
@@ -501,7 +524,7 @@ def _t5_cases() -> list[dict]:
 
 
 @check("relative_position_bias",
-       expects="a function relative_position_bias(n, table, bidirectional=True, max_distance=128) returning (H, n, n)")
+       expects="a function relative_position_bias(n, table, bidirectional=True, max_distance=128) returning (A, n, n)")
 def check_relative_position_bias(fn: Learner) -> str:
     cases = _t5_cases()
     refuted = Refuted()
@@ -523,10 +546,10 @@ def check_relative_position_bias(fn: Learner) -> str:
         buckets, alt = _t5_buckets(n, nb, bi, md)
         expected = table[buckets].permute(2, 0, 1).double()
         if tuple(out.shape) == (n, n, heads) and heads != n:
-            fail("heads last: shape (n, n, H)", tried=tried, got=f"shape {tuple(out.shape)}",
+            fail("heads last: shape (n, n, A)", tried=tried, got=f"shape {tuple(out.shape)}",
                  expected=f"shape {(heads, n, n)}", cause="table[buckets] has the heads last",
                  fix="move them first: table[buckets].permute(2, 0, 1)")
-        expect_shape(out, expected.shape, tried=tried, what="your bias", fix="(H, n, n): one (n, n) matrix per head")
+        expect_shape(out, expected.shape, tried=tried, what="your bias", fix="(A, n, n): one (n, n) matrix per head")
         tol = dict(atol=1e-6, rtol=1e-5)
         alt_expected = table[alt].permute(2, 0, 1).double()
         ok = torch.isclose(out.double(), expected, **tol) | torch.isclose(out.double(), alt_expected, **tol)
@@ -564,41 +587,41 @@ def _alibi(n: int, heads: int, slopes: torch.Tensor | None = None, form: str = "
 
 def _alibi_mistakes(n: int, heads: int) -> list[Mistake]:
     h = torch.arange(1, heads + 1, dtype=torch.float64)
-    slope_fix = "m_h = 2^(−8(h+1)/H) for h = 0 … H − 1: a geometric sequence starting at 2^(−8/H) with ratio 2^(−8/H)"
+    slope_fix = "slope_a = 2^(−8(a+1)/A) for a = 0 … A − 1: a geometric sequence starting at 2^(−8/A) with ratio 2^(−8/A)"
     return [
-        Mistake("slopes halve from head to head whatever H", "your slopes are 1/2, 1/4, 1/8, …: right only for 8 heads",
+        Mistake("slopes halve from head to head whatever A", "your slopes are 1/2, 1/4, 1/8, …: right only for 8 heads",
                 slope_fix, lambda: _alibi(n, heads, 0.5 ** h) if heads != 8 else None),
-        Mistake("slopes start at 1", "your first slope is 2^0 = 1: you counted heads from 0 in 2^(−8h/H)", slope_fix,
+        Mistake("slopes start at 1", "your first slope is 2^0 = 1: you counted heads from 0 in 2^(−8a/A)", slope_fix,
                 lambda: _alibi(n, heads, 2.0 ** (-8 * (h - 1) / heads))),
         Mistake("slopes in reverse order", "your smallest slope is on head 0", "head 0 has the largest slope, "
-                "2^(−8/H)", lambda: _alibi(n, heads, ref.alibi_slopes(heads).flip(0)) if heads > 1 else None),
-        Mistake("slopes not geometric", "your slopes grow linearly (h / H)", slope_fix,
+                "2^(−8/A)", lambda: _alibi(n, heads, ref.alibi_slopes(heads).flip(0)) if heads > 1 else None),
+        Mistake("slopes not geometric", "your slopes grow linearly ((a + 1)/A)", slope_fix,
                 lambda: _alibi(n, heads, h / heads)),
-        Mistake("slopes not geometric", "your slopes are 1/h", slope_fix, lambda: _alibi(n, heads, 1 / h)),
-        Mistake("slopes not geometric", "your slopes fall linearly (1 − h / (H + 1))", slope_fix,
+        Mistake("slopes not geometric", "your slopes are 1/(a + 1)", slope_fix, lambda: _alibi(n, heads, 1 / h)),
+        Mistake("slopes not geometric", "your slopes fall linearly (1 − (a + 1)/(A + 1))", slope_fix,
                 lambda: _alibi(n, heads, 1 - h / (heads + 1))),
-        Mistake("bias positive", "your bias grows with distance (+m·|i − j|): far keys are favoured",
-                "negate it: bias = −m_h·|i − j|", lambda: _alibi(n, heads, form="positive")),
-        Mistake("not symmetric: −m·(i − j) without the absolute value", "your bias is positive above the diagonal "
-                "(keys after the query); the docstring asks for −m_h·|i − j| everywhere",
+        Mistake("bias positive", "your bias grows with distance (+slope·|i − j|): far keys are favoured",
+                "negate it: bias = −slope_a·|i − j|", lambda: _alibi(n, heads, form="positive")),
+        Mistake("not symmetric: −slope·(i − j) without the absolute value", "your bias is positive above the diagonal "
+                "(keys after the query); the docstring asks for −slope_a·|i − j| everywhere",
                 "use the distance: (i − j).abs()", lambda: _alibi(n, heads, form="signed")),
-        Mistake("not symmetric: −m·(i − j) without the absolute value", "your bias is positive below the diagonal",
+        Mistake("not symmetric: −slope·(i − j) without the absolute value", "your bias is positive below the diagonal",
                 "use the distance: (i − j).abs()", lambda: -_alibi(n, heads, form="signed")),
-        Mistake("zero for keys after the query", "your bias is −m·(i − j) for j ≤ i and 0 above the diagonal (the "
-                "causal form, as if a mask hid those keys); the docstring asks for −m_h·|i − j| everywhere",
+        Mistake("zero for keys after the query", "your bias is −slope·(i − j) for j ≤ i and 0 above the diagonal (the "
+                "causal form, as if a mask hid those keys); the docstring asks for −slope_a·|i − j| everywhere",
                 "use the distance: (i − j).abs()", lambda: _alibi(n, heads, form="causal") if n > 1 else None),
-        Mistake("heads last: shape (n, n, H)", "your heads are on the last axis", "stack the heads first: (H, n, n)",
+        Mistake("heads last: shape (n, n, A)", "your heads are on the last axis", "stack the heads first: (A, n, n)",
                 lambda: _alibi(n, heads).permute(1, 2, 0) if heads != n else None),
     ]
 
 
 def _slope_report(out: torch.Tensor, heads: int) -> tuple[str, str] | None:
-    """When the bias has the right form −m_h·|i − j| but wrong slopes, say what the slopes are."""
+    """When the bias has the right form −slope_a·|i − j| but wrong slopes, say what the slopes are."""
     n = out.shape[-1]
     if n < 2:
         return None
     distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().double()
-    slopes = -out[:, 1, 0].double()  # (H,)
+    slopes = -out[:, 1, 0].double()  # (A,)
     if not same(out.double(), -slopes[:, None, None] * distance, atol=1e-6, rtol=1e-5):
         return None
     shown = ", ".join(fmt(float(s)) for s in slopes[:6]) + ("…" if heads > 6 else "")
@@ -608,7 +631,7 @@ def _slope_report(out: torch.Tensor, heads: int) -> tuple[str, str] | None:
         if not torch.allclose(ratios, ratios[0].expand_as(ratios), rtol=1e-4):
             return (f"your slopes {shown} are not geometric (ratios {', '.join(fmt(float(r)) for r in ratios[:4])}…)",
                     expected)
-        return (f"your slopes {shown} are geometric with ratio {fmt(float(ratios[0]))}, expected 2^(−8/H) = "
+        return (f"your slopes {shown} are geometric with ratio {fmt(float(ratios[0]))}, expected 2^(−8/A) = "
                 f"{fmt(2 ** (-8 / heads))} starting at the same value", expected)
     return f"your slopes are {shown}", expected
 
@@ -635,15 +658,16 @@ def check_alibi_bias(fn: Learner) -> str:
             continue
         try:
             expect_close(out, expected, tried=tried, what="your bias", atol=1e-7, rtol=1e-5,
-                         mistakes=refuted.remaining(mistakes), fix="bias[h, i, j] = −m_h·|i − j| with m_h = 2^(−8(h+1)/H)")
+                         mistakes=refuted.remaining(mistakes), fix="bias[a, i, j] = −slope_a·|i − j| with slope_a = 2^(−8(a+1)/A)")
         except Failure as failure:
-            report = None if failure.diagnosis.cause else _slope_report(out, heads)
+            named = {m.summary for m in mistakes}  # a known mistake wins; otherwise the slopes say more than a
+            report = None if failure.diagnosis.summary in named else _slope_report(out, heads)  # generic mismatch
             if report is None:
                 raise
             fail("slopes not geometric" if "not geometric" in report[0] else "wrong slopes", tried=tried,
-                 got=report[0], expected=f"slopes {report[1]}: 2^(−8(h+1)/H) for h = 0 … H − 1",
-                 cause="the form −m·|i − j| is right; the slopes are not", fix="m = 2 ** (-8 * (h + 1) / H)")
-    return f"matches −m_h·|i − j| on {len(_ALIBI_CASES)} cases (1 to 32 heads, n = 1, slopes 2^(−8(h+1)/H))"
+                 got=report[0], expected=f"slopes {report[1]}: 2^(−8(a+1)/A) for a = 0 … A − 1",
+                 cause="the form −slope·|i − j| is right; the slopes are not", fix="slope = 2 ** (-8 * (a + 1) / A)")
+    return f"matches −slope_a·|i − j| on {len(_ALIBI_CASES)} cases (1 to 32 heads, n = 1, slopes 2^(−8(a+1)/A))"
 
 
 # ================================================================================== RoPE
@@ -660,7 +684,7 @@ def _rope(x: torch.Tensor, positions=None, base: float = 10000.0, mistake: str =
         angles = -angles
     if mistake == "divide":
         angles = pos[:, None] / base ** (-exponent)
-    if mistake == "intdiv":  # θ_i = base^(−(2i // d)) = 1 for every pair
+    if mistake == "intdiv":  # θ_r = base^(−(2r // d)) = 1 for every pair
         angles = pos[:, None].expand(-1, d // 2)
     if mistake == "none":
         return x
@@ -686,16 +710,16 @@ def _rope(x: torch.Tensor, positions=None, base: float = 10000.0, mistake: str =
     return torch.stack([first, second], dim=-1).flatten(-2)
 
 
-_ROPE_FIX = ("pair dimensions (2i, 2i + 1) and rotate the pair at position p by +p·θ_i, θ_i = base^(−2i/d): "
-             "(x_2i cos − x_2i+1 sin, x_2i sin + x_2i+1 cos)")
+_ROPE_FIX = ("pair dimensions (2r, 2r + 1) and rotate the pair at position t by +t·θ_r, θ_r = base^(−2r/d): "
+             "(x_2r cos − x_2r+1 sin, x_2r sin + x_2r+1 cos)")
 _ROPE_MISTAKES = [
-    ("halves", "rotated pairs (i, i + d/2) instead of (2i, 2i + 1)", "you paired each dimension with the one half a "
+    ("halves", "rotated pairs (r, r + d/2) instead of (2r, 2r + 1)", "you paired each dimension with the one half a "
      "vector away (GPT-NeoX / Hugging Face LLaMA's rotate_half); the docstring pairs neighbours, as the RoFormer paper",
      "rotate x[..., 0::2] with x[..., 1::2]"),
-    ("sign", "rotated by −θ instead of +θ", "your rotation goes the other way: (x_2i cos + x_2i+1 sin, −x_2i sin + "
-     "x_2i+1 cos)", _ROPE_FIX),
-    ("half", "frequencies base^(−i/d) instead of base^(−2i/d)", "your exponent uses the pair index i over d",
-     "θ_i = base ** (-2 * i / d) for i = 0 … d/2 − 1 (torch.arange(0, d, 2) / d)"),
+    ("sign", "rotated by −θ instead of +θ", "your rotation goes the other way: (x_2r cos + x_2r+1 sin, −x_2r sin + "
+     "x_2r+1 cos)", _ROPE_FIX),
+    ("half", "frequencies base^(−r/d) instead of base^(−2r/d)", "your exponent uses the pair index r over d",
+     "θ_r = base ** (-2 * r / d) for r = 0 … d/2 − 1 (torch.arange(0, d, 2) / d)"),
     ("swap", "cos and sin swapped", "you multiplied by sin where cos belongs and the other way round", _ROPE_FIX),
     ("unpaired", "rotated pairs written back as halves", "you rotated the right pairs but returned all the rotated "
      "first members, then all the second members, instead of putting each pair back in place",
@@ -704,22 +728,22 @@ _ROPE_MISTAKES = [
      "use the positions argument when it is given (a KV cache passes the true positions of the new tokens)"),
     ("from1", "positions off by one", "you counted positions from 1", "position 0 is not rotated at all"),
     ("base", "base ignored", "your angles use 10000 whatever `base` is passed", "use the base argument"),
-    ("divide", "angles p / θ_i instead of p · θ_i", "you divided the position by θ_i = base^(−2i/d), so the "
-     "angles grow with i instead of shrinking", "angle = p * base ** (-2 * i / d)"),
-    ("intdiv", "every pair turns by the same angle p", "your θ_i came out 1 for every pair: the exponent 2i/d was "
+    ("divide", "angles t / θ_r instead of t · θ_r", "you divided the position by θ_r = base^(−2r/d), so the "
+     "angles grow with r instead of shrinking", "angle = t * base ** (-2 * r / d)"),
+    ("intdiv", "every pair turns by the same angle t", "your θ_r came out 1 for every pair: the exponent 2r/d was "
      "computed with integer division (or integer tensors)", "compute the exponent in floating point: "
      "torch.arange(0, d, 2) / d"),
     ("none", "x returned unrotated", "your result is x itself: nothing was rotated", _ROPE_FIX),
-    ("inplace", "the second line used the already rotated x_2i", "you overwrote x_2i with its rotated value and "
-     "then computed x_2i+1 from it (an in-place update, or one variable reused): the new x_2i+1 must use the old x_2i",
+    ("inplace", "the second line used the already rotated x_2r", "you overwrote x_2r with its rotated value and "
+     "then computed x_2r+1 from it (an in-place update, or one variable reused): the new x_2r+1 must use the old x_2r",
      "compute both from the originals: even, odd = x[..., 0::2], x[..., 1::2], then stack (even·cos − odd·sin, "
      "even·sin + odd·cos)"),
-    ("repeat", "cos and sin laid out with .repeat, not .repeat_interleave", "with neighbouring pairs (2i, 2i + 1) "
-     "both members need angle i: cos and sin repeated as c0 c0 c1 c1 … (repeat_interleave); .repeat gives c0 c1 … "
+    ("repeat", "cos and sin laid out with .repeat, not .repeat_interleave", "with neighbouring pairs (2r, 2r + 1) "
+     "both members need angle r: cos and sin repeated as c0 c0 c1 c1 … (repeat_interleave); .repeat gives c0 c1 … "
      "c0 c1 …, so most pairs mix two frequencies", "cos.repeat_interleave(2, dim=-1)"),
     ("mixed", "rotate_half with interleaved cos and sin", "you mixed the two conventions: rotate_half pairs i with "
      "i + d/2, while your cos and sin are laid out for neighbouring pairs", "for neighbouring pairs turn x as "
-     "(−x_2i+1, x_2i) pair by pair: torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)"),
+     "(−x_2r+1, x_2r) pair by pair: torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)"),
 ]
 
 
@@ -769,7 +793,7 @@ def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) ->
     positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
     if not torch.allclose(first ** 2 + second ** 2, torch.ones_like(first), atol=1e-4):
         fail("not a rotation of each pair", tried=d_.tried, got=d_.got, expected=d_.expected,
-             cause="given pairs (x_2i, x_2i+1) = (1, 0), your function returns pairs whose length is not 1: it does "
+             cause="given pairs (x_2r, x_2r+1) = (1, 0), your function returns pairs whose length is not 1: it does "
                    "not turn each neighbouring pair within itself (it mixes dimensions of different pairs, or the "
                    "two members use different angles)", fix=_ROPE_FIX)
     angles = torch.atan2(second, first)  # (n, d/2)
@@ -784,7 +808,7 @@ def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) ->
                 torch.allclose(default.double()[:, 1::2], torch.sin(arange), atol=1e-4):
             fail("positions mishandled", tried=d_.tried, got=d_.got, expected=d_.expected,
                  cause="with positions=None your rotation is right, but with the positions passed it is not: the "
-                       "angles must be p·θ_i with p the given position itself (not shifted, added to, or mixed with "
+                       "angles must be t·θ_r with t the given position itself (not shifted, added to, or mixed with "
                        "0 … n − 1)", fix="positions = torch.arange(n) if positions is None else positions; then "
                                         "angles = positions[:, None] * θ")
     rotates = bool((angles.abs() > 1e-6).any())
@@ -794,7 +818,7 @@ def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) ->
         if isinstance(other, torch.Tensor) and same(other, out, atol=0, rtol=0):
             fail("base ignored", tried=d_.tried, got=d_.got, expected=d_.expected,
                  cause=f"your result is the same for base = {base:g} and base = {other_base:g}: a fixed base sits in "
-                       "your code", fix="use the base argument: θ_i = base ** (-2 * i / d)")
+                       "your code", fix="use the base argument: θ_r = base ** (-2 * r / d)")
     moving = positions != 0
     if not moving.any():
         raise failure
@@ -803,13 +827,13 @@ def _rope_probe(fn: Learner, failure: Failure, out: torch.Tensor, case: dict) ->
             not torch.allclose(torch.sin(angles), torch.sin(positions[:, None] * per_position[:1]), atol=1e-4):
         fail("angles not proportional to the positions", tried=d_.tried, got=d_.got, expected=d_.expected,
              cause=f"given pairs (1, 0) at positions {', '.join(str(int(p)) for p in positions[:6])}, your rotation "
-                   "angles are not p·θ_i for one θ_i per pair: check how the positions enter the angles",
+                   "angles are not t·θ_r for one θ_r per pair: check how the positions enter the angles",
              fix=_ROPE_FIX)
     omega = per_position[0]
     if not torch.allclose(torch.cos(omega), torch.cos(expected), atol=1e-4) or \
             not torch.allclose(torch.sin(omega), torch.sin(expected), atol=1e-4):
         fail("wrong rotation frequencies", tried=d_.tried, got=d_.got, expected=d_.expected,
-             cause="given pairs (1, 0), your function turns each pair within itself by p·ω_i, as it should, but with "
+             cause="given pairs (1, 0), your function turns each pair within itself by t·ω_r, as it should, but with "
                    "the " + _frequency_cause(omega, expected, base, d), fix=_ROPE_FIX)
     raise failure
 
@@ -858,17 +882,126 @@ def check_apply_rope(fn: Learner) -> str:
     q, k = torch.randn(1, 16, generator=g, dtype=torch.float64), torch.randn(1, 16, generator=g, dtype=torch.float64)
     pairs = [(0, 3), (5, 8), (40, 43), (200, 203)]
     scores = []
-    for m, n in pairs:
-        tried = f"apply_rope(q, tensor([{m}])) · apply_rope(k, tensor([{n}]))"
-        rq = as_tensor(fn(q, torch.tensor([m])), tried=tried)
-        rk = as_tensor(fn(k, torch.tensor([n])), tried=tried)
+    for i, j in pairs:
+        tried = f"apply_rope(q, tensor([{i}])) · apply_rope(k, tensor([{j}]))"
+        rq = as_tensor(fn(q, torch.tensor([i])), tried=tried)
+        rk = as_tensor(fn(k, torch.tensor([j])), tried=tried)
         scores.append(float((rq.double() * rk.double()).sum()))
     if max(scores) - min(scores) > 1e-3 * max(1.0, abs(scores[0])):  # float32 angles at position 200: ~1e-5
-        fail("scores depend on absolute positions", tried="q at position m, k at m + 3, for m = 0, 5, 40, 200",
-             got="scores " + ", ".join(fmt(s) for s in scores), expected="the same score for every m",
+        fail("scores depend on absolute positions", tried="q at position t, k at t + 3, for t = 0, 5, 40, 200",
+             got="scores " + ", ".join(fmt(s) for s in scores), expected="the same score for every t",
              fix=_ROPE_FIX)
     return (f"matches RoFormer's interleaved rotation on {len(cases)} cases, and q·k depends only on j − i "
             f"(checked at distance 3 from positions 0 to 200)")
+
+
+# ================================================================================== RoPE with a KV cache
+def _decode(q_new, k_new, k_cache, mistake: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """The right step (``mistake`` empty) or one classic mistake, in float64."""
+    q_new, k_new, k_cache = q_new.double(), k_new.double(), k_cache.double()
+    n_cache, n_new = k_cache.shape[-2], q_new.shape[-2]
+    start = {"restart": 0, "plus1": n_cache + 1, "minus1": n_cache - 1}.get(mistake, n_cache)
+    positions = torch.arange(start, start + n_new)
+    if mistake == "same":  # every new token at the cache length
+        positions = torch.full((n_new,), n_cache)
+    if mistake == "end":  # every new token at the last position
+        positions = torch.full((n_new,), n_cache + n_new - 1)
+    q_rot = q_new if mistake == "q_plain" else ref.apply_rope(q_new, positions)
+    k_rot = k_new if mistake == "k_plain" else ref.apply_rope(k_new, positions)
+    cache = ref.apply_rope(k_cache, torch.arange(n_cache)) if mistake == "rerotate" else k_cache
+    if mistake == "all_again":  # the whole cache with the new keys rotated from 0 … again
+        return q_rot, ref.apply_rope(torch.cat([k_cache, k_rot], dim=-2), torch.arange(n_cache + n_new))
+    keys = torch.cat([k_rot, cache], dim=-2) if mistake == "prepend" else torch.cat([cache, k_rot], dim=-2)
+    return q_rot, keys
+
+
+_DECODE_FIX = ("positions = torch.arange(n_cache, n_cache + n_new) (n_cache = k_cache.shape[-2]); rotate q_new and "
+               "k_new with pos.apply_rope(x, positions); return (q_rotated, torch.cat([k_cache, k_rotated], dim=-2))")
+_DECODE_MISTAKES = [
+    ("restart", "positions restart at 0", "you rotated the new tokens by positions 0 … n_new − 1, as if each step "
+     "began a new sequence: a new token's position is its absolute one, the cache length plus its offset, so its "
+     "scores against the cached keys see the wrong distances", _DECODE_FIX),
+    ("rerotate", "cached keys rotated again", "you rotated the cached keys once more by 0 … n_cache − 1: they were "
+     "stored rotated, each by its own position, and must be kept as they are", "leave k_cache alone; rotate only "
+     "the new keys, then append them"),
+    ("all_again", "cache rotated again with the new keys", "you appended the new keys and rotated the whole cache "
+     "by 0 … n_cache + n_new − 1: the cached keys were already rotated, so they are turned twice", "rotate only "
+     "the new keys, then append them"),
+    ("k_plain", "new keys stored unrotated", "you appended the new keys without rotating them: every later query "
+     "would meet them as if they sat at position 0", "rotate k_new by the new positions before appending it"),
+    ("q_plain", "queries not rotated", "you returned q_new unrotated", "rotate q_new by the new positions too"),
+    ("plus1", "positions off by one (one too far)", "you started the new positions at n_cache + 1; the first new "
+     "token sits right after the n_cache cached ones, at position n_cache (positions count from 0)", _DECODE_FIX),
+    ("minus1", "positions off by one (one too early)", "you started the new positions at n_cache − 1, the last "
+     "cached token's position", _DECODE_FIX),
+    ("same", "every new token at the same position", "you rotated every new token by n_cache; each sits one "
+     "further: n_cache, n_cache + 1, …", _DECODE_FIX),
+    ("end", "every new token at the last position", "you rotated every new token by the new length minus 1", _DECODE_FIX),
+    ("prepend", "new keys put before the cache", "you put the new keys first; the cache keeps the order of the "
+     "positions: old keys first, new ones appended", "torch.cat([k_cache, k_rotated], dim=-2)"),
+]
+
+
+def _decode_cases() -> list[dict]:
+    g = _gen(31)
+
+    def r(*shape, dtype=torch.float64):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+
+    def cached(x, n_cache):  # keys already rotated by their own positions, as the cache holds them
+        return ref.apply_rope(x, torch.arange(n_cache))
+
+    return [
+        dict(name="a prompt of 4 tokens, empty cache (0, 8)", q=r(4, 8), k=r(4, 8), cache=r(0, 8)),
+        dict(name="one new token after 5 cached ones, d = 8", q=r(1, 8), k=r(1, 8), cache=cached(r(5, 8), 5)),
+        dict(name="3 new tokens after 6 cached ones", q=r(3, 8), k=r(3, 8), cache=cached(r(6, 8), 6)),
+        dict(name="batch × heads (2, 4): one new token after 7 cached ones, d = 16", q=r(2, 4, 1, 16),
+             k=r(2, 4, 1, 16), cache=cached(r(2, 4, 7, 16), 7)),
+        dict(name="float32: 2 new tokens after 3 cached ones", q=r(2, 4, dtype=torch.float32),
+             k=r(2, 4, dtype=torch.float32), cache=cached(r(3, 4, dtype=torch.float32), 3)),
+        dict(name="one new token after 1000 cached ones, d = 4", q=r(1, 4), k=r(1, 4), cache=cached(r(1000, 4), 1000)),
+    ]
+
+
+@check("rope_decode_step",
+       expects="a function rope_decode_step(q_new, k_new, k_cache) returning (q_rotated, extended k_cache)")
+def check_rope_decode_step(fn: Learner) -> str:
+    refuted = Refuted()
+    cases = _decode_cases()
+    for case in cases:
+        q, k, cache = case["q"], case["k"], case["cache"]
+        tried = f"rope_decode_step(q_new, k_new, k_cache) with {case['name']}"
+        try:
+            result = fn(q, k, cache)
+        except LearnerRaised as exc:
+            raise Failure(learner_error(exc, tried=tried, expected="(q_rotated, k_cache extended)")) from None
+        if isinstance(result, torch.Tensor) or not isinstance(result, (tuple, list)) or len(result) != 2:
+            got = f"one tensor of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else \
+                f"a {type(result).__name__}" + (f" of {len(result)} items" if isinstance(result, (tuple, list)) else "")
+            fail("did not return (q_rotated, k_cache)", tried=tried, got=got, expected="a tuple of two tensors",
+                 fix="end with `return q_rotated, k_cache`")
+        q_out = as_tensor(result[0], tried=tried, what="the rotated queries (first element)")
+        k_out = as_tensor(result[1], tried=tried, what="the extended cache (second element)")
+        exp_q, exp_k = _decode(q, k, cache)
+        tol = dict(atol=1e-6, rtol=1e-5) if q.dtype == torch.float64 else dict(atol=1e-4, rtol=1e-4)
+        expect_shape(k_out, exp_k.shape, tried=tried, what="the extended cache",
+                     fix="append the new keys along the positions: torch.cat([k_cache, k_rotated], dim=-2)")
+        expect_shape(q_out, exp_q.shape, tried=tried, what="the rotated queries", fix="keep q_new's shape")
+        q_mistakes = [Mistake(s_, c, f, lambda m=m: _decode(q, k, cache, m)[0]) for m, s_, c, f in _DECODE_MISTAKES]
+        k_mistakes = [Mistake(s_, c, f, lambda m=m: _decode(q, k, cache, m)[1]) for m, s_, c, f in _DECODE_MISTAKES]
+        if same(q_out, exp_q, **tol) and same(k_out, exp_k, **tol):
+            refuted.passed(q_mistakes, exp_q, **tol)
+            refuted.passed(k_mistakes, exp_k, **tol)
+            for got, name in ((q_out, "the rotated queries"), (k_out, "the extended cache")):
+                if got.is_floating_point() and _BITS.get(got.dtype, 99) < _BITS.get(q.dtype, 0):
+                    lower_precision(got, q.dtype, tried=tried, what=name)
+            continue
+        expect_close(k_out, exp_k, tried=tried, what="the extended cache", mistakes=refuted.remaining(k_mistakes),
+                     fix=_DECODE_FIX, **tol)
+        expect_close(q_out, exp_q, tried=tried, what="the rotated queries", mistakes=refuted.remaining(q_mistakes),
+                     fix=_DECODE_FIX, **tol)
+    return (f"matches cache length + offset on {len(cases)} cases (a prompt, single tokens, batch × heads, "
+            "1000 cached keys); cached keys kept as they were")
 
 
 # ================================================================================== additive attention
@@ -980,10 +1113,11 @@ def _unpack_pair(result, tried: str) -> tuple[torch.Tensor, torch.Tensor]:
 _BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
 
 
-def _weights_not_normalised(failure: Failure, weights: torch.Tensor, expected: torch.Tensor) -> None:
+def _weights_not_normalised(failure: Failure, weights: torch.Tensor, expected: torch.Tensor,
+                            named: set[str]) -> None:
     """Re-raise ``failure``, with the row sums as its cause when the weights are finite but their rows do not
-    sum to 1 (no known mistake matched)."""
-    if failure.diagnosis.cause or tuple(weights.shape) != tuple(expected.shape) or not weights.is_floating_point() \
+    sum to 1 (no known mistake, whose summaries are ``named``, matched)."""
+    if failure.diagnosis.summary in named or tuple(weights.shape) != tuple(expected.shape) or not weights.is_floating_point() \
             or not bool(torch.isfinite(weights).all()):
         raise failure
     sums = weights.double().sum(-1)
@@ -1052,7 +1186,7 @@ def check_additive_attention(fn: Learner) -> str:
         try:
             expect_close(weights, exp_w, tried=tried, what="the weights", mistakes=w_mistakes, fix=_ADD_FIX, **tol)
         except Failure as failure:
-            _weights_not_normalised(failure, weights, exp_w)
+            _weights_not_normalised(failure, weights, exp_w, {m.summary for m in w_mistakes})
         o_mistakes = [Mistake(s, c, f, lambda m=m: variant(m)()[0]) for m, s, c, f in applicable]
         expect_close(out, exp_out, tried=tried, what="the output", mistakes=o_mistakes, fix=_ADD_FIX, **tol)
         for got, name in ((out, "the output"), (weights, "the weights")):

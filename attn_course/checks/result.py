@@ -1,11 +1,13 @@
 """The result of a check, as data: what the notebook shows, what the grader reads, what tests assert on.
 
-Every check produces one :class:`CheckResult`. In a notebook it becomes
+Every check produces one :class:`CheckResult`. In a notebook it becomes one ``display_data`` output
+whose ``data`` holds the result as JSON under :data:`MIME` (what the grader and the course's pytest
+plugin read: no decision ever parses the human text) and, for people,
 
-* one ``display_data`` output whose ``data`` holds the result as JSON under :data:`MIME` (what the
-  grader and the course's pytest plugin read: no decision ever parses the human text) and the verdict
-  line as ``text/plain``;
-* when the exercise is not passed, an exception (:class:`CheckFailed`, :class:`NotAttempted` or
+* the verdict line and, when the exercise is not passed, the diagnosis under it, as ``text/plain`` and
+  as ``text/html`` (a box with a red edge: seen at once, in every front-end), and the cell goes on;
+* or, where something judges the cell by its error (grader, nbgrader: :func:`~.core.raises`), the
+  verdict line alone followed by an exception (:class:`CheckFailed`, :class:`NotAttempted` or
   :class:`CheckCrashed`) whose ``_render_traceback_`` is the diagnosis itself, so IPython shows it in
   place of a traceback: no frame of the course's code, nothing to scroll past.
 
@@ -21,6 +23,7 @@ A diagnosis always has the same parts, in the same order (one voice for every ch
 from __future__ import annotations
 
 import enum
+import html
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -140,9 +143,25 @@ class CheckResult:
         details = data.get("details") if isinstance(data.get("details"), dict) else {}
         return cls(exercise, status, summary, diagnosis, details)
 
-    def mimebundle(self) -> dict[str, Any]:
-        """What a check cell displays: the data for the grader and the verdict line for people."""
-        return {MIME: self.to_json(), "text/plain": self.headline()}
+    def mimebundle(self, diagnosis: bool = False) -> dict[str, Any]:
+        """What a check cell displays: the data for the grader and the verdict line for people; with
+        ``diagnosis`` (a check that does not raise) also the diagnosis, as text and as a red box."""
+        if not diagnosis or self.passed:
+            return {MIME: self.to_json(), "text/plain": self.headline()}
+        return {MIME: self.to_json(), "text/plain": self.text(), "text/html": self.html()}
+
+    def html(self) -> str:
+        """The verdict and the diagnosis as a box with a coloured edge (red: failed or not attempted)."""
+        colour = {Status.PASSED: "#2e7d32", Status.ERROR: "#b26a00"}.get(self.status, "#c62828")
+        rows = "".join(
+            f'<tr><th style="text-align:left;vertical-align:top;padding:1px 12px 1px 0;font-weight:600;'
+            f'white-space:nowrap">{html.escape(label)}</th><td style="text-align:left;padding:1px 0;'
+            f'white-space:pre-wrap;font-family:var(--jp-code-font-family,monospace)">{html.escape(text)}</td></tr>'
+            for label, text in (self.diagnosis.parts() if self.diagnosis else []))
+        return (f'<div class="attn-course-check attn-course-{self.status.name.lower()}" style="border-left:6px solid '
+                f'{colour};background:rgba(198,40,40,0.06);padding:6px 10px;margin:2px 0">'
+                f'<div style="color:{colour};font-weight:700">{html.escape(self.headline())}</div>'
+                f'<table style="border-collapse:collapse;margin:4px 0 0 0">{rows}</table></div>')
 
     def exception(self) -> "CheckOutcome | None":
         """The exception a notebook raises for this result (None when passed)."""
@@ -154,6 +173,9 @@ def _wrap(text: str, width: int) -> list[str]:
     """Wrap ``text`` at spaces to ``width`` columns, keeping its own line breaks."""
     out: list[str] = []
     for paragraph in text.splitlines() or [""]:
+        if len(paragraph) <= width:  # as it is: a code line keeps its indentation, a caret its column
+            out.append(paragraph)
+            continue
         line = ""
         for word in paragraph.split(" "):
             if line and len(line) + 1 + len(word) > width:

@@ -27,8 +27,9 @@ __all__ = ["configure", "options_from_args", "run", "main"]
 PROG = "python -m attn_course bench"
 DESCRIPTION = ("Time naive, tiled, SDPA (each backend), torch.compile and Triton attention on this machine's "
                "best device; check each against float64 first; write CSV, JSON and plots.")
-EPILOG = ("Examples: `python -m attn_course bench --quick` (under a minute on a CPU); on a GPU, record results "
-          "for the course with `python -m attn_course bench --out docs/results/h100`.")
+QUICK = "under a minute on a 2-core CPU, busy or not"
+EPILOG = (f"Examples: `python -m attn_course bench --quick` ({QUICK}); on a GPU, record results for the course "
+          "with `python scripts/gpu_finale.py` (docs/gpu-results.md), which writes docs/results/<gpu-name>/.")
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -36,7 +37,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.epilog = p.epilog or EPILOG
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda or cuda:N")
     p.add_argument("--quick", action="store_true",
-                   help="a small sweep (3 lengths, d_k = 64, forward only, no torch.compile)")
+                   help=f"a small sweep to see that everything works ({QUICK}): 3 lengths, d_k = 64, forward only, "
+                        "no torch.compile")
     p.add_argument("--n", type=int, nargs="+", metavar="N",
                    help="sequence lengths (default: 512…16384 on a GPU, 256…4096 on the CPU)")
     p.add_argument("--head-dims", type=int, nargs="+", metavar="D", help="head dims d_k (default: 64 128)")
@@ -52,7 +54,13 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, help="A·d_k held fixed (default: 2048 on a GPU, 256 on the CPU)")
     p.add_argument("--tiled-block", type=int, help="block size of the course's tiled loop (default: 1024 GPU, 256 CPU)")
     p.add_argument("--min-run-time", type=float,
-                   help="seconds of timed runs per measurement on the CPU (default 0.2; 0.05 with --quick)")
+                   help="seconds of timed runs at least, per measurement (default 0.2; 0.05 with --quick)")
+    p.add_argument("--max-run-time", type=float,
+                   help="seconds after which a measurement whose spread (IQR) is still over 10%% of its median stops "
+                        "and is marked unstable (default: 10 × --min-run-time, at least 1)")
+    p.add_argument("--threads", type=int,
+                   help="CPU only: torch threads (default: torch's own setting; 1 when the machine is busier than it "
+                        "has cores, and the run says so)")
     p.add_argument("--max-memory", type=float, metavar="GB",
                    help="CPU only: skip implementations holding an n × n matrix when predicted to need more "
                         "(default: half of the RAM)")
@@ -88,7 +96,7 @@ def options_from_args(args: argparse.Namespace) -> benchmark.BenchOptions:
         None if kind == "cuda" else (_memory_total() or 8e9) / 2)
     changes = dict(ns=args.n, head_dims=args.head_dims, dtypes=args.dtypes, modes=args.modes, impls=args.impls,
                    tokens=args.tokens, hidden=args.hidden, tiled_block=args.tiled_block,
-                   min_run_time=args.min_run_time)
+                   min_run_time=args.min_run_time, max_run_time=args.max_run_time, threads=args.threads)
     values = {**vars(preset), **{k: v for k, v in changes.items() if v is not None}}
     values.update(causal={"both": [False, True], "yes": [True], "no": [False]}[args.causal], max_memory=max_memory)
     return benchmark.BenchOptions(**values)
@@ -128,6 +136,9 @@ def run(args: argparse.Namespace) -> int:
     results, info = benchmark.run_sweep(options, progress=not args.no_progress)
     info["wall_s"] = round(time.perf_counter() - started, 1)
     print(benchmark.results_table(results))
+    unstable = sum(1 for r in results if r.stable is False)
+    print(f"ms: median; IQR: the middle half of the timed runs as a % of the median (! = still over "
+          f"{timing.STABLE_IQR:.0%} when the time limit came: {unstable} such rows); rank =k: tied, the spreads overlap")
     paths = write_results(results, info, Path(args.out), plot=not args.no_plot)
     print(f"peaks: {info['peak_source']}")
     print("wrote " + ", ".join(str(p) for p in paths) + f" in {info['wall_s']} s")

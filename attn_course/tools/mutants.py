@@ -46,6 +46,7 @@ import importlib
 import json
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -57,7 +58,7 @@ from ..checks.result import Status
 from . import nbmeta
 from .exercises import BEGIN, END
 
-__all__ = ["Mutant", "Outcome", "mutants_of", "run_exercise", "load_equivalents", "configure", "run"]
+__all__ = ["Mutant", "Outcome", "mutants_of", "run_exercise", "load_equivalents", "named_share", "message_slips", "result_slips", "configure", "run"]
 
 EQUIVALENTS = Path(__file__).with_name("mutants_equivalent.json")
 
@@ -97,6 +98,23 @@ class Outcome:
     @property
     def survived(self) -> bool:
         return self.status == Status.PASSED.value
+
+    @property
+    def rejected(self) -> bool:
+        """The check ran on the mutant and failed it (a mutant that cannot even be defined is not counted)."""
+        return self.status == Status.FAILED.value and self.result is not None
+
+    @property
+    def named(self) -> bool:
+        """Rejected with a cause named (the diagnosis's "cause" part), not only "does not match"."""
+        diagnosis = getattr(self.result, "diagnosis", None)
+        return self.rejected and diagnosis is not None and bool(diagnosis.cause.strip())
+
+
+def named_share(outcomes: list[Outcome]) -> tuple[int, int]:
+    """(rejected mutants whose diagnosis names a cause, rejected mutants)."""
+    rejected = [o for o in outcomes if o.rejected]
+    return sum(o.named for o in rejected), len(rejected)
 
 
 # ============================================================================ generating mutants
@@ -258,7 +276,7 @@ def mutants_of(exercise: str, source: str) -> Iterator[Mutant]:
         _fill_empty_bodies(mutated_tree)
         try:
             text = ast.unparse(ast.fix_missing_locations(mutated_tree))
-            compile(text, f"<mutant {exercise}>", "exec")
+            _compile(text, f"<mutant {exercise}>")
         except (SyntaxError, ValueError, TypeError):
             continue
         digest = hashlib.sha1(text.encode()).hexdigest()
@@ -266,6 +284,14 @@ def mutants_of(exercise: str, source: str) -> Iterator[Mutant]:
             continue
         seen.add(digest)
         yield Mutant(exercise, f"{op}:{where}", f"{op} at line {where.split(':')[0]}: {where.split(':', 2)[2]}", text)
+
+
+def _compile(source: str, filename: str):
+    """Compile a mutant. Python's SyntaxWarnings about generated code (``None[0]``: "perhaps you missed a
+    comma?") are the mutation's point, not the course's problem: they are not shown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return compile(source, filename, "exec")
 
 
 def _fill_empty_bodies(tree: ast.AST) -> None:
@@ -308,7 +334,7 @@ def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sampl
         start = time.perf_counter()
         result = None
         try:
-            exec(compile(mutant.source, f"<mutant {mutant.id}>", "exec"), namespace)  # noqa: S102
+            exec(_compile(mutant.source, f"<mutant {mutant.id}>"), namespace)  # noqa: S102
             result = check.evaluate(namespace[name])
             status, summary = result.status.value, result.summary
         except Exception as exc:  # noqa: BLE001 - a mutant that breaks at definition time is killed
@@ -317,6 +343,65 @@ def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sampl
         if progress:
             progress(mutant.id)
     return outcomes
+
+
+# ============================================================================ the messages' wording
+#: Nouns the checks count; "1 rows" and "3 row" are slips.
+_COUNTED = ("row", "column", "entry", "entries", "key", "query", "queries", "head", "token", "position", "value",
+            "element", "item", "case", "block", "step", "batch entry", "dimension", "axis", "axes", "tile", "layer",
+            "byte", "call", "mutant", "exercise", "copy", "copies", "index", "indices", "time", "vector", "matrix",
+            "matrices", "score", "weight", "number", "slice", "feature", "pair", "word")
+_SINGULAR_OF = {"entries": "entry", "queries": "query", "axes": "axis", "copies": "copy", "indices": "index",
+                "matrices": "matrix"}
+_PLURAL_OF = {v: k for k, v in _SINGULAR_OF.items()}
+
+
+def message_slips(text: str, *, part: str = "") -> list[str]:
+    """Slips in one piece of a check's message: a count that disagrees with its noun ("1 rows", "2 row"),
+    a word written twice in a row ("the the"), an empty or hollow field (two spaces where a word is
+    missing, "expected" saying only "the expected values", a dangling "()" or " ,")."""
+    import re
+
+    slips = []
+    singular = {w for w in _COUNTED if w not in _SINGULAR_OF}
+    for match in re.finditer(r"(?<![\w.\-−/×*^])(?<![+\-−×*/] )(\d+) ([a-z]+)\b", text):
+        count, word = int(match.group(1)), match.group(2)
+        if count == 1 and (word in _SINGULAR_OF or (word.endswith("s") and word[:-1] in singular)):
+            slips.append(f"'{match.group(0)}': one of a plural")
+        elif count != 1 and word in singular and word not in ("time",) and not text[match.end():].startswith(("-", "'")):
+            plural = _PLURAL_OF.get(word, word + "s")
+            slips.append(f"'{match.group(0)}': {count} of a singular (write {count} {plural})")
+    for match in re.finditer(r"(?<![\w.\-−/×*^])1 (?:[a-z]+ )?(?:ones\b|(?:that|which) (?:were|are|have)\b)", text):
+        slips.append(f"'{match.group(0)}': one of a plural")
+    for match in re.finditer(r"\b([A-Za-z]+) \1\b", text, re.I):
+        slips.append(f"'{match.group(0)}': a word twice")
+    for line in text.splitlines():
+        body = line.strip()
+        if "  " in body and not re.search(r"[=\[\](){}#:|]|\^", body):  # code lines and tables keep their alignment
+            slips.append(f"'{body[:60]}': two spaces where a word is missing")
+        prose = re.sub(r"\[[^\]]*\]", "[]", body)  # an index like [:, None, :] is code, not a gap
+        if re.search(r"\( *\)(?! *[-=:])|\s[,;:](?!\d)|\s\.(?![\w(])|\{\}", prose) and not re.search(r"\w\(\)|shape \(\)|\.\.\.", body):
+            slips.append(f"'{body[:60]}': an empty field")
+    if part == "expected" and re.fullmatch(r"(the )?expected values?\.?", text.strip(), re.I):
+        slips.append(f"expected says only '{text.strip()}'")
+    if part in ("summary",) and not text.strip():
+        slips.append("an empty summary")
+    return slips
+
+
+def result_slips(result) -> list[str]:
+    """Every slip in a check result's summary and diagnosis parts (see :func:`message_slips`); the message of an
+    exception the learner's code raised is Python's or PyTorch's, quoted as it is, and not judged."""
+    import re
+
+    found = [f"summary: {s}" for s in message_slips(result.summary, part="summary")]
+    if result.diagnosis is not None:
+        for name in ("tried", "got", "expected", "cause", "fix"):
+            text = getattr(result.diagnosis, name)
+            if re.match(r"(the backward pass raised )?\w+(Error|Exception|Warning|Exit|Interrupt)\b", text):
+                text = "\n".join(line for line in text.splitlines() if line.startswith("at "))  # Python's own words
+            found += [f"{name}: {s}" for s in message_slips(text, part=name)] if text else []
+    return found
 
 
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[tuple[str, str], str]:
@@ -336,6 +421,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exercise", action="append", help="only this exercise id (repeatable)")
     parser.add_argument("--sample", type=int, help="at most this many mutants per exercise, evenly spread")
     parser.add_argument("--json", metavar="FILE", help="write every outcome as JSON")
+    parser.add_argument("--named", action="store_true",
+                        help="also report, per notebook, how many rejected mutants get a named cause (the diagnosis's "
+                             "'cause' part) rather than a generic 'does not match', and list the generic ones")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -344,6 +432,7 @@ def run(args: argparse.Namespace) -> int:
     wanted = [registry.by_slug(Path(p).stem) for p in args.notebooks] or [nb for nb in registry.NOTEBOOKS if nb.exercises]
     equivalents = load_equivalents()
     outcomes: list[Outcome] = []
+    by_notebook: dict[str, list[Outcome]] = {}
     for nb in wanted:
         solution = nbformat.read(Path(args.solutions) / nb.filename, as_version=4)
         checks = importlib.import_module(nb.checks)
@@ -352,16 +441,30 @@ def run(args: argparse.Namespace) -> int:
                 continue
             check = getattr(checks, registry.check_name(exercise))
             bar = tqdm(desc=f"{nb.number} {exercise}", unit="mutant", file=sys.stderr, leave=False)
-            outcomes += run_exercise(solution, exercise, check, sample=args.sample, progress=lambda _: bar.update())
+            mine = run_exercise(solution, exercise, check, sample=args.sample, progress=lambda _: bar.update())
             bar.close()
+            outcomes += mine
+            by_notebook.setdefault(nb.number, []).extend(mine)
     survivors = [o for o in outcomes if o.survived and (o.mutant.exercise, o.mutant.id) not in equivalents]
     equivalent = [o for o in outcomes if o.survived and (o.mutant.exercise, o.mutant.id) in equivalents]
     print(f"{len(outcomes)} mutants: {len(outcomes) - len(survivors) - len(equivalent)} killed, "
           f"{len(equivalent)} equivalent (listed with reasons), {len(survivors)} survived")
     for o in survivors:
         print(f"SURVIVED {o.mutant.exercise} {o.mutant.id}")
+    if getattr(args, "named", False):
+        for nb, mine in by_notebook.items():
+            named, rejected = named_share(mine)
+            print(f"{nb}: {named} of {rejected} rejected mutants get a named cause"
+                  + (f" ({100 * named / rejected:.1f} %)" if rejected else ""))
+        named, rejected = named_share(outcomes)
+        print(f"all: {named} of {rejected} rejected mutants get a named cause"
+              + (f" ({100 * named / rejected:.1f} %)" if rejected else ""))
+        for o in outcomes:
+            if o.rejected and not o.named:
+                print(f"GENERIC {o.mutant.exercise} {o.mutant.id}: {o.summary}")
     if args.json:
         Path(args.json).write_text(json.dumps([{**asdict(o.mutant), "status": o.status, "summary": o.summary,
+                                                "named": o.named, "result": o.result.to_json() if o.result else None,
                                                 "seconds": round(o.seconds, 3)} for o in outcomes], indent=1),
                                    encoding="utf-8")
     return 1 if survivors else 0

@@ -16,9 +16,11 @@ tag           metadata written
 ============  ==========================================================================================
 
 Exercise and check cells also get the ``raises-exception`` tag: JupyterLab's Run All and nbclient
-then go on past a check that fails (or an exercise cell with an error), so one stuck exercise never
-stops the rest of the notebook. Under pytest the course's plugin (:mod:`attn_course.pytest_plugin`)
-takes that licence away again, so ``pytest --nbval-lax`` still fails on a wrong answer.
+then go on past an exercise cell with an error. Run All does not rely on it for unfinished or wrong
+answers: in a notebook a check that is not passed shows its diagnosis without raising
+(:func:`attn_course.checks.core.raises`), so VS Code and Colab, which ignore tags, reach the end too.
+Under pytest the course's plugin (:mod:`attn_course.pytest_plugin`) fails a check cell whose result is
+not passed, and takes the tag's licence away, so ``pytest --nbval-lax`` still fails on a wrong answer.
 """
 
 from __future__ import annotations

@@ -248,6 +248,22 @@ def test_attention_backward_explains_errors_and_measures_the_unforeseen(rejects)
             "overwrote its input dout")
 
 
+def test_attention_backward_says_what_it_expected(rejects):
+    """A wrong factor that no known mistake explains: the "expected" line names the gradient and its oracle, never an
+    empty "the expected values" (issue 22)."""
+    def doubled_dq(q, k, v, dout, mask=None):
+        dq, dk, dv = ref.attention_backward(q, k, v, dout, mask)
+        return 2 * dq, dk, dv
+
+    result = rejects(check_attention_backward, doubled_dq, "dq: off by a factor of 2", "in your dq: every entry is 2 ×",
+                     "the dq that autograd computes through F.scaled_dot_product_attention")
+    assert result.diagnosis.expected != "the expected values"
+    named = rejects(check_attention_backward, lambda q, k, v, dout, mask=None: chain_rule(q, k, v, dout, mask,
+                                                                                          bug="no_scale_dq"),
+                    "1/√d_k missing in dQ")
+    assert named.diagnosis.expected.startswith("the dq that autograd computes")
+
+
 # ============================================================================ AttentionFunction
 class SavesP(torch.autograd.Function):
     """Stores P in forward (more memory, same numbers) and writes the backward inline."""

@@ -131,3 +131,60 @@ def test_expect_close_passes_axis_names_and_prefers_the_measured_fix():
     assert d.summary == "head 0 repeated for every head" and "drop the index [0]" in d.fix
     d = diagnosis(lambda: expect_close(batch + torch.randn(3, 3, 3), batch, tried="t", fix="general advice"))
     assert d.fix == "general advice"  # nothing measured: the caller's advice stands
+
+
+# ---------------------------------------------------------------------------- issue 22: causes named, not misnamed
+def test_an_index_that_drops_an_axis_is_named_as_an_index_not_a_reduction():
+    expected = torch.randn(3, 4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    d = diagnosis(lambda: expect_close(expected[0], expected, tried="t"))
+    assert "batch entry 0" in d.summary and "[0]" in d.cause and "sum" not in d.cause, d
+    d = diagnosis(lambda: expect_close(expected[:, -1], expected, tried="t"))
+    assert "[-1]" in d.cause and "axis 1" in d.cause, d
+    d = diagnosis(lambda: expect_close(expected.sum(0), expected, tried="t"))
+    assert "sum over" in d.cause and "[0]" not in d.cause, d
+    d = diagnosis(lambda: expect_close(torch.randn(4, 5, dtype=torch.float64), expected, tried="t"))
+    assert "index that picks one entry" in d.cause  # shapes alone: both readings are offered
+
+
+def test_rows_each_off_by_their_own_factor_or_constant_are_named():
+    rows = torch.tensor([[2.0], [3.0], [0.5]], dtype=torch.float64)
+    got, exp, cause, summary = describe_mismatch(E * rows, E)
+    assert "its own factor" in summary and "normalisation" in cause and exp != "the expected values"
+    got, exp, cause, summary = describe_mismatch(E + rows, E)
+    assert "its own constant" in summary and "maximum, mean or logsumexp" in cause
+
+
+def test_nan_inf_and_a_constant_shift_name_a_cause():
+    nan = E.clone()
+    nan[1, 1] = math.nan
+    assert describe_mismatch(nan, E)[2]
+    inf = E.clone()
+    inf[0, 0] = math.inf
+    got, _, cause, _ = describe_mismatch(inf, E)
+    assert "inf in 1 entry " in got and "overflow" in cause
+    assert "adds the same constant" in describe_mismatch(E + 0.5, E)[2]
+
+
+def test_expected_never_says_only_the_expected_values():
+    for wrong in (2 * E, E + 0.5, 1 - E):
+        d = diagnosis(lambda: expect_close(wrong, E, tried="t"))
+        assert d.expected.strip() not in ("the expected values", "the expected value"), d
+        d = diagnosis(lambda: expect_close(wrong, E, tried="t", oracle="torch.softmax"))
+        assert d.expected == "the values torch.softmax gives"
+
+
+@pytest.mark.parametrize("kind, message, phrase", [
+    ("NameError", "name 'scores' is not defined", "`scores` is used before"),
+    ("RuntimeError", "The size of tensor a (4) must match the size of tensor b (2) at non-singleton dimension 1",
+     "sizes 4 and 2"),
+    ("RuntimeError", "mat1 and mat2 shapes cannot be multiplied (2x1 and 4x3)", "inner sizes differ (2x1 @ 4x3)"),
+    ("IndexError", "Dimension out of range (expected to be in range of [-1, 0], but got -2)", "axis -2"),
+    ("RuntimeError", "stack expects a non-empty TensorList", "nothing was appended"),
+    ("TypeError", "unsupported operand type(s) for @: 'Tensor' and 'int'", "between Tensor and int values"),
+])
+def test_common_exceptions_are_explained(kind, message, phrase):
+    from attn_course.checks.compare import explain_exception
+
+    cause, fix = explain_exception(kind, message)
+    assert phrase in cause and fix
+    assert explain_exception("RuntimeError", "something nobody has seen") is None

@@ -230,8 +230,11 @@ ONE_QUERY_WRONG = [
     W(lambda q, K: (K @ q).half(), "float16"),
     W(integer_preallocated, "integer"),
     W(lambda q, K: (K @ q).long(), "integer"),
-    W(lambda q, K: K.flip(0) @ q, "wrong order"),
-    W(lambda q, K: torch.roll(K @ q, 1), "wrong order"),
+    W(lambda q, K: K.flip(0) @ q, "reverse order", "counts down"),
+    W(lambda q, K: torch.roll(K @ q, 1), "shifted by 1 place", "K[j - 1]"),
+    # the right scores sorted are no index slip (issue 22): the sort is named
+    W(lambda q, K: (K @ q).sort().values, "sorted in ascending order", "a sort"),
+    W(lambda q, K: torch.sort(K @ q, descending=True).values, "sorted in descending order"),
     W(lambda q, K: torch.zeros(len(K)), "all zeros", named=False),
     W(lambda q, K: [q @ k for k in K], "Python list", "torch.stack"),
     W(lambda q, K: tuple(K @ q), "Python tuple"),

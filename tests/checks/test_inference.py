@@ -202,6 +202,34 @@ def test_check_kvcache_names_each_pitfall(cls, phrases, rejects):
     rejects(check_KVCache, cls, *phrases)
 
 
+class CacheReturnsOnlyNew(ref.KVCache):
+    """Stores every token (attend is right) but returns only the tokens it was just given."""
+
+    def append(self, k, v):
+        super().append(k, v)
+        return k, v
+
+
+def test_check_kvcache_tells_a_wrong_return_from_an_overwritten_cache(rejects):
+    result = rejects(check_KVCache, CacheReturnsOnlyNew, "append returned only the new tokens",
+                     "the cache itself is right", "return self.k, self.v")
+    assert "overwritten" not in result.text()
+    rejects(check_KVCache, cache_class(append_rule=lambda old, new: new), "cache overwritten",
+            "and attend(q) sees only")
+    # Only the new tokens returned and attend wrong too: neither cause is claimed, both are named as possible.
+    both = cache_class(append_rule=lambda old, new: new, attend_rule=lambda q, K, V: attend_over(q, K, K))
+    rejects(check_KVCache, both, "append returned only the new tokens", "cannot tell which")
+
+
+def test_check_kvcache_messages_count_rows_in_good_english(rejects):
+    class Shared(CacheShared):  # storage of its own, shared by its instances only: no other test touches it
+        keys, values = [], []
+
+    text = rejects(check_KVCache, Shared, "share their storage").text()
+    assert "1 rows" not in text and "the 1 right ones" not in text
+    assert "2 rows: the right one after 1 row never appended" in text
+
+
 def test_check_kvcache_not_a_class_and_not_attempted(rejects):
     rejects(check_KVCache, ref.attention if hasattr(ref, "attention") else len, "not a class")
 
@@ -262,6 +290,17 @@ def looped_mask(shift):
 ])
 def test_check_bottom_right_names_each_pitfall(fn, phrases, rejects):
     rejects(check_bottom_right_causal_mask, fn, *phrases)
+
+
+def test_check_masks_name_an_all_false_mask(rejects):
+    text = rejects(check_bottom_right_causal_mask, lambda n_q, n_k: torch.zeros(n_q, n_k, dtype=torch.bool),
+                   "the mask blocks every key", "False everywhere").text()
+    assert "same values for every" not in text
+    rejects(check_sliding_window_mask, lambda n_q, n_k, window: torch.zeros(n_q, n_k, dtype=torch.bool),
+            "the mask blocks every key")
+    # A known mistake that happens to give an all-False mask on some shape is still named as that mistake.
+    rejects(check_bottom_right_causal_mask, lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_q - n_k),
+            "wrong sign")
 
 
 def test_check_bottom_right_not_attempted(rejects, unfinished):
@@ -381,7 +420,7 @@ def test_check_window_mask_names_each_pitfall(fn, phrases, rejects):
 def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divide=True, scale=None, tail=True,
                  full=False, sdpa=False, ragged=False, early=0, out_dtype=None, global_max=False, zero_init=False,
                  block_max=False, fill=-math.inf, guard=True, late=False, blocked="band", sum_reset=False,
-                 q_tail=True, fixed_block=None):
+                 q_tail=True, fixed_block=None, unaligned=False):
     """A tiled sliding-window attention with switches: right with the defaults."""
 
     def fn(q, k, v, window, block_size):
@@ -408,6 +447,8 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 start0 = 0 if causal_skip_only else max(0, first - early) // block_size * block_size
                 if late:  # rounded up: the block holding the window's first key is skipped
                     start0 = -(-first // block_size) * block_size
+                if unaligned:  # key blocks start at the window's first key, not on 09's grid
+                    start0 = first
                 stop = qe if tail else min(qe, n - n % block_size)
                 starts = [(ks, min(ks + block_size, n)) for ks in range(start0, stop, block_size)]
             for ks, ke in starts:
@@ -443,7 +484,7 @@ def window_rowwise(q, k, v, window, block_size):
 
 
 @pytest.mark.parametrize("fn", [ref.sliding_window_attention, window_tiled(), window_tiled(fill=-1e4),
-                                window_tiled(fill="finfo")])
+                                window_tiled(fill="finfo"), window_tiled(unaligned=True)])
 def test_check_window_attention_accepts(fn, accepts):
     accepts(check_sliding_window_attention, fn)
 
@@ -462,7 +503,7 @@ def test_check_window_attention_accepts(fn, accepts):
     (window_tiled(global_max=True), ["one running maximum for all rows"]),
     (window_tiled(zero_init=True), ["running maximum started at 0"]),
     (window_tiled(block_max=True), ["the block's maximum instead of the running maximum"]),
-    (window_tiled(full=True), ["full N × N score matrix"]),
+    (window_tiled(full=True), ["full n × n score matrix"]),
     (window_tiled(sdpa=True), ["calls F.scaled_dot_product_attention"]),
     (lambda q, k, v, window, block_size: ref.masked_attention(q, k, v, ref.bottom_right_causal_mask(
         q.shape[-2], q.shape[-2])), ["window ignored"]),

@@ -17,119 +17,119 @@ from attn_course.checks.result import Status
 INF = float("inf")
 
 
-def J_of(s):
-    return torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)
+def J_of(p):
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
 
 
 # =============================================================================== softmax_jacobian
-def j_sign(s):
-    return s.unsqueeze(-1) * s.unsqueeze(-2) - torch.diag_embed(s)
+def j_sign(p):
+    return p.unsqueeze(-1) * p.unsqueeze(-2) - torch.diag_embed(p)
 
 
-def j_inner(s):
-    return torch.diag_embed(s) - (s * s).sum(-1)[..., None, None]
+def j_inner(p):
+    return torch.diag_embed(p) - (p * p).sum(-1)[..., None, None]
 
 
-def j_inner_matmul(s):  # s @ s.T on a vector is the inner product
-    return torch.diag_embed(s) - s @ s if s.ndim == 1 else J_of(s)
+def j_inner_matmul(p):  # p @ p.T on a vector is the inner product
+    return torch.diag_embed(p) - p @ p if p.ndim == 1 else J_of(p)
 
 
-def j_only_diag(s):
-    return torch.diag_embed(s)
+def j_only_diag(p):
+    return torch.diag_embed(p)
 
 
-def j_only_outer(s):
-    return -(s.unsqueeze(-1) * s.unsqueeze(-2))
+def j_only_outer(p):
+    return -(p.unsqueeze(-1) * p.unsqueeze(-2))
 
 
-def j_diagonal_entries(s):
-    return torch.diag_embed(s * (1 - s))
+def j_diagonal_entries(p):
+    return torch.diag_embed(p * (1 - p))
 
 
-def j_unbatched(s):
-    return torch.diag(s) - torch.outer(s, s)
+def j_unbatched(p):
+    return torch.diag(p) - torch.outer(p, p)
 
 
-def j_numpy_unbatched(s):
-    return np.diag(s) - np.outer(s, s)
+def j_numpy_unbatched(p):
+    return np.diag(p) - np.outer(p, p)
 
 
-def j_batch_summed(s):
-    return torch.diag(s) - torch.outer(s, s) if s.ndim == 1 else torch.diag_embed(s).sum(0) - s.T @ s
+def j_batch_summed(p):
+    return torch.diag(p) - torch.outer(p, p) if p.ndim == 1 else torch.diag_embed(p).sum(0) - p.T @ p
 
 
-def j_axes_last(s):
-    return J_of(s) if s.ndim == 1 else J_of(s).movedim(0, -1)
+def j_axes_last(p):
+    return J_of(p) if p.ndim == 1 else J_of(p).movedim(0, -1)
 
 
-def j_axes_middle(s):
-    return J_of(s).transpose(0, 1) if s.ndim >= 2 else J_of(s)
+def j_axes_middle(p):
+    return J_of(p).transpose(0, 1) if p.ndim >= 2 else J_of(p)
 
 
-def j_s_i_squared(s):
-    return torch.diag_embed(s) - (s * s).unsqueeze(-1)
+def j_s_i_squared(p):
+    return torch.diag_embed(p) - (p * p).unsqueeze(-1)
 
 
-def j_identity(s):
-    return torch.eye(s.shape[-1], dtype=s.dtype) - s.unsqueeze(-1) * s.unsqueeze(-2)
+def j_identity(p):
+    return torch.eye(p.shape[-1], dtype=p.dtype) - p.unsqueeze(-1) * p.unsqueeze(-2)
 
 
-def j_softmax_again(s):
-    return J_of(torch.softmax(s, -1))
+def j_softmax_again(p):
+    return J_of(torch.softmax(p, -1))
 
 
-def j_row_loop(s):  # rows of a (B, n) batch one at a time: (B, H, n) breaks
-    return torch.diag(s) - torch.outer(s, s) if s.ndim == 1 else torch.stack([torch.diag(r) - torch.outer(r, r) for r in s])
+def j_row_loop(p):  # rows of a (B, n) batch one at a time: (B, A, n) breaks
+    return torch.diag(p) - torch.outer(p, p) if p.ndim == 1 else torch.stack([torch.diag(r) - torch.outer(r, r) for r in p])
 
 
-def j_log_softmax(s):
-    return torch.eye(s.shape[-1], dtype=s.dtype) - s.unsqueeze(-2)
+def j_log_softmax(p):
+    return torch.eye(p.shape[-1], dtype=p.dtype) - p.unsqueeze(-2)
 
 
-def j_autograd_whole_batch(s):
-    return torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), torch.log(s))
+def j_autograd_whole_batch(p):
+    return torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), torch.log(p))
 
 
-def j_hard_coded_n(s):
-    return torch.eye(3, dtype=s.dtype) * s.unsqueeze(-1) - s.unsqueeze(-1) * s.unsqueeze(-2)
+def j_hard_coded_n(p):
+    return torch.eye(3, dtype=p.dtype) * p.unsqueeze(-1) - p.unsqueeze(-1) * p.unsqueeze(-2)
 
 
-def j_double_diagonal(s):
-    return 2 * torch.diag_embed(s) - s.unsqueeze(-1) * s.unsqueeze(-2)
+def j_double_diagonal(p):
+    return 2 * torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
 
 
-def j_half_outer(s):
-    return torch.diag_embed(s) - 0.5 * s.unsqueeze(-1) * s.unsqueeze(-2)
+def j_half_outer(p):
+    return torch.diag_embed(p) - 0.5 * p.unsqueeze(-1) * p.unsqueeze(-2)
 
 
-def j_first_batch_entry(s):
-    J = J_of(s)
+def j_first_batch_entry(p):
+    J = J_of(p)
     return J[:1].expand_as(J).clone() if J.ndim >= 3 else J
 
 
-def j_half(s):
-    return J_of(s).half()
+def j_half(p):
+    return J_of(p).half()
 
 
-def j_long(s):
-    return J_of(s).long()
+def j_long(p):
+    return J_of(p).long()
 
 
 JACOBIAN_WRONG = [
     (j_sign, ["sign flipped"]),
-    (j_inner, ["sᵀs for s sᵀ", "outer"]),
-    (j_inner_matmul, ["sᵀs for s sᵀ"]),
-    (j_only_diag, ["− s sᵀ term missing"]),
-    (j_only_outer, ["diag(s) term missing"]),
+    (j_inner, ["pᵀp for p pᵀ", "outer"]),
+    (j_inner_matmul, ["pᵀp for p pᵀ"]),
+    (j_only_diag, ["− p pᵀ term missing"]),
+    (j_only_outer, ["diag(p) term missing"]),
     (j_diagonal_entries, ["only the diagonal"]),
     (j_unbatched, ["worked on inputs with fewer axes", "diag_embed"]),
     (j_numpy_unbatched, ["worked on inputs with fewer axes"]),
     (j_batch_summed, ["outer product over the batch"]),
     (j_axes_last, ["batch axes last"]),
     (j_axes_middle, ["batch axes in the wrong place"]),
-    (j_s_i_squared, ["s_i² for s_i s_j"]),
-    (j_identity, ["identity for diag(s)"]),
-    (j_softmax_again, ["softmax applied to s"]),
+    (j_s_i_squared, ["p_i² for p_i p_j"]),
+    (j_identity, ["identity for diag(p)"]),
+    (j_softmax_again, ["softmax applied to p"]),
     (j_row_loop, ["worked on inputs with fewer axes"]),
     (j_log_softmax, ["Jacobian of log-softmax"]),
     (j_autograd_whole_batch, ["Jacobian across the batch"]),
@@ -147,170 +147,170 @@ def test_jacobian_names_each_mistake(fn, phrases, rejects):
     rejects(check_softmax_jacobian, fn, *phrases)
 
 
-def j_einsum(s):
-    eye = torch.eye(s.shape[-1], dtype=s.dtype)
-    return torch.einsum("...i,ij->...ij", s, eye) - torch.einsum("...i,...j->...ij", s, s)
+def j_einsum(p):
+    eye = torch.eye(p.shape[-1], dtype=p.dtype)
+    return torch.einsum("...i,ij->...ij", p, eye) - torch.einsum("...i,...j->...ij", p, p)
 
 
-def j_numpy(s):
-    return s[..., :, None] * np.eye(s.shape[-1]) - s[..., :, None] * s[..., None, :]
+def j_numpy(p):
+    return p[..., :, None] * np.eye(p.shape[-1]) - p[..., :, None] * p[..., None, :]
 
 
-def j_formula(s):  # s_i (δ_ij − s_j)
-    return s.unsqueeze(-1) * (torch.eye(s.shape[-1], dtype=s.dtype) - s.unsqueeze(-2))
+def j_formula(p):  # p_i (δ_ij − p_j)
+    return p.unsqueeze(-1) * (torch.eye(p.shape[-1], dtype=p.dtype) - p.unsqueeze(-2))
 
 
-def j_transposed(s):  # J is symmetric: its transpose is the same matrix
-    return J_of(s).transpose(-1, -2)
+def j_transposed(p):  # J is symmetric: its transpose is the same matrix
+    return J_of(p).transpose(-1, -2)
 
 
-def j_matmul_outer(s):
-    return torch.diag_embed(s) - s.unsqueeze(-1) @ s.unsqueeze(-2)
+def j_matmul_outer(p):
+    return torch.diag_embed(p) - p.unsqueeze(-1) @ p.unsqueeze(-2)
 
 
-def j_loop_over_flattened_rows(s):
-    flat = s.reshape(-1, s.shape[-1])
-    return torch.stack([torch.diag(r) - torch.outer(r, r) for r in flat]).reshape(*s.shape, s.shape[-1])
+def j_loop_over_flattened_rows(p):
+    flat = p.reshape(-1, p.shape[-1])
+    return torch.stack([torch.diag(r) - torch.outer(r, r) for r in flat]).reshape(*p.shape, p.shape[-1])
 
 
-def j_autograd_per_row(s):
-    flat = torch.log(s).reshape(-1, s.shape[-1])
+def j_autograd_per_row(p):
+    flat = torch.log(p).reshape(-1, p.shape[-1])
     rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), r) for r in flat]
-    return torch.stack(rows).reshape(*s.shape, s.shape[-1])
+    return torch.stack(rows).reshape(*p.shape, p.shape[-1])
 
 
-def j_vmap(s):
-    flat = s.reshape(-1, s.shape[-1])
-    return torch.vmap(lambda r: torch.diag(r) - torch.outer(r, r))(flat).reshape(*s.shape, s.shape[-1])
+def j_vmap(p):
+    flat = p.reshape(-1, p.shape[-1])
+    return torch.vmap(lambda r: torch.diag(r) - torch.outer(r, r))(flat).reshape(*p.shape, p.shape[-1])
 
 
 @pytest.mark.parametrize("fn", [j_einsum, j_numpy, j_formula, j_transposed, j_matmul_outer, j_loop_over_flattened_rows,
-                                j_autograd_per_row, j_vmap, lambda s: J_of(s.double()), ref.softmax_jacobian])
+                                j_autograd_per_row, j_vmap, lambda p: J_of(p.double()), ref.softmax_jacobian])
 def test_jacobian_accepts_correct_alternatives(fn, accepts):
     accepts(check_softmax_jacobian, fn)
 
 
 # =============================================================================== softmax_vjp
-def v_missing_dot(s, g):
-    return s * g
+def v_missing_dot(p, g):
+    return p * g
 
 
-def v_sign(s, g):
-    return s * ((g * s).sum(-1, keepdim=True) - g)
+def v_sign(p, g):
+    return p * ((g * p).sum(-1, keepdim=True) - g)
 
 
-def v_plain_sum(s, g):
-    return s * (g - g.sum(-1, keepdim=True))
+def v_plain_sum(p, g):
+    return p * (g - g.sum(-1, keepdim=True))
 
 
-def v_mean(s, g):
-    return s * (g - g.mean(-1, keepdim=True))
+def v_mean(p, g):
+    return p * (g - g.mean(-1, keepdim=True))
 
 
-def v_no_s(s, g):
-    return g - (g * s).sum(-1, keepdim=True)
+def v_no_s(p, g):
+    return g - (g * p).sum(-1, keepdim=True)
 
 
-def v_global_sum(s, g):
-    return s * (g - (g * s).sum())
+def v_global_sum(p, g):
+    return p * (g - (g * p).sum())
 
 
-def v_no_keepdim(s, g):
-    return s * (g - (g * s).sum(-1))
+def v_no_keepdim(p, g):
+    return p * (g - (g * p).sum(-1))
 
 
-def v_sum_axis0(s, g):
-    return s * (g - (g * s).sum(0, keepdim=True))
+def v_sum_axis0(p, g):
+    return p * (g - (g * p).sum(0, keepdim=True))
 
 
-def v_per_batch_entry(s, g):  # a loop over the first axis, each entry reduced whole
-    if s.ndim == 1:
-        return s * (g - (g * s).sum())
-    return torch.stack([r * (q - (q * r).sum()) for r, q in zip(s, g)])
+def v_per_batch_entry(p, g):  # a loop over the first axis, each entry reduced whole
+    if p.ndim == 1:
+        return p * (g - (g * p).sum())
+    return torch.stack([r * (q - (q * r).sum()) for r, q in zip(p, g)])
 
 
-def v_via_jacobian(s, g):
-    return ref.jacobian_backward(s, g)
+def v_via_jacobian(p, g):
+    return ref.jacobian_backward(p, g)
 
 
-def v_via_autograd_jacobian(s, g):
-    flat_s, flat_g = s.reshape(-1, s.shape[-1]), g.reshape(-1, s.shape[-1])
+def v_via_autograd_jacobian(p, g):
+    flat_s, flat_g = p.reshape(-1, p.shape[-1]), g.reshape(-1, p.shape[-1])
     rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), torch.log(r), vectorize=True) @ q
             for r, q in zip(flat_s, flat_g)]
-    return torch.stack(rows).reshape(s.shape)
+    return torch.stack(rows).reshape(p.shape)
 
 
-def v_per_entry_loop(s, g):  # right values, ⟨g, s⟩ recomputed for every entry: O(n²) work
-    flat_s, flat_g = s.reshape(-1, s.shape[-1]), g.reshape(-1, s.shape[-1])
+def v_per_entry_loop(p, g):  # right values, ⟨g, p⟩ recomputed for every entry: O(n²) work
+    flat_s, flat_g = p.reshape(-1, p.shape[-1]), g.reshape(-1, p.shape[-1])
     out = torch.empty_like(flat_s)
     for r in range(flat_s.shape[0]):
         for i in range(flat_s.shape[1]):
             out[r, i] = flat_s[r, i] * (flat_g[r, i] - (flat_g[r] * flat_s[r]).sum())
-    return out.reshape(s.shape)
+    return out.reshape(p.shape)
 
 
-def v_diagonal_only(s, g):
-    return s * (1 - s) * g
+def v_diagonal_only(p, g):
+    return p * (1 - p) * g
 
 
-def v_swapped(s, g):
-    return g * (s - (g * s).sum(-1, keepdim=True))
+def v_swapped(p, g):
+    return g * (p - (g * p).sum(-1, keepdim=True))
 
 
-def v_grad_unused(s, g):
-    return s * (1 - s)
+def v_grad_unused(p, g):
+    return p * (1 - p)
 
 
-def v_zeros(s, g):
-    return torch.zeros_like(s)
+def v_zeros(p, g):
+    return torch.zeros_like(p)
 
 
-def v_grad_unchanged(s, g):
+def v_grad_unchanged(p, g):
     return g
 
 
-def v_softmax_again(s, g):
-    p = torch.softmax(s, -1)
+def v_softmax_again(p, g):
+    p = torch.softmax(p, -1)
     return p * (g - (g * p).sum(-1, keepdim=True))
 
 
-def v_dot_for_vectors_only(s, g):
-    return s * (g - torch.dot(g, s))
+def v_dot_for_vectors_only(p, g):
+    return p * (g - torch.dot(g, p))
 
 
-def v_inner_for_outer(s, g):
-    return s * g - (s * s).sum(-1, keepdim=True) * g
+def v_inner_for_outer(p, g):
+    return p * g - (p * p).sum(-1, keepdim=True) * g
 
 
-def v_half(s, g):
-    return (s * (g - (g * s).sum(-1, keepdim=True))).half()
+def v_half(p, g):
+    return (p * (g - (g * p).sum(-1, keepdim=True))).half()
 
 
-def v_double_dot(s, g):
-    return s * (g - 2 * (g * s).sum(-1, keepdim=True))
+def v_double_dot(p, g):
+    return p * (g - 2 * (g * p).sum(-1, keepdim=True))
 
 
 VJP_WRONG = [
-    (v_missing_dot, ["⟨g, s⟩ term missing"]),
+    (v_missing_dot, ["⟨g, p⟩ term missing"]),
     (v_sign, ["sign flipped"]),
     (v_plain_sum, ["plain sum of g"]),
     (v_mean, ["mean of g"]),
-    (v_no_s, ["final multiplication by s missing"]),
-    (v_global_sum, ["⟨g, s⟩ summed over the whole tensor"]),
+    (v_no_s, ["final multiplication by p missing"]),
+    (v_global_sum, ["⟨g, p⟩ summed over the whole tensor"]),
     (v_no_keepdim, ["keepdim missing"]),
-    (v_sum_axis0, ["⟨g, s⟩ summed along axis 0"]),
-    (v_per_batch_entry, ["⟨g, s⟩ summed over a whole batch entry"]),
+    (v_sum_axis0, ["⟨g, p⟩ summed along axis 0"]),
+    (v_per_batch_entry, ["⟨g, p⟩ summed over a whole batch entry"]),
     (v_via_jacobian, ["O(n²) memory", "(1, 2048, 2048)"]),
     (v_via_autograd_jacobian, ["O(n²) memory"]),
     (v_per_entry_loop, ["n = 2048", "work"]),  # O(n²) work (or, on a very slow machine, stopped at the time limit)
     (v_diagonal_only, ["only the diagonal of J"]),
-    (v_swapped, ["s and grad swapped"]),
+    (v_swapped, ["p and grad swapped"]),
     (v_grad_unused, ["upstream gradient not used"]),
     (v_zeros, ["upstream gradient not used"]),
     (v_grad_unchanged, ["grad returned unchanged"]),
-    (v_softmax_again, ["softmax applied to s"]),
+    (v_softmax_again, ["softmax applied to p"]),
     (v_dot_for_vectors_only, ["worked on inputs with fewer axes"]),
-    (v_inner_for_outer, ["sᵀs for s sᵀ"]),
+    (v_inner_for_outer, ["pᵀp for p pᵀ"]),
     (v_half, ["result in float16"]),
     (v_double_dot, ["rows do not sum to 0"]),
 ]
@@ -321,89 +321,89 @@ def test_vjp_names_each_mistake(fn, phrases, rejects):
     rejects(check_softmax_vjp, fn, *phrases)
 
 
-def v_numpy_jacobian(s, g):  # NumPy only, through J: O(n²) NumPy memory
-    J = s[..., :, None] * np.eye(s.shape[-1], dtype=s.dtype) - s[..., :, None] * s[..., None, :]
+def v_numpy_jacobian(p, g):  # NumPy only, through J: O(n²) NumPy memory
+    J = p[..., :, None] * np.eye(p.shape[-1], dtype=p.dtype) - p[..., :, None] * p[..., None, :]
     return (J @ g[..., :, None])[..., 0]
 
 
 def test_vjp_numpy_jacobian_is_caught_by_numpy_memory(rejects):
-    def numpy_only(s, g):
-        if isinstance(s, torch.Tensor):
+    def numpy_only(p, g):
+        if isinstance(p, torch.Tensor):
             raise TypeError("NumPy arrays only")
-        return v_numpy_jacobian(s, g)
+        return v_numpy_jacobian(p, g)
 
     result = rejects(check_softmax_vjp, numpy_only, "O(n²) memory", "NumPy")
     assert "MiB" in result.text()
 
 
-def v_numpy(s, g):
-    return s * (g - np.sum(g * s, axis=-1, keepdims=True))
+def v_numpy(p, g):
+    return p * (g - np.sum(g * p, axis=-1, keepdims=True))
 
 
-def v_einsum(s, g):
-    return s * (g - torch.einsum("...i,...i->...", g, s).unsqueeze(-1))
+def v_einsum(p, g):
+    return p * (g - torch.einsum("...i,...i->...", g, p).unsqueeze(-1))
 
 
-def v_expanded(s, g):
-    return s * g - s * (g * s).sum(-1, keepdim=True)
+def v_expanded(p, g):
+    return p * g - p * (g * p).sum(-1, keepdim=True)
 
 
-def v_matmul_dot(s, g):
-    return s * (g - (g.unsqueeze(-2) @ s.unsqueeze(-1)).squeeze(-1))
+def v_matmul_dot(p, g):
+    return p * (g - (g.unsqueeze(-2) @ p.unsqueeze(-1)).squeeze(-1))
 
 
-def v_autograd(s, g):
-    x = torch.log(s).detach().requires_grad_(True)
+def v_autograd(p, g):
+    z = torch.log(p).detach().requires_grad_(True)
     with torch.enable_grad():
-        (grad,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+        (grad,) = torch.autograd.grad(torch.softmax(z, -1), z, g)
     return grad
 
 
-def v_vecdot(s, g):
-    return s * (g - torch.linalg.vecdot(g, s).unsqueeze(-1))
+def v_vecdot(p, g):
+    return p * (g - torch.linalg.vecdot(g, p).unsqueeze(-1))
 
 
 @pytest.mark.parametrize("fn", [v_numpy, v_einsum, v_expanded, v_matmul_dot, v_autograd, v_vecdot,
-                                lambda s, g: ref.softmax_vjp(s.double(), g.double()), ref.softmax_vjp])
+                                lambda p, g: ref.softmax_vjp(p.double(), g.double()), ref.softmax_vjp])
 def test_vjp_accepts_correct_alternatives(fn, accepts):
     result = accepts(check_softmax_vjp, fn)
     assert f"O(n) at n = {BIG_N}" in result.summary
 
 
 # =============================================================================== SoftmaxFunction
-def make_function(backward_rule, forward_rule=None, save="s"):
+def make_function(backward_rule, forward_rule=None, save="p"):
     """A SoftmaxFunction whose forward is ``forward_rule`` (default torch.softmax) and whose backward is
-    ``backward_rule(s, grad)``; it saves s, or x when ``save="x"`` (recomputing s in backward)."""
+    ``backward_rule(p, grad)``; it saves p, or z when ``save="z"`` (recomputing p in backward)."""
 
-    def forward(ctx, x):
-        s = forward_rule(x) if forward_rule else torch.softmax(x, -1)
-        ctx.save_for_backward(s if save == "s" else x)
-        return s
+    def forward(ctx, z):
+        p = forward_rule(z) if forward_rule else torch.softmax(z, -1)
+        ctx.save_for_backward(p if save == "p" else z)
+        return p
 
     def backward(ctx, grad):
         (t,) = ctx.saved_tensors
-        return backward_rule(t if save == "s" else torch.softmax(t, -1), grad)
+        return backward_rule(t if save == "p" else torch.softmax(t, -1), grad)
 
     return type("SoftmaxFunction", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def f_naive(x):
-    e = torch.exp(x)
+def f_naive(z):
+    e = torch.exp(z)
     return e / e.sum(-1, keepdim=True)
 
 
-def f_global_max(x):
-    e = torch.exp(x - x.max())
+def f_global_max(z):
+    e = torch.exp(z - z.max())
     return e / e.sum(-1, keepdim=True)
 
 
 class ForwardSavesJ(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        s = torch.softmax(x, -1)
-        ctx.save_for_backward(J_of(s))
-        return s
+    def forward(ctx, z):
+        p = torch.softmax(z, -1)
+        ctx.save_for_backward(J_of(p))
+        return p
 
     @staticmethod
     def backward(ctx, g):
@@ -413,19 +413,19 @@ class ForwardSavesJ(torch.autograd.Function):
 
 class SavesNothing(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        return torch.softmax(x, -1)
+    def forward(ctx, z):
+        return torch.softmax(z, -1)
 
     @staticmethod
     def backward(ctx, g):
-        (s,) = ctx.saved_tensors
-        return s * (g - (g * s).sum(-1, keepdim=True))
+        (p,) = ctx.saved_tensors
+        return p * (g - (g * p).sum(-1, keepdim=True))
 
 
 class ExitsInBackward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        return torch.softmax(x, -1)
+    def forward(ctx, z):
+        return torch.softmax(z, -1)
 
     @staticmethod
     def backward(ctx, g):
@@ -434,30 +434,30 @@ class ExitsInBackward(torch.autograd.Function):
 
 class NotAFunction:
     @staticmethod
-    def apply(x):
-        return torch.softmax(x, -1)
+    def apply(z):
+        return torch.softmax(z, -1)
 
 
 FUNCTION_WRONG = [
     (make_function(ref.softmax_vjp, f_naive), ["maximum not subtracted"]),
     (make_function(ref.softmax_vjp, f_global_max), ["maximum taken over the whole tensor"]),
-    (make_function(ref.softmax_vjp, lambda x: torch.softmax(x, 0)), ["softmax along axis 0"]),
-    (make_function(v_missing_dot), ["⟨g, s⟩ term missing"]),
+    (make_function(ref.softmax_vjp, lambda z: torch.softmax(z, 0)), ["softmax along axis 0"]),
+    (make_function(v_missing_dot), ["⟨g, p⟩ term missing"]),
     (make_function(v_sign), ["sign flipped"]),
-    (make_function(v_global_sum), ["⟨g, s⟩ summed over the whole tensor"]),
+    (make_function(v_global_sum), ["⟨g, p⟩ summed over the whole tensor"]),
     (make_function(v_no_keepdim), ["keepdim missing"]),
     (make_function(v_grad_unused), ["upstream gradient not used"]),
     (make_function(v_grad_unchanged), ["grad returned unchanged"]),
-    (make_function(lambda s, g: None), ["backward returned None"]),
-    (make_function(lambda s, g: (torch.diag(s) - torch.outer(s, s)) @ g), ["worked on inputs with fewer axes", "diag_embed"]),
-    (make_function(lambda s, g: v_expanded(s, g).sum(-1)), ["shape is not the shape of x"]),
+    (make_function(lambda p, g: None), ["backward returned None"]),
+    (make_function(lambda p, g: (torch.diag(p) - torch.outer(p, p)) @ g), ["worked on inputs with fewer axes", "diag_embed"]),
+    (make_function(lambda p, g: v_expanded(p, g).sum(-1)), ["shape is not the shape of z"]),
     (make_function(v_half), ["float16 precision"]),
-    (make_function(lambda s, g: 2 * ref.softmax_vjp(s, g)), ["off by a factor of 2"]),
+    (make_function(lambda p, g: 2 * ref.softmax_vjp(p, g)), ["off by a factor of 2"]),
     (make_function(ref.jacobian_backward), ["O(n²) memory in your backward"]),
-    (make_function(lambda s, g: torch.stack([s[..., i] * (g[..., i] - (g * s).sum(-1)) for i in range(s.shape[-1])], -1)),
+    (make_function(lambda p, g: torch.stack([p[..., i] * (g[..., i] - (g * p).sum(-1)) for i in range(p.shape[-1])], -1)),
      ["O(n²) work in your backward"]),
     (ForwardSavesJ, ["O(n²) memory in your forward"]),
-    (SavesNothing, ["did not save s"]),
+    (SavesNothing, ["did not save p"]),
     (ExitsInBackward, ["SystemExit", "stops programs"]),
     (NotAFunction, ["not a torch.autograd.Function"]),
 ]
@@ -470,8 +470,8 @@ def test_function_names_each_mistake(cls, phrases, rejects):
 
 class SetupContextStyle(torch.autograd.Function):
     @staticmethod
-    def forward(x):
-        return torch.softmax(x, -1)
+    def forward(z):
+        return torch.softmax(z, -1)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -479,30 +479,30 @@ class SetupContextStyle(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return s * (grad - (grad * s).sum(-1, keepdim=True))
+        (p,) = ctx.saved_tensors
+        return p * (grad - (grad * p).sum(-1, keepdim=True))
 
 
 class LogSpaceForward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        s = (x - torch.logsumexp(x, -1, keepdim=True)).exp()
-        ctx.save_for_backward(s)
-        return s
+    def forward(ctx, z):
+        p = (z - torch.logsumexp(z, -1, keepdim=True)).exp()
+        ctx.save_for_backward(p)
+        return p
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return s * grad - s * (grad * s).sum(dim=-1, keepdim=True)
+        (p,) = ctx.saved_tensors
+        return p * grad - p * (grad * p).sum(dim=-1, keepdim=True)
 
 
-def numpy_backward(s, g):
-    sn, gn = s.numpy(), g.numpy()
+def numpy_backward(p, g):
+    sn, gn = p.numpy(), g.numpy()
     return torch.from_numpy(sn * (gn - (gn * sn).sum(-1, keepdims=True)))
 
 
-@pytest.mark.parametrize("cls", [ref.SoftmaxFunction, make_function(ref.softmax_vjp, save="x"), make_function(v_einsum),
-                                 make_function(v_expanded, lambda x: torch.nn.functional.softmax(x, dim=-1)),
+@pytest.mark.parametrize("cls", [ref.SoftmaxFunction, make_function(ref.softmax_vjp, save="z"), make_function(v_einsum),
+                                 make_function(v_expanded, lambda z: torch.nn.functional.softmax(z, dim=-1)),
                                  make_function(numpy_backward), SetupContextStyle, LogSpaceForward])
 def test_function_accepts_correct_alternatives(cls, accepts):
     result = accepts(check_SoftmaxFunction, cls)
@@ -524,14 +524,14 @@ def test_odd_values_and_exceptions_get_clear_messages(check, right, rejects, unf
     rejects(check, lambda *a: torch.empty(right(*a).shape, device="meta"), "meta device")
     rejects(check, lambda *a: right(*a) * float("nan"), "NaN")
     rejects(check, lambda *a: (_ for _ in ()).throw(SystemExit(2)), "SystemExit", "stops programs")
-    rejects(check, lambda *a: (_ for _ in ()).throw(Custom("x")), "Custom", "stops programs")
+    rejects(check, lambda *a: (_ for _ in ()).throw(Custom("z")), "Custom", "stops programs")
     rejects(check, lambda *a: right(*a)[..., :1], "wrong shape")
 
 
 def test_function_not_attempted_and_not_a_class(rejects):
     class Unfinished(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, x):
+        def forward(ctx, z):
             raise NotImplementedError()
 
         @staticmethod
@@ -544,17 +544,17 @@ def test_function_not_attempted_and_not_a_class(rejects):
 
 
 def test_function_with_unfinished_backward_is_not_attempted_or_named(rejects):
-    rejects(check_SoftmaxFunction, make_function(lambda s, g: (_ for _ in ()).throw(NotImplementedError())),
+    rejects(check_SoftmaxFunction, make_function(lambda p, g: (_ for _ in ()).throw(NotImplementedError())),
             "NotImplementedError")
 
 
 # =============================================================================== the cost probes
 def test_probe_margins_separate_right_from_wrong_widely():
     g = torch.Generator().manual_seed(0)
-    s = torch.softmax(torch.randn(1, BIG_N, generator=g), -1)
+    p = torch.softmax(torch.randn(1, BIG_N, generator=g), -1)
     up = torch.randn(1, BIG_N, generator=g)
-    right = checks.vjp_cost(ref.softmax_vjp, s, up)
-    wrong = checks.vjp_cost(ref.jacobian_backward, s, up)
+    right = checks.vjp_cost(ref.softmax_vjp, p, up)
+    wrong = checks.vjp_cost(ref.jacobian_backward, p, up)
     assert right["measured"] and wrong["measured"]
     assert 50 * right["largest"] < QUADRATIC and 50 * right["total"] < QUADRATIC  # over 50× below the line
     assert wrong["largest"] >= 8 * QUADRATIC  # 8× above it
@@ -586,23 +586,23 @@ def test_gradcheck_runs_through_learner_operations_only(tmp_path):
 
 
 # =============================================================================== one change to the solution
-def _dot(s, g):
-    return (g * s).sum(-1, keepdim=True)
+def _dot(p, g):
+    return (g * p).sum(-1, keepdim=True)
 
 
 MUTANT_LIKE = [
-    (check_softmax_jacobian, lambda s: torch.diag_embed(s) - s.unsqueeze(-1) / s.unsqueeze(-2), "s_i / s_j"),
-    (check_softmax_jacobian, lambda s: torch.diag_embed(s) + s.unsqueeze(-1) * s.unsqueeze(-2), "outer product added"),
-    (check_softmax_jacobian, lambda s: s.unsqueeze(-1) * s.unsqueeze(-2), "outer product alone"),
-    (check_softmax_jacobian, lambda s: torch.diag_embed(s) - s.unsqueeze(-1), "outer product missing a factor"),
-    (check_softmax_jacobian, lambda s: s.unsqueeze(-2) - s.unsqueeze(-1) * s.unsqueeze(-2), "s for diag(s)"),
-    (check_softmax_vjp, lambda s, g: s * (g - (g * s).mean(-1, keepdim=True)), "mean instead of sum"),
-    (check_softmax_vjp, lambda s, g: s * (g - (g / s).sum(-1, keepdim=True)), "g / s"),
-    (check_softmax_vjp, lambda s, g: s * (g - s.sum(-1, keepdim=True)), "replaced by Σ s"),
-    (check_softmax_vjp, lambda s, g: s / (g - _dot(s, g)), "divided by (g − ⟨g, s⟩)"),
-    (check_softmax_vjp, lambda s, g: s.clone(), "returned s"),
-    (check_softmax_vjp, lambda s, g: s * (g + _dot(s, g)), "sign of the ⟨g, s⟩ term"),
-    (check_softmax_vjp, lambda s, g: s * _dot(s, g), "only the − s ⟨g, s⟩ part"),
+    (check_softmax_jacobian, lambda p: torch.diag_embed(p) - p.unsqueeze(-1) / p.unsqueeze(-2), "p_i / p_j"),
+    (check_softmax_jacobian, lambda p: torch.diag_embed(p) + p.unsqueeze(-1) * p.unsqueeze(-2), "outer product added"),
+    (check_softmax_jacobian, lambda p: p.unsqueeze(-1) * p.unsqueeze(-2), "outer product alone"),
+    (check_softmax_jacobian, lambda p: torch.diag_embed(p) - p.unsqueeze(-1), "outer product missing a factor"),
+    (check_softmax_jacobian, lambda p: p.unsqueeze(-2) - p.unsqueeze(-1) * p.unsqueeze(-2), "p for diag(p)"),
+    (check_softmax_vjp, lambda p, g: p * (g - (g * p).mean(-1, keepdim=True)), "mean instead of sum"),
+    (check_softmax_vjp, lambda p, g: p * (g - (g / p).sum(-1, keepdim=True)), "g / p"),
+    (check_softmax_vjp, lambda p, g: p * (g - p.sum(-1, keepdim=True)), "replaced by Σ p"),
+    (check_softmax_vjp, lambda p, g: p / (g - _dot(p, g)), "divided by (g − ⟨g, p⟩)"),
+    (check_softmax_vjp, lambda p, g: p.clone(), "returned p"),
+    (check_softmax_vjp, lambda p, g: p * (g + _dot(p, g)), "sign of the ⟨g, p⟩ term"),
+    (check_softmax_vjp, lambda p, g: p * _dot(p, g), "only the − p ⟨g, p⟩ part"),
 ]
 
 
@@ -614,27 +614,27 @@ def test_one_change_slips_are_named(check, fn, phrase, rejects):
 # =============================================================================== red-team cases (issue 13)
 # Answers written outside the course from the docstrings alone; each kind below once got a generic or a
 # misleading message (or passed). The checks were fixed in general; these keep them fixed.
-def rt_j_flat_outer(s):  # torch.outer flattens: one (B·n)×(B·n) matrix
-    flat = s.reshape(-1)
+def rt_j_flat_outer(p):  # torch.outer flattens: one (B·n)×(B·n) matrix
+    flat = p.reshape(-1)
     return torch.diag(flat) - torch.outer(flat, flat)
 
 
-def rt_j_over_n(s):
-    return J_of(s) / s.shape[-1]
+def rt_j_over_n(p):
+    return J_of(p) / p.shape[-1]
 
 
-def rt_j_rows_only(s):  # a loop over rows: (B, n) only
-    return torch.stack([torch.diag(r) - torch.outer(r, r) for r in s])
+def rt_j_rows_only(p):  # a loop over rows: (B, n) only
+    return torch.stack([torch.diag(r) - torch.outer(r, r) for r in p])
 
 
-def rt_j_squeeze(s):
-    s = s.squeeze()
-    return J_of(s)
+def rt_j_squeeze(p):
+    p = p.squeeze()
+    return J_of(p)
 
 
-def rt_j_clears_s(s):
-    J = J_of(s)
-    s.zero_()
+def rt_j_clears_s(p):
+    J = J_of(p)
+    p.zero_()
     return J
 
 
@@ -643,42 +643,42 @@ def rt_j_clears_s(s):
     (rt_j_over_n, ["off by a factor of 1/n"], []),
     (rt_j_rows_only, ["works on input of shape (2, 5) but raises on (3,)"], []),
     (rt_j_squeeze, ["fails when n = 1, though it worked for n = 3"], ["`dim` argument"]),
-    (rt_j_clears_s, ["s changed in place"], []),
+    (rt_j_clears_s, ["p changed in place"], []),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_softmax_jacobian_red_team(fn, phrases, absent, rejects):
     text = rejects(check_softmax_jacobian, fn, *phrases).text()
     assert not any(a in text for a in absent), text
 
 
-def rt_j_jacfwd(s):
-    n = s.shape[-1]
-    rows = s.reshape(-1, n)
-    return torch.stack([torch.func.jacfwd(lambda z: torch.softmax(z, -1))(r.log()) for r in rows]).reshape(*s.shape, n)
+def rt_j_jacfwd(p):
+    n = p.shape[-1]
+    rows = p.reshape(-1, n)
+    return torch.stack([torch.func.jacfwd(lambda z: torch.softmax(z, -1))(r.log()) for r in rows]).reshape(*p.shape, n)
 
 
 def test_softmax_jacobian_accepts_jacfwd(accepts):
     accepts(check_softmax_jacobian, rt_j_jacfwd)
 
 
-def rt_v_dot_not_times_s(s, grad):
-    return s * grad - (grad * s).sum(-1, keepdim=True)
+def rt_v_dot_not_times_s(p, grad):
+    return p * grad - (grad * p).sum(-1, keepdim=True)
 
 
-def rt_v_ss(s, grad):
-    return s * (grad - (s * s).sum(-1, keepdim=True))
+def rt_v_ss(p, grad):
+    return p * (grad - (p * p).sum(-1, keepdim=True))
 
 
-def rt_v_bmm(s, grad):  # (B, n) only
-    return s * (grad - torch.bmm(grad.unsqueeze(1), s.unsqueeze(2)).squeeze(2))
+def rt_v_bmm(p, grad):  # (B, n) only
+    return p * (grad - torch.bmm(grad.unsqueeze(1), p.unsqueeze(2)).squeeze(2))
 
 
-def rt_v_squeeze(s, grad):
-    return (s * (grad - (grad * s).sum(-1, keepdim=True))).squeeze()
+def rt_v_squeeze(p, grad):
+    return (p * (grad - (grad * p).sum(-1, keepdim=True))).squeeze()
 
 
 @pytest.mark.parametrize("fn,phrases,absent", [
-    (rt_v_dot_not_times_s, ["⟨g, s⟩ not multiplied by s"], []),
-    (rt_v_ss, ["⟨s, s⟩ for ⟨g, s⟩"], []),
+    (rt_v_dot_not_times_s, ["⟨g, p⟩ not multiplied by p"], []),
+    (rt_v_ss, ["⟨p, p⟩ for ⟨g, p⟩"], []),
     (rt_v_bmm, ["but raises on (5,)", "handles one number"], ["`dim` argument"]),
     (rt_v_squeeze, ["size-1 axes dropped"], ["keepdim"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
@@ -687,121 +687,121 @@ def test_softmax_vjp_red_team(fn, phrases, absent, rejects):
     assert not any(a in text for a in absent), text
 
 
-def rt_v_numpy_methods(s, grad):  # NumPy spelling, no type check
-    return s * (grad - (grad * s).sum(axis=-1, keepdims=True))
+def rt_v_numpy_methods(p, grad):  # NumPy spelling, no type check
+    return p * (grad - (grad * p).sum(axis=-1, keepdims=True))
 
 
 def test_softmax_vjp_accepts_numpy_spelling(accepts):
     accepts(check_softmax_vjp, rt_v_numpy_methods)
 
 
-def _stable(x):
-    e = torch.exp(x - x.amax(-1, keepdim=True))
+def _stable(z):
+    e = torch.exp(z - z.amax(-1, keepdim=True))
     return e / e.sum(-1, keepdim=True)
 
 
-def _product(s, g):
-    return s * (g - (g * s).sum(-1, keepdim=True))
+def _product(p, g):
+    return p * (g - (g * p).sum(-1, keepdim=True))
 
 
 class RtSavesX(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _stable(x)
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return _stable(z)
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return _product(s, grad)
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
 
 
 class RtSavesE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        e = torch.exp(x - x.amax(-1, keepdim=True))
+    def forward(ctx, z):
+        e = torch.exp(z - z.amax(-1, keepdim=True))
         ctx.save_for_backward(e)
         return e / e.sum(-1, keepdim=True)
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return _product(s, grad)
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
 
 
 class RtNumpyForward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        s = _stable(x)
-        ctx.save_for_backward(s)
-        return s.numpy()
+    def forward(ctx, z):
+        p = _stable(z)
+        ctx.save_for_backward(p)
+        return p.numpy()
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return _product(s, grad)
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
 
 
 class RtNaiveRecompute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return _stable(x)
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return _stable(z)
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        e = torch.exp(x)
+        (z,) = ctx.saved_tensors
+        e = torch.exp(z)
         return _product(e / e.sum(-1, keepdim=True), grad)
 
 
 class RtFloat32Forward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        s = _stable(x.float()).to(x.dtype)
-        ctx.save_for_backward(s)
-        return s
+    def forward(ctx, z):
+        p = _stable(z.float()).to(z.dtype)
+        ctx.save_for_backward(p)
+        return p
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return _product(s, grad)
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
 
 
 class RtInPlaceForward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        x.sub_(x.amax(-1, keepdim=True)).exp_()
-        s = x / x.sum(-1, keepdim=True)
-        ctx.save_for_backward(s)
-        return s
+    def forward(ctx, z):
+        z.sub_(z.amax(-1, keepdim=True)).exp_()
+        p = z / z.sum(-1, keepdim=True)
+        ctx.save_for_backward(p)
+        return p
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return _product(s, grad)
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
 
 
 class RtBmmBackward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
-        s = _stable(x)
-        ctx.save_for_backward(s)
-        return s
+    def forward(ctx, z):
+        p = _stable(z)
+        ctx.save_for_backward(p)
+        return p
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return s * (grad - torch.bmm(grad.unsqueeze(1), s.unsqueeze(2)).squeeze(2))
+        (p,) = ctx.saved_tensors
+        return p * (grad - torch.bmm(grad.unsqueeze(1), p.unsqueeze(2)).squeeze(2))
 
 
 @pytest.mark.parametrize("cls,phrases,absent", [
-    (RtSavesX, ["x used as s in backward"], []),
-    (RtSavesE, ["unnormalised e used as s in backward"], []),
+    (RtSavesX, ["z used as p in backward"], []),
+    (RtSavesE, ["unnormalised e used as p in backward"], []),
     (RtNumpyForward, ["forward returned a NumPy array"], ["detach"]),
     (RtNaiveRecompute, ["NaN or inf in the gradient", "exponentiating"], []),
     (RtFloat32Forward, ["gradcheck fails: forward not in float64 precision"], []),
-    (RtInPlaceForward, ["x changed in place"], []),
+    (RtInPlaceForward, ["z changed in place"], []),
     (RtBmmBackward, ["but raises on (5,)"], ["`dim` argument"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_SoftmaxFunction_red_team(cls, phrases, absent, rejects):  # noqa: N802
@@ -811,8 +811,8 @@ def test_SoftmaxFunction_red_team(cls, phrases, absent, rejects):  # noqa: N802
 
 class RtSetupContext(torch.autograd.Function):  # the PyTorch ≥ 2.0 style: forward without ctx
     @staticmethod
-    def forward(x):
-        return _stable(x)
+    def forward(z):
+        return _stable(z)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -820,14 +820,14 @@ class RtSetupContext(torch.autograd.Function):  # the PyTorch ≥ 2.0 style: for
 
     @staticmethod
     def backward(ctx, grad):
-        (s,) = ctx.saved_tensors
-        return _product(s, grad)
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
 
 
-class RtCtxAttribute(torch.autograd.Function):  # s kept on ctx, not saved: works for a single backward
+class RtCtxAttribute(torch.autograd.Function):  # p kept on ctx, not saved: works for a single backward
     @staticmethod
-    def forward(ctx, x):
-        ctx.s = _stable(x)
+    def forward(ctx, z):
+        ctx.s = _stable(z)
         return ctx.s
 
     @staticmethod

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from attn_course import position as ref
 from attn_course.checks.position import (check_additive_attention, check_alibi_bias, check_apply_rope,
                                          check_is_permutation_equivariant, check_relative_position_bias,
-                                         check_sinusoidal_encoding)
+                                         check_rope_decode_step, check_sinusoidal_encoding)
 from attn_course.checks.result import Status
 
 
@@ -210,9 +210,9 @@ def sin_odd_last_cosine(n, d, base=10000.0):
 @pytest.mark.parametrize("fn,phrases", [
     (sin_rule(layout="swapped"), ["sin and cos swapped"]),
     (sin_rule(layout="halves"), ["in halves, not interleaved"]),
-    (sin_cos_own_exponent, ["(2i + 1)/d"]),
+    (sin_cos_own_exponent, ["(2r + 1)/d"]),
     (sin_rule(angle_fn=lambda p, b, d: p / b ** (torch.arange(0, d, 2, dtype=torch.float64) / 2 / d)),
-     ["i/d instead of 2i/d"]),
+     ["r/d instead of 2r/d"]),
     (sin_rule(angle_fn=lambda p, b, d: p * b ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), ["instead of dividing"]),
     (sin_rule(start=1), ["positions start at 1"]),
     (sin_rule(base_used=10000.0), ["base ignored"]),
@@ -469,10 +469,10 @@ def rope_rule(pairing="interleaved", sign=1, exp_scale=2, swap=False, unpaired=F
 
 
 @pytest.mark.parametrize("fn,phrases", [
-    (rope_rule(pairing="halves"), ["(i, i + d/2) instead of (2i, 2i + 1)"]),
-    (ref.apply_rope_halves, ["(i, i + d/2) instead of (2i, 2i + 1)"]),
+    (rope_rule(pairing="halves"), ["(r, r + d/2) instead of (2r, 2r + 1)"]),
+    (ref.apply_rope_halves, ["(r, r + d/2) instead of (2r, 2r + 1)"]),
     (rope_rule(sign=-1), ["−θ instead of +θ"]),
-    (rope_rule(exp_scale=1), ["base^(−i/d)"]),
+    (rope_rule(exp_scale=1), ["base^(−r/d)"]),
     (rope_rule(swap=True), ["cos and sin swapped"]),
     (rope_rule(unpaired=True), ["written back as halves"]),
     (rope_rule(pos_mode="ignore"), ["positions ignored"]),
@@ -480,7 +480,7 @@ def rope_rule(pairing="interleaved", sign=1, exp_scale=2, swap=False, unpaired=F
     (rope_rule(base_fixed=10000.0), ["base ignored"]),
     (rope_rule(promote=True), ["dtype changed"]),
     (lambda x, positions=None, base=10000.0: x, ["x returned unrotated"]),
-    (rope_in_place, ["already rotated x_2i"]),
+    (rope_in_place, ["already rotated x_2r"]),
     (rope_gptj_repeat, [".repeat, not .repeat_interleave"]),
     (lambda x, positions=None, base=10000.0: ref.apply_rope(x, positions, 1000.0), ["base ignored", "fixed base"]),
     (lambda x, positions=None, base=10000.0: ref.apply_rope(
@@ -673,4 +673,162 @@ def test_hugging_face_rotate_half_is_named(rejects):
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * emb.cos().to(x.dtype) + torch.cat((-x2, x1), -1) * emb.sin().to(x.dtype)
 
-    rejects(check_apply_rope, rope_hf, "(i, i + d/2) instead of (2i, 2i + 1)", "rotate_half")
+    rejects(check_apply_rope, rope_hf, "(r, r + d/2) instead of (2r, 2r + 1)", "rotate_half")
+
+
+# ================================================================================== exercise 1 never fails by chance
+def perm_test_with(perm, x_seed=0):
+    """The exercise's answer with one fixed permutation of 6 tokens (x drawn from ``x_seed``)."""
+
+    def test(attn):
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(x_seed))
+        return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+    return test
+
+
+def _every_permutation_of_6():
+    import itertools
+    return [torch.tensor(p) for p in itertools.permutations(range(6))]
+
+
+def test_every_permutation_of_6_decides_the_same_way():
+    """What the exercise's answer returns for each of the check's functions, for all 720 permutations of its
+    6 tokens (all at once, as a batch) and three draws of x: torch.allclose(attn(x[perm]), attn(x)[perm],
+    atol=1e-5) holds for every equivariant function, and fails with a wide margin (a gap above 1e-3, a hundred
+    times the tolerance) for every position-aware attention — except under the identity, and, for the
+    symmetric distance bias, under the reversal: exactly the two permutations the docstring excludes. Those
+    answers are all the check judges (with the right ones it passes, below), so no draw can change its verdict."""
+    perms = torch.stack(_every_permutation_of_6())  # (720, 6)
+    identity = (perms == torch.arange(6)).all(-1)  # (720,)
+    reversal = (perms == torch.arange(5, -1, -1)).all(-1)
+    for x_seed in (0, 1, 2):
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(x_seed))  # (n, d), float32 as in the exercise
+        for name in ref.EQUIVARIANT + ref.POSITION_AWARE:
+            attn = ref.attention_variant(name)
+            a, b = attn(x[perms]), attn(x)[perms]  # (720, 6, 8) each
+            agrees = ((a - b).abs() <= 1e-5 + 1e-5 * b.abs()).flatten(1).all(-1)  # torch.allclose, per permutation
+            gap = (a - b).abs().amax(dim=(-2, -1))  # (720,)
+            if name in ref.EQUIVARIANT:
+                assert bool(agrees.all()), name
+                continue
+            blind = identity | (reversal if name == "symmetric distance bias" else torch.zeros_like(reversal))
+            assert torch.equal(agrees, blind), (name, perms[agrees != blind][:3].tolist())
+            assert bool((gap[~blind] > 1e-3).all()), (name, float(gap[~blind].min()))
+
+
+def test_check_verdict_on_sampled_permutations(accepts):
+    """The check itself on the exercise's answer, for a sample of the 718 allowed permutations (the enumeration
+    above covers them all)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        perm = torch.randperm(6, generator=g)
+        if not (torch.equal(perm, torch.arange(6)) or torch.equal(perm, torch.arange(5, -1, -1))):
+            accepts(check_is_permutation_equivariant, perm_test_with(perm))
+
+
+def unseeded_solution(attn):
+    """The exercise's answer without a seed of its own: its draws come from torch's global generator."""
+    x = torch.randn(6, 8)
+    perm = torch.randperm(6)
+    while torch.equal(perm, torch.arange(6)) or torch.equal(perm, torch.arange(5, -1, -1)):
+        perm = torch.randperm(6)
+    return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
+def unseeded_randperm(attn):
+    """Without excluding anything: the check's seeds decide the draw, the same draw on every run."""
+    x = torch.randn(6, 8)
+    perm = torch.randperm(6)
+    return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
+def test_check_controls_the_learners_randomness(accepts):
+    """Unseeded draws see the check's seeds: the same verdict whatever the global generator held before, and
+    the global generator is left as it was."""
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        accepts(check_is_permutation_equivariant, unseeded_solution)
+        verdicts = {check_is_permutation_equivariant.evaluate(unseeded_randperm).status for _ in range(2)}
+        assert len(verdicts) == 1
+        assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("perm", [torch.tensor([1, 0, 2, 3, 4, 5]), torch.tensor([5, 4, 3, 2, 0, 1]),
+                                  torch.tensor([0, 1, 2, 3, 5, 4])])
+def test_check_accepts_permutations_that_move_little(perm, accepts):
+    accepts(check_is_permutation_equivariant, perm_test_with(perm))
+
+
+def test_check_rejects_the_identity_and_the_reversal(rejects):
+    rejects(check_is_permutation_equivariant, perm_test_with(torch.arange(6)), "never runs attn on a reordering")
+    rejects(check_is_permutation_equivariant, perm_test_with(torch.arange(5, -1, -1)), "reversal",
+            "drawn again")
+
+
+# ================================================================================== rope_decode_step
+def decode_ref(q_new, k_new, k_cache):
+    return ref.rope_decode_step(q_new, k_new, k_cache)
+
+
+def decode_complex(q_new, k_new, k_cache):
+    """An alternative: rotation as complex multiplication, positions from the cache length."""
+    n_cache, n_new, d = k_cache.shape[-2], q_new.shape[-2], q_new.shape[-1]
+    t = torch.arange(n_cache, n_cache + n_new, dtype=torch.float64)
+    theta = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    turn = torch.polar(torch.ones(n_new, d // 2, dtype=torch.float64), t[:, None] * theta)
+
+    def rot(x):
+        z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
+        return torch.view_as_real(z * turn).flatten(-2).to(x.dtype)
+
+    return rot(q_new), torch.cat([k_cache, rot(k_new)], dim=-2)
+
+
+def decode_list(q_new, k_new, k_cache):
+    n = k_cache.shape[-2]
+    positions = torch.tensor(list(range(n, n + q_new.shape[-2])))
+    return [ref.apply_rope(q_new, positions), torch.cat((k_cache, ref.apply_rope(k_new, positions)), -2)]
+
+
+@pytest.mark.parametrize("fn", [decode_ref, decode_complex, decode_list])
+def test_check_decode_accepts(fn, accepts):
+    accepts(check_rope_decode_step, fn)
+
+
+def decode_rule(start=lambda n_cache: n_cache, rotate_q=True, rotate_k=True, rerotate=False, prepend=False):
+    def fn(q_new, k_new, k_cache):
+        n_cache, n_new = k_cache.shape[-2], q_new.shape[-2]
+        positions = torch.arange(start(n_cache), start(n_cache) + n_new)
+        q = ref.apply_rope(q_new, positions) if rotate_q else q_new
+        k = ref.apply_rope(k_new, positions) if rotate_k else k_new
+        cache = ref.apply_rope(k_cache, torch.arange(n_cache)) if rerotate else k_cache
+        return q, (torch.cat([k, cache], -2) if prepend else torch.cat([cache, k], -2))
+    return fn
+
+
+def decode_rotate_all(q_new, k_new, k_cache):
+    n_cache, n_new = k_cache.shape[-2], q_new.shape[-2]
+    keys = torch.cat([k_cache, k_new], -2)
+    return ref.apply_rope(q_new, torch.arange(n_cache, n_cache + n_new)), ref.apply_rope(keys)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (decode_rule(start=lambda n_cache: 0), ["positions restart at 0", "absolute one"]),
+    (decode_rule(start=lambda n_cache: n_cache + 1), ["off by one (one too far)"]),
+    (decode_rule(start=lambda n_cache: n_cache - 1), ["off by one (one too early)"]),
+    (decode_rule(rotate_k=False), ["new keys stored unrotated"]),
+    (decode_rule(rotate_q=False), ["queries not rotated"]),
+    (decode_rule(rerotate=True), ["cached keys rotated again"]),
+    (decode_rotate_all, ["rotated again"]),
+    (decode_rule(prepend=True), ["new keys put before the cache"]),
+    (lambda q_new, k_new, k_cache: ref.apply_rope(q_new), ["did not return (q_rotated, k_cache)"]),
+    (lambda q_new, k_new, k_cache: (ref.apply_rope(q_new), k_cache), ["wrong shape"]),
+])
+def test_check_decode_names_each_pitfall(fn, phrases, rejects):
+    rejects(check_rope_decode_step, fn, *phrases)
+
+
+def test_check_decode_not_attempted(rejects, unfinished):
+    rejects(check_rope_decode_step, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)

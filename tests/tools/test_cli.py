@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,12 +38,20 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_a_python_without_the_courses_libraries_gets_told_which_python_to_use():
-    # what `python3 -m attn_course grade` does in the course's folder with the system's Python: the package
+@pytest.mark.slow  # a fresh Python process
+@pytest.mark.parametrize("in_jupyter_terminal", [False, True])
+def test_a_python_without_the_courses_libraries_gets_told_which_python_to_use(in_jupyter_terminal):
+    # what `python -m attn_course grade` does in the course's folder with the system's Python, or with a
+    # pyenv/conda shim that a shell's start-up files put first (also in JupyterLab's terminal): the package
     # is found in the folder, its libraries are not
     code = ("import runpy, sys; sys.modules['nbformat'] = None; sys.argv = ['attn_course', 'grade']; "
             "runpy.run_module('attn_course', run_name='__main__')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_SERVER_ROOT"}
+    if in_jupyter_terminal:
+        env["JUPYTER_SERVER_ROOT"] = str(Path.cwd())  # what Jupyter Server sets in its terminals
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    assert "nbformat is missing" in out.stderr and "source .venv/bin/activate" in out.stderr
-    assert "python3 course.py grade" in out.stderr
+    assert "nbformat is missing" in out.stderr and sys.executable in out.stderr  # names the Python it found
+    assert "python3 course.py grade" in out.stderr and ".venv/bin/python -m attn_course grade" in out.stderr
+    assert "use JupyterLab's terminal" not in out.stderr and "(`python3 course.py lab`)" not in out.stderr
+    assert ("pyenv or conda" in out.stderr) == in_jupyter_terminal

@@ -82,3 +82,21 @@ def test_a_notebook_that_is_no_course_notebook_is_named(tmp_path):
     chosen, _, warnings = collect.collect("ada", [_found(path, tmp_path), _found(setup, tmp_path)], course())
     assert chosen == [] and warnings == ["ada/project.ipynb: not one of the course's notebooks (none of its "
                                          "exercises is in it); not graded"]
+
+
+def test_a_checkpoint_copy_is_mentioned_only_when_it_is_what_was_graded(tmp_path):
+    mine = write(learner_notebook(answers={"attention": ATTENTION, "score_matrix_bytes": BYTES}),
+                 tmp_path / "ada" / f"{NOTEBOOK_05}.ipynb")
+    saved = write(learner_notebook(answers={"attention": ATTENTION}),
+                  tmp_path / "ada" / ".ipynb_checkpoints" / f"{NOTEBOOK_05}-checkpoint.ipynb")
+    chosen, _, _ = collect.collect("ada", [_found(mine, tmp_path), _found(saved, tmp_path, where="checkpoint")], course())
+    assert chosen[0].rel == f"ada/{NOTEBOOK_05}.ipynb"
+    assert not any("checkpoint" in f or "copies" in f for f in chosen[0].flags), chosen[0].flags
+    # the learner's notebook holds less work than Jupyter's checkpoint: the checkpoint is graded, and said so
+    write(learner_notebook(), mine)
+    chosen, _, _ = collect.collect("ada", [_found(mine, tmp_path), _found(saved, tmp_path, where="checkpoint")], course())
+    assert chosen[0].where == "checkpoint"
+    assert "graded from a Jupyter checkpoint copy" in chosen[0].flags
+    assert any(f.startswith("2 copies: graded ada/.ipynb_checkpoints/") and f"ada/{NOTEBOOK_05}.ipynb" in f
+               for f in chosen[0].flags), chosen[0].flags
+

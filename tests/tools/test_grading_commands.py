@@ -158,3 +158,20 @@ def test_a_learners_table_fits_a_terminal_and_shows_no_library_warnings(tmp_path
     assert "── 1 of 2 passed" in done.stdout and "── 1 of 1 passed" in done.stdout
     assert "Total: 2 of 3 exercises passed (1 failed, 0 not attempted, 0 errors)" in done.stdout
     assert "run that cell" not in output
+
+
+def test_exit_status_an_unattempted_exercise_is_not_a_failure_of_grading():
+    from attn_course.tools.grading.commands import EXIT_STATUS, exit_status
+    from attn_course.tools.grading.model import Row
+
+    def rows(*statuses):
+        return [Row("you", NOTEBOOK_05, f"ex{i}", status) for i, status in enumerate(statuses)]
+
+    assert exit_status(rows("passed", "passed")) == 0
+    assert exit_status(rows("passed", "not attempted")) == 0
+    assert exit_status(rows("not attempted")) == 0
+    assert exit_status(rows("passed", "failed", "not attempted")) == 1
+    assert exit_status(rows("passed", "error")) == 1
+    assert exit_status([]) == 2
+    flat = " ".join(EXIT_STATUS.split())
+    assert "0 when no exercise failed" in flat and "1 when at least one failed" in flat  # what --help says

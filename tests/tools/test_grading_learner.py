@@ -3,6 +3,11 @@ one that runs too long, and survives what learner code raises."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
+from attn_course.checks.boundary import CALL_TIMEOUT_ENV, Learner, LearnerTimedOut, LocalSession, capped_timeout
 from attn_course.tools.grading.learner import _cell_error
 from attn_course.tools.grading.plan import PlanCell
 from attn_course.tools.grading.sandbox import Limits
@@ -28,3 +33,19 @@ def test_sleeping_cells_are_interrupted_and_exits_do_not_end_the_run():
     assert entries[0].get("timeout") and entries[0]["error"]["type"] == "KeyboardInterrupt"
     assert entries[1]["error"]["type"] == "SystemExit" and entries[2]["error"]["type"] == "SystemExit"
     assert "error" not in entries[3] and run.finished()
+
+
+def test_the_instructors_call_limit_caps_every_checks_own(monkeypatch):
+    """Set in the learner process's environment (``grade --call-timeout``), the lower limit is the one
+    every operation of every check runs under; a higher one changes nothing."""
+    def waits(x):
+        time.sleep(60)
+
+    monkeypatch.setenv(CALL_TIMEOUT_ENV, "0.2")
+    with pytest.raises(LearnerTimedOut) as stopped:
+        Learner(LocalSession(lambda: waits), "waits", timeout=10.0)(1)
+    assert stopped.value.seconds == 0.2
+    monkeypatch.setenv(CALL_TIMEOUT_ENV, "100")
+    assert capped_timeout(10.0) == 10.0
+    monkeypatch.setenv(CALL_TIMEOUT_ENV, "not a number")
+    assert capped_timeout(10.0) == 10.0

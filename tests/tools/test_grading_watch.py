@@ -4,12 +4,16 @@ left behind (attn_course.tools.grading.watch, .learner, .zygote)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from attn_course.tools.grading import sandbox
 from attn_course.tools.grading.plan import PlanCell
+from attn_course.tools.grading.watch import clean_stale
 
 from ._grading import TEST_LIMITS, grader
 
@@ -107,3 +111,35 @@ def test_a_fork_bomb_is_contained_where_cgroups_are_available():
     forked = int(run.progress[1]["error"]["message"])
     assert forked < TEST_LIMITS.processes, forked
     assert sandbox.descendants(grader().runner._zygotes[0].pid) == []
+
+
+@pytest.mark.skipif(not LINUX, reason="tokens are read from /proc")
+def test_a_grader_ends_what_a_killed_grader_of_its_folder_left_and_nothing_else(tmp_path):
+    """Only the graders whose folders lie in this grader's folder count: another grader on the machine
+    (another worker's, another course's) is never touched, alive or not."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a grader pid that no longer exists
+
+    def grader_folder(base, owner: int, token: str):
+        folder = base / f"attn-grade-{token}"
+        folder.mkdir(parents=True)
+        (folder / "token").write_text(token)
+        (folder / "owner").write_text(str(owner))
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                                env=dict(os.environ, **{sandbox.TOKEN_ENV: f"{token}-1"}))
+        return folder, proc
+
+    killed_here, orphan = grader_folder(tmp_path / "mine", gone.pid, f"{gone.pid}-{time.time_ns()}")
+    alive_here, alive = grader_folder(tmp_path / "mine", os.getpid(), f"{os.getpid()}-{time.time_ns()}")
+    elsewhere, other = grader_folder(tmp_path / "other", gone.pid, f"{gone.pid}-{time.time_ns() + 1}")
+    try:
+        time.sleep(0.2)
+        assert clean_stale(tmp_path / "mine") == 1
+        assert orphan.wait(timeout=10) == -signal.SIGKILL
+        assert not killed_here.exists()
+        assert alive.poll() is None and alive_here.exists()
+        assert other.poll() is None and elsewhere.exists()
+    finally:
+        for proc in (orphan, alive, other):
+            proc.kill()
+            proc.wait()

@@ -9,8 +9,9 @@ import threading
 
 import psutil
 
+from attn_course.tools.grading.learner import PRELOAD
 from attn_course.tools.grading.plan import PlanCell
-from attn_course.tools.grading.zygote import PRELOAD, Zygote
+from attn_course.tools.grading.zygote import Zygote
 
 from ._grading import grader
 

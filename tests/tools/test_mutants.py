@@ -13,7 +13,7 @@ import pytest
 from attn_course import registry
 from attn_course.checks.core import check, expect_close, as_tensor
 from attn_course.tools import nbmeta
-from attn_course.tools.mutants import load_equivalents, mutants_of, run_exercise
+from attn_course.tools.mutants import load_equivalents, message_slips, mutants_of, result_slips, run_exercise
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,13 +77,23 @@ def _sample():
             yield pytest.param(nb, exercise, id=f"{nb.number}-{exercise}")
 
 
+_OUTCOMES: dict[str, list] = {}
+
+
+def _sampled_outcomes(nb, exercise) -> list:
+    """The check's verdicts on a fixed sample of 12 mutants of ``exercise`` (computed once per process)."""
+    if exercise not in _OUTCOMES:
+        solution = nbformat.read(ROOT / "solutions" / nb.filename, as_version=4)
+        checker = getattr(importlib.import_module(nb.checks), registry.check_name(exercise))
+        _OUTCOMES[exercise] = run_exercise(solution, exercise, checker, sample=12)
+    return _OUTCOMES[exercise]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nb,exercise", list(_sample()))
 def test_every_check_kills_a_sample_of_its_mutants(nb, exercise):
-    solution = nbformat.read(ROOT / "solutions" / nb.filename, as_version=4)
-    checker = getattr(importlib.import_module(nb.checks), registry.check_name(exercise))
     equivalent = load_equivalents()
-    outcomes = run_exercise(solution, exercise, checker, sample=12)
+    outcomes = _sampled_outcomes(nb, exercise)
     survivors = [o.mutant for o in outcomes if o.survived and (exercise, o.mutant.id) not in equivalent]
     assert not survivors, "mutants the check passes (kill them with a stronger check, or list them as equivalent " \
         "with the reason in attn_course/tools/mutants_equivalent.json):\n" + "\n".join(
@@ -116,3 +126,37 @@ def test_every_listed_equivalent_names_a_mutant_that_exists_with_a_reason():
             made[exercise] = {m.id for m in mutants_of(exercise, cell.source)}
         assert mutant_id in made[exercise], \
             f"{exercise} {mutant_id}: listed as equivalent but no longer made (the solution changed): remove it"
+
+
+# ---------------------------------------------------------------------------- the messages' wording (issue 22)
+@pytest.mark.parametrize("text, slip", [
+    ("got 2 rows: the 1 right ones after 1 that were never appended", "one of a plural"),
+    ("expected 1 rows", "one of a plural"),
+    ("inf in 1 entries", "one of a plural"),
+    ("3 of 4 row", "of a singular"),
+    ("the the cause", "a word twice"),
+    ("got  nothing", "two spaces"),
+])
+def test_message_slips_are_found(text, slip):
+    assert any(slip in found for found in message_slips(text)), message_slips(text)
+
+
+@pytest.mark.parametrize("text", ["3 of 4 entries differ only in the first row", "head 1 of 2", "shape ()",
+                                  "a 1-row tensor", "x.sum(dim=-1) then", "1 of 12 entries", "Q[0] @ K[0].T",
+                                  "  2 |   0.5   1.0"])
+def test_correct_wording_is_no_slip(text):
+    assert not message_slips(text)
+
+
+def test_expected_that_says_nothing_is_a_slip():
+    assert message_slips("the expected values", part="expected")
+    assert not message_slips("the values torch.softmax gives", part="expected")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb,exercise", list(_sample()))
+def test_every_message_for_a_sample_of_mutants_reads_right(nb, exercise):
+    """Every check's verdict on its mutants, rendered: no "1 rows", no word twice, no empty field."""
+    slips = [f"{o.mutant.id}: {slip}" for o in _sampled_outcomes(nb, exercise) if o.result is not None
+             for slip in result_slips(o.result)]
+    assert not slips, "\n".join(slips)

@@ -6,7 +6,8 @@ correct 05 saved as ``03_softmax.ipynb`` is graded as 05 and flagged. When a lea
 copies of one notebook (``05_attention (1).ipynb``, ``-Copy1``, a generator backup in
 ``notebooks/backups/``, a Jupyter checkpoint), exactly one is graded, chosen by a fixed rule — the
 copy with the most exercises attempted, then the learner's notebook before a backup before a
-checkpoint, then the plain name, then the path — and the row says which and lists the others.
+checkpoint, then the plain name, then the path — and the row says which and lists the others (a
+Jupyter checkpoint, which every saved notebook has, is listed only when it is the copy graded).
 
 A copy of the course's own solution notebook inside a learner's folder (a whole course clone, with
 its ``solutions/``) is not the learner's work: it is named in a warning and not graded. Exercise code
@@ -164,11 +165,14 @@ def choose(subs: list[Submission]) -> Submission:
     """The one copy graded among a learner's copies of one notebook (rule in the module docstring)."""
     ranked = sorted(subs, key=_order)
     chosen = ranked[0]
-    if len(ranked) > 1:
-        others = ", ".join(f"{s.rel} ({s.attempted} attempted)" for s in ranked[1:4])
-        more = f" and {len(ranked) - 4} more" if len(ranked) > 4 else ""
-        chosen.flags.append(f"{len(ranked)} copies: graded {chosen.rel} ({chosen.attempted} attempted); "
-                            f"not graded: {others}{more}")
+    # Jupyter keeps a checkpoint copy of every saved notebook: worth a word only when it is what was graded
+    # (then every other copy is named), never when the learner's own notebook was.
+    others = [s for s in ranked[1:] if chosen.where == "checkpoint" or s.where != "checkpoint"]
+    if others:
+        listed = ", ".join(f"{s.rel} ({s.attempted} attempted)" for s in others[:3])
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        chosen.flags.append(f"{len(others) + 1} copies: graded {chosen.rel} ({chosen.attempted} attempted); "
+                            f"not graded: {listed}{more}")
     return chosen
 
 

@@ -28,7 +28,26 @@ from .sandbox import Limits
 __all__ = ["configure", "run", "grade_learner", "grade_class", "merge"]
 
 
+#: What the exit status of grading one learner's notebooks means (``--help`` and the README say the same).
+EXIT_STATUS = """exit status (grading your own notebooks): 0 when no exercise failed (every one passed or is not
+attempted yet), 1 when at least one failed or could not be graded, 2 when nothing could be graded (no
+course notebook found, a wrong argument), 130 when interrupted. A class (--class, --merge): 0 when the
+table was written, whatever the grades."""
+
+
+def exit_status(rows: list[Row]) -> int:
+    """0 when no exercise failed (passed or not attempted yet: an exercise not done yet is not a failure of
+    grading), 1 when one failed or could not be graded (error), 2 when there was nothing to grade."""
+    from .model import ERROR, FAILED
+
+    if not rows:
+        return 2
+    return 1 if any(r.status in (FAILED, ERROR) for r in rows) else 0
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXIT_STATUS
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("paths", nargs="*", help="notebooks or folders (default: the course's notebooks/)")
     parser.add_argument("--json", metavar="FILE", help="also write your rows as JSON")
     parser.add_argument("--csv", metavar="FILE", help="also write your rows as CSV")
@@ -138,7 +157,7 @@ def _default_notebooks() -> list[Path]:
 def grade_learner(paths: list[Path], *, solutions: str | None = None, limits: Limits | None = None, jobs: int = 2,
                   json_path: str | None = None, csv_path: str | None = None, confine: bool = True,
                   out=sys.stdout) -> int:
-    """Grade one learner's notebooks and print the table; exit code 0 when every exercise passed."""
+    """Grade one learner's notebooks and print the table; the exit code is :func:`exit_status`'s."""
     from . import collect, files, report
     from .course import Course, find_solutions
     from .pipeline import Grader
@@ -169,7 +188,7 @@ def grade_learner(paths: list[Path], *, solutions: str | None = None, limits: Li
         report.write_rows(rows, Path(target))
         print(f"wrote {target}", file=out)
     print(f"graded in {time.monotonic() - started:.0f} s", file=out)
-    return 0 if rows and all(r.status == "passed" for r in rows) else 1
+    return exit_status(rows)
 
 
 def _grade_all(grader, subs: list, done) -> list[Row]:

@@ -12,7 +12,8 @@ course and its libraries before any learner code ran (without ``fork``: in a fre
    capabilities when it has them, and confines
    itself (Landlock: writes only in its folder; else an audit hook);
 3. runs the planned cells one by one in a fresh ``InteractiveShell`` with
-   ``ATTN_COURSE_RECORD_DIR`` set, so every check writes its operation log into ``record/``;
+   ``ATTN_COURSE_RECORD_DIR`` set, so every check writes its operation log into ``record/``
+   (and ``ATTN_COURSE_CALL_TIMEOUT`` when the instructor lowered the checks' per-call limit);
 4. appends one line of JSON per cell to ``progress.jsonl`` (did it raise, what, on which line; is
    the exercise defined at its check): untrusted notes that the grader uses only to *explain* an
    exercise that has no log, never to pass one.
@@ -36,12 +37,46 @@ from typing import Any
 
 from . import sandbox
 
-__all__ = ["run", "PROGRESS", "RECORD"]
+__all__ = ["run", "preload", "main_spawned", "PRELOAD", "PROGRESS", "RECORD"]
 
 PROGRESS = "progress.jsonl"
 RECORD = "record"
 _MAX_TEXT = 300
 _GRACE_S = 5.0  # after an interrupt, how long a cell may take to stop before the process ends itself
+#: Imported before any learner code runs (by the fork server before its first fork, or by a freshly
+#: spawned learner process): what notebooks' set-up cells and the checks use.
+PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.autograd", "matplotlib",
+           "matplotlib.pyplot", "matplotlib.font_manager", "IPython.core.interactiveshell",
+           "IPython.display", "traitlets.config", "tqdm", "tqdm.auto", "ipywidgets", "psutil")
+
+
+def preload() -> dict[str, list[str]]:
+    """Import :data:`PRELOAD` and every module of the course except its tools; returns what was
+    ``loaded`` and what ``failed`` (an optional library, a module with an optional dependency)."""
+    import importlib
+    import pkgutil
+
+    os.environ["MPLBACKEND"] = "Agg"
+    loaded, failed = [], []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception:  # noqa: BLE001 - an optional library
+            failed.append(name)
+    import attn_course
+
+    for info in pkgutil.walk_packages(attn_course.__path__, "attn_course."):
+        if info.name.startswith("attn_course.tools") or info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+            loaded.append(info.name)
+        except Exception:  # noqa: BLE001 - a module with an optional dependency (triton)
+            failed.append(info.name)
+    import matplotlib.font_manager  # noqa: F401 - the font list, loaded once here
+
+    return {"loaded": loaded, "failed": failed}
 
 
 def _cell_error(exc: BaseException | None, filename_prefix: str = "<ipython-input-") -> dict[str, Any] | None:
@@ -99,6 +134,8 @@ class _Watchdog:
 
 def _prepare(job: dict[str, Any]) -> list[str]:
     """Steps 1–2 of the module docstring; returns notes on what could not be applied."""
+    from ...checks.boundary import CALL_TIMEOUT_ENV, RECORD_ENV  # preloaded with the course (torch)
+
     notes: list[str] = []
     work = Path(job["work"])
     if hasattr(os, "setsid"):
@@ -118,9 +155,10 @@ def _prepare(job: dict[str, Any]) -> list[str]:
     env.update({
         "HOME": str(work / "home"), "TMPDIR": str(work / "tmp"), "MPLCONFIGDIR": str(work / "home" / ".mpl"),
         "IPYTHONDIR": str(work / "home" / ".ipython"), "MPLBACKEND": "Agg", "PYTHONHASHSEED": "0",
-        "PYTHONDONTWRITEBYTECODE": "1", sandbox.TOKEN_ENV: job["token"],
-        "ATTN_COURSE_RECORD_DIR": str(work / RECORD),
+        "PYTHONDONTWRITEBYTECODE": "1", sandbox.TOKEN_ENV: job["token"], RECORD_ENV: str(work / RECORD),
     })
+    if limits.call_timeout:  # an instructor's cap on every check's per-call limit (the boundary applies it)
+        env[CALL_TIMEOUT_ENV] = str(float(limits.call_timeout))
     threads = str(job.get("threads") or 1)
     env.update({"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
     import tempfile
@@ -158,17 +196,6 @@ def _shell():
     return InteractiveShell.instance(config=config)
 
 
-def _lower_call_timeouts(seconds: float) -> None:
-    """Cap every check's per-call limit (an instructor's choice for the whole class)."""
-    from attn_course.checks.core import Check
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("attn_course.checks.") and module is not None:
-            for value in list(vars(module).values()):
-                if isinstance(value, Check):
-                    value.timeout = min(value.timeout, seconds)
-
-
 def run(job: dict[str, Any]) -> None:
     """The learner process's whole life (never returns)."""
     code = 0
@@ -189,10 +216,11 @@ def run(job: dict[str, Any]) -> None:
             torch.set_num_threads(int(job.get("threads") or 1))
         except Exception:  # noqa: BLE001
             pass
-        if job["limits"].get("call_timeout"):
-            _lower_call_timeouts(float(job["limits"]["call_timeout"]))
         signal.signal(signal.SIGINT, signal.default_int_handler)
         shell = _shell()
+        from ...checks import cells  # each check knows how its exercise cell's last run ended (as in a notebook)
+
+        cells.install(shell)
         emit({"shell": True, "seconds": round(time.perf_counter() - started, 3)})
         watchdog = _Watchdog()
         for index, cell in enumerate(job["cells"]):
@@ -228,8 +256,6 @@ def run(job: dict[str, Any]) -> None:
 def main_spawned() -> None:
     """Where ``fork`` does not exist (Windows): a fresh interpreter imports what the fork server would
     have, reads its job from standard input and runs it. Slower (PyTorch is imported per notebook)."""
-    from .zygote import _preload
-
     job = json.loads(sys.stdin.readline())
-    _preload()
+    preload()
     run(job)

@@ -14,9 +14,10 @@ the freshly forked learner process, :mod:`.watch` the watching and killing half 
 * :func:`set_parent_death_signal` / :func:`become_subreaper` — a learner process dies with the
   process that started it, and every process it starts, double-forked or in a new session, stays a
   descendant of the fork server (a subreaper), where :func:`kill_tree` finds it;
-* :data:`TOKEN_ENV` — every learner process carries a token in its environment; :func:`sweep` kills
-  whatever still carries one (a last resort for anything that escaped the tree), :func:`sweep_stale`
-  whatever carries the token of a grader that was killed;
+* :data:`TOKEN_ENV` — every learner process carries a token in its environment (its grader's token and
+  the run's number); :func:`sweep` kills whatever still carries a grader's or a run's token (a last
+  resort for anything that escaped the tree; the grader also sweeps the token of a grader that was
+  killed, read from that grader's folder: :func:`~.watch.clean_stale`);
 * :class:`Cgroup` — where the machine lets the grader create cgroups (root, or a delegated v2
   subtree): a memory and process-count limit enforced by the kernel, and a kill of the whole group.
 
@@ -36,7 +37,7 @@ from pathlib import Path
 
 __all__ = ["Limits", "TOKEN_ENV", "apply_rlimits", "clamp", "confine_writes", "audit_guard",
            "landlock_abi", "set_parent_death_signal", "become_subreaper", "drop_capabilities", "kill_tree",
-           "descendants", "tree_memory", "tree_cpu", "sweep", "sweep_stale", "Cgroup"]
+           "descendants", "tree_memory", "tree_cpu", "sweep", "Cgroup"]
 
 #: Environment variable carried by every process a submission runs (value: the grading run's token).
 TOKEN_ENV = "ATTN_COURSE_GRADING_TOKEN"
@@ -382,27 +383,12 @@ def _kill(pid: int) -> int:
 
 
 def sweep(token: str) -> int:
-    """Kill every process of this user whose environment carries ``TOKEN_ENV=token`` (Linux: read from
-    /proc). Returns how many were killed."""
+    """Kill every process of this user whose environment carries ``TOKEN_ENV=token``, or the token of one
+    of its runs (``token-N``) (Linux: read from /proc). Returns how many were killed. Only the given
+    token: what other graders run on the machine, alive or not, is never touched."""
     if not token:
         return 0
-    return sum(_kill(pid) for pid, found in _tokens() if found == token)
-
-
-def sweep_stale() -> int:
-    """Kill every process carrying the token of a grader that is gone (one killed with SIGKILL leaves
-    what its submissions started, where no cgroup held them). A token begins with its grader's pid."""
-    killed = 0
-    for pid, token in _tokens():
-        try:
-            owner = int(token.split("-")[0])
-            os.kill(owner, 0)
-            continue  # its grader is alive
-        except ProcessLookupError:
-            killed += _kill(pid)
-        except (ValueError, PermissionError):
-            continue
-    return killed
+    return sum(_kill(pid) for pid, found in _tokens() if found == token or found.startswith(token + "-"))
 
 
 # ------------------------------------------------------------------------------------------ cgroups

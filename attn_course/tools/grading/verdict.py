@@ -16,7 +16,7 @@ answers, tampering) go beside the status for the instructor to judge.
 
 from __future__ import annotations
 
-from ...checks.boundary import ReplayMismatch, ReplaySession, decode
+from ...checks.boundary import ReplayMismatch, ReplaySession
 from .collect import Submission
 from .model import ERROR, FAILED, NOT_ATTEMPTED, PASSED, Row
 from .plan import PlanCell, exercise_cells
@@ -57,22 +57,11 @@ class _Replay(ReplaySession):
 
 def _log_flags(session: ReplaySession, name: str) -> list[str]:
     """Evidence in the log itself: the exercise is a function of the course's package."""
-    flags = []
-    for event in session.events:
-        outcome = event.get("outcome")
-        if event.get("op") != "inspect" or not isinstance(outcome, dict) or "ok" not in outcome:
-            continue
-        prefix = str(event.get("prefix", ""))
-        arrays = {k[len(prefix):]: v for k, v in session.arrays.items() if k.startswith(prefix)}
-        try:
-            info = decode(outcome["ok"], arrays)
-        except (ReplayMismatch, KeyError, TypeError, ValueError):
-            continue
-        where = str(info.get("defined_in", "")) if isinstance(info, dict) else ""
-        if where.split(".")[0] == "attn_course":
-            flags.append(f"`{name}` is the course's own {where} code, not the learner's")
-        break
-    return flags
+    info = next(session.recorded("inspect"), None)
+    where = str(info.get("defined_in", "")) if isinstance(info, dict) else ""
+    if where.split(".")[0] == "attn_course":
+        return [f"`{name}` is the course's own {where} code, not the learner's"]
+    return []
 
 
 def unreadable_rows(sub: Submission) -> list[Row]:
@@ -170,6 +159,8 @@ def _without_log(ex, source, ex_entry, check_entry, run: Run, flags: list[str]) 
         return FAILED, _short(f"your exercise cell ran past its time and was stopped, so `{name}` was never defined")
     elif ex_entry.get("error") and check_entry.get("defined") is False:
         return FAILED, _short(f"your exercise cell raised {_raised(ex_entry)}, so `{name}` was never defined")
+    elif ex_entry.get("error"):  # the check grades nothing but a clean run of its exercise cell (checks.cells)
+        return FAILED, _short(f"fix your exercise cell and run it again: it raised {_raised(ex_entry)}")
     elif not static.defines(source, name) and check_entry.get("defined") is False:
         return FAILED, _short(f"your exercise cell does not define `{name}`")
     if check_entry.get("timeout"):

@@ -35,7 +35,7 @@ from .learner import PROGRESS, RECORD
 from .plan import PlanCell
 from .zygote import Zygote, ZygoteDied, copy_course
 
-__all__ = ["Run", "Runner", "MAX_LOG_BYTES", "WALL_FACTOR"]
+__all__ = ["Run", "Runner", "clean_stale", "MAX_LOG_BYTES", "WALL_FACTOR"]
 
 #: A notebook may use ``notebook_timeout`` seconds of CPU time, and this many times as long on the clock
 #: (waiting, or a machine too busy to give it the CPU): its verdict does not depend on the machine's load.
@@ -81,8 +81,13 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
-def _clean_stale(base: Path) -> None:
-    """Delete private folders left by graders that were killed (their owner process is gone)."""
+def clean_stale(base: Path) -> int:
+    """Clean up after graders that were killed (SIGKILL) with their private folder in ``base``: kill what
+    their submissions left running where no cgroup held it (processes still carrying the token written
+    in that folder), then delete the folder. A grader is gone when the pid in its folder's ``owner`` is.
+    Only folders in ``base`` are looked at, never the whole machine: another grader's run (another
+    course, another test) is not this grader's to end. Returns how many processes were killed."""
+    killed = 0
     with contextlib.suppress(OSError):
         for folder in base.glob(_WORK_PREFIX + "*"):
             try:
@@ -92,9 +97,12 @@ def _clean_stale(base: Path) -> None:
             try:
                 os.kill(owner, 0)
             except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    killed += sandbox.sweep((folder / "token").read_text().strip())
                 _rmtree(folder)
             except PermissionError:
                 pass
+    return killed
 
 
 class Runner:
@@ -107,16 +115,16 @@ class Runner:
         self.limits, self.jobs, self.confine = limits, max(1, jobs), confine
         self.threads = threads or max(1, (os.cpu_count() or 1) // self.jobs)
         base = Path(temp_root or tempfile.gettempdir())
-        _clean_stale(base)
+        clean_stale(base)
         sandbox.Cgroup.clean_stale()
-        sandbox.sweep_stale()
         self.private = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=base))
+        self.token = f"{os.getpid()}-{secrets.token_hex(6)}"
+        (self.private / "token").write_text(self.token)  # before "owner": a folder with an owner has its token
         (self.private / "owner").write_text(str(os.getpid()))
         os.chmod(self.private, 0o711)  # learner processes may pass through to their own folder, not list
         self.logs = self.private / "logs"
         self.logs.mkdir(mode=0o700)
         self.course_root = copy_course(self.private / "course")
-        self.token = f"{os.getpid()}-{secrets.token_hex(6)}"
         self._zygotes: dict[int, Zygote] = {}
         # Fork servers die with the thread that started them (PR_SET_PDEATHSIG), so one thread that
         # lives as long as this runner starts them all.

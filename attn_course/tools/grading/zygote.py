@@ -13,8 +13,9 @@ can leave its tree) and dies with the grader (``PR_SET_PDEATHSIG``).
 :class:`Zygote` is the grader's side: start the server, hand it jobs, read its answers.
 
 Where there is no ``fork`` (Windows), the server starts a fresh interpreter per notebook instead
-(:func:`attn_course.tools.grading.learner.main_spawned`), which imports what the server would have:
-the same protocol and the same learner process, seconds slower each.
+(:func:`attn_course.tools.grading.learner.main_spawned`), which imports what the server would have
+(:func:`~attn_course.tools.grading.learner.preload`): the same protocol and the same learner process,
+seconds slower each. The server depends on :mod:`.learner`, never the other way round.
 """
 
 from __future__ import annotations
@@ -33,47 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from . import sandbox
+from .learner import preload, run
 
-__all__ = ["Zygote", "ZygoteDied", "main", "PRELOAD", "SPAWN_ENV"]
-
-#: Imported by the server before the first fork: what notebooks' set-up cells and the checks use.
-PRELOAD = ("numpy", "torch", "torch.nn", "torch.nn.functional", "torch.autograd", "matplotlib",
-           "matplotlib.pyplot", "matplotlib.font_manager", "IPython.core.interactiveshell",
-           "IPython.display", "traitlets.config", "tqdm", "tqdm.auto", "ipywidgets", "psutil")
-
+__all__ = ["Zygote", "ZygoteDied", "main", "SPAWN_ENV"]
 
 class ZygoteDied(RuntimeError):
     """The fork server ended (or never became ready)."""
 
 
 # ============================================================================ the server process
-def _preload() -> dict[str, list[str]]:
-    import importlib
-    import pkgutil
-
-    os.environ["MPLBACKEND"] = "Agg"
-    loaded, failed = [], []
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-            loaded.append(name)
-        except Exception:  # noqa: BLE001 - an optional library
-            failed.append(name)
-    import attn_course
-
-    for info in pkgutil.walk_packages(attn_course.__path__, "attn_course."):
-        if info.name.startswith("attn_course.tools") or info.name.endswith("__main__"):
-            continue
-        try:
-            importlib.import_module(info.name)
-            loaded.append(info.name)
-        except Exception:  # noqa: BLE001 - a module with an optional dependency (triton)
-            failed.append(info.name)
-    import matplotlib.font_manager  # noqa: F401 - the font list, loaded once here
-
-    return {"loaded": loaded, "failed": failed}
-
-
 def _reap_all(timeout: float = 10.0) -> None:
     """Kill every descendant left (re-parented orphans included) and reap them all."""
     deadline = time.monotonic() + timeout
@@ -126,7 +95,7 @@ def main() -> None:
         replies.write(json.dumps(message) + "\n")
         replies.flush()
 
-    send({"ready": True, "pid": os.getpid(), **({"loaded": [], "failed": []} if spawn else _preload())})
+    send({"ready": True, "pid": os.getpid(), **({"loaded": [], "failed": []} if spawn else preload())})
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -144,8 +113,6 @@ def main() -> None:
             with contextlib.suppress(OSError):
                 replies.close()
                 os.close(0)
-            from .learner import run
-
             run(job)  # never returns
             os._exit(1)
         send({"started": pid})
@@ -198,6 +165,7 @@ class Zygote:
         for line in self.proc.stdout:
             with contextlib.suppress(ValueError):
                 self._replies.put(json.loads(line))
+        self.proc.stdout.close()  # the server is gone (end of file): nothing more to read
         self._replies.put(None)
 
     def _next(self, timeout: float | None) -> dict[str, Any]:

@@ -1,0 +1,690 @@
+"""Checks for notebook 13 (beyond softmax): ``linear_attention``, ``causal_linear_attention``,
+``chunked_linear_attention``, ``positive_random_features`` and ``block_sparse_attention``.
+
+Oracles, in float64: kernel attention computed densely (A = φ(q) φ(k)ᵀ, masked by j ≤ i when causal,
+A v / rowsum(A)) — itself equal to ``F.scaled_dot_product_attention`` with the additive mask log A
+(``tests/test_beyond.py``); the feature map's formula; ``F.scaled_dot_product_attention`` with the
+layout's boolean mask. Randomness is the check's: the projection Ω is an argument, so a right answer
+never fails by chance.
+
+Each check reads as a specification: its cases, the oracle, its table of known mistakes (each a
+:class:`~.compare.Mistake` whose output is what that mistake returns on the case — blamed only when the
+answer reproduces it), and what the docstring says about *how* the result is computed, verified on the
+learner's side by one probe (:func:`work`: the shapes of the tensors built, the matrix-multiply FLOPs, the
+torch functions called): no (n, n) matrix for the linear forms, (c, c) blocks for the chunkwise one, and
+no work on the tiles a layout skips.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .boundary import probe
+from .compare import Failure, same
+from .core import Learner, Mistake, as_tensor, check, expect_close, fail
+
+__all__ = ["check_linear_attention", "check_causal_linear_attention", "check_chunked_linear_attention",
+           "check_positive_random_features", "check_block_sparse_attention", "work"]
+
+Tensor = torch.Tensor
+_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return dict(atol=1e-7, rtol=1e-6) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-3)
+
+
+def _qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int, *, scale: float = 1.0,
+         dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    g = _gen(seed)
+    q = scale * torch.randn(*lead, n_q, d_k, generator=g, dtype=torch.float64)
+    k = scale * torch.randn(*lead, n_k, d_k, generator=g, dtype=torch.float64)
+    v = torch.randn(*lead, n_k, d_v, generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _expect_dtype(out: Tensor, wanted: torch.dtype, tried: str) -> None:
+    if out.dtype != wanted:
+        got, want = _NAMES.get(out.dtype, str(out.dtype)), _NAMES.get(wanted, str(wanted))
+        fail(f"result in {got}, not the input's {want}", tried=tried, got=f"a {got} tensor",
+             expected=f"a {want} tensor, like the input",
+             cause="a tensor you created without dtype= (torch.zeros and torch.empty make float32 by default), or a "
+                   "conversion", fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
+
+
+# ============================================================================ the probe: what the code builds
+def _einsum_flops(args: tuple, out: Tensor) -> float:
+    """2 × (output entries) × (product of the contracted sizes) of an einsum; 0 when it cannot be read."""
+    try:
+        equation, operands = args[0], args[1:]
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        inputs, output = equation.replace(" ", "").split("->")
+        sizes: dict[str, int] = {}
+        for spec, t in zip(inputs.split(","), operands):
+            head, _, tail = spec.partition("...")
+            sizes.update(zip(head, t.shape))
+            sizes.update(zip(reversed(tail), reversed(t.shape)))
+        return 2.0 * out.numel() * math.prod(s for letter, s in sizes.items() if letter not in output)
+    except Exception:  # noqa: BLE001 - an equation this reader does not follow is not counted
+        return 0.0
+
+
+_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "inner", "linear", "addmm", "baddbmm"}
+
+
+class _Watch(TorchFunctionMode):
+    """The torch functions called, the shapes of the floating-point tensors (≥ 2-D) returned, how many matrix
+    products returned each shape, and their FLOPs (2 per multiply–add)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+        self.shapes: set[tuple[int, ...]] = set()
+        self.products: dict[tuple[int, ...], int] = {}
+        self.flops = 0.0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", str(func))
+        self.ops.add(name)
+        if isinstance(out, torch.Tensor) and (name == "einsum" or name in _PRODUCTS):
+            self.products[tuple(out.shape)] = self.products.get(tuple(out.shape), 0) + 1
+            if name == "einsum":
+                self.flops += _einsum_flops(args, out)
+            else:
+                operand = args[1] if name in ("addmm", "baddbmm", "__rmatmul__") else args[0]
+                if isinstance(operand, torch.Tensor) and operand.dim():
+                    self.flops += 2.0 * out.numel() * operand.shape[-1]
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2 and len(self.shapes) < 2000:
+                self.shapes.add(tuple(t.shape))
+        return out
+
+
+@probe("beyond.work")
+def work(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """Learner-side: run ``fn(*args)`` and report the torch functions it called, the shapes of the
+    floating-point tensors it built, the shapes its matrix products returned (with counts) and their FLOPs."""
+    watch = _Watch()
+    with watch:
+        fn(*args)
+    return {"ops": sorted(watch.ops), "shapes": [list(s) for s in sorted(watch.shapes)][:2000],
+            "products": [[list(s), c] for s, c in sorted(watch.products.items())][:2000], "flops": watch.flops}
+
+
+def _observe(fn: Learner, tried: str, *args: Any) -> dict[str, Any]:
+    seen = fn.observe("beyond.work", *args)
+    if not isinstance(seen, dict):
+        fail("the work could not be measured", tried=tried, got=repr(seen), expected="a measurement",
+             fix="run the cell again; if it repeats, tell your instructor")
+    return seen
+
+
+def _no_square(seen: dict[str, Any], n_q: int, n_k: int, tried: str, fix: str) -> None:
+    """Fail when the code built a floating-point tensor whose last two axes are (n_q, n_k)."""
+    full = [tuple(s) for s in seen.get("shapes", []) if len(s) >= 2 and tuple(s[-2:]) == (n_q, n_k)]
+    if full:
+        fail(f"builds the full {n_q} × {n_k} matrix", tried=tried,
+             got=f"a floating-point tensor of shape {full[0]}: one number per (query, key) pair",
+             expected=f"nothing with one entry per (query, key) pair: only (d_k, d_v) sums over the keys",
+             cause="the values are right, but computing φ(q) φ(k)ᵀ (or the scores) costs O(n²) time and memory, "
+                   "which is exactly what linear attention removes",
+             fix=fix)
+
+
+# ============================================================================ the forms, for the oracle and the mistakes
+def _elu1(x: Tensor) -> Tensor:
+    return F.elu(x.double()) + 1
+
+
+def _kernel(fq: Tensor, fk: Tensor, v: Tensor, *, causal: bool = False, mask: str = "past",
+            normalise: bool = True) -> Tensor:
+    """A v / rowsum(A), A = fq fkᵀ (float64); causal masks: past (j ≤ i), strict (j < i), future (j ≥ i)."""
+    a = fq.double() @ fk.double().transpose(-2, -1)  # (..., n_q, n_k)
+    if causal:
+        n = a.shape[-1]
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        keep = {"past": j <= i, "strict": j < i, "future": j >= i, "none": torch.ones(n, n, dtype=torch.bool)}[mask]
+        a = a * keep
+    out = a @ v.double()
+    return out / a.sum(-1, keepdim=True) if normalise else out
+
+
+def _maps() -> list[tuple[str, str, Callable[[Tensor], Tensor]]]:
+    """Feature maps that are not φ = elu + 1: (summary, cause, map)."""
+    return [
+        ("φ not positive: elu without + 1", "you used φ = elu(x), which is negative wherever x < 0 (down to −1), so "
+         "the normaliser φ(q)ᵀ Σ φ(k) can be near 0 or negative", lambda x: F.elu(x.double())),
+        ("φ not positive: no feature map", "you used q and k themselves (φ(x) = x): their dot products are negative "
+         "for half the pairs, so the normaliser can be near 0 or negative", lambda x: x.double()),
+        ("φ = relu: zero features", "you used φ = relu(x): every negative entry becomes 0, so features and even "
+         "whole normalisers are 0 (0 / 0 = NaN)", lambda x: torch.relu(x.double())),
+        ("φ = exp instead of elu + 1", "you used φ(x) = exp(x), which is positive but is not the docstring's map",
+         lambda x: torch.exp(x.double())),
+        ("q and k scaled by 1/√d_k", "you divided q (or the scores) by √d_k as softmax attention does; the "
+         "docstring's φ(q)·φ(k) has no scale", None),
+    ]
+
+
+_PHI_FIX = "apply φ(x) = F.elu(x) + 1 to q and to k (positive: x + 1 above 0, exp(x) below), with no other scale"
+
+
+def _phi_mistakes(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> list[Mistake]:
+    found = []
+    for summary, cause, phi in _maps():
+        if phi is None:
+            s = q.shape[-1] ** -0.5
+            make = (lambda s=s: _kernel(_elu1(q * s), _elu1(k), v, causal=causal))
+            found.append(Mistake(summary, cause, _PHI_FIX, make))
+            found.append(Mistake(summary, cause, _PHI_FIX, lambda s=s: _kernel(_elu1(q * s), _elu1(k * s), v,
+                                                                                 causal=causal)))
+            continue
+        found.append(Mistake(summary, cause, _PHI_FIX, lambda phi=phi: _kernel(phi(q), phi(k), v, causal=causal)))
+    return found
+
+
+_NORM_CAUSE = ("you returned φ(q)ᵀ Σ φ(k) vᵀ without dividing by φ(q)ᵀ Σ φ(k): the weights of a row do not sum "
+               "to 1, so the output grows with the number of keys")
+
+
+# ============================================================================ exercise 1: linear attention
+_LINEAR_FIX = ("kv = φ(k)ᵀ v (d_k × d_v) and u = Σ_j φ(k_j) (d_k) over the keys, then out = (φ(q) kv) / (φ(q) u): "
+               "a matrix product and a row-wise division")
+
+
+def _linear_mistakes(q: Tensor, k: Tensor, v: Tensor) -> list[Mistake]:
+    fq, fk = _elu1(q), _elu1(k)
+    return [
+        Mistake("normaliser missing", _NORM_CAUSE, "divide by φ(q_i)ᵀ Σ_j φ(k_j), one number per query row",
+                lambda: _kernel(fq, fk, v, normalise=False)),
+        *_phi_mistakes(q, k, v, causal=False),
+        Mistake("softmax attention instead of linear", "you computed softmax(q kᵀ/√d_k) v: right for softmax "
+                "attention, but this exercise replaces exp(q·k/√d_k) by φ(q)·φ(k)", _LINEAR_FIX,
+                lambda: F.scaled_dot_product_attention(q.double(), k.double(), v.double())),
+        Mistake("normaliser summed over the queries", "you summed φ(q) (the queries' features) for the normaliser "
+                "instead of φ(k)", "u = φ(k).sum(dim=-2): a sum over the keys",
+                lambda: (fq @ (fk.transpose(-2, -1) @ v.double())) / (fq @ fq.sum(-2)[..., None])),
+        Mistake("k and v swapped in the sum", "you built vᵀ φ(k) (d_v × d_k) instead of φ(k)ᵀ v (d_k × d_v); with "
+                "d_k = d_v the shapes still fit", "kv = φ(k).transpose(-2, -1) @ v",
+                lambda: (fq @ (v.double().transpose(-2, -1) @ fk)) / (fq @ fk.sum(-2)[..., None])),
+    ]
+
+
+_LINEAR_CASES = [
+    ("q (7, 4), k (11, 4), v (11, 3)", ((), 7, 11, 4, 3), 1.0),
+    ("q, k, v (2, 3, 16, 5) (batch × heads)", ((2, 3), 16, 16, 5, 5), 1.0),
+    ("q (1, 6) (one query), k (9, 6), v (9, 2)", ((), 1, 9, 6, 2), 1.0),
+    ("q, k (2, 12, 4) with entries up to ±10, v (2, 12, 3)", ((2,), 12, 12, 4, 3), 3.0),
+    ("q (2, 10, 8), k (2, 14, 8), v (2, 14, 4) in float32", ((2,), 10, 14, 8, 4), 1.0),
+]
+
+
+@check("linear_attention", expects="a function linear_attention(q, k, v) returning a tensor (..., n_q, d_v)")
+def check_linear_attention(fn: Learner) -> str:
+    for i, (label, (lead, n_q, n_k, d_k, d_v), scale) in enumerate(_LINEAR_CASES):
+        dtype = torch.float32 if "float32" in label else torch.float64
+        q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=dtype)
+        tried = f"linear_attention(q, k, v) on {label}"
+        out = as_tensor(fn(q, k, v), tried=tried)
+        expect_close(out, _kernel(_elu1(q), _elu1(k), v), tried=tried, **_tol(dtype), mistakes=_linear_mistakes(q, k, v),
+                     oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64", fix=_LINEAR_FIX)
+        _expect_dtype(out, dtype, tried)
+    q, k, v = _qkv((), 64, 64, 3, 2, 120)
+    tried = "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds"
+    _no_square(_observe(fn, tried, q, k, v), 64, 64, tried,
+               "sum over the keys first: kv = φ(k)ᵀ v and u = φ(k).sum(-2); then φ(q) @ kv and φ(q) @ u")
+    return (f"matches φ(q)(φ(k)ᵀv) / φ(q)Σφ(k) on {len(_LINEAR_CASES)} cases (n_q ≠ n_k, batch × heads, one "
+            "query, large entries, float32) without an n × n matrix")
+
+
+# ============================================================================ exercise 2: the recurrence
+_RECUR_FIX = ("for t = 0 … n − 1: first C = C + φ(k_t) v_tᵀ and u = u + φ(k_t), then out_t = φ(q_t)ᵀ C / φ(q_t)ᵀ u")
+
+
+def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
+    """The recurrence in float64 with one mistake switched on."""
+    fq, fk, v = _elu1(q), _elu1(k), v.double()
+    n = fq.shape[-2]
+    state = torch.zeros(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
+    norm = torch.zeros(fq.shape[:-2] + (fk.shape[-1],), dtype=torch.float64)
+    rows = []
+    for t in range(n):
+        before, before_norm = state, norm
+        add = fk[..., t, :, None] * v[..., t, None, :]
+        if mistake == "reset":
+            state, norm = add, fk[..., t, :]
+        else:
+            state, norm = state + add, norm + fk[..., t, :]
+        use, use_norm = (before, before_norm) if mistake.startswith("late") else (state, norm)
+        num = (fq[..., t, None, :] @ use)[..., 0, :]
+        den = (fq[..., t, :] * use_norm).sum(-1, keepdim=True)
+        if mistake == "late_guarded":
+            rows.append(torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num)))
+        else:
+            rows.append(num if mistake == "no_norm" else num / den)
+    return torch.stack(rows, dim=-2)
+
+
+def _causal_mistakes(q: Tensor, k: Tensor, v: Tensor) -> list[Mistake]:
+    fq, fk = _elu1(q), _elu1(k)
+    late_cause = ("you computed out_t from the state before adding token t (C_{t−1} instead of C_t): every "
+                  "position misses its own key and value")
+    return [
+        Mistake("state update off by one: token t not in its own output", late_cause + ", and position 0 sees "
+                "nothing at all (0 / 0 = NaN)", _RECUR_FIX, lambda: _recurrence(q, k, v, "late")),
+        Mistake("state update off by one: token t not in its own output", late_cause, _RECUR_FIX,
+                lambda: _recurrence(q, k, v, "late_guarded")),
+        Mistake("normaliser missing", _NORM_CAUSE, "divide by φ(q_t)ᵀ u_t, with u_t = Σ_{j ≤ t} φ(k_j)",
+                lambda: _recurrence(q, k, v, "no_norm")),
+        Mistake("state not accumulated", "you set the state to φ(k_t) v_tᵀ at every step instead of adding it to "
+                "C_{t−1}, so position t only sees itself (its output is v_t)", _RECUR_FIX,
+                lambda: _recurrence(q, k, v, "reset")),
+        Mistake("not causal: every position sees the whole sequence", "you summed over all the keys (the "
+                "non-causal form), so position t also sees the keys after it", _RECUR_FIX,
+                lambda: _kernel(fq, fk, v)),
+        Mistake("sums over the future instead of the past", "your sums run over j ≥ t (the sequence read backwards)",
+                "loop forwards, t = 0, 1, …, and add token t before computing out_t",
+                lambda: _kernel(fq, fk, v, causal=True, mask="future")),
+        Mistake("state transposed", "you built v_t φ(k_t)ᵀ (d_v × d_k) instead of φ(k_t) v_tᵀ (d_k × d_v); with "
+                "d_k = d_v the shapes still fit", "state = state + φ(k_t)[:, None] * v_t[None, :]: rows are features",
+                lambda: _transposed_state(q, k, v)),
+        *_phi_mistakes(q, k, v, causal=True),
+    ]
+
+
+def _transposed_state(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The state built as v_t φ(k_t)ᵀ (d_v × d_k, needs d_k = d_v): out_t = Σ_{j ≤ t} (φ(q_t)·v_j) φ(k_j) / φ(q_t)ᵀ u_t."""
+    fq, fk, v = _elu1(q), _elu1(k), v.double()
+    n = fq.shape[-2]
+    keep = torch.ones(n, n, dtype=torch.float64).tril()
+    num = ((fq @ v.transpose(-2, -1)) * keep) @ fk  # (..., n, d_k)
+    den = ((fq @ fk.transpose(-2, -1)) * keep).sum(-1, keepdim=True)
+    return num / den
+
+
+_CAUSAL_CASES = [
+    ("q, k (9, 3), v (9, 2)", ((), 9, 3, 2), 1.0),
+    ("q, k, v (2, 3, 12, 4) (batch × heads)", ((2, 3), 12, 4, 4), 1.0),
+    ("q, k (1, 5), v (1, 2) (a single position)", ((), 1, 5, 2), 1.0),
+    ("q, k (2, 10, 4) with entries up to ±10, v (2, 10, 3)", ((2,), 10, 4, 3), 3.0),
+    ("q, k (16, 8), v (16, 3) in float32", ((), 16, 8, 3), 1.0),
+]
+
+
+def _causal_oracle(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return _kernel(_elu1(q), _elu1(k), v, causal=True)
+
+
+def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[..., list[Mistake]],
+                fix: str, describe: Callable[[Failure, Tensor, Tensor, int], None] | None = None) -> None:
+    for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
+        dtype = torch.float32 if "float32" in label else torch.float64
+        q, k, v = _qkv(lead, n, n, d_k, d_v, 200 + i, scale=scale, dtype=dtype)
+        args = (q, k, v) + extra
+        tried = f"{name}({', '.join(['q', 'k', 'v'] + [str(e) for e in extra])}) on {label}"
+        out = as_tensor(fn(*args), tried=tried)
+        expected = _causal_oracle(q, k, v)
+        try:
+            expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=mistakes_of(q, k, v, *extra),
+                         oracle="causal kernel attention computed densely in float64", fix=fix, axes=None)
+        except Failure as failure:
+            if describe is not None:
+                describe(failure, out, expected, n, *extra)
+            raise
+        _expect_dtype(out, dtype, tried)
+
+
+@check("causal_linear_attention",
+       expects="a function causal_linear_attention(q, k, v) returning a tensor (..., n, d_v)")
+def check_causal_linear_attention(fn: Learner) -> str:
+    _run_causal(fn, "causal_linear_attention", (), _causal_mistakes, _RECUR_FIX)
+    q, k, v = _qkv((), 40, 40, 3, 2, 220)
+    tried = "causal_linear_attention(q, k, v) on q, k (40, 3), v (40, 2), watching the shapes it builds"
+    _no_square(_observe(fn, tried, q, k, v), 40, 40, tried,
+               "carry only the state C (d_k, d_v) and u (d_k) from one position to the next, as the docstring's loop")
+    return (f"matches causal kernel attention on {len(_CAUSAL_CASES)} cases (batch × heads, one position, large "
+            "entries, float32), carrying only the state")
+
+
+# ============================================================================ exercise 3: chunkwise
+_CHUNK_FIX = ("for each chunk [s, e): A = (φ(q_c) φ(k_c)ᵀ) with the lower triangle kept, diagonal included; "
+              "numerator A v_c + φ(q_c) C, normaliser rowsum(A) + φ(q_c) u; only then C += φ(k_c)ᵀ v_c, "
+              "u += Σ φ(k_c)")
+
+
+def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tensor:
+    """The chunkwise form in float64 with one mistake switched on."""
+    fq, fk, v = _elu1(q), _elu1(k), v.double()
+    n = fq.shape[-2]
+    state = torch.zeros(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
+    norm = torch.zeros(fq.shape[:-2] + (fk.shape[-1], 1), dtype=torch.float64)
+    out = torch.zeros(fq.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+    stop = n - n % c if mistake == "tail" else n
+    for s in range(0, stop, c):
+        a_q, a_k, a_v = fq[..., s:s + c, :], fk[..., s:s + c, :], v[..., s:s + c, :]
+        m = a_q.shape[-2]
+        keep = {"strict": torch.ones(m, m).tril(-1), "full": torch.ones(m, m), "upper": torch.ones(m, m).triu()}.get(
+            mistake, torch.ones(m, m).tril()).to(torch.float64)
+        a = (a_q @ a_k.transpose(-2, -1)) * keep
+        if mistake == "early":
+            state, norm = state + a_k.transpose(-2, -1) @ a_v, norm + a_k.sum(-2)[..., None]
+        inter = mistake != "no_state"
+        num = a @ a_v + (a_q @ state if inter else 0)
+        den = a.sum(-1, keepdim=True) + (a_q @ norm if inter else 0)
+        out[..., s:s + m, :] = num if mistake == "no_norm" else num / den
+        if mistake != "early":
+            state, norm = state + a_k.transpose(-2, -1) @ a_v, norm + a_k.sum(-2)[..., None]
+    return out
+
+
+def _chunk_mistakes(q: Tensor, k: Tensor, v: Tensor, c: int) -> list[Mistake]:
+    return [
+        Mistake("chunk counted twice: state updated before it is read", "you added the chunk's own φ(k)ᵀ v to the "
+                "state before reading it, so each chunk's keys count twice (once through A, once through C) and "
+                "later keys of the chunk leak to earlier queries", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "early")),
+        Mistake("chunk boundary: the diagonal left out inside a chunk", "your mask inside a chunk keeps j < i "
+                "(tril(-1)), so each position misses its own key", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "strict")),
+        Mistake("no causal mask inside a chunk", "you used the whole chunk's φ(q) φ(k)ᵀ, so a position sees the later "
+                "keys of its own chunk", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "full")),
+        Mistake("mask inside a chunk is the upper triangle", "you kept j ≥ i inside each chunk (triu): the future "
+                "instead of the past", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "upper")),
+        Mistake("state not carried across chunks", "each chunk only attends to itself: the state C, u of the "
+                "earlier chunks is never added", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_state")),
+        Mistake("normaliser missing", _NORM_CAUSE, "divide by rowsum(A) + φ(q_c) u for each chunk",
+                lambda: _chunked(q, k, v, c, "no_norm")),
+        Mistake("last, shorter chunk never computed", "your loop stops before the last chunk when n is not a "
+                "multiple of chunk_size, so those rows stay 0", "loop with range(0, n, chunk_size): slicing stops "
+                "at the end by itself", lambda: _chunked(q, k, v, c, "tail")),
+        Mistake("not causal: every position sees the whole sequence", "you summed over all the keys",
+                _CHUNK_FIX, lambda: _kernel(_elu1(q), _elu1(k), v)),
+        *_phi_mistakes(q, k, v, causal=True),
+    ]
+
+
+def _last_chunk(failure: Failure, out: Tensor, expected: Tensor, n: int, c: int) -> None:
+    """Re-raise with a cause when only the rows of the last, shorter chunk are wrong."""
+    if failure.diagnosis.cause or n % c == 0 or n <= c or tuple(out.shape) != tuple(expected.shape):
+        raise failure
+    tail = n - n % c
+    close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True)
+    if bool(close[..., :tail, :].all()) and not bool(close[..., tail:, :].all()):
+        d = failure.diagnosis
+        fail(f"wrong only in the last, shorter chunk (rows {tail} … {n - 1})", tried=d.tried, got=d.got,
+             expected=d.expected, cause=f"n = {n} is not a multiple of chunk_size = {c}, and your loop mishandles "
+             f"the last {n % c} positions (a range that stops before them, or a chunk length taken as chunk_size)",
+             fix="loop with range(0, n, chunk_size) and use each chunk's own length for its mask")
+    raise failure
+
+
+_CHUNKS = (2, 4, 1, 3, 5)  # one per _CAUSAL_CASES entry: not dividing n, dividing it, 1, …
+
+
+@check("chunked_linear_attention",
+       expects="a function chunked_linear_attention(q, k, v, chunk_size) returning a tensor (..., n, d_v)")
+def check_chunked_linear_attention(fn: Learner) -> str:
+    for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
+        c = _CHUNKS[i]
+        dtype = torch.float32 if "float32" in label else torch.float64
+        q, k, v = _qkv(lead, n, n, d_k, d_v, 300 + i, scale=scale, dtype=dtype)
+        tried = f"chunked_linear_attention(q, k, v, {c}) on {label}"
+        out = as_tensor(fn(q, k, v, c), tried=tried)
+        expected = _causal_oracle(q, k, v)
+        try:
+            expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=_chunk_mistakes(q, k, v, c),
+                         oracle="causal kernel attention computed densely in float64", fix=_CHUNK_FIX)
+        except Failure as failure:
+            _last_chunk(failure, out, expected, n, c)
+        _expect_dtype(out, dtype, tried)
+    n, d_k, d_v = 48, 3, 2
+    counts = {}
+    for c, seed in ((6, 320), (8, 321)):
+        q, k, v = _qkv((), n, n, d_k, d_v, seed)
+        tried = f"chunked_linear_attention(q, k, v, {c}) on q, k ({n}, {d_k}), v ({n}, {d_v}), watching what it builds"
+        seen = _observe(fn, tried, q, k, v, c)
+        _no_square(seen, n, n, tried, "work chunk by chunk: only (chunk_size, chunk_size) blocks of φ(q) φ(k)ᵀ")
+        squares = sum(int(count) for shape, count in seen.get("products", []) if tuple(shape[-2:]) == (c, c))
+        counts[c] = squares
+        if squares < n // c:
+            fail("not computed in chunks of chunk_size", tried=tried,
+                 got=f"{squares} matrix products of shape (…, {c}, {c})",
+                 expected=f"at least {n // c}: one (chunk_size, chunk_size) block φ(q_c) φ(k_c)ᵀ per chunk",
+                 cause="the values are right, but your code works another way (one token at a time, or chunks of "
+                       "another size): chunk_size is not used as the docstring asks",
+                 fix="cut the sequence into chunks of chunk_size positions and compute each chunk's φ(q_c) φ(k_c)ᵀ "
+                     "with one matrix product")
+    return (f"matches causal kernel attention on {len(_CAUSAL_CASES)} cases (chunks of 1 to 5, n not a multiple "
+            "of the chunk) and works in (chunk_size, chunk_size) blocks")
+
+
+# ============================================================================ exercise 4: random features
+_RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(r), with r = omega.shape[0]"
+
+
+def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
+    x, omega = x.double(), omega.double()
+    r = omega.shape[0]
+    proj = x @ (omega if mistake == "transposed" else omega.T)
+    sq = (x * x).sum(-1, keepdim=True)
+    half = {"no_half": sq, "norm": sq.sqrt() / 2, "none": 0 * sq, "plus": -sq / 2}.get(mistake, sq / 2)
+    scale = {"no_scale": 1.0, "r": 1 / r, "sqrt_d": 1 / math.sqrt(x.shape[-1])}.get(mistake, 1 / math.sqrt(r))
+    if mistake == "no_exp":
+        return (proj - half) * scale
+    if mistake == "trig":
+        return torch.cat([torch.sin(proj), torch.cos(proj)], -1) * torch.exp(sq / 2) / math.sqrt(r)
+    return torch.exp(proj - half) * scale
+
+
+def _rf_mistakes(x: Tensor, omega: Tensor) -> list[Mistake]:
+    r = omega.shape[0]
+    return [
+        Mistake("features not rescaled: 1/√r missing", f"you left out the division by √r (√{r} here), so φ(x)·φ(y) "
+                f"sums r terms instead of averaging them", "divide by math.sqrt(omega.shape[0])",
+                lambda: _features(x, omega, "no_scale")),
+        Mistake("features divided by r instead of √r", "you divided each feature by r; φ(x)·φ(y) multiplies two "
+                "features, so each gets 1/√r", "divide by math.sqrt(r)", lambda: _features(x, omega, "r")),
+        Mistake("features divided by √d instead of √r", "you divided by the square root of the input width d, not "
+                "of the number of features r = omega.shape[0]", "divide by math.sqrt(omega.shape[0])",
+                lambda: _features(x, omega, "sqrt_d")),
+        Mistake("features not rescaled: exp(−|x|²/2) missing", "you computed exp(ω·x) without the factor "
+                "exp(−|x|²/2), so φ(x)·φ(y) estimates exp(x·y + |x|²/2 + |y|²/2), not exp(x·y)",
+                _RF_FIX, lambda: _features(x, omega, "none")),
+        Mistake("|x|² not halved", "you subtracted |x|² instead of |x|²/2", _RF_FIX, lambda: _features(x, omega, "no_half")),
+        Mistake("|x| instead of |x|²", "you subtracted the norm |x| (halved), not the squared norm |x|²/2", _RF_FIX,
+                lambda: _features(x, omega, "norm")),
+        Mistake("sign of |x|²/2 reversed", "you added |x|²/2 instead of subtracting it", _RF_FIX,
+                lambda: _features(x, omega, "plus")),
+        Mistake("projection transposed", "you multiplied by omega instead of omega.T; with r = d the shapes still "
+                "fit, but feature i must be ω_i·x, the dot product with row i of omega", "x @ omega.T",
+                lambda: _features(x, omega, "transposed")),
+        Mistake("exp missing: features not positive", "you returned the exponent ω·x − |x|²/2 (divided by √r) "
+                "without taking exp, so features are negative", _RF_FIX, lambda: _features(x, omega, "no_exp")),
+        Mistake("trigonometric features instead of positive ones", "you returned sin and cos features (the random "
+                "Fourier features of the Gaussian kernel): they take negative values, and the docstring asks for "
+                "r positive features", _RF_FIX, lambda: _features(x, omega, "trig")),
+    ]
+
+
+def _aligned(seed: int) -> tuple[Tensor, Tensor]:
+    """float32 x with |x|²/2 ≈ 98 and rows of Ω nearly parallel to x, so ω·x ≈ 90: exp(ω·x) overflows and
+    exp(−|x|²/2) underflows in float32, while exp(ω·x − |x|²/2) is an ordinary number."""
+    g = _gen(seed)
+    x = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    x = 14 * x / x.norm(dim=-1, keepdim=True)  # |x| = 14
+    omega = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    omega[:3] = 6.6 * x / 14 + 0.05 * omega[:3]  # ω·x ≈ 92 for row i = x_i
+    return x.float(), omega.float()
+
+
+_RF_CASES = [("x (5, 4), Ω (16, 4)", ((5, 4), 16), 1.0),
+             ("x (2, 3, 6, 4) (batch × heads), Ω (8, 4)", ((2, 3, 6, 4), 8), 1.0),
+             ("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1.0),
+             ("x (3, 5), Ω (1, 5) (one feature)", ((3, 5), 1), 1.0),
+             ("x (6, 8) of norm ≈ 4, Ω (32, 8)", ((6, 8), 32), 1.5),
+             ("x (4, 5) in float32, Ω (10, 5)", ((4, 5), 10), 1.0)]
+
+
+@check("positive_random_features",
+       expects="a function positive_random_features(x, omega) returning a tensor (..., n, r)")
+def check_positive_random_features(fn: Learner) -> str:
+    cases = []
+    for i, (label, (shape, r), scale) in enumerate(_RF_CASES):
+        g = _gen(400 + i)
+        dtype = torch.float32 if "float32" in label else torch.float64
+        x = scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+        omega = torch.randn(r, shape[-1], generator=g, dtype=torch.float64)
+        cases.append((label, x.to(dtype), omega.to(dtype)))
+    cases.append(("float32 x (3, 6) with |x|²/2 ≈ 98 and ω·x up to ≈ 92, Ω (8, 6)", *_aligned(406)))
+    for label, x, omega in cases:
+        tried = f"positive_random_features(x, omega) on {label}"
+        out = as_tensor(fn(x, omega), tried=tried)
+        expected = _features(x, omega)
+        mistakes = _rf_mistakes(x, omega)
+        if "98" in label:
+            split = (torch.exp(x @ omega.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(omega.shape[0])
+            if not same(out, expected, **_tol(x.dtype)) and same(out, split, atol=0, rtol=0):
+                fail("exp(ω·x) and exp(−|x|²/2) taken separately: overflow", tried=tried,
+                     got="inf, NaN or 0 where the right features are ordinary numbers",
+                     expected="finite features (the combined exponent ω·x − |x|²/2 is small)",
+                     cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
+                           "underflows to 0) separately before multiplying, so inf · 0 = NaN",
+                     fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
+        expect_close(out, expected, tried=tried, **_tol(x.dtype), mistakes=mistakes,
+                     oracle="exp(x Ωᵀ − |x|²/2) / √r in float64", fix=_RF_FIX,
+                     factors={"√r": math.sqrt(omega.shape[0]), "r": float(omega.shape[0])})
+        _expect_dtype(out, x.dtype, tried)
+    return (f"matches exp(ω·x − |x|²/2)/√r on {len(cases)} cases (batch × heads, r = d, one feature, float32, "
+            "exponents that overflow when split)")
+
+
+# ============================================================================ exercise 5: block-sparse attention
+_SPARSE_FIX = ("for query block i, visit only the key blocks j with layout[i, j] True, keeping 09's running max, "
+               "sum and accumulator; divide once at the end")
+
+
+def _layout_mask(layout: Tensor, b: int, n_q: int, n_k: int) -> Tensor:
+    return layout.repeat_interleave(b, 0)[:n_q].repeat_interleave(b, 1)[:, :n_k]
+
+
+def _sdpa(q, k, v, mask, scale=None) -> Tensor:
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=scale)
+
+
+def _sparse_tiles(q, k, v, layout, b, mistake: str) -> Tensor:
+    """09's loop over the layout's tiles (float64) with one mistake switched on."""
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+    n_q = q.shape[-2]
+    scale = 1 / math.sqrt(q.shape[-1])
+    for qb in range(layout.shape[0]):
+        qs = q[..., qb * b:(qb + 1) * b, :] * scale
+        m = torch.full(qs.shape[:-1] + (1,), -math.inf, dtype=torch.float64)
+        l, acc = torch.zeros_like(m), torch.zeros(qs.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+        for kb in layout[qb].nonzero().flatten().tolist():
+            s = qs @ k[..., kb * b:(kb + 1) * b, :].transpose(-2, -1)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            corr = torch.exp(m - m_new)
+            if mistake == "tile_softmax":
+                p = p / p.sum(-1, keepdim=True)
+            l = l * (1.0 if mistake == "sum" else corr) + p.sum(-1, keepdim=True)
+            acc = acc * (1.0 if mistake == "sum" else corr) + p @ v[..., kb * b:(kb + 1) * b, :]
+            m = m_new
+        out[..., qb * b:min((qb + 1) * b, n_q), :] = acc if mistake == "division" else acc / l
+    return out
+
+
+def _sparse_mistakes(q, k, v, layout, b) -> list[Mistake]:
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    mask = _layout_mask(layout, b, n_q, n_k)
+    return [
+        Mistake("block layout transposed", "you read layout[j, i] (key block, query block) instead of layout[i, j]: "
+                "rows of the layout are query blocks, columns key blocks", "query block i visits the key blocks j "
+                "with layout[i, j] True: layout[i].nonzero()",
+                lambda: _sdpa(q, k, v, _layout_mask(layout.T, b, n_q, n_k))),
+        Mistake("layout ignored: dense attention", "every query sees every key: the layout's skipped tiles are "
+                "not left out", _SPARSE_FIX, lambda: _sdpa(q, k, v, None)),
+        Mistake("skipped tiles kept with weight", "the skipped tiles' scores were set to 0 instead of being left "
+                "out, so their keys still get weight exp(0 − m)", "leave the skipped tiles out of the softmax "
+                "entirely (or mask them with −inf)", lambda: _zero_filled(q, k, v, mask)),
+        Mistake("scores not scaled", "you did not multiply q kᵀ by 1/√d_k", "scale the scores by 1 / math.sqrt(d_k)",
+                lambda: _sdpa(q, k, v, mask, scale=1.0)),
+        Mistake("divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)",
+                lambda: _sdpa(q, k, v, mask, scale=1 / d)),
+        Mistake("running sum not rescaled", "when the maximum grows you add to ℓ and acc without multiplying them by "
+                "exp(m_old − m_new)", "rescale ℓ and acc by exp(m_old − m_new) before adding the tile",
+                lambda: _sparse_tiles(q, k, v, layout, b, "sum")),
+        Mistake("final division missing", "you returned the accumulator without dividing by the running sum ℓ",
+                "after the last tile, divide: acc / ℓ", lambda: _sparse_tiles(q, k, v, layout, b, "division")),
+        Mistake("each tile normalised on its own", "you normalised each tile's probabilities by their own sum",
+                "add the unnormalised p @ v_block to acc and divide by ℓ once, at the end",
+                lambda: _sparse_tiles(q, k, v, layout, b, "tile_softmax")),
+    ]
+
+
+def _zero_filled(q, k, v, mask) -> Tensor:
+    s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(~mask, 0.0), -1) @ v.double()
+
+
+def _layout(rows: int, cols: int, seed: int) -> Tensor:
+    """A random, asymmetric layout with at least one tile per row (and the diagonal for square ones)."""
+    g = _gen(seed)
+    layout = torch.rand(rows, cols, generator=g) < 0.35
+    layout[torch.arange(rows), torch.arange(rows) % cols] = True
+    return layout
+
+
+_SPARSE_CASES = [
+    ("q, k (32, 4), v (32, 3), 4 × 4 tiles of 8", ((), 32, 32, 4, 3), 8),
+    ("q, k, v (2, 3, 24, 4) (batch × heads), tiles of 4", ((2, 3), 24, 24, 4, 4), 4),
+    ("q (21, 4), k (30, 4), v (30, 2): n not a multiple of the block (tiles of 8)", ((), 21, 30, 4, 2), 8),
+    ("q, k (10, 3), v (10, 2), tiles of 1", ((), 10, 10, 3, 2), 1),
+    ("q, k (2, 20, 4) with scores in the hundreds, v (2, 20, 3), tiles of 4", ((2,), 20, 20, 4, 3), 4),
+    ("q, k (2, 16, 8), v (2, 16, 4) in float32, tiles of 4", ((2,), 16, 16, 8, 4), 4),
+]
+
+
+@check("block_sparse_attention",
+       expects="a function block_sparse_attention(q, k, v, layout, block_size) returning a tensor (..., n_q, d_v)")
+def check_block_sparse_attention(fn: Learner) -> str:
+    for i, (label, (lead, n_q, n_k, d_k, d_v), b) in enumerate(_SPARSE_CASES):
+        dtype = torch.float32 if "float32" in label else torch.float64
+        q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if "hundreds" in label else 1.0, dtype=dtype)
+        layout = _layout(-(-n_q // b), -(-n_k // b), 510 + i)
+        tried = f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
+        out = as_tensor(fn(q, k, v, layout, b), tried=tried)
+        expected = _sdpa(q, k, v, _layout_mask(layout, b, n_q, n_k))
+        expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=_sparse_mistakes(q, k, v, layout, b),
+                     oracle="F.scaled_dot_product_attention with the layout's mask", fix=_SPARSE_FIX,
+                     factors={"√d_k": math.sqrt(d_k)})
+        _expect_dtype(out, dtype, tried)
+    n, d_k, d_v, b = 48, 6, 2, 8
+    q, k, v = _qkv((), n, n, d_k, d_v, 520)
+    layout = _layout(n // b, n // b, 521)
+    tried = f"block_sparse_attention(q, k, v, layout, {b}) on q, k ({n}, {d_k}), v ({n}, {d_v}), counting its work"
+    seen = _observe(fn, tried, q, k, v, layout, b)
+    needed = 2.0 * b * b * (d_k + d_v) * int(layout.sum())
+    dense = 2.0 * n * n * (d_k + d_v)
+    flops = float(seen.get("flops", 0.0))
+    full = [tuple(s) for s in seen.get("shapes", []) if len(s) >= 2 and tuple(s[-2:]) == (n, n)]
+    if flops > needed * 1.05 or full:
+        shown = f"{flops:.0f} matrix-multiply FLOPs ({flops / dense:.0%} of dense attention's)"
+        fail("skipped blocks still computed", tried=tried,
+             got=shown + (f" and a tensor of shape {full[0]}" if full else ""),
+             expected=f"at most {needed:.0f} FLOPs: the {int(layout.sum())} tiles of {layout.numel()} the layout "
+                      f"keeps ({needed / dense:.0%} of dense)",
+             cause="the values are right, but your code also computes the tiles the layout leaves out (a full "
+                   "score matrix masked afterwards, or every tile visited and then dropped): the work is dense",
+             fix="loop over layout[i].nonzero() for each query block i and compute only those tiles")
+    return (f"matches F.scaled_dot_product_attention with the layout's mask on {len(_SPARSE_CASES)} cases and "
+            "computes only the tiles the layout keeps")

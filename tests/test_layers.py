@@ -1,0 +1,104 @@
+"""The package's layers, read from its source (every import, those inside functions too):
+
+* the learner runtime — what a notebook's kernel imports: every module of ``attn_course`` but the
+  tooling — never imports ``attn_course.tools`` (a learner's kernel never loads the instructor's tools);
+* no two modules of the package import each other, directly or round a circle;
+* no module imports another module's private name (``from .x import _name``): what two modules share
+  has a public name, in the module that owns it (``attn_course/checks/kit.py`` for what several
+  topics' checks share).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "attn_course"
+
+#: Modules outside ``attn_course.tools`` that are not part of the learner runtime, and why.
+NOT_RUNTIME = {
+    "attn_course.__main__": "`python -m attn_course`: the command line, which is the tools' front door",
+    "attn_course.pytest_plugin": "loaded by pytest (nbval) in a test process, never by a notebook's kernel",
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _owner(dotted: str) -> str | None:
+    """The package module that ``dotted`` (a module, or a name inside one) lives in."""
+    while dotted and dotted not in MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def imports(module: str) -> list[tuple[str, str | None, int]]:
+    """``(module imported, name taken from it or None, line)`` for every import of a package module."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(owner, None, node.lineno) for a in node.names if (owner := _owner(a.name))]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                if f"{source}.{alias.name}" in MODULES:  # `from . import sandbox`: a module
+                    found.append((f"{source}.{alias.name}", None, node.lineno))
+                elif owner := _owner(source):
+                    found.append((owner, alias.name, node.lineno))
+    return found
+
+
+def _where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}"
+
+
+def test_the_learner_runtime_never_imports_the_tools():
+    runtime = [m for m in MODULES if not m.startswith("attn_course.tools") and m not in NOT_RUNTIME]
+    leaks = [f"{_where(m, line)} imports {target}" for m in runtime for target, _, line in imports(m)
+             if target.startswith("attn_course.tools")]
+    assert not leaks, "learner code imports the tools (move what it needs out of attn_course/tools/):\n" + "\n".join(leaks)
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [f"{_where(m, line)}: from {target} import {name}" for m in MODULES for target, name, line in imports(m)
+               if name and name.startswith("_") and not name.startswith("__") and target != m]
+    assert not private, ("private names imported across modules (give what is shared a public name in the module "
+                         "that owns it):\n" + "\n".join(private))
+
+
+def test_no_import_circles():
+    graph = {m: sorted({t for t, _, _ in imports(m) if t != m}) for m in MODULES}
+    circles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in graph[module]:
+            if state.get(target) == 1:
+                circles.append(" -> ".join(path[path.index(target):] + [module, target]))
+            elif target not in state:
+                visit(target, path + [module])
+        state[module] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+    assert not circles, "modules that import each other (one owner per idea: move the shared part):\n" + "\n".join(circles)
+
+
+def test_the_layer_reader_sees_imports_of_every_kind():
+    """The rules above only hold if the reader finds relative, absolute, package-level and lazy imports."""
+    found = {(t, n) for t, n, _ in imports("attn_course.tools.grading.zygote")}
+    assert ("attn_course.tools.grading.sandbox", None) in found  # from . import sandbox
+    assert ("attn_course.tools.grading.learner", "preload") in found  # from .learner import preload
+    found = {(t, n) for t, n, _ in imports("attn_course.tools.grading.learner")}
+    assert ("attn_course.checks.boundary", "RECORD_ENV") in found  # inside a function, three levels up
+    assert ("attn_course", None) in {(t, n) for t, n, _ in imports("attn_course.tools.grading.learner")}  # import attn_course

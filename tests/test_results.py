@@ -1,0 +1,64 @@
+"""attn_course.results: recorded GPU results rendered for notebooks 09 and 10, from the fixture in
+tests/fixtures/results/ (made-up data, labelled as such), and a plain statement when none exist."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from attn_course import results
+from attn_course.plots import readability_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = Path(__file__).parent / "fixtures" / "results"
+
+
+def test_nothing_recorded_is_said_plainly(tmp_path, capsys):
+    assert results.load(tmp_path) == [] and results.load(tmp_path / "absent") == []
+    text = results.summary(tmp_path)
+    assert text.startswith("No GPU results are recorded yet") and "scripts/gpu_finale.py" in text
+    assert results.show(tmp_path) == []
+    assert capsys.readouterr().out.startswith("No GPU results are recorded yet")
+
+
+def test_the_fixture_renders_as_a_table_and_a_figure_labelled_as_a_fixture():
+    (rec,) = results.load(FIXTURE)
+    assert rec.folder.name == "example-gpu" and rec.fixture and rec.triton_tests["passed"] == 20
+    text = results.summary(FIXTURE)
+    first = text.splitlines()[0]
+    assert first.startswith("[FIXTURE, not a measurement") and "example-gpu" in first
+    assert "driver 0.0" in text and "Triton kernels' tests, run natively: 20 passed, 0 failed" in text
+    assert "datasheet: NVIDIA H100 SXM5" in text  # the datasheet row, with its source
+    table = [line for line in text.splitlines() if line.startswith(("naive", "sdpa", "triton"))]
+    assert table and all(" fwd " in line and "fwd+bwd" not in line for line in table)
+    assert "TFLOP/s" in text and "OOM" in text
+    backward = results.summary(FIXTURE, mode="fwd+bwd", min_n=4096)
+    rows = [line for line in backward.splitlines() if line.startswith(("naive", "sdpa", "triton"))]
+    assert rows and all("fwd+bwd" in line and " 4096 " in line for line in rows)
+    figures = results.show(FIXTURE)
+    try:
+        assert len(figures) == 1 and readability_problems(figures[0]) == []
+        assert any("FIXTURE" in t.get_text() for t in figures[0].texts)
+    finally:
+        for fig in figures:
+            plt.close(fig)
+
+
+def test_a_real_recording_is_not_labelled_a_fixture_and_broken_files_are_skipped(tmp_path):
+    shutil.copytree(FIXTURE / "example-gpu", tmp_path / "real-gpu")
+    path = tmp_path / "real-gpu" / "attention-bench.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    del data["stamp"]["fixture"]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "attention-bench.json").write_text("{", encoding="utf-8")
+    (rec,) = results.load(tmp_path)
+    assert rec.fixture is None and "FIXTURE" not in results.summary(tmp_path)
+
+
+def test_docs_results_holds_no_fixture():
+    for path in (ROOT / "docs" / "results").glob("*/*.json"):
+        assert "fixture" not in json.loads(path.read_text(encoding="utf-8")).get("stamp", {}), path
