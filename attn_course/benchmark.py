@@ -230,7 +230,8 @@ class BenchOptions:
     ``max_memory``: on the CPU, skip implementations that hold an n × n matrix when they would need
     more bytes than this (Linux may grant a huge allocation and then kill the process); ``threads``: CPU
     threads for torch (default: torch's current setting, or 1 when the machine is busier than it has
-    cores — the sweep says so); ``seed``: of the random inputs.
+    cores — the sweep says so); ``roofline_size``: the CPU roofline's matmul size; ``seed``: of the random
+    inputs.
     """
 
     device: str = "cpu"
@@ -249,6 +250,7 @@ class BenchOptions:
     seed: int = 0
     max_run_time: float | None = None
     threads: int | None = None
+    roofline_size: int = 2048
 
     def __post_init__(self) -> None:
         for name in ("ns", "head_dims", "dtypes", "causal", "modes", "impls"):
@@ -558,7 +560,7 @@ def _sweep(options: BenchOptions, device: torch.device, progress: bool, log: Cal
     for name, why in missing_all.items():
         log(f"not measured: {name}: {why}")
     name = timing.device_name(device)
-    peaks = {dt: _peak_flops(name, device, dt) for dt in options.dtypes}  # (FLOP/s or None, source)
+    peaks = {dt: _peak_flops(name, device, dt, options.roofline_size) for dt in options.dtypes}  # (FLOP/s or None, source)
     results: list[Result] = []
     oom_at: dict[tuple, int] = {}
     rate = next((p for p, _ in peaks.values() if p), 1e11)  # FLOP/s, only for the forecast
@@ -615,7 +617,8 @@ def _sweep(options: BenchOptions, device: torch.device, progress: bool, log: Cal
 CPU_ROOFLINE_SIZE = 2048
 
 
-def _peak_flops(name: str, device: torch.device, dtype_name: str) -> tuple[float | None, str]:
+def _peak_flops(name: str, device: torch.device, dtype_name: str,
+                size: int = CPU_ROOFLINE_SIZE) -> tuple[float | None, str]:
     """(peak FLOP/s or None, where it comes from) for "% of peak": the datasheet on a GPU, this
     machine's own measured matrix product on a CPU."""
     dtype = DTYPES[dtype_name]
@@ -625,8 +628,9 @@ def _peak_flops(name: str, device: torch.device, dtype_name: str) -> tuple[float
             return None, (f"no {dtype_name} tensor-core peak for {model}" if model else "no known peak for this GPU")
         return peak * 1e12, f"{datasheet.PEAK_SOURCE} ({model})"
     if device.type == "cpu" and dtype in (torch.float32, torch.float64):
-        flops = timing.cpu_matmul_flops(CPU_ROOFLINE_SIZE, dtype)
-        return flops, (f"this CPU's measured {dtype_name} matmul ({CPU_ROOFLINE_SIZE}×{CPU_ROOFLINE_SIZE}, "
+        size = min(size, CPU_ROOFLINE_SIZE)
+        flops = timing.cpu_matmul_flops(size, dtype)
+        return flops, (f"this CPU's measured {dtype_name} matmul ({size}×{size}, "
                        f"{torch.get_num_threads()} threads): {flops / 1e9:.1f} GFLOP/s")
     return None, f"no roofline for {device.type}/{dtype_name}"
 

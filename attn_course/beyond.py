@@ -4,17 +4,17 @@ FAVOR+), block-sparse attention on a BigBird layout built on notebook 09's tiles
 toy task with tiny models trained in seconds, and the notebook's figures.
 
 Notation (docs/notation.md): q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v); φ a feature map
-with r features, φ(q) (..., n_q, r); the recurrent state C_t (..., r, d_v) and normaliser u_t (..., r)
+with n_f features, φ(q) (..., n_q, n_f); the recurrent state C_t (..., n_f, d_v) and normaliser u_t (..., n_f)
 (the scores S of the other notebooks never appear here, so the state gets a letter of its own); γ the
-decay; n_c the chunk length; Ω (r, d_k) the random projection; a block layout is a bool
+decay; n_c the chunk length; Ω (n_f, d_k) the random projection; a block layout is a bool
 (n_q blocks, n_k blocks) matrix, True = the tile is computed.
 
 * Kernel attention replaces exp(q·k/√d_k) by φ(q)·φ(k): out_i = φ(q_i)ᵀ Σ_j φ(k_j) v_jᵀ / φ(q_i)ᵀ Σ_j φ(k_j).
-  The sums do not depend on i, so they are computed once: O(n·r·d_v) instead of O(n²·d) (Katharopoulos,
+  The sums do not depend on i, so they are computed once: O(n·n_f·d_v) instead of O(n²·d) (Katharopoulos,
   Vyas, Pappas and Fleuret 2020, *Transformers are RNNs*).
 * Causal: the sums run over j ≤ i, C_t = γ C_{t−1} + φ(k_t) v_tᵀ, u_t = γ u_{t−1} + φ(k_t); the same as
   the masked quadratic form (φ(q) φ(k)ᵀ ⊙ D) v with D_ij = γ^{i−j} for j ≤ i (Sun et al. 2023, *RetNet*).
-* FAVOR+ (Choromanski et al. 2021, *Rethinking Attention with Performers*): φ(x) = exp(Ω x − |x|²/2)/√r
+* FAVOR+ (Choromanski et al. 2021, *Rethinking Attention with Performers*): φ(x) = exp(Ω x − |x|²/2)/√n_f
   with Ω's rows ω ~ N(0, I) gives E[φ(x)·φ(y)] = exp(x·y).
 * BigBird (Zaheer et al. 2020): blocks of a sliding window, global blocks and random blocks.
 
@@ -78,11 +78,11 @@ def elu_feature_map(x: Tensor) -> Tensor:
 def kernel_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
     """Non-causal attention with the kernel φ(q)·φ(k), from the features themselves.
 
-    phi_q (..., n_q, r), phi_k (..., n_k, r), v (..., n_k, d_v) → (..., n_q, d_v):
+    phi_q (..., n_q, n_f), phi_k (..., n_k, n_f), v (..., n_k, d_v) → (..., n_q, d_v):
     out_i = φ(q_i)ᵀ (Σ_j φ(k_j) v_jᵀ) / φ(q_i)ᵀ (Σ_j φ(k_j)). No (n_q, n_k) matrix is formed.
     """
-    kv = phi_k.transpose(-2, -1) @ v  # (..., r, d_v): Σ_j φ(k_j) v_jᵀ, once for every query
-    u = phi_k.sum(dim=-2, keepdim=True).transpose(-2, -1)  # (..., r, 1): Σ_j φ(k_j)
+    kv = phi_k.transpose(-2, -1) @ v  # (..., n_f, d_v): Σ_j φ(k_j) v_jᵀ, once for every query
+    u = phi_k.sum(dim=-2, keepdim=True).transpose(-2, -1)  # (..., n_f, 1): Σ_j φ(k_j)
     return (phi_q @ kv) / (phi_q @ u)  # (..., n_q, d_v) / (..., n_q, 1)
 
 
@@ -117,13 +117,13 @@ def causal_linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: Featur
                             gamma: float = 1.0) -> Tensor:
     """Causal linear attention as a recurrence, one token at a time: an RNN whose state is a matrix.
 
-    q, k (..., n, d_k), v (..., n, d_v) → (..., n, d_v). With φ = ``feature_map`` (r features):
-    C_t = γ C_{t−1} + φ(k_t) v_tᵀ  (..., r, d_v),  u_t = γ u_{t−1} + φ(k_t)  (..., r),
+    q, k (..., n, d_k), v (..., n, d_v) → (..., n, d_v). With φ = ``feature_map`` (n_f features):
+    C_t = γ C_{t−1} + φ(k_t) v_tᵀ  (..., n_f, d_v),  u_t = γ u_{t−1} + φ(k_t)  (..., n_f),
     out_t = φ(q_t)ᵀ C_t / φ(q_t)ᵀ u_t. The state's size does not grow with t (a KV cache does)."""
-    phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, r) each
+    phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, n_f) each
     lead, n, r = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
-    state = torch.zeros(lead + (r, v.shape[-1]), dtype=v.dtype)  # (..., r, d_v)
-    norm = torch.zeros(lead + (r,), dtype=v.dtype)  # (..., r)
+    state = torch.zeros(lead + (r, v.shape[-1]), dtype=v.dtype)  # (..., n_f, d_v)
+    norm = torch.zeros(lead + (r,), dtype=v.dtype)  # (..., n_f)
     out = torch.empty(lead + (n, v.shape[-1]), dtype=v.dtype)  # (..., n, d_v)
     for t in range(n):
         state = gamma * state + phi_k[..., t, :, None] * v[..., t, None, :]  # outer product φ(k_t) v_tᵀ
@@ -141,13 +141,13 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, chunk_size: int,
     may be shorter). For the chunk [s, e) with state C, u from the positions before s, query s + i gets
     numerator (A v)_i + γ^{i+1} φ(q)ᵀ C and normaliser rowsum(A)_i + γ^{i+1} φ(q)ᵀ u, where A is the
     chunk's masked quadratic form; then C ← γ^{e−s} C + Σ_j γ^{e−1−j} φ(k_j) v_jᵀ over the chunk (u alike).
-    Work O(n·n_c·d + n·r·d_v): matrix products of size n_c instead of one token at a time."""
+    Work O(n·n_c·d + n·n_f·d_v): matrix products of size n_c instead of one token at a time."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-    phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, r) each
+    phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, n_f) each
     lead, n, r = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
-    state = torch.zeros(lead + (r, v.shape[-1]), dtype=v.dtype)  # (..., r, d_v)
-    norm = torch.zeros(lead + (r, 1), dtype=v.dtype)  # (..., r, 1)
+    state = torch.zeros(lead + (r, v.shape[-1]), dtype=v.dtype)  # (..., n_f, d_v)
+    norm = torch.zeros(lead + (r, 1), dtype=v.dtype)  # (..., n_f, 1)
     out = torch.empty(lead + (n, v.shape[-1]), dtype=v.dtype)  # (..., n, d_v)
     for s in range(0, n, chunk_size):
         fq, fk, vc = phi_q[..., s:s + chunk_size, :], phi_k[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
@@ -158,15 +158,15 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, chunk_size: int,
         normaliser = a.sum(dim=-1, keepdim=True) + carried * (fq @ norm)  # (..., c, 1)
         out[..., s:s + c, :] = numerator / normaliser
         age = torch.as_tensor(gamma, dtype=fq.dtype) ** torch.arange(c - 1, -1, -1, dtype=fq.dtype)[:, None]  # (c, 1)
-        state = gamma ** c * state + (fk * age).transpose(-2, -1) @ vc  # (..., r, d_v)
-        norm = gamma ** c * norm + (fk * age).sum(dim=-2)[..., None]  # (..., r, 1)
+        state = gamma ** c * state + (fk * age).transpose(-2, -1) @ vc  # (..., n_f, d_v)
+        norm = gamma ** c * norm + (fk * age).sum(dim=-2)[..., None]  # (..., n_f, 1)
     return out
 
 
 # ============================================================================ random features
 def random_projection(r: int, d: int, *, generator: torch.Generator | None = None, orthogonal: bool = False,
                       dtype: torch.dtype = torch.float64) -> Tensor:
-    """Ω (r, d): r rows ω ~ N(0, I_d). ``orthogonal``: rows orthogonal in blocks of d (QR of a Gaussian
+    """Ω (n_f, d): n_f rows ω ~ N(0, I_d). ``orthogonal``: rows orthogonal in blocks of d (QR of a Gaussian
     matrix), each rescaled to the length of a Gaussian vector, so every row is still N(0, I_d)-distributed
     but the estimate has less variance (Performer's orthogonal random features)."""
     if not orthogonal:
@@ -175,30 +175,30 @@ def random_projection(r: int, d: int, *, generator: torch.Generator | None = Non
     for _ in range(-(-r // d)):
         square = torch.randn(d, d, generator=generator, dtype=dtype)
         blocks.append(torch.linalg.qr(square).Q.T)  # (d, d): orthonormal rows
-    lengths = torch.randn(r, d, generator=generator, dtype=dtype).norm(dim=-1, keepdim=True)  # (r, 1): χ_d
+    lengths = torch.randn(r, d, generator=generator, dtype=dtype).norm(dim=-1, keepdim=True)  # (n_f, 1): χ_d
     return torch.cat(blocks)[:r] * lengths
 
 
 def positive_random_features(x: Tensor, omega: Tensor) -> Tensor:
-    """FAVOR+'s positive random features: x (..., n, d), Ω (r, d) → (..., n, r),
-    φ(x)_i = exp(ω_i·x − |x|²/2) / √r, so that E[φ(x)·φ(y)] = exp(x·y) when ω_i ~ N(0, I)."""
+    """FAVOR+'s positive random features: x (..., n, d), Ω (n_f, d) → (..., n, n_f),
+    φ(x)_i = exp(ω_i·x − |x|²/2) / √n_f, so that E[φ(x)·φ(y)] = exp(x·y) when ω_i ~ N(0, I)."""
     r = omega.shape[0]
-    projected = x @ omega.transpose(-2, -1)  # (..., n, r): ω_i·x
+    projected = x @ omega.transpose(-2, -1)  # (..., n, n_f): ω_i·x
     half_norm = (x * x).sum(dim=-1, keepdim=True) / 2  # (..., n, 1): |x|²/2
     return torch.exp(projected - half_norm) / math.sqrt(r)
 
 
 def performer_attention(q: Tensor, k: Tensor, v: Tensor, omega: Tensor) -> Tensor:
     """Softmax attention estimated with positive random features: q (..., n_q, d_k), k (..., n_k, d_k),
-    v (..., n_k, d_v), Ω (r, d_k) → (..., n_q, d_v), in O(n·r·d).
+    v (..., n_k, d_v), Ω (n_f, d_k) → (..., n_q, d_v), in O(n·n_f·d).
 
     q and k are scaled by d_k^(−1/4) each, so that φ(q)·φ(k) estimates exp(q·k/√d_k). Numerically stable:
     the exponents are shifted by each query's own maximum and by one maximum over all keys before exp;
     both shifts multiply a whole row of the numerator and of the normaliser alike, so they cancel."""
     scale = q.shape[-1] ** -0.25
     qs, ks = q * scale, k * scale
-    log_q = qs @ omega.transpose(-2, -1) - (qs * qs).sum(dim=-1, keepdim=True) / 2  # (..., n_q, r)
-    log_k = ks @ omega.transpose(-2, -1) - (ks * ks).sum(dim=-1, keepdim=True) / 2  # (..., n_k, r)
+    log_q = qs @ omega.transpose(-2, -1) - (qs * qs).sum(dim=-1, keepdim=True) / 2  # (..., n_q, n_f)
+    log_k = ks @ omega.transpose(-2, -1) - (ks * ks).sum(dim=-1, keepdim=True) / 2  # (..., n_k, n_f)
     phi_q = torch.exp(log_q - log_q.amax(dim=-1, keepdim=True))  # one factor per query: cancels
     phi_k = torch.exp(log_k - log_k.amax(dim=(-2, -1), keepdim=True))  # one factor for all keys: cancels
     return kernel_attention(phi_q, phi_k, v)
@@ -321,7 +321,19 @@ class RecallModel(nn.Module):
 
 def train_recall(kind: str, pair_counts: Sequence[int], *, n_symbols: int = 32, d: int = 16, steps: int = 200,
                  batch: int = 32, lr: float = 1e-2, seed: int = 0, progress: bool = False) -> RecallModel:
-    """Train a :class:`RecallModel` with Adam on batches whose number of pairs cycles through ``pair_counts``."""
+    """Train a :class:`RecallModel` with Adam on batches whose number of pairs cycles through ``pair_counts``.
+
+    Runs on one thread (restored afterwards): on tensors this small, more threads only add waiting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(kind, pair_counts, n_symbols, d, steps, batch, lr, seed, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(kind: str, pair_counts: Sequence[int], n_symbols: int, d: int, steps: int, batch: int, lr: float,
+           seed: int, progress: bool) -> RecallModel:
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = RecallModel(n_symbols, d, kind)
@@ -351,13 +363,14 @@ def recall_accuracy(model: RecallModel, n_pairs: int, *, n: int = 1000, seed: in
 # ============================================================================ figures
 @styled
 def plot_crossover(ns: Sequence[int], times: Mapping[str, Sequence[float]],
-                   memory: Mapping[str, Sequence[float]]) -> plt.Figure:
-    """Time (ms) and peak memory (MiB) against n, log–log, one line per method."""
+                   memory: Mapping[str, Sequence[float]], memory_ns: Sequence[int] | None = None) -> plt.Figure:
+    """Time (ms) and peak memory (MiB) against n, log–log, one line per method (memory measured at
+    ``memory_ns``, by default at every n)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.4, 3.8))
     for name, ys in times.items():
         left.plot(ns, ys, marker="o", label=name)
     for name, ys in memory.items():
-        right.plot(ns, ys, marker="o", label=name)
+        right.plot(ns if memory_ns is None else memory_ns, ys, marker="o", label=name)
     for ax, label in ((left, "time (ms)"), (right, "peak memory (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -391,7 +404,7 @@ def plot_feature_error(features: Sequence[int], by_features: Mapping[str, Sequen
     for name, ys in by_features.items():
         left.plot(features, ys, marker="o", label=name)
     left.set_xscale("log", base=2)
-    left.set_xlabel("number of random features r")
+    left.set_xlabel("number of random features n_f")
     for name, ys in by_scale.items():
         right.plot(scales, ys, marker="o", label=name)
     right.set_xlabel("score scale (q and k multiplied by it)")

@@ -97,7 +97,8 @@ def torch_check(device_type: str) -> str | None:
 
         g = torch.Generator().manual_seed(0)
         q, k = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
-        weights = torch.softmax((q @ k.T).to(device_type), dim=-1).cpu()
+        q, k = q.to(device_type), k.to(device_type)  # the product and the softmax both run on the device
+        weights = torch.softmax(q @ k.T, dim=-1).cpu()
         if not torch.allclose(weights.sum(-1), torch.ones(4), atol=1e-5):
             return f"torch computes wrong results on {device_type}"
     except Exception as exc:  # any failure here is exactly what the learner needs to hear about
@@ -163,7 +164,8 @@ def report() -> Report:
     if trouble and trouble not in problems:  # "ipywidgets is not installed" is said once
         problems.append(trouble)
     if device_type == "cpu":
-        notes.append("no GPU: every notebook runs on the CPU; notebook 09 then shows recorded GPU results")
+        notes.append("no GPU: every notebook runs on the CPU; notebook 09 shows the GPU results recorded in the "
+                     "repository's docs/results/ folder, if it holds any")
     return Report(found, device_type, device_name, problems, notes)
 
 

@@ -4,7 +4,7 @@ With p = softmax(z) along the last axis (scores z in, weights p out; shape (…,
 
 * :func:`softmax_jacobian` — J = diag(p) − p pᵀ, shape (…, n, n), J[…, i, j] = ∂p_i/∂z_j;
 * :func:`softmax_vjp` — the vector–Jacobian product gᵀJ = p ⊙ (g − ⟨g, p⟩) in O(n) time and
-  memory, never forming J (J is symmetric, so gᵀJ = J g), with g = ∂L/∂p;
+  memory, never forming J (J is symmetric, so gᵀJ = J g), with g = ∂ℒ/∂p;
 * :class:`SoftmaxFunction` — a ``torch.autograd.Function`` whose backward is that O(n) product;
   :func:`softmax_fn` applies it;
 * :func:`jacobian_backward` — the O(n²) route (build J, multiply), for timing comparisons;
@@ -38,13 +38,13 @@ def softmax_jacobian(p: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_vjp(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """∂L/∂z from ∂L/∂p without forming J: p ⊙ (g − ⟨g, p⟩).
+    """∂ℒ/∂z from ∂ℒ/∂p without forming J: p ⊙ (g − ⟨g, p⟩).
 
     Args:
         p: softmax probabilities, shape (…, n).
-        grad: upstream gradient g = ∂L/∂p, shape (…, n).
+        grad: upstream gradient g = ∂ℒ/∂p, shape (…, n).
     Returns:
-        ∂L/∂z, shape (…, n). O(n) time and memory per slice.
+        ∂ℒ/∂z, shape (…, n). O(n) time and memory per slice.
     """
     dot = (grad * p).sum(dim=-1, keepdim=True)  # ⟨g, p⟩ per slice: (…, 1)
     return p * (grad - dot)  # (…, n)
@@ -58,8 +58,8 @@ def jacobian_backward(p: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 class SoftmaxFunction(torch.autograd.Function):
     """Softmax along the last axis with a hand-written O(n) backward.
 
-    ``SoftmaxFunction.apply(z)``: z (…, n) → p (…, n). Backward receives ∂L/∂p (…, n) and returns
-    ∂L/∂z (…, n) via :func:`softmax_vjp`, using only the saved output p.
+    ``SoftmaxFunction.apply(z)``: z (…, n) → p (…, n). Backward receives ∂ℒ/∂p (…, n) and returns
+    ∂ℒ/∂z (…, n) via :func:`softmax_vjp`, using only the saved output p.
     """
 
     @staticmethod
@@ -83,12 +83,12 @@ def softmax_fn(z: torch.Tensor) -> torch.Tensor:
 
 def saturation_sweep(factors: Sequence[float], n_rows: int = 512, n_keys: int = 16, seed: int = 2) -> dict:
     """Softmax of α·z for standard-normal scores z (``n_rows`` rows of ``n_keys``) at each α in ``factors``,
-    with a random upstream gradient g = ∂L/∂p (entries N(0, 1)). Returns lists, one value per α:
+    with a random upstream gradient g = ∂ℒ/∂p (entries N(0, 1)). Returns lists, one value per α:
 
     * ``peak`` — the mean over rows of the largest weight;
-    * ``grad_scores`` — the mean of ‖∂L/∂z‖, the gradient with respect to the scores (= p ⊙ (g − ⟨g, p⟩));
+    * ``grad_scores`` — the mean of ‖∂ℒ/∂z‖, the gradient with respect to the scores (= p ⊙ (g − ⟨g, p⟩));
     * ``jacobian_norm`` — the mean Frobenius norm ‖J‖_F;
-    * ``top2_share`` — the share of Σ_j |∂L/∂z_j| on the two keys with the largest weights (key j gets
+    * ``top2_share`` — the share of Σ_j |∂ℒ/∂z_j| on the two keys with the largest weights (key j gets
       p_j (g_j − ⟨g, p⟩), in proportion to its own weight).
     """
     g = torch.Generator().manual_seed(seed)
@@ -115,8 +115,8 @@ def saturation_figure(factors: Sequence[float], stats: dict, marked: float = 1.0
     line_plot(factors, {"mean largest weight": stats["peak"]}, ax=axes[0], logx=True, xlabel="score scale α",
               ylabel="mean largest weight", title="Softmax saturates")
     peak = factors[max(range(len(factors)), key=lambda i: stats["grad_scores"][i])]
-    line_plot(factors, {"‖∂L/∂z‖": stats["grad_scores"], "‖J‖_F": stats["jacobian_norm"]}, ax=axes[1], logx=True,
-              logy=True, xlabel="score scale α", ylabel="mean norm", title=f"∂L/∂scores shrinks past α = {peak:g}")
+    line_plot(factors, {"‖∂ℒ/∂z‖": stats["grad_scores"], "‖J‖_F": stats["jacobian_norm"]}, ax=axes[1], logx=True,
+              logy=True, xlabel="score scale α", ylabel="mean norm", title=f"∂ℒ/∂scores shrinks past α = {peak:g}")
     line_plot(factors, {"top-2 share": stats["top2_share"]}, ax=axes[2], logx=True, xlabel="score scale α",
               ylabel="share on the top 2 keys", title="…and goes to the top keys")
     axes[0].set_ylim(0, 1)

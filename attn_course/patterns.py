@@ -294,9 +294,9 @@ def attention_gradients(model: AttentionOnlyModel, tokens: torch.Tensor, targets
     """Where the loss's gradient goes inside a one-layer model's attention, on one batch (notebook 08).
 
     Returns means over every (sequence, head, query) row: ``"peak"`` the largest weight; ``"scores"``
-    ‖∂L/∂scores‖ of the row (scores = the scaled logits the softmax takes); ``"queries"`` ‖∂L/∂q‖ of the
+    ‖∂ℒ/∂scores‖ of the row (scores = the scaled logits the softmax takes); ``"queries"`` ‖∂ℒ/∂q‖ of the
     query vector; ``"ignored keys"`` the fraction of keys with weight under 1 %; ``"ignored share"`` the
-    share of |∂L/∂scores| that reaches those keys (the only signal that could make the head look there).
+    share of |∂ℒ/∂scores| that reaches those keys (the only signal that could make the head look there).
     """
     if len(model.layers) != 1:
         raise ValueError("attention_gradients reads a one-layer model")

@@ -271,7 +271,7 @@ def rope_self_score(d: int, distances: Sequence[int], base: float = 10000.0, sca
 
 def rope_decay_bound(d: int, distances: Sequence[int], base: float = 10000.0) -> torch.Tensor:
     """RoFormer's (§3.4.3) decaying quantity, one value per Δ: (2/d) Σ_{s=1}^{d/2} |S_s| with
-    S_s = Σ_{r<s} e^{iΔθ_r}. The score of any q, k is at most max_r |h_{r+1} − h_r| times it, where h_r is
+    S_s = Σ_{r<s} exp(√−1·Δθ_r). The score of any q, k is at most max_r |h_{r+1} − h_r| times it, where h_r is
     pair r's complex product q_r k_r*."""
     angles = rope_angles(torch.as_tensor(list(distances)), d, base)  # (len, d/2)
     partial = torch.polar(torch.ones_like(angles), angles).cumsum(-1)  # (len, d/2): S_1 … S_{d/2}
@@ -342,10 +342,10 @@ def additive_attention(q, k, v, W_q, W_k, w, mask=None) -> tuple[torch.Tensor, t
 
 def saturation_vs_dk(dims: Sequence[int], *, n_keys: int = 16, d_hidden: int = 64, trials: int = 200,
                      seed: int = 0) -> dict[str, dict[str, list[float]]]:
-    """For each d_k: random queries and keys with N(0, 1) entries, and a loss L = gᵀp of one query's softmax
+    """For each d_k: random queries and keys with N(0, 1) entries, and a loss ℒ = gᵀp of one query's softmax
     weights p over ``n_keys`` keys with a random upstream gradient g (N(0, 1) entries). Per kind of score
     (unscaled dot products, scaled dot products, additive scores), the means over ``trials`` of: the largest
-    weight, ‖∂L/∂S‖ (the gradient that leaves the softmax, toward the scores) and ‖∂L/∂q‖ (the gradient that
+    weight, ‖∂ℒ/∂S‖ (the gradient that leaves the softmax, toward the scores) and ‖∂ℒ/∂q‖ (the gradient that
     reaches the query). Additive scores use W_q, W_k with N(0, 1/d_k) entries (each of W_q q, W_k k has unit
     variance per hidden unit, their sum variance 2, whatever d_k; its measured variance is under
     "tanh input variance") and w with N(0, 1/d_hidden) entries."""
@@ -359,7 +359,7 @@ def saturation_vs_dk(dims: Sequence[int], *, n_keys: int = 16, d_hidden: int = 6
         W_q = torch.randn(d_hidden, d, generator=g, dtype=torch.float64) / math.sqrt(d)
         W_k = torch.randn(d_hidden, d, generator=g, dtype=torch.float64) / math.sqrt(d)
         w = torch.randn(d_hidden, generator=g, dtype=torch.float64) / math.sqrt(d_hidden)
-        upstream = torch.randn(trials, n_keys, generator=g, dtype=torch.float64)  # ∂L/∂p
+        upstream = torch.randn(trials, n_keys, generator=g, dtype=torch.float64)  # ∂ℒ/∂p
         pre = (q @ W_q.T)[:, :, None, :] + (k @ W_k.T)[:, None, :, :]  # (trials, 1, n_keys, d_hidden)
         stats["additive"]["tanh input variance"].append(pre.var().item())
         for kind in kinds:
@@ -488,7 +488,7 @@ def plot_encoding(pe: torch.Tensor, title: str = "sinusoidal encoding") -> plt.F
 @styled
 def plot_bias_heads(bias: torch.Tensor, title: str, heads: Sequence[int] | None = None,
                     titles: Sequence[str] | None = None) -> plt.Figure:
-    """Up to four heads of an (H, n, n) bias, side by side, on one colour scale."""
+    """Up to four heads of an (A, n, n) bias, side by side, on one colour scale."""
     heads = list(range(min(4, bias.shape[0]))) if heads is None else list(heads)
     titles = [f"head {h}" for h in heads] if titles is None else list(titles)
     fig, axes = plt.subplots(1, len(heads), figsize=(min(MAX_WIDTH, 2.1 * len(heads) + 1.3), 3.3), squeeze=False)
@@ -578,7 +578,7 @@ def plot_length_extrapolation(lengths: Sequence[int], losses: dict[str, list[flo
 def plot_saturation(dims: Sequence[int], stats: dict[str, dict[str, list[float]]]) -> plt.Figure:
     fig, axes = plt.subplots(1, 3, figsize=(9.6, 3.6))
     for ax, metric, title in zip(axes, ("max weight", "dL/dS", "dL/dq"),
-                                 ("mean largest weight", "mean ‖∂L/∂S‖ (to the scores)", "mean ‖∂L/∂q‖ (to the query)")):
+                                 ("mean largest weight", "mean ‖∂ℒ/∂S‖ (to the scores)", "mean ‖∂ℒ/∂q‖ (to the query)")):
         for kind, values in stats.items():
             ax.plot(list(dims), values[metric], marker="o", label=kind)
         ax.set_xscale("log", base=2)

@@ -88,15 +88,15 @@ def saturation_vs_dk(dims: Sequence[int] = DIMS, n_keys: int = 16, n_trials: int
     """What softmax and its gradients do with unscaled and with scaled scores as d_k grows.
 
     For each d_k: ``n_trials`` random queries q, each against ``n_keys`` random keys K (entries N(0, 1)),
-    scores s = K q (unscaled) or K q / √d_k (scaled), weights p = softmax(s) and a loss L = u · p with a
+    scores s = K q (unscaled) or K q / √d_k (scaled), weights p = softmax(s) and a loss ℒ = u · p with a
     random unit upstream gradient u (one per trial). Returns tensors of shape (len(dims),), each a mean
     over the trials, for ``name`` in ("unscaled", "scaled"):
 
     * ``max_weight_<name>`` — the largest weight (1/n_keys is uniform, 1 is one-hot);
-    * ``grad_scores_<name>`` — ‖∂L/∂s‖, the gradient that reaches the scores through softmax;
+    * ``grad_scores_<name>`` — ‖∂ℒ/∂s‖, the gradient that reaches the scores through softmax;
     * ``top2_share_<name>`` — the share of that gradient (sum of absolute values) on the two keys with
       the largest weights: softmax passes key j a gradient proportional to its weight p_j;
-    * ``grad_q_<name>`` — ‖∂L/∂q‖, the gradient that reaches the query (in a model, what would update W^Q);
+    * ``grad_q_<name>`` — ‖∂ℒ/∂q‖, the gradient that reaches the query (in a model, what would update W^Q);
     * ``score_step_<name>`` — ‖Δs‖ after one gradient-descent step on q with learning rate 1: how far
       one step moves the scores.
     """
@@ -116,7 +116,7 @@ def saturation_vs_dk(dims: Sequence[int] = DIMS, n_keys: int = 16, n_trials: int
             (weights * upstream).sum().backward()
             grad_s, grad_q = scores.grad, q_leaf.grad.squeeze(1)                 # (trials, n_keys), (trials, d)
             top2 = weights.topk(2, dim=-1).indices                               # (trials, 2)
-            step = (K @ -grad_q.unsqueeze(-1)).squeeze(-1) / divisor             # (trials, n_keys): Δs for Δq = -∂L/∂q
+            step = (K @ -grad_q.unsqueeze(-1)).squeeze(-1) / divisor             # (trials, n_keys): Δs for Δq = -∂ℒ/∂q
             result[f"max_weight_{kind}"].append(weights.max(dim=-1).values.mean().item())
             result[f"grad_scores_{kind}"].append(grad_s.norm(dim=-1).mean().item())
             result[f"top2_share_{kind}"].append((grad_s.abs().gather(1, top2).sum(-1) / grad_s.abs().sum(-1)).mean().item())
@@ -149,15 +149,15 @@ def plot_variance_vs_dk(dims: Sequence[int], measured: dict[str, torch.Tensor], 
 
 @styled
 def plot_saturation(dims: Sequence[int], stats: dict, n_keys: int) -> plt.Figure:
-    """Four panels against d_k, unscaled vs scaled: the largest softmax weight, ‖∂L/∂scores‖, the share of
-    that gradient on the top two keys, and ‖∂L/∂q‖."""
+    """Four panels against d_k, unscaled vs scaled: the largest softmax weight, ‖∂ℒ/∂scores‖, the share of
+    that gradient on the top two keys, and ‖∂ℒ/∂q‖."""
     fig, axes = plt.subplots(2, 2, figsize=(9.6, 6.6), sharex=True)
     x = list(dims)
     panels = [
         ("max_weight", "mean largest weight", "Softmax saturates without the scale", False),
-        ("grad_scores", "mean ‖∂L/∂scores‖", "The gradient at the scores shrinks…", True),
+        ("grad_scores", "mean ‖∂ℒ/∂scores‖", "The gradient at the scores shrinks…", True),
         ("top2_share", "share on the top 2 keys", "…and reaches only the top keys", False),
-        ("grad_q", "mean ‖∂L/∂q‖", "The gradient at the query does not shrink", True),
+        ("grad_q", "mean ‖∂ℒ/∂q‖", "The gradient at the query does not shrink", True),
     ]
     for ax, (key, ylabel, title, log) in zip(axes.flat, panels):
         ax.plot(x, stats[f"{key}_unscaled"], "o-", color="C3", label="unscaled q·k")

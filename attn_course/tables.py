@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["format_table"]
+__all__ = ["format_table", "row_cells"]
 
 Row = Sequence[Any] | Mapping[str, Any]
 
 
-def _cells(row: Row, names: Sequence[str]) -> list[Any]:
+def row_cells(row: Row, names: Sequence[str]) -> list[Any]:
+    """A row's values in the order of ``names`` (a mapping is looked up by name; a sequence must match)."""
     if isinstance(row, Mapping):
         return [row.get(name) for name in names]
     values = list(row)
@@ -86,7 +87,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Row], *,
         raise ValueError(f"overflow must be 'wrap' or 'truncate', got {overflow!r}")
     headers = [str(h) for h in headers]
     formats, align = dict(formats or {}), dict(align or {})
-    raw = [_cells(row, headers) for row in rows]
+    raw = [row_cells(row, headers) for row in rows]
     text = [[_text(v, formats.get(h), missing) for h, v in zip(headers, row)] for row in raw]
     sides = []
     for j, h in enumerate(headers):

@@ -146,11 +146,13 @@ def measure(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup
 
 def time_ms(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup: int = 2,
             repeats: int = 10, min_run_time: float = 0.2) -> float:
-    """Median time of ``fn()`` in milliseconds, after ``warmup`` untimed calls (:func:`measure`'s median).
+    """Median time of ``fn()`` in milliseconds, after ``warmup`` untimed calls: :func:`measure`'s median
+    with its time limit at ``min_run_time`` (about that long, like ``blocked_autorange``; no repeats
+    for stability — use :func:`measure` to get the spread).
 
     ``repeats`` is kept for callers of earlier versions; :func:`measure` decides how many runs it needs.
     """
-    return measure(fn, device=device, warmup=warmup, min_run_time=min_run_time).median
+    return measure(fn, device=device, warmup=warmup, min_run_time=min_run_time, max_run_time=min_run_time).median
 
 
 def _cuda_measure(fn: Callable[[], Any], device: torch.device, min_run_time: float, max_run_time: float) -> Timing:

@@ -56,13 +56,13 @@ GPU_PIECES: list[tuple[str, list[str]]] = [
 ]
 # The dry run: the same pieces' path on tiny CPU shapes (float32, the interpreter for triton).
 DRY_PIECES: list[tuple[str, list[str]]] = [
-    ("nb09-gpu-cell", ["--n", "32", "48", "--head-dims", "16", "--dtypes", "float32", "--causal", "both",
-                       "--modes", "fwd", "fwd+bwd", "--impls", "naive", "sdpa-math", "sdpa-flash", "triton",
-                       "--tokens", "64", "--hidden", "32", "--tiled-block", "16", "--min-run-time", "0.002",
-                       "--max-run-time", "0.02"]),
+    ("nb09-gpu-cell", ["--n", "40", "--head-dims", "16", "--dtypes", "float32", "--causal", "both",
+                       "--modes", "fwd", "fwd+bwd", "--impls", "naive", "sdpa-flash", "triton",
+                       "--tokens", "40", "--hidden", "16", "--min-run-time", "0.002", "--max-run-time", "0.02",
+                       "--roofline-size", "128", "--threads", "1"]),
     ("tiled", ["--n", "32", "--head-dims", "16", "--dtypes", "float32", "--causal", "no", "--modes", "fwd",
                "--impls", "tiled", "--tokens", "32", "--hidden", "16", "--tiled-block", "16",
-               "--min-run-time", "0.002", "--max-run-time", "0.02"]),
+               "--min-run-time", "0.002", "--max-run-time", "0.02", "--roofline-size", "128", "--threads", "1"]),
 ]
 
 

@@ -47,7 +47,7 @@ def binder_lab(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "held = b'x' * (560 * 2**20)  # what a notebook's tensors hold: 560 MB, every page written\nlen(held)")])
+        "held = b'x' * (680 * 2**20)  # what a notebook's tensors hold: 680 MB, every page written\nlen(held)")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "memory.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
@@ -118,9 +118,11 @@ def test_the_status_bar_shows_memory_against_the_limit_and_warns_before_it(binde
         page.locator(".lm-MenuBar-item", has_text="Run").first.click()
         page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
         # the extension polls every 5 s: wait for the warning to reach the page
-        page.wait_for_function("[...document.querySelectorAll('#jp-main-statusbar *')].some(e => "
-                               "getComputedStyle(e).backgroundColor === 'rgb(255, 210, 210)')", timeout=120_000)
-        page.screenshot(path=str(ARTIFACTS / "memory-warning.png"))
+        try:
+            page.wait_for_function("[...document.querySelectorAll('#jp-main-statusbar *')].some(e => "
+                                   "getComputedStyle(e).backgroundColor === 'rgb(255, 210, 210)')", timeout=120_000)
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "memory-warning.png"))
         after = _metrics(lab["url"], lab["token"])
         browser.close()
     used, limit = after["rss"], after["limits"]["memory"]["rss"]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +39,7 @@ def _owner(dotted: str) -> str | None:
     return dotted or None
 
 
+@functools.lru_cache(maxsize=None)
 def imports(module: str) -> list[tuple[str, str | None, int]]:
     """``(module imported, name taken from it or None, line)`` for every import of a package module."""
     path = MODULES[module]

@@ -125,6 +125,80 @@ def test_rope_scores_decay_with_distance():
     assert values[500:].abs().mean() < 0.2 * values[:5].abs().mean()
 
 
+def test_rope_score_is_not_monotone_but_its_bound_falls():
+    """What notebook 12 says: the all-ones score rises on about half the steps and turns negative; RoFormer's
+    quantity (2/d)Σ|S_s| starts at (d/2 + 1)/2 and its envelope falls."""
+    d, distances = 128, range(0, 4097)
+    score, bound = pos.rope_self_score(d, distances), pos.rope_decay_bound(d, distances)
+    rises = (score[1:] > score[:-1]).double().mean().item()
+    assert 0.4 < rises < 0.6 and bool((score < 0).any())
+    assert bound[0].item() == pytest.approx((d / 2 + 1) / 2)
+    envelope = [score[lo:hi].abs().max().item() for lo, hi in ((1, 10), (10, 100), (100, 1000), (1000, 4097))]
+    assert envelope == sorted(envelope, reverse=True)
+    bound_envelope = [bound[lo:hi].max().item() for lo, hi in ((10, 100), (100, 1000), (1000, 4097))]
+    assert bound_envelope == sorted(bound_envelope, reverse=True) and bound_envelope[1] < 0.4 * bound[0]
+    # The bound really bounds: |score| ≤ max_r |h_{r+1} − h_r| · (2/d)Σ|S_s| · (d/2), for random q and k.
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(d, generator=g, dtype=torch.float64), torch.randn(d, generator=g, dtype=torch.float64)
+    h = torch.complex(q[0::2], q[1::2]) * torch.complex(k[0::2], k[1::2]).conj()  # (d/2,)
+    h = torch.cat([h, torch.zeros(1, dtype=h.dtype)])  # h_{d/2} = 0 (Abel summation)
+    for delta in (1, 10, 100, 1000):
+        s = (pos.apply_rope(q[None], torch.tensor([0])) * pos.apply_rope(k[None], torch.tensor([delta]))).sum()
+        limit = (h[1:] - h[:-1]).abs().max() * pos.rope_decay_bound(d, [delta])[0] * d / 2
+        assert abs(s.item()) <= limit.item() + 1e-9
+
+
+def test_rope_interpolation_and_ntk_base():
+    d = 128
+    base = pos.ntk_base(10000.0, 4, d)
+    theta, theta_ntk = pos.rope_angles(torch.tensor([1]), d)[0], pos.rope_angles(torch.tensor([1]), d, base)[0]
+    assert theta_ntk[0].item() == pytest.approx(1.0)  # the fastest pair is untouched
+    assert (theta[-1] / theta_ntk[-1]).item() == pytest.approx(4.0)  # the slowest slowed by exactly the factor
+    # Interpolation stretches the whole curve: its score at 4Δ is the original's at Δ.
+    torch.testing.assert_close(pos.rope_self_score(d, [4 * x for x in range(50)], scale=4.0),
+                               pos.rope_self_score(d, range(50)))
+
+
+def test_rope_decode_step_and_decoding_equal_attention_at_once():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(10, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    scores = pos.apply_rope(q) @ pos.apply_rope(k).T / math.sqrt(8)
+    at_once = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ v
+    torch.testing.assert_close(pos.rope_decode(q, k, v, prompt=3), at_once)
+    wrong = pos.rope_decode(q, k, v, prompt=3, restart_positions=True)
+    torch.testing.assert_close(wrong[:3], at_once[:3])  # the prompt does start at 0
+    assert (wrong[3:] - at_once[3:]).abs().amax(-1).min() > 1e-3  # every decoded token is off
+    q_rot, cache = pos.rope_decode_step(q[5:7], k[5:7], pos.apply_rope(k[:5]))
+    torch.testing.assert_close(q_rot, pos.apply_rope(q)[5:7])
+    torch.testing.assert_close(cache, pos.apply_rope(k)[:7])
+
+
+def test_tiny_model_shapes_and_schemes():
+    ids = pos.recency_sequences(3, 20, torch.Generator().manual_seed(0))
+    assert ids.shape == (3, 20) and ids.dtype == torch.long and int(ids.max()) < 8
+    for scheme in pos.EXTRAPOLATION_SCHEMES:
+        assert pos.TinyPositionModel(scheme)(ids).shape == (3, 20, 8)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        pos.TinyPositionModel("learned")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_alibi_extrapolates_best_on_the_tiny_model(seed):
+    """What notebook 12's text says of its (unchecked, float32) table, on three seeds: about equal at the
+    training length; past it ALiBi is best at every length and rises by less than half as much as the others."""
+    threads = torch.get_num_threads()
+    losses = pos.length_extrapolation(seed=seed)
+    assert torch.get_num_threads() == threads
+    at_train = [v[0] for v in losses.values()]
+    assert max(at_train) - min(at_train) < 0.06
+    rise = {s: max(v[1:]) - v[0] for s, v in losses.items()}
+    for i in range(1, 4):
+        assert losses["ALiBi"][i] < min(losses["sinusoidal"][i], losses["RoPE"][i])
+    assert rise["ALiBi"] < 0.5 * min(rise["sinusoidal"], rise["RoPE"])
+
+
 def test_additive_attention_against_a_loop_and_masks():
     g = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(3, 4, generator=g), torch.randn(5, 6, generator=g), torch.randn(5, 2, generator=g)
@@ -139,11 +213,16 @@ def test_additive_attention_against_a_loop_and_masks():
 
 
 def test_saturation_experiment_shows_the_history():
+    """Without the scale ∂ℒ/∂S shrinks while the gradient reaching the query grows; with it both stay put; the
+    additive pre-activations have variance 2."""
     dims = [4, 64, 1024]
     stats = pos.saturation_vs_dk(dims, trials=100)
-    unscaled, scaled, additive = (stats[k]["max weight"] for k in ("dot, unscaled", "dot / √d_k", "additive"))
-    assert unscaled[-1] > 0.9 > max(scaled[-1], additive[-1])
-    assert stats["dot, unscaled"]["gradient"][-1] < 0.5 * stats["additive"]["gradient"][-1]
+    unscaled, scaled, additive = (stats[k] for k in ("dot, unscaled", "dot / √d_k", "additive"))
+    assert unscaled["max weight"][-1] > 0.9 > max(scaled["max weight"][-1], additive["max weight"][-1])
+    assert unscaled["dL/dS"][-1] < 0.5 * unscaled["dL/dS"][0]
+    assert unscaled["dL/dq"] == sorted(unscaled["dL/dq"]) and unscaled["dL/dq"][-1] > 2 * unscaled["dL/dq"][0]
+    assert max(scaled["dL/dq"]) < 1.3 * min(scaled["dL/dq"])
+    assert all(abs(v - 2) < 0.15 for v in additive["tanh input variance"])
 
 
 def test_figures_are_readable():
@@ -151,7 +230,12 @@ def test_figures_are_readable():
             pos.plot_bias_heads(pos.alibi_bias(12, 8), "ALiBi"),
             pos.plot_rope(pos.rope_angles(torch.arange(32), 16), torch.randn(12, 12)),
             pos.plot_rope_decay(range(0, 300), pos.rope_self_score(64, range(0, 300)), 64),
-            pos.plot_saturation([4, 16], {"a": {"max weight": [0.1, 0.2], "gradient": [1, 2]}})]
+            pos.plot_rope_decay(range(0, 300), pos.rope_self_score(64, range(0, 300)), 64,
+                                pos.rope_decay_bound(64, range(0, 300))),
+            pos.plot_rope_extension(range(0, 300), {"a": pos.rope_self_score(64, range(0, 300)),
+                                                    "b": pos.rope_self_score(64, range(0, 300), scale=4.0)}, 100),
+            pos.plot_length_extrapolation([32, 64], {"ALiBi": [1.7, 1.8], "RoPE": [1.6, 1.9]}, 32),
+            pos.plot_saturation([4, 16], {"a": {"max weight": [0.1, 0.2], "dL/dS": [1, 2], "dL/dq": [1, 2]}})]
     for fig in figs:
         assert readability_problems(fig) == []
         plt.close(fig)

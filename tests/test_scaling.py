@@ -101,7 +101,7 @@ def test_saturation_the_gradient_at_the_query_grows_without_the_scale(stats):
 
 
 def test_saturation_gradients_match_the_chain_rule():
-    # ∂L/∂s = J u with J = diag(w) − w wᵀ (notebook 04), ∂L/∂q = Kᵀ ∂L/∂s / divisor, Δs = −K ∂L/∂q / divisor
+    # ∂ℒ/∂s = J u with J = diag(w) − w wᵀ (notebook 04), ∂ℒ/∂q = Kᵀ ∂ℒ/∂s / divisor, Δs = −K ∂ℒ/∂q / divisor
     d, n_keys = 8, 4
     out = scaling.saturation_vs_dk([d], n_keys=n_keys, n_trials=1, seed=5)
     g = torch.Generator().manual_seed(5)
@@ -192,7 +192,7 @@ def test_figures_are_readable_at_1366x768(stats):
 
 
 def test_saturation_log_panels_have_a_tick_label_below_every_point(stats):
-    # the lowest ‖∂L/∂scores‖ (0.011) sat under the last labelled tick (2·10⁻²): each log axis now starts at a
+    # the lowest ‖∂ℒ/∂scores‖ (0.011) sat under the last labelled tick (2·10⁻²): each log axis now starts at a
     # round number (1, 2, 3 or 5 × 10^k) at or below its lowest point
     fig = scaling.plot_saturation(scaling.DIMS, stats, 16)
     for ax in fig.axes:

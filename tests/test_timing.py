@@ -66,3 +66,32 @@ def test_stamp_says_where_and_how():
     assert line.startswith("CPU") and f"torch {torch.__version__}" in line and s["date"][:10] in line
     assert "no triton" in line or "triton " in line
     assert "date" not in timing.stamp("cpu", when=False)
+
+
+def test_measure_reports_the_spread_and_whether_it_settled():
+    x = torch.randn(32, 32)
+    t = timing.measure(lambda: x @ x, min_run_time=0.01, max_run_time=0.2)
+    assert t.runs >= timing.MIN_RUNS and 0 < t.q1 <= t.median <= t.q3
+    assert t.stable == (t.iqr <= timing.STABLE_IQR * t.median) and "adaptive_autorange" in t.method
+
+
+def test_stability_and_ties_follow_the_quartiles():
+    steady = timing._timing([1.0, 1.01, 0.99, 1.0, 1.02], "test")
+    shaky = timing._timing([1.0, 2.0, 0.5, 3.0, 1.0], "test")
+    too_few = timing._timing([1.0, 1.0, 1.0], "test")
+    assert steady.stable and not shaky.stable and not too_few.stable  # fewer than MIN_RUNS runs: not trusted
+    assert steady.overlaps(shaky) and not steady.overlaps(timing._timing([2.0, 2.1, 2.05, 2.0], "test"))
+    assert steady.relative_spread == pytest.approx(steady.iqr / steady.median)
+
+
+def test_slow_calls_still_get_enough_runs_for_quartiles():
+    import time
+
+    t = timing.measure(lambda: time.sleep(0.03), warmup=0, min_run_time=0.01, max_run_time=0.05)
+    assert t.runs >= timing.MIN_RUNS and t.median >= 30
+
+
+def test_cpu_roofline_is_a_measured_matmul(monkeypatch):
+    monkeypatch.setattr(timing, "_MATMUL_CACHE", {})
+    flops = timing.cpu_matmul_flops(64, min_run_time=0.01)
+    assert flops > 0 and timing.cpu_matmul_flops(64, min_run_time=0.01) == flops  # measured once, then kept

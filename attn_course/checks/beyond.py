@@ -40,7 +40,7 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def _tol(dtype: torch.dtype) -> dict[str, float]:
-    return dict(atol=1e-7, rtol=1e-6) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-3)
+    return dict(atol=1e-10, rtol=1e-9) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-3)
 
 
 def _qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int, *, scale: float = 1.0,
@@ -59,6 +59,21 @@ def _expect_dtype(out: Tensor, wanted: torch.dtype, tried: str) -> None:
              expected=f"a {want} tensor, like the input",
              cause="a tensor you created without dtype= (torch.zeros and torch.empty make float32 by default), or a "
                    "conversion", fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
+
+
+def _expect_close(out: Tensor, expected: Tensor, *, tried: str, dtype: torch.dtype, **kwargs: Any) -> None:
+    """expect_close at the input dtype's tolerance; a float64 answer right only to float32's precision is named."""
+    try:
+        expect_close(out, expected, tried=tried, **_tol(dtype), **kwargs)
+    except Failure as failure:
+        if failure.diagnosis.cause or dtype != torch.float64 or not same(out, expected, **_tol(torch.float32)):
+            raise
+        d = failure.diagnosis
+        fail("computed in float32, not the input's float64", tried=tried, got=d.got,
+             expected="the values to float64's precision (the inputs are float64)",
+             cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "
+                   "and torch.empty make float32 by default), or a conversion, made part of the work float32",
+             fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
 
 
 # ============================================================================ the probe: what the code builds
@@ -160,37 +175,45 @@ def _kernel(fq: Tensor, fk: Tensor, v: Tensor, *, causal: bool = False, mask: st
     return out / a.sum(-1, keepdim=True) if normalise else out
 
 
-def _maps() -> list[tuple[str, str, Callable[[Tensor], Tensor]]]:
-    """Feature maps that are not φ = elu + 1: (summary, cause, map)."""
-    return [
-        ("φ not positive: elu without + 1", "you used φ = elu(x), which is negative wherever x < 0 (down to −1), so "
-         "the normaliser φ(q)ᵀ Σ φ(k) can be near 0 or negative", lambda x: F.elu(x.double())),
-        ("φ not positive: no feature map", "you used q and k themselves (φ(x) = x): their dot products are negative "
-         "for half the pairs, so the normaliser can be near 0 or negative", lambda x: x.double()),
-        ("φ = relu: zero features", "you used φ = relu(x): every negative entry becomes 0, so features and even "
-         "whole normalisers are 0 (0 / 0 = NaN)", lambda x: torch.relu(x.double())),
-        ("φ = exp instead of elu + 1", "you used φ(x) = exp(x), which is positive but is not the docstring's map",
-         lambda x: torch.exp(x.double())),
-        ("q and k scaled by 1/√d_k", "you divided q (or the scores) by √d_k as softmax attention does; the "
-         "docstring's φ(q)·φ(k) has no scale", None),
-    ]
-
-
-_PHI_FIX = "apply φ(x) = F.elu(x) + 1 to q and to k (positive: x + 1 above 0, exp(x) below), with no other scale"
+_ELU1 = "φ(x) = elu(x) + 1"
+#: Feature maps that are not φ = elu + 1: (what it is, why it is wrong, the map).
+_MAPS: list[tuple[str, str, Callable[[Tensor], Tensor]]] = [
+    ("elu(x) without + 1", "elu is negative wherever x < 0 (down to −1), so the normaliser φ(q)ᵀ Σ φ(k) can be near 0 "
+     "or negative", lambda x: F.elu(x.double())),
+    ("no feature map (φ(x) = x)", "dot products of raw vectors are negative for about half the pairs, so the "
+     "normaliser can be near 0 or negative", lambda x: x.double()),
+    ("relu(x)", "every negative entry becomes 0, so features and even whole normalisers are 0 (0 / 0 = NaN)",
+     lambda x: torch.relu(x.double())),
+    ("exp(x)", "positive, but not the docstring's map", lambda x: torch.exp(x.double())),
+    ("elu(x) − 1", "a sign flipped: elu(x) − 1 lies between −2 and x − 1, negative for most entries",
+     lambda x: F.elu(x.double()) - 1),
+    ("x + 1 (no elu)", "without elu, x + 1 is negative for every x < −1", lambda x: x.double() + 1),
+    ("elu(x) + 2", "a constant other than 1: positive, but not the docstring's map", lambda x: F.elu(x.double()) + 2),
+]
 
 
 def _phi_mistakes(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> list[Mistake]:
+    """Kernel attention with a wrong feature map on the queries, on the keys, or on both; and with q (and k)
+    scaled by 1/√d_k as softmax attention would."""
     found = []
-    for summary, cause, phi in _maps():
-        if phi is None:
-            s = q.shape[-1] ** -0.5
-            make = (lambda s=s: _kernel(_elu1(q * s), _elu1(k), v, causal=causal))
-            found.append(Mistake(summary, cause, _PHI_FIX, make))
-            found.append(Mistake(summary, cause, _PHI_FIX, lambda s=s: _kernel(_elu1(q * s), _elu1(k * s), v,
-                                                                                 causal=causal)))
-            continue
-        found.append(Mistake(summary, cause, _PHI_FIX, lambda phi=phi: _kernel(phi(q), phi(k), v, causal=causal)))
+    fq, fk = _elu1(q), _elu1(k)
+    for what, why, phi in _MAPS:
+        positive = not what.startswith(("elu(x) without", "no feature", "elu(x) −", "x + 1"))
+        head = "φ = " + what if positive else "φ not positive: " + what
+        for side, (a, b) in (("q and k", (phi(q), phi(k))), ("q", (phi(q), fk)), ("k", (fq, phi(k)))):
+            summary = head + ("" if side == "q and k" else f" on {side} only")
+            cause = f"you applied {what} to {side}" + ("" if side == "q and k" else f" (and {_ELU1} to the other)") + \
+                f": {why}"
+            found.append(Mistake(summary, cause, _PHI_FIX, lambda a=a, b=b: _kernel(a, b, v, causal=causal)))
+    s = q.shape[-1] ** -0.5
+    for summary, make in (("q scaled by 1/√d_k", lambda: _kernel(_elu1(q * s), fk, v, causal=causal)),
+                          ("q and k scaled by 1/√d_k", lambda: _kernel(_elu1(q * s), _elu1(k * s), v, causal=causal))):
+        found.append(Mistake(summary, "you divided by √d_k as softmax attention does; the docstring's φ(q)·φ(k) "
+                             "has no scale", _PHI_FIX, make))
     return found
+
+
+_PHI_FIX = "apply φ(x) = F.elu(x) + 1 to q and to k (positive: x + 1 above 0, exp(x) below), with no other scale"
 
 
 _NORM_CAUSE = ("you returned φ(q)ᵀ Σ φ(k) vᵀ without dividing by φ(q)ᵀ Σ φ(k): the weights of a row do not sum "
@@ -236,7 +259,7 @@ def check_linear_attention(fn: Learner) -> str:
         q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=dtype)
         tried = f"linear_attention(q, k, v) on {label}"
         out = as_tensor(fn(q, k, v), tried=tried)
-        expect_close(out, _kernel(_elu1(q), _elu1(k), v), tried=tried, **_tol(dtype), mistakes=_linear_mistakes(q, k, v),
+        _expect_close(out, _kernel(_elu1(q), _elu1(k), v), tried=tried, dtype=dtype, mistakes=_linear_mistakes(q, k, v),
                      oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64", fix=_LINEAR_FIX)
         _expect_dtype(out, dtype, tried)
     q, k, v = _qkv((), 64, 64, 3, 2, 120)
@@ -335,7 +358,7 @@ def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[...,
         out = as_tensor(fn(*args), tried=tried)
         expected = _causal_oracle(q, k, v)
         try:
-            expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=mistakes_of(q, k, v, *extra),
+            _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=mistakes_of(q, k, v, *extra),
                          oracle="causal kernel attention computed densely in float64", fix=fix, axes=None)
         except Failure as failure:
             if describe is not None:
@@ -440,7 +463,7 @@ def check_chunked_linear_attention(fn: Learner) -> str:
         out = as_tensor(fn(q, k, v, c), tried=tried)
         expected = _causal_oracle(q, k, v)
         try:
-            expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=_chunk_mistakes(q, k, v, c),
+            _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=_chunk_mistakes(q, k, v, c),
                          oracle="causal kernel attention computed densely in float64", fix=_CHUNK_FIX)
         except Failure as failure:
             _last_chunk(failure, out, expected, n, c)
@@ -467,7 +490,7 @@ def check_chunked_linear_attention(fn: Learner) -> str:
 
 
 # ============================================================================ exercise 4: random features
-_RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(r), with r = omega.shape[0]"
+_RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(n_f), with n_f = omega.shape[0]"
 
 
 def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
@@ -487,13 +510,13 @@ def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
 def _rf_mistakes(x: Tensor, omega: Tensor) -> list[Mistake]:
     r = omega.shape[0]
     return [
-        Mistake("features not rescaled: 1/√r missing", f"you left out the division by √r (√{r} here), so φ(x)·φ(y) "
-                f"sums r terms instead of averaging them", "divide by math.sqrt(omega.shape[0])",
+        Mistake("features not rescaled: 1/√n_f missing", f"you left out the division by √n_f (√{r} here), so φ(x)·φ(y) "
+                f"sums n_f terms instead of averaging them", "divide by math.sqrt(omega.shape[0])",
                 lambda: _features(x, omega, "no_scale")),
-        Mistake("features divided by r instead of √r", "you divided each feature by r; φ(x)·φ(y) multiplies two "
-                "features, so each gets 1/√r", "divide by math.sqrt(r)", lambda: _features(x, omega, "r")),
-        Mistake("features divided by √d instead of √r", "you divided by the square root of the input width d, not "
-                "of the number of features r = omega.shape[0]", "divide by math.sqrt(omega.shape[0])",
+        Mistake("features divided by n_f instead of √n_f", "you divided each feature by n_f; φ(x)·φ(y) multiplies two "
+                "features, so each gets 1/√n_f", "divide by math.sqrt(omega.shape[0])", lambda: _features(x, omega, "r")),
+        Mistake("features divided by √d instead of √n_f", "you divided by the square root of the input width d, not "
+                "of the number of features n_f = omega.shape[0]", "divide by math.sqrt(omega.shape[0])",
                 lambda: _features(x, omega, "sqrt_d")),
         Mistake("features not rescaled: exp(−|x|²/2) missing", "you computed exp(ω·x) without the factor "
                 "exp(−|x|²/2), so φ(x)·φ(y) estimates exp(x·y + |x|²/2 + |y|²/2), not exp(x·y)",
@@ -503,14 +526,14 @@ def _rf_mistakes(x: Tensor, omega: Tensor) -> list[Mistake]:
                 lambda: _features(x, omega, "norm")),
         Mistake("sign of |x|²/2 reversed", "you added |x|²/2 instead of subtracting it", _RF_FIX,
                 lambda: _features(x, omega, "plus")),
-        Mistake("projection transposed", "you multiplied by omega instead of omega.T; with r = d the shapes still "
+        Mistake("projection transposed", "you multiplied by omega instead of omega.T; with n_f = d the shapes still "
                 "fit, but feature i must be ω_i·x, the dot product with row i of omega", "x @ omega.T",
                 lambda: _features(x, omega, "transposed")),
-        Mistake("exp missing: features not positive", "you returned the exponent ω·x − |x|²/2 (divided by √r) "
+        Mistake("exp missing: features not positive", "you returned the exponent ω·x − |x|²/2 (divided by √n_f) "
                 "without taking exp, so features are negative", _RF_FIX, lambda: _features(x, omega, "no_exp")),
         Mistake("trigonometric features instead of positive ones", "you returned sin and cos features (the random "
                 "Fourier features of the Gaussian kernel): they take negative values, and the docstring asks for "
-                "r positive features", _RF_FIX, lambda: _features(x, omega, "trig")),
+                "n_f positive features", _RF_FIX, lambda: _features(x, omega, "trig")),
     ]
 
 
@@ -525,16 +548,16 @@ def _aligned(seed: int) -> tuple[Tensor, Tensor]:
     return x.float(), omega.float()
 
 
-_RF_CASES = [("x (5, 4), Ω (16, 4)", ((5, 4), 16), 1.0),
+_RF_CASES = [("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1.0),
+             ("x (5, 4), Ω (16, 4)", ((5, 4), 16), 1.0),
              ("x (2, 3, 6, 4) (batch × heads), Ω (8, 4)", ((2, 3, 6, 4), 8), 1.0),
-             ("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1.0),
              ("x (3, 5), Ω (1, 5) (one feature)", ((3, 5), 1), 1.0),
              ("x (6, 8) of norm ≈ 4, Ω (32, 8)", ((6, 8), 32), 1.5),
              ("x (4, 5) in float32, Ω (10, 5)", ((4, 5), 10), 1.0)]
 
 
 @check("positive_random_features",
-       expects="a function positive_random_features(x, omega) returning a tensor (..., n, r)")
+       expects="a function positive_random_features(x, omega) returning a tensor (..., n, n_f)")
 def check_positive_random_features(fn: Learner) -> str:
     cases = []
     for i, (label, (shape, r), scale) in enumerate(_RF_CASES):
@@ -558,11 +581,11 @@ def check_positive_random_features(fn: Learner) -> str:
                      cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
                            "underflows to 0) separately before multiplying, so inf · 0 = NaN",
                      fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
-        expect_close(out, expected, tried=tried, **_tol(x.dtype), mistakes=mistakes,
-                     oracle="exp(x Ωᵀ − |x|²/2) / √r in float64", fix=_RF_FIX,
-                     factors={"√r": math.sqrt(omega.shape[0]), "r": float(omega.shape[0])})
+        _expect_close(out, expected, tried=tried, dtype=x.dtype, mistakes=mistakes,
+                     oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64", fix=_RF_FIX,
+                     factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
         _expect_dtype(out, x.dtype, tried)
-    return (f"matches exp(ω·x − |x|²/2)/√r on {len(cases)} cases (batch × heads, r = d, one feature, float32, "
+    return (f"matches exp(ω·x − |x|²/2)/√n_f on {len(cases)} cases (batch × heads, n_f = d, one feature, float32, "
             "exponents that overflow when split)")
 
 
@@ -591,7 +614,7 @@ def _sparse_tiles(q, k, v, layout, b, mistake: str) -> Tensor:
         l, acc = torch.zeros_like(m), torch.zeros(qs.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
         for kb in layout[qb].nonzero().flatten().tolist():
             s = qs @ k[..., kb * b:(kb + 1) * b, :].transpose(-2, -1)
-            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            m_new = torch.maximum(m, s.amax(keepdim=True) if mistake == "tile_max" else s.amax(-1, keepdim=True))
             p = torch.exp(s - m_new)
             corr = torch.exp(m - m_new)
             if mistake == "tile_softmax":
@@ -616,6 +639,9 @@ def _sparse_mistakes(q, k, v, layout, b) -> list[Mistake]:
         Mistake("skipped tiles kept with weight", "the skipped tiles' scores were set to 0 instead of being left "
                 "out, so their keys still get weight exp(0 − m)", "leave the skipped tiles out of the softmax "
                 "entirely (or mask them with −inf)", lambda: _zero_filled(q, k, v, mask)),
+        Mistake("one running maximum for all rows", "you took the maximum over the whole tile (amax without dim=-1), "
+                "so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
+                "row: s.amax(dim=-1, keepdim=True)", lambda: _sparse_tiles(q, k, v, layout, b, "tile_max")),
         Mistake("scores not scaled", "you did not multiply q kᵀ by 1/√d_k", "scale the scores by 1 / math.sqrt(d_k)",
                 lambda: _sdpa(q, k, v, mask, scale=1.0)),
         Mistake("divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)",
@@ -649,7 +675,8 @@ _SPARSE_CASES = [
     ("q, k, v (2, 3, 24, 4) (batch × heads), tiles of 4", ((2, 3), 24, 24, 4, 4), 4),
     ("q (21, 4), k (30, 4), v (30, 2): n not a multiple of the block (tiles of 8)", ((), 21, 30, 4, 2), 8),
     ("q, k (10, 3), v (10, 2), tiles of 1", ((), 10, 10, 3, 2), 1),
-    ("q, k (2, 20, 4) with scores in the hundreds, v (2, 20, 3), tiles of 4", ((2,), 20, 20, 4, 3), 4),
+    ("q, k (2, 20, 4) with scores in the hundreds and query 0's in the tens of thousands (each row needs its own "
+     "maximum), v (2, 20, 3), tiles of 4", ((2,), 20, 20, 4, 3), 4),
     ("q, k (2, 16, 8), v (2, 16, 4) in float32, tiles of 4", ((2,), 16, 16, 8, 4), 4),
 ]
 
@@ -660,11 +687,13 @@ def check_block_sparse_attention(fn: Learner) -> str:
     for i, (label, (lead, n_q, n_k, d_k, d_v), b) in enumerate(_SPARSE_CASES):
         dtype = torch.float32 if "float32" in label else torch.float64
         q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if "hundreds" in label else 1.0, dtype=dtype)
+        if "hundreds" in label:
+            q[..., 0, :] *= 100.0
         layout = _layout(-(-n_q // b), -(-n_k // b), 510 + i)
         tried = f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
         out = as_tensor(fn(q, k, v, layout, b), tried=tried)
         expected = _sdpa(q, k, v, _layout_mask(layout, b, n_q, n_k))
-        expect_close(out, expected, tried=tried, **_tol(dtype), mistakes=_sparse_mistakes(q, k, v, layout, b),
+        _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=_sparse_mistakes(q, k, v, layout, b),
                      oracle="F.scaled_dot_product_attention with the layout's mask", fix=_SPARSE_FIX,
                      factors={"√d_k": math.sqrt(d_k)})
         _expect_dtype(out, dtype, tried)
@@ -677,6 +706,14 @@ def check_block_sparse_attention(fn: Learner) -> str:
     dense = 2.0 * n * n * (d_k + d_v)
     flops = float(seen.get("flops", 0.0))
     full = [tuple(s) for s in seen.get("shapes", []) if len(s) >= 2 and tuple(s[-2:]) == (n, n)]
+    fused = [op for op in seen.get("ops", []) if "scaled_dot_product" in op or "multi_head_attention" in op]
+    if fused:
+        fail("skipped blocks still computed: a fused attention call", tried=tried,
+             got=f"a call to {fused[0]} (with the layout as a mask, presumably)",
+             expected=f"only the {int(layout.sum())} tiles of {layout.numel()} the layout keeps, computed by your loop",
+             cause="the values are right, but the fused kernel computes every tile of the score matrix and masks "
+                   "the skipped ones afterwards: the work is dense",
+             fix="loop over layout[i].nonzero() for each query block i and compute only those tiles with @")
     if flops > needed * 1.05 or full:
         shown = f"{flops:.0f} matrix-multiply FLOPs ({flops / dense:.0%} of dense attention's)"
         fail("skipped blocks still computed", tried=tried,

@@ -38,7 +38,8 @@ from . import cells
 from .boundary import (DEFAULT_TIMEOUT, RECORD_ENV, WALL_FACTOR, Clock, Learner, LearnerNotAttempted, LearnerRaised,
                        LearnerTimedOut, LocalSession, MachineBusy, RecordingSession, ReplayMismatch, ReplaySession,
                        Session, capped_timeout)
-from .compare import Failure, Mistake, as_tensor, expect_close, expect_equal, expect_finite, expect_shape, fail, fmt
+from .compare import (Failure, Mistake, as_tensor, expect_close, expect_equal, expect_finite, expect_shape,
+                      explain_exception, fail, fmt)
 from .result import CheckResult, Diagnosis, Status
 
 __all__ = [
@@ -182,6 +183,8 @@ def learner_error(exc: LearnerRaised | LearnerTimedOut, *, tried: str = "", expe
                              "use Run ▸ Run All Above Selected Cell)")
     if exc.type_name in ("SystemExit", "KeyboardInterrupt") or not exc.type_name.endswith(("Error", "Exception", "Warning")):
         cause = cause or f"your code raised {exc.type_name}, which stops programs rather than reporting a problem"
+    if not cause and (known := explain_exception(exc.type_name, exc.message)):
+        cause, fix = known[0], fix or known[1]
     return Diagnosis(f"your code raised {exc.type_name}", tried=tried, got=got, expected=expected,
                      cause=cause, fix=fix or ("fix the line shown above" if where else "read the error message: it names what went wrong"))
 

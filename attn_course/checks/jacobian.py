@@ -368,7 +368,7 @@ _VJP_FORMULA = "p * (grad - (grad * p).sum(-1, keepdim=True))"
 
 def _vjp_mistakes(p: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
     dot = (g * p).sum(-1, keepdim=True)
-    fix = f"∂L/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}"
+    fix = f"∂ℒ/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}"
     return [
         Mistake("grad returned unchanged", "you returned the upstream gradient as it is: the gradient with respect to "
                 "the scores is grad multiplied by the softmax Jacobian", fix, lambda: g.clone()),
@@ -478,14 +478,14 @@ def _explain_vjp(out: torch.Tensor, p: torch.Tensor, g: torch.Tensor, tried: str
         fail("rows do not sum to 0", tried=tried,
              got=f"rows of your result sum to {fmt(float(sums.min()))} … {fmt(float(sums.max()))}",
              expected="every row summing to 0 (Σ_i p_i (g_i − ⟨g, p⟩) = ⟨g, p⟩ − ⟨g, p⟩ = 0)",
-             fix=f"∂L/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}")
+             fix=f"∂ℒ/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}")
 
 
 def _vjp_tried(name: str, p: torch.Tensor, g: torch.Tensor) -> str:
     return f"{name} on {describe_input(p, 'p')} and {describe_input(g, 'grad')}"
 
 
-@check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂L/∂z shaped like p")
+@check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂ℒ/∂z shaped like p")
 def check_softmax_vjp(fn: Learner) -> str:
     run, ruled = TensorOrArray(fn), RuledOut()
     cases = _vjp_cases()
@@ -502,13 +502,13 @@ def check_softmax_vjp(fn: Learner) -> str:
                 hint = _works_elsewhere(tuple(p.shape), [
                     (tuple(c.shape), lambda c=c, h=h: same_as(run(c, h), _oracle_vjp(c, h), atol=1e-5))
                     for c, h in cases if c.ndim not in passed_ndims]) or hint
-            raise Failure(learner_error(exc, tried=tried, expected="∂L/∂z shaped like p", **hint)) from None
+            raise Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z shaped like p", **hint)) from None
         out = as_tensor(result, tried=tried)
         expect_floating(out, p.dtype, tried=tried)
         atol = 1e-6 * max(1.0, float(g.abs().max()))
         compare(out, _oracle_vjp(p, g), tried=tried, what="your result", mistakes=_vjp_mistakes(p, g), atol=atol,
                 rtol=1e-4, ruled_out=ruled, explain=lambda o, p=p, g=g: _explain_vjp(o, p, g, tried),
-                shape_fix="∂L/∂z has the shape of p")
+                shape_fix="∂ℒ/∂z has the shape of p")
         passed_ndim = max(passed_ndim, p.ndim)
         passed_ndims.add(p.ndim)
         passed_n.add(p.shape[-1])
@@ -521,7 +521,7 @@ def check_softmax_vjp(fn: Learner) -> str:
     try:
         cost = fn.observe("softmax_vjp_cost", big_s, big_g, run.mode == "numpy")
     except (LearnerRaised, LearnerTimedOut) as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="∂L/∂z in O(n)",
+        raise Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z in O(n)",
                                     cause="" if isinstance(exc, LearnerRaised) else
                                     f"at n = {BIG_N} your function needs far more than O(n) work")) from None
     _quadratic(cost, "your softmax_vjp", tried, fix=f"do not form J: {_VJP_FORMULA}")
@@ -634,7 +634,7 @@ def _backward_error(exc: LearnerRaised, tried: str, z: torch.Tensor, passed_ndim
     hint: dict[str, str] = {}
     if "invalid gradient" in exc.message or "expected shape" in exc.message:
         hint = dict(cause="backward returned a gradient whose shape is not the shape of z",
-                    fix="return ∂L/∂z shaped like z: p * (grad - (grad * p).sum(-1, keepdim=True))")
+                    fix="return ∂ℒ/∂z shaped like z: p * (grad - (grad * p).sum(-1, keepdim=True))")
     elif "saved_tensors" in exc.code and "unpack" in exc.message:
         hint = dict(cause="ctx.saved_tensors holds nothing: your forward did not save p",
                     fix="in forward, call ctx.save_for_backward(p) before returning p")
@@ -645,7 +645,7 @@ def _backward_error(exc: LearnerRaised, tried: str, z: torch.Tensor, passed_ndim
         hint = raised_hint(exc, signature="forward(ctx, z) and backward(ctx, grad)", batched=z.ndim > passed_ndim >= 1)
         if probe_worth(hint):
             hint = _works_elsewhere(tuple(z.shape), others or []) or hint
-    return Failure(learner_error(exc, tried=tried, expected="∂L/∂z shaped like z", **hint))
+    return Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z shaped like z", **hint))
 
 
 @check("SoftmaxFunction", kind="class",
@@ -710,11 +710,11 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
             raise _backward_error(exc, tried, z, passed_ndim, others) from None
         if grads is None:
             fail("no gradient reaches z", tried=tried, got="the output of apply(z) does not depend on z through autograd",
-                 expected="∂L/∂z from your backward",
+                 expected="∂ℒ/∂z from your backward",
                  fix="return p from forward as computed from z (no .detach(), no torch.no_grad())")
         if grads[0] is None:
             fail("backward returned None", tried=tried, got="None as the gradient for z",
-                 expected="∂L/∂z, a tensor shaped like z", fix=f"end backward with return {_VJP_FORMULA}")
+                 expected="∂ℒ/∂z, a tensor shaped like z", fix=f"end backward with return {_VJP_FORMULA}")
         grad = as_tensor(grads[0], tried=tried, what="backward's gradient")
         p = torch.softmax(z.double(), -1)
         g64 = g.double()
@@ -722,7 +722,7 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
         compare(grad, _oracle_vjp(p, g64), tried=tried, what="backward's gradient",
                 mistakes=_saved_mistakes(z, g64) + _vjp_mistakes(p, g64), atol=atol, rtol=1e-4, ruled_out=ruled,
                 explain=lambda o, p=p, g64=g64, z=z: _explain_vjp(o, p, g64, tried, z=z),
-                shape_fix="backward returns ∂L/∂z shaped like z")
+                shape_fix="backward returns ∂ℒ/∂z shaped like z")
         passed_ndim = max(passed_ndim, z.ndim)
         passed_ndims.add(z.ndim)
         if z.dtype == torch.float64:

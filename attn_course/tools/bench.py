@@ -27,7 +27,7 @@ __all__ = ["configure", "options_from_args", "run", "main"]
 PROG = "python -m attn_course bench"
 DESCRIPTION = ("Time naive, tiled, SDPA (each backend), torch.compile and Triton attention on this machine's "
                "best device; check each against float64 first; write CSV, JSON and plots.")
-QUICK = "under a minute on a 2-core CPU, busy or not"
+QUICK = "about a minute on a 2-core CPU, even a busy one"
 EPILOG = (f"Examples: `python -m attn_course bench --quick` ({QUICK}); on a GPU, record results for the course "
           "with `python scripts/gpu_finale.py` (docs/gpu-results.md), which writes docs/results/<gpu-name>/.")
 
@@ -58,6 +58,9 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--max-run-time", type=float,
                    help="seconds after which a measurement whose spread (IQR) is still over 10%% of its median stops "
                         "and is marked unstable (default: 10 × --min-run-time, at least 1)")
+    p.add_argument("--roofline-size", type=int, default=2048,
+                   help="CPU only: the size of the square matmul whose measured GFLOP/s is the roofline for %% of peak "
+                        "(default 2048)")
     p.add_argument("--threads", type=int,
                    help="CPU only: torch threads (default: torch's own setting; 1 when the machine is busier than it "
                         "has cores, and the run says so)")
@@ -96,7 +99,8 @@ def options_from_args(args: argparse.Namespace) -> benchmark.BenchOptions:
         None if kind == "cuda" else (_memory_total() or 8e9) / 2)
     changes = dict(ns=args.n, head_dims=args.head_dims, dtypes=args.dtypes, modes=args.modes, impls=args.impls,
                    tokens=args.tokens, hidden=args.hidden, tiled_block=args.tiled_block,
-                   min_run_time=args.min_run_time, max_run_time=args.max_run_time, threads=args.threads)
+                   min_run_time=args.min_run_time, max_run_time=args.max_run_time, threads=args.threads,
+                   roofline_size=args.roofline_size)
     values = {**vars(preset), **{k: v for k, v in changes.items() if v is not None}}
     values.update(causal={"both": [False, True], "yes": [True], "no": [False]}[args.causal], max_memory=max_memory)
     return benchmark.BenchOptions(**values)
@@ -131,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    print(f"# {timing.device_name(options.device)} · torch {torch.__version__}"
-          + (f" · triton {timing.triton_version()}" if timing.triton_version() else " · no triton"))
     results, info = benchmark.run_sweep(options, progress=not args.no_progress)
+    print(f"# {info['device']} · torch {torch.__version__}"  # the device as measured (threads included)
+          + (f" · triton {timing.triton_version()}" if timing.triton_version() else " · no triton"))
     info["wall_s"] = round(time.perf_counter() - started, 1)
     print(benchmark.results_table(results))
     unstable = sum(1 for r in results if r.stable is False)

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from ..tables import Row, _cells, format_table  # the text table lives with the learner runtime
+from ..tables import Row, row_cells, format_table  # the text table lives with the learner runtime
 
 __all__ = ["format_table", "write_csv", "write_json", "to_plain"]
 
@@ -82,7 +82,7 @@ def write_csv(path: str | os.PathLike, rows: Iterable[Row], fields: Sequence[str
         writer = csv.writer(f)
         writer.writerow(fields)
         for row in rows:
-            writer.writerow([cell(v) for v in _cells(row, fields)])
+            writer.writerow([cell(v) for v in row_cells(row, fields)])
 
     return _replace(Path(path), write, encoding="utf-8-sig", newline="")
 

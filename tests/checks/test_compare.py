@@ -146,23 +146,11 @@ def test_an_index_that_drops_an_axis_is_named_as_an_index_not_a_reduction():
     assert "index that picks one entry" in d.cause  # shapes alone: both readings are offered
 
 
-def test_rows_each_off_by_their_own_factor_or_constant_are_named():
-    rows = torch.tensor([[2.0], [3.0], [0.5]], dtype=torch.float64)
-    got, exp, cause, summary = describe_mismatch(E * rows, E)
-    assert "its own factor" in summary and "normalisation" in cause and exp != "the expected values"
-    got, exp, cause, summary = describe_mismatch(E + rows, E)
-    assert "its own constant" in summary and "maximum, mean or logsumexp" in cause
-
-
-def test_nan_inf_and_a_constant_shift_name_a_cause():
-    nan = E.clone()
-    nan[1, 1] = math.nan
-    assert describe_mismatch(nan, E)[2]
+def test_inf_is_counted_in_words_and_named_an_overflow():
     inf = E.clone()
     inf[0, 0] = math.inf
     got, _, cause, _ = describe_mismatch(inf, E)
     assert "inf in 1 entry " in got and "overflow" in cause
-    assert "adds the same constant" in describe_mismatch(E + 0.5, E)[2]
 
 
 def test_expected_never_says_only_the_expected_values():

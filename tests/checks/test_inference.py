@@ -473,6 +473,28 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
     return fn
 
 
+def window_from_first_key(q, k, v, window, block_size):
+    """Key blocks that start at the window's first key and stop at the query block's end (the last one shorter):
+    what the docstring allows besides 09's grid."""
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        qb = q[..., qs:qe, :] * scale
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(max(0, qs - window + 1), qe, block_size):
+            ke = min(ks + block_size, qe)
+            r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+            s = (qb @ k[..., ks:ke, :].mT).masked_fill((c > r) | (c <= r - window), -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha, p = torch.exp(m - safe), torch.exp(s - safe)
+            l, acc, m = l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v[..., ks:ke, :], m_new
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
 def window_rowwise(q, k, v, window, block_size):
     """One query at a time over exactly its window: fewer FLOPs than tiles, but no (block, block) tile at all."""
     n, out = q.shape[-2], []
@@ -484,7 +506,7 @@ def window_rowwise(q, k, v, window, block_size):
 
 
 @pytest.mark.parametrize("fn", [ref.sliding_window_attention, window_tiled(), window_tiled(fill=-1e4),
-                                window_tiled(fill="finfo"), window_tiled(unaligned=True)])
+                                window_tiled(fill="finfo"), window_tiled(unaligned=True), window_from_first_key])
 def test_check_window_attention_accepts(fn, accepts):
     accepts(check_sliding_window_attention, fn)
 

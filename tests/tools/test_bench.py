@@ -22,7 +22,9 @@ def test_help_through_the_course_cli(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m attn_course bench") and "--quick" in out and "--out" in out
-    assert "docs/results" in out  # the epilog says how to record a GPU's results
+    assert "docs/results" in out and "gpu_finale.py" in out  # the epilog says how to record a GPU's results
+    assert " ".join(out.split()).count(bench.QUICK) == 2  # one stated duration for --quick, in its help and in the examples
+    assert "--threads" in out and "--max-run-time" in out
 
 
 def test_arguments_override_the_preset_and_nothing_else():
@@ -51,7 +53,7 @@ def test_cli_writes_stamped_csv_json_and_plots(tmp_path, capsys):
                      "--out", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert "naive" in printed and "wrote" in printed and "peaks: no peak for CPUs" in printed
+    assert "naive" in printed and "wrote" in printed and "peaks: this CPU's measured float32 matmul" in printed
     raw = (tmp_path / "attention-bench.csv").read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf")  # the package's CSV: UTF-8 with a byte-order mark
     rows = list(csv.DictReader((tmp_path / "attention-bench.csv").open(encoding="utf-8-sig")))

@@ -26,6 +26,7 @@ RIGHT = {"attention": ATTENTION, "score_matrix_bytes": BYTES}
 WRONG = {"attention": WRONG_ATTENTION, "score_matrix_bytes": BYTES}
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_patching_torch_in_the_learners_process_changes_no_reference_and_is_caught(tmp_path):
     """The check draws its inputs with torch.randn in the learner's process; patched there (through
     ``vars()``, which no source flag looks for), the record answers other questions than the check asks
@@ -45,6 +46,7 @@ def test_patching_torch_in_the_learners_process_changes_no_reference_and_is_caug
     assert any("replaces a library attribute" in f for f in rows["attention"].flags), rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_check_cell_replaced_by_a_displayed_pass_changes_nothing(tmp_path):
     from attn_course.checks.result import CheckResult, Status
 
@@ -55,6 +57,7 @@ def test_a_check_cell_replaced_by_a_displayed_pass_changes_nothing(tmp_path):
     assert rows["attention"].status == "failed", rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_pickle_in_a_forged_log_is_never_unpickled_by_the_grader(tmp_path):
     marker = tmp_path / "unpickled-in-the-grader"
     forge = ("import os, numpy as np\nimport attn_course.checks.attention as c\n"
@@ -70,6 +73,7 @@ def test_a_pickle_in_a_forged_log_is_never_unpickled_by_the_grader(tmp_path):
     assert not marker.exists(), "the grader unpickled the learner's log"
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_huge_output_is_discarded_and_grading_goes_on(tmp_path):
     flood = ("import os, sys\nchunk = 'x' * 2**20\n"
              "for _ in range(150):\n    sys.stdout.write(chunk)\n    os.write(2, chunk.encode())\n"

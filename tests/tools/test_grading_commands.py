@@ -121,6 +121,7 @@ def test_a_file_planted_by_a_subprocess_is_noticed_and_attributed(tmp_path):
         in summary, summary
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_assigned_notebooks_decide_the_table_and_an_extra_notebook_adds_no_rows(tmp_path):
     root = tmp_path / "class"
     write(correct(), root / "ada" / f"{NOTEBOOK_05}.ipynb")

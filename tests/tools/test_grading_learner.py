@@ -24,6 +24,7 @@ def test_a_cells_error_names_the_line_in_the_cell():
                                                                         "line": 4}
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_sleeping_cells_are_interrupted_and_exits_do_not_end_the_run():
     limits = Limits(**{**TEST_LIMITS.__dict__, "cell_timeout": 1.0})
     cells = [PlanCell("added", "import time\ntime.sleep(600)"), PlanCell("added", "raise SystemExit(3)"),

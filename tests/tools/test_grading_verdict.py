@@ -30,23 +30,27 @@ def _status(rows, exercise="attention"):
 
 
 # ---------------------------------------------------------------------------------------- honest work
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_correct_answers_pass_without_flags(tmp_path):
     rows = grade_notebook(correct(), tmp_path)
     assert [r.status for r in rows.values()] == ["passed", "passed"], rows_text(rows)
     assert not any(r.flags for r in rows.values()), rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_unfilled_notebook_is_not_attempted(tmp_path):
     rows = grade_notebook(learner_notebook(), tmp_path)
     assert {r.status for r in rows.values()} == {"not attempted"}, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_wrong_answer_fails_with_the_checks_own_summary(tmp_path):
     rows = grade_notebook(learner_notebook(answers=WRONG), tmp_path)
     assert _status(rows) == "failed" and rows["score_matrix_bytes"].status == "passed", rows_text(rows)
     assert "√d_k" in rows["attention"].message or "scale" in rows["attention"].message, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_syntax_error_is_reported_with_its_line(tmp_path):
     broken = ATTENTION.replace("scale = 1.0 / math.sqrt(K.shape[-1])", "scale = 1.0 / math.sqrt(K.shape[-1]")
     rows = grade_notebook(learner_notebook(answers={"attention": broken}), tmp_path)
@@ -55,12 +59,14 @@ def test_a_syntax_error_is_reported_with_its_line(tmp_path):
     assert "NameError" not in rows["attention"].message
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_exercise_cell_that_defines_another_name_says_so(tmp_path):
     rows = grade_notebook(learner_notebook(answers={"attention": ATTENTION.replace("def attention", "def atention")}),
                           tmp_path)
     assert _status(rows) == "failed" and "does not define `attention`" in rows["attention"].message, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_exercise_cell_that_raises_says_which_error_and_line(tmp_path):
     source = "helper = undefined_thing\n" + ATTENTION
     rows = grade_notebook(learner_notebook(answers={"attention": source}), tmp_path)
@@ -68,6 +74,7 @@ def test_an_exercise_cell_that_raises_says_which_error_and_line(tmp_path):
     assert _status(rows) == "failed" and "NameError in line 1" in message and "never defined" in message, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_deleted_exercise_cell_is_not_attempted_but_an_answer_elsewhere_counts(tmp_path):
     rows = grade_notebook(learner_notebook(answers=RIGHT, drop=("attention",)), tmp_path)
     assert _status(rows) == "not attempted" and "no exercise cell" in rows["attention"].message, rows_text(rows)
@@ -76,6 +83,7 @@ def test_a_deleted_exercise_cell_is_not_attempted_but_an_answer_elsewhere_counts
     assert _status(grade_notebook(moved, tmp_path / "b")) == "passed"
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_keyboard_interrupt_from_the_learner_is_not_called_a_timeout(tmp_path):
     source = ATTENTION.replace("    scale =", "    raise KeyboardInterrupt\n    scale =")
     rows = grade_notebook(learner_notebook(answers={"attention": source}), tmp_path)
@@ -83,12 +91,14 @@ def test_keyboard_interrupt_from_the_learner_is_not_called_a_timeout(tmp_path):
     assert _status(rows) == "failed" and "KeyboardInterrupt" in message and "stopped after" not in message, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_error_whose_text_says_not_attempted_is_a_failure(tmp_path):
     source = ATTENTION.replace("    scale =", "    raise ValueError('not attempted yet')\n    scale =")
     rows = grade_notebook(learner_notebook(answers={"attention": source}), tmp_path)
     assert _status(rows) == "failed" and "ValueError" in rows["attention"].message, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_the_instructors_call_limit_reaches_the_learners_process(tmp_path):
     """`grade --call-timeout`: the learner process's checks run under the lower limit (that the boundary
     applies it is tests/tools/test_grading_learner.py's; a test of the limit striking would depend on
@@ -103,6 +113,7 @@ def test_the_instructors_call_limit_reaches_the_learners_process(tmp_path):
     assert _status(free) == "passed", rows_text(free)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_exercise_cell_that_never_ends_is_stopped_and_the_rest_graded(tmp_path):
     nb = learner_notebook(answers={"attention": "import time\ntime.sleep(600)\n" + ATTENTION, "score_matrix_bytes": BYTES})
     limits = Limits(**{**TEST_LIMITS.__dict__, "cell_timeout": 1.0})
@@ -112,6 +123,7 @@ def test_an_exercise_cell_that_never_ends_is_stopped_and_the_rest_graded(tmp_pat
 
 
 # ---------------------------------------------------------------------------------------- issue 14's cheats
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_replacing_the_check_before_its_cell_imports_it_passes_nothing(tmp_path):
     patch = ("import attn_course.checks.attention as checks\n"
              "checks.check_attention = lambda *a, **k: print('✓ attention: passed')")
@@ -121,6 +133,7 @@ def test_replacing_the_check_before_its_cell_imports_it_passes_nothing(tmp_path)
     assert any("course's code" in f for f in rows["attention"].flags)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_replacing_a_shared_comparison_helper_does_not_pass_a_wrong_answer(tmp_path):
     patch = ("import attn_course.checks.compare as compare, attn_course.checks.attention as a\n"
              "compare.expect_close = a.expect_close = lambda *args, **kwargs: None\n"
@@ -129,6 +142,7 @@ def test_replacing_a_shared_comparison_helper_does_not_pass_a_wrong_answer(tmp_p
     assert _status(rows) == "failed", rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_custom_exception_handler_printing_ticks_changes_nothing(tmp_path):
     patch = ("ip = get_ipython()\n"
              "ip.set_custom_exc((BaseException,), lambda shell, etype, value, tb, tb_offset=None: print('✓ passed'))")
@@ -137,6 +151,7 @@ def test_a_custom_exception_handler_printing_ticks_changes_nothing(tmp_path):
     assert any("exception handler" in f for f in rows["attention"].flags)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_input_transformer_rewriting_later_cells_passes_nothing(tmp_path):
     patch = ("def rewrite(lines):\n"
              "    return ['print(\"✓ attention: passed\")\\n'] if any('check_' in l for l in lines) else lines\n"
@@ -146,6 +161,7 @@ def test_an_input_transformer_rewriting_later_cells_passes_nothing(tmp_path):
     assert any("input transformer" in f for f in rows["attention"].flags)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_results_built_to_fool_comparisons_are_compared_as_plain_data(tmp_path):
     liar = '''
 class Liar(torch.Tensor):
@@ -167,6 +183,7 @@ def attention(Q, K, V, mask=None):
     assert any("overrides torch functions" in f for f in rows["attention"].flags)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_forged_result_messages_in_the_output_are_ignored(tmp_path):
     from attn_course.checks.result import CheckResult, Status
 
@@ -177,6 +194,7 @@ def test_forged_result_messages_in_the_output_are_ignored(tmp_path):
     assert _status(rows) == "failed", rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_the_courses_own_function_as_an_answer_is_flagged(tmp_path):
     rows = grade_notebook(learner_notebook(answers={"attention": "from attn_course.attention import attention"}),
                           tmp_path)
@@ -185,6 +203,7 @@ def test_the_courses_own_function_as_an_answer_is_flagged(tmp_path):
     assert "is the course's own attn_course.attention code" in flags, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_an_answer_using_the_course_function_imported_elsewhere_is_flagged(tmp_path):
     nb = learner_notebook(answers={"attention": "def attention(Q, K, V, mask=None):\n    return ref(Q, K, V, mask)"},
                           added=[("before:attention", "from attn_course.attention import attention as ref")])
@@ -194,6 +213,7 @@ def test_an_answer_using_the_course_function_imported_elsewhere_is_flagged(tmp_p
     assert not any("flag" in f for f in rows["score_matrix_bytes"].flags)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_log_forged_with_the_courses_reference_is_flagged(tmp_path):
     forge = ("import os, attn_course.attention as ref\n"
              "from attn_course.checks.attention import check_attention\n"
@@ -205,6 +225,7 @@ def test_a_log_forged_with_the_courses_reference_is_flagged(tmp_path):
     assert "course's code" in flags and "ATTN_COURSE" in flags, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_damaged_log_is_a_failure_and_flagged(tmp_path):
     damage = ("import os\nfrom pathlib import Path\n"
               "import attn_course.checks.attention as c\n"
@@ -213,12 +234,14 @@ def test_a_damaged_log_is_a_failure_and_flagged(tmp_path):
     assert _status(rows) == "failed" and any("damaged or forged" in f for f in rows["attention"].flags), rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_the_learners_check_cells_never_run(tmp_path):
     nb = learner_notebook(answers=WRONG, check_sources={"attention": "print('✓ attention: passed')"})
     rows = grade_notebook(nb, tmp_path)
     assert _status(rows) == "failed", rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 @pytest.mark.skipif(landlock_abi() < 6, reason="signal scoping needs Landlock ABI 6 (Linux 6.12)")
 def test_a_submission_cannot_kill_the_grader(tmp_path):
     killer = ("import os, signal, psutil\n"
@@ -230,6 +253,7 @@ def test_a_submission_cannot_kill_the_grader(tmp_path):
     assert grader().runner._zygotes and all(z.alive() for z in grader().runner._zygotes.values())
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_submission_ending_its_process_still_gets_rows(tmp_path):
     nb = learner_notebook(answers=RIGHT, added=[("attention", "import os\nos._exit(0)")])
     rows = grade_notebook(nb, tmp_path)
@@ -238,6 +262,7 @@ def test_a_submission_ending_its_process_still_gets_rows(tmp_path):
         rows["score_matrix_bytes"].message, rows_text(rows)
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_memory_past_the_limit_stops_the_notebook(tmp_path):
     hog = "import torch\nblocks = []\nwhile True:\n    blocks.append(torch.ones(2**24))"  # 64 MB a step
     limits = Limits(**{**TEST_LIMITS.__dict__, "memory_mb": 700, "address_space_mb": None})
@@ -248,6 +273,7 @@ def test_memory_past_the_limit_stops_the_notebook(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- a bug in a check
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_bug_inside_the_check_is_an_error_not_the_learners_failure(tmp_path):
     path = write(correct(), tmp_path / "ada" / f"{NOTEBOOK_05}.ipynb")
     sub = collect.read_submission(files.Found("ada", path, "ada/05_attention.ipynb"), course())

@@ -36,6 +36,7 @@ def test_each_cell_reports_and_the_learner_process_is_confined():
         assert any(s.startswith("landlock ABI") for s in run.sandbox), run.sandbox
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 @pytest.mark.skipif(not LINUX, reason="process containment is tested on Linux")
 def test_processes_a_submission_starts_are_all_gone_afterwards(tmp_path):
     escape = ("code = 'import os, sys, time\\nif os.fork(): sys.exit(0)\\nos.setsid()\\ntime.sleep(600)'\n"
@@ -65,6 +66,7 @@ def _sleepers() -> list[int]:
     return found
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_the_notebook_limit_stops_a_process_that_ignores_interrupts():
     stubborn = ("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
                 "while True:\n    pass")
@@ -74,6 +76,7 @@ def test_the_notebook_limit_stops_a_process_that_ignores_interrupts():
     assert run.stopped.startswith(("used more than 1.5 s of CPU time", "ran past 4.5 s")) and not run.finished()
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_outputs_are_read_back_without_following_links_or_opening_fifos():
     plant = ("rec = os.environ['ATTN_COURSE_RECORD_DIR']\n"
              "os.symlink('/etc/passwd', rec + '/attention.npz')\n"
@@ -86,6 +89,7 @@ def test_outputs_are_read_back_without_following_links_or_opening_fifos():
     assert any("symbolic link" in p for p in run.problems) and any("FIFO" in p for p in run.problems), run.problems
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_the_learners_folder_and_log_copies_are_removed():
     private = grader().runner.private
     cells = [PlanCell("added", "open('big.bin', 'wb').write(b'x' * 1000)\n"
@@ -101,6 +105,7 @@ def test_the_learners_folder_and_log_copies_are_removed():
     assert not folder.exists()
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_fork_bomb_is_contained_where_cgroups_are_available():
     probe = _run("raise ValueError(open('/proc/self/cgroup').read())")
     if "attn-grade-" not in probe.progress[1]["error"]["message"] or "pids:" not in probe.progress[1]["error"]["message"]:

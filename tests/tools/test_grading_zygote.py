@@ -16,6 +16,7 @@ from attn_course.tools.grading.zygote import Zygote
 from ._grading import grader
 
 
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_every_job_starts_from_the_same_clean_state():
     """What one learner's process defines or patches is gone for the next: each is a fresh fork."""
     runner = grader().runner

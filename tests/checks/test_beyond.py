@@ -1,0 +1,398 @@
+"""Checks of notebook 13 (attn_course.checks.beyond): every mistake the checks name is rejected with that
+diagnosis, correct alternatives (einsum, cumsum instead of a loop, float64 inside, other chunk sizes, a
+gather of the kept key blocks…) are accepted, and both verdicts survive record → replay (the fixtures).
+
+The answers below are written as a learner would type them, independently of the checks' own variants."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attn_course.checks.beyond import (check_block_sparse_attention, check_causal_linear_attention,
+                                       check_chunked_linear_attention, check_linear_attention,
+                                       check_positive_random_features)
+from attn_course.checks.result import Status
+from tests.checks.test_voice import assert_voice
+
+
+def phi(x):
+    return F.elu(x) + 1
+
+
+# ============================================================================ linear attention
+def lin_ref(q, k, v):
+    fq, fk = phi(q), phi(k)
+    return (fq @ (fk.transpose(-2, -1) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def lin_einsum(q, k, v):
+    fq, fk = phi(q), phi(k)
+    kv = torch.einsum("...jd,...je->...de", fk, v)
+    return torch.einsum("...id,...de->...ie", fq, kv) / torch.einsum("...id,...d->...i", fq, fk.sum(-2))[..., None]
+
+
+def lin_float64_inside(q, k, v):
+    return lin_ref(q.double(), k.double(), v.double()).to(q.dtype)
+
+
+def lin_where_exp(q, k, v):  # elu + 1 written by hand
+    f = lambda x: torch.where(x > 0, x + 1, torch.exp(x))
+    fq, fk = f(q), f(k)
+    return (fq @ (fk.mT @ v)) / (fq * fk.sum(-2, keepdim=True)).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("answer", [lin_ref, lin_einsum, lin_float64_inside, lin_where_exp])
+def test_linear_attention_accepts(accepts, answer):
+    accepts(check_linear_attention, answer)
+
+
+def lin_no_norm(q, k, v):
+    return phi(q) @ (phi(k).mT @ v)
+
+
+def lin_identity(q, k, v):
+    return (q @ (k.mT @ v)) / (q @ k.sum(-2).unsqueeze(-1))
+
+
+def lin_elu(q, k, v):
+    fq, fk = F.elu(q), F.elu(k)
+    return (fq @ (fk.mT @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def lin_relu(q, k, v):
+    fq, fk = torch.relu(q), torch.relu(k)
+    return (fq @ (fk.mT @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def lin_scaled(q, k, v):
+    return lin_ref(q / math.sqrt(q.shape[-1]), k / math.sqrt(q.shape[-1]), v)
+
+
+def lin_quadratic(q, k, v):
+    a = phi(q) @ phi(k).mT
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+def lin_softmax(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v)
+
+
+def lin_float32_state(q, k, v):
+    fq, fk = phi(q), phi(k)
+    kv = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))  # float32 whatever the input
+    kv += fk.mT @ v
+    return (fq.float() @ kv) / (fq.float() @ fk.float().sum(-2).unsqueeze(-1))
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (lin_no_norm, ["normaliser missing"]),
+    (lin_identity, ["φ not positive: no feature map"]),
+    (lin_elu, ["φ not positive: elu(x) without + 1"]),
+    (lin_relu, ["φ = relu"]),
+    (lin_scaled, ["scaled by 1/√d_k"]),
+    (lin_quadratic, ["builds the full 64 × 64 matrix", "O(n²)"]),
+    (lin_softmax, ["softmax attention instead of linear"]),
+    (lin_float32_state, ["computed in float32, not the input's float64"]),
+])
+def test_linear_attention_rejects(rejects, answer, phrases):
+    assert_voice(rejects(check_linear_attention, answer, *phrases))
+
+
+def test_linear_attention_stub_is_not_attempted(rejects, unfinished):
+    rejects(check_linear_attention, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ============================================================================ the recurrence
+def rec_ref(q, k, v):
+    fq, fk = phi(q), phi(k)
+    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.zeros(q.shape[:-2] + (q.shape[-1],), dtype=q.dtype)
+    outs = []
+    for t in range(q.shape[-2]):
+        C = C + torch.einsum("...d,...e->...de", fk[..., t, :], v[..., t, :])
+        u = u + fk[..., t, :]
+        outs.append(torch.einsum("...d,...de->...e", fq[..., t, :], C) / (fq[..., t, :] * u).sum(-1, keepdim=True))
+    return torch.stack(outs, dim=-2)
+
+
+def rec_cumsum(q, k, v):  # the running sums all at once: (n, d_k, d_v) per position, no (n, n) matrix
+    fq, fk = phi(q), phi(k)
+    C = torch.cumsum(fk[..., :, :, None] * v[..., :, None, :], dim=-3)
+    u = torch.cumsum(fk, dim=-2)
+    return (fq[..., None, :] @ C)[..., 0, :] / (fq * u).sum(-1, keepdim=True)
+
+
+def rec_late(q, k, v):  # the classic off-by-one: read, then update
+    fq, fk = phi(q), phi(k)
+    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.zeros(q.shape[:-2] + (q.shape[-1],), dtype=q.dtype)
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for t in range(q.shape[-2]):
+        out[..., t, :] = (fq[..., t, None, :] @ C)[..., 0, :] / (fq[..., t, :] * u).sum(-1, keepdim=True)
+        C = C + fk[..., t, :, None] * v[..., t, None, :]
+        u = u + fk[..., t, :]
+    return out
+
+
+def rec_late_guarded(q, k, v):
+    return torch.nan_to_num(rec_late(q, k, v))
+
+
+def rec_no_norm(q, k, v):
+    fq, fk = phi(q), phi(k)
+    C = torch.cumsum(fk[..., :, :, None] * v[..., :, None, :], dim=-3)
+    return (fq[..., None, :] @ C)[..., 0, :]
+
+
+def rec_reset(q, k, v):
+    return v.clone()  # each position sees only itself: its output is its own value
+
+
+def rec_noncausal(q, k, v):
+    return lin_ref(q, k, v)
+
+
+def rec_quadratic(q, k, v):
+    a = (phi(q) @ phi(k).mT).tril()
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("answer", [rec_ref, rec_cumsum])
+def test_causal_linear_attention_accepts(accepts, answer):
+    accepts(check_causal_linear_attention, answer)
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (rec_late, ["state update off by one", "position 0 sees nothing"]),
+    (rec_late_guarded, ["state update off by one"]),
+    (rec_no_norm, ["normaliser missing"]),
+    (rec_reset, ["state not accumulated"]),
+    (rec_noncausal, ["not causal"]),
+    (rec_quadratic, ["builds the full 40 × 40 matrix"]),
+])
+def test_causal_linear_attention_rejects(rejects, answer, phrases):
+    assert_voice(rejects(check_causal_linear_attention, answer, *phrases))
+
+
+# ============================================================================ chunkwise
+def chunk_ref(q, k, v, chunk_size, *, mistake=""):
+    fq, fk = phi(q), phi(k)
+    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.zeros(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype)
+    outs = []
+    n = q.shape[-2]
+    stop = n - n % chunk_size if mistake == "tail" else n
+    for s in range(0, stop, chunk_size):
+        a_q, a_k, a_v = fq[..., s:s + chunk_size, :], fk[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
+        a = a_q @ a_k.mT
+        a = {"strict": a.tril(-1), "full": a, "upper": a.triu()}.get(mistake, a.tril())
+        if mistake == "early":
+            C, u = C + a_k.mT @ a_v, u + a_k.sum(-2)[..., None]
+        num, den = a @ a_v + a_q @ C, a.sum(-1, keepdim=True) + a_q @ u
+        if mistake == "no_state":
+            num, den = a @ a_v, a.sum(-1, keepdim=True)
+        outs.append(num / den)
+        if mistake != "early":
+            C, u = C + a_k.mT @ a_v, u + a_k.sum(-2)[..., None]
+    out = torch.cat(outs, dim=-2)
+    if mistake == "tail" and stop < n:
+        out = torch.cat([out, torch.zeros(q.shape[:-2] + (n - stop, v.shape[-1]), dtype=q.dtype)], dim=-2)
+    return out
+
+
+def chunk_split_einsum(q, k, v, chunk_size):  # torch.split and einsum, a causal mask built by comparison
+    outs, C, u = [], 0, 0
+    for qc, kc, vc in zip(*(torch.split(t, chunk_size, dim=-2) for t in (phi(q), phi(k), v))):
+        m = qc.shape[-2]
+        keep = torch.arange(m)[:, None] >= torch.arange(m)[None, :]
+        a = torch.einsum("...id,...jd->...ij", qc, kc) * keep
+        num = a @ vc + (qc @ C if torch.is_tensor(C) else 0)
+        den = a.sum(-1, keepdim=True) + (qc @ u if torch.is_tensor(u) else 0)
+        outs.append(num / den)
+        C = C + kc.mT @ vc
+        u = u + kc.sum(-2, keepdim=True).mT
+    return torch.cat(outs, -2)
+
+
+def chunk_float64_inside(q, k, v, chunk_size):
+    return chunk_ref(q.double(), k.double(), v.double(), chunk_size).to(q.dtype)
+
+
+@pytest.mark.parametrize("answer", [chunk_ref, chunk_split_einsum, chunk_float64_inside])
+def test_chunked_linear_attention_accepts(accepts, answer):
+    accepts(check_chunked_linear_attention, answer)
+
+
+def chunk_ignores_size(q, k, v, chunk_size):  # chunks of 1: the recurrence, right values, chunk_size unused
+    return rec_ref(q, k, v)
+
+
+def chunk_one_block(q, k, v, chunk_size):
+    return rec_quadratic(q, k, v)
+
+
+@pytest.mark.parametrize("mistake,phrases", [
+    ("early", ["chunk counted twice"]),
+    ("strict", ["diagonal left out inside a chunk"]),
+    ("full", ["no causal mask inside a chunk"]),
+    ("upper", ["upper triangle"]),
+    ("no_state", ["state not carried across chunks"]),
+    ("tail", ["last, shorter chunk"]),
+])
+def test_chunked_linear_attention_rejects(rejects, mistake, phrases):
+    answer = lambda q, k, v, chunk_size: chunk_ref(q, k, v, chunk_size, mistake=mistake)
+    assert_voice(rejects(check_chunked_linear_attention, answer, *phrases))
+
+
+def test_chunked_linear_attention_rejects_work_of_the_wrong_shape(rejects):
+    assert_voice(rejects(check_chunked_linear_attention, chunk_ignores_size, "not computed in chunks of chunk_size"))
+    assert_voice(rejects(check_chunked_linear_attention, chunk_one_block, "builds the full 48 × 48 matrix"))
+
+
+def test_chunked_last_chunk_garbage_is_named(rejects):
+    def garbage_tail(q, k, v, chunk_size):
+        out = chunk_ref(q, k, v, chunk_size)
+        n = q.shape[-2]
+        if n % chunk_size:
+            out[..., n - n % chunk_size:, :] = 7.0  # rows never written (torch.empty)
+        return out
+
+    assert_voice(rejects(check_chunked_linear_attention, garbage_tail, "last, shorter chunk"))
+
+
+# ============================================================================ random features
+def rf_ref(x, omega):
+    return torch.exp(x @ omega.T - (x ** 2).sum(-1, keepdim=True) / 2) / math.sqrt(omega.shape[0])
+
+
+def rf_einsum_norm(x, omega):
+    w = torch.einsum("...nd,rd->...nr", x, omega)
+    return torch.exp(w - 0.5 * torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2) * omega.shape[0] ** -0.5
+
+
+def rf_log_space(x, omega):  # the 1/√n_f folded into the exponent
+    return torch.exp(x @ omega.mT - (x * x).sum(-1, keepdim=True) / 2 - 0.5 * math.log(omega.shape[0]))
+
+
+def rf_float64_inside(x, omega):
+    return rf_ref(x.double(), omega.double()).to(x.dtype)
+
+
+@pytest.mark.parametrize("answer", [rf_ref, rf_einsum_norm, rf_log_space, rf_float64_inside])
+def test_positive_random_features_accepts(accepts, answer):
+    accepts(check_positive_random_features, answer)
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (lambda x, o: torch.exp(x @ o.T - (x * x).sum(-1, keepdim=True) / 2), ["1/√n_f missing"]),
+    (lambda x, o: torch.exp(x @ o.T - (x * x).sum(-1, keepdim=True) / 2) / o.shape[0], ["divided by n_f instead of √n_f"]),
+    (lambda x, o: torch.exp(x @ o.T) / math.sqrt(o.shape[0]), ["exp(−|x|²/2) missing"]),
+    (lambda x, o: torch.exp(x @ o.T - (x * x).sum(-1, keepdim=True)) / math.sqrt(o.shape[0]), ["|x|² not halved"]),
+    (lambda x, o: torch.exp(x @ o.T + (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]), ["sign of |x|²/2"]),
+    (lambda x, o: (x @ o.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]), ["exp missing"]),
+    (lambda x, o: torch.exp(x @ o - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]),
+     ["projection transposed"]),
+    (lambda x, o: torch.exp(x @ o.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]),
+     ["taken separately", "inf · 0 = NaN"]),
+    (lambda x, o: torch.cat([torch.sin(x @ o.T), torch.cos(x @ o.T)], -1) * torch.exp((x * x).sum(-1, keepdim=True) / 2)
+     / math.sqrt(o.shape[0]), ["trigonometric features"]),
+])
+def test_positive_random_features_rejects(rejects, answer, phrases):
+    assert_voice(rejects(check_positive_random_features, answer, *phrases))
+
+
+# ============================================================================ block-sparse attention
+def bs_ref(q, k, v, layout, block_size):
+    scale = 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    b = block_size
+    for i in range(layout.shape[0]):
+        qb = q[..., i * b:(i + 1) * b, :] * scale
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for j in range(layout.shape[1]):
+            if not layout[i, j]:
+                continue
+            s = qb @ k[..., j * b:(j + 1) * b, :].mT
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - new)
+            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
+            acc = acc * torch.exp(m - new) + p @ v[..., j * b:(j + 1) * b, :]
+            m = new
+        out[..., i * b:(i + 1) * b, :] = acc / l
+    return out
+
+
+def bs_gather(q, k, v, layout, block_size):  # the kept key blocks gathered, one softmax per query block
+    b, outs = block_size, []
+    for i in range(layout.shape[0]):
+        cols = torch.cat([torch.arange(j * b, min((j + 1) * b, k.shape[-2])) for j in layout[i].nonzero().flatten()])
+        s = q[..., i * b:(i + 1) * b, :] @ k[..., cols, :].mT / math.sqrt(q.shape[-1])
+        outs.append(torch.softmax(s, -1) @ v[..., cols, :])
+    return torch.cat(outs, -2)
+
+
+def bs_dense_masked(q, k, v, layout, block_size):
+    mask = layout.repeat_interleave(block_size, 0)[:q.shape[-2]].repeat_interleave(block_size, 1)[:, :k.shape[-2]]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def bs_transposed(q, k, v, layout, block_size):
+    return bs_ref(q, k, v, layout.T.contiguous(), block_size) if layout.shape[0] == layout.shape[1] else \
+        bs_ref(q, k, v, layout, block_size)
+
+
+def bs_all_tiles_then_skip(q, k, v, layout, block_size):  # computes every tile, keeps the layout's
+    b, scale = block_size, 1 / math.sqrt(q.shape[-1])
+    outs = []
+    for i in range(layout.shape[0]):
+        tiles = [(j, q[..., i * b:(i + 1) * b, :] @ k[..., j * b:(j + 1) * b, :].mT * scale)
+                 for j in range(layout.shape[1])]
+        s = torch.cat([t for j, t in tiles if layout[i, j]], -1)
+        cols = torch.cat([torch.arange(j * b, min((j + 1) * b, k.shape[-2])) for j, _ in tiles if layout[i, j]])
+        outs.append(torch.softmax(s, -1) @ v[..., cols, :])
+    return torch.cat(outs, -2)
+
+
+def bs_ref_global_max(q, k, v, layout, block_size):  # amax over the whole tile (every row and batch entry)
+    scale = 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    b = block_size
+    for i in range(layout.shape[0]):
+        qb = q[..., i * b:(i + 1) * b, :] * scale
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for j in layout[i].nonzero().flatten().tolist():
+            s = qb @ k[..., j * b:(j + 1) * b, :].mT
+            new = torch.maximum(m, s.amax())
+            p = torch.exp(s - new)
+            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
+            acc = acc * torch.exp(m - new) + p @ v[..., j * b:(j + 1) * b, :]
+            m = new
+        out[..., i * b:(i + 1) * b, :] = acc / l
+    return out
+
+
+def bs_unscaled(q, k, v, layout, block_size):
+    return bs_ref(q * math.sqrt(q.shape[-1]), k, v, layout, block_size)
+
+
+@pytest.mark.parametrize("answer", [bs_ref, bs_gather])
+def test_block_sparse_attention_accepts(accepts, answer):
+    accepts(check_block_sparse_attention, answer)
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (bs_transposed, ["block layout transposed"]),
+    (bs_dense_masked, ["skipped blocks still computed"]),
+    (bs_all_tiles_then_skip, ["skipped blocks still computed"]),
+    (bs_unscaled, ["scores not scaled"]),
+    (lambda q, k, v, layout, b: bs_ref_global_max(q, k, v, layout, b), ["one running maximum for all rows"]),
+    (lambda q, k, v, layout, b: F.scaled_dot_product_attention(q, k, v), ["layout ignored"]),
+])
+def test_block_sparse_attention_rejects(rejects, answer, phrases):
+    assert_voice(rejects(check_block_sparse_attention, answer, *phrases))
