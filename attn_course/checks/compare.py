@@ -581,9 +581,9 @@ _EXCEPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "compute `{1}` before the line that uses it"),
     ("RuntimeError", r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton dimension (\d+)",
      "two tensors combined entry by entry (+, −, ×, ÷, where) have shapes that do not fit together: sizes {1} and {2} "
-     "meet on one axis. Usually an axis was reduced without keepdim=True, or one operand has its axes in another "
-     "order (a transpose too many or too few)",
-     "print the shapes of both operands on the line shown; keep reduced axes with keepdim=True, or fix the axis order"),
+     "meet on one axis, so the two operands' axes do not line up (an axis lost or added on the way, or axes in "
+     "another order)",
+     "print the shapes of both operands on the line shown and make their axes line up"),
     ("RuntimeError", r"mat1 and mat2 shapes cannot be multiplied \((\w+) and (\w+)\)",
      "a matrix product whose inner sizes differ ({1} @ {2}): an operand is transposed the wrong way, or the "
      "product is written in the wrong order",

@@ -243,7 +243,7 @@ ONE_QUERY_WRONG = [
     W(lambda q, K: (K @ q) * 2, "factor of 2", "2 times"),
     W(lambda q, K: K @ q + 1, "shifted", named=False),
     W(raise_system_exit, "SystemExit"),
-    W(lambda q, K: undefined_name, "NameError", named=False),  # noqa: F821
+    W(lambda q, K: undefined_name, "NameError", named=True),  # noqa: F821  (a NameError explains itself)
     # mistakes a red team found, named from the evidence of every case (review of notebooks 01/02)
     W(loop_over_columns, "columns of K"),
     W(lambda q, K: torch.einsum("dn,d->n", K, q), "columns of K"),
