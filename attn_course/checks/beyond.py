@@ -220,6 +220,13 @@ _NORM_CAUSE = ("you returned φ(q)ᵀ Σ φ(k) vᵀ without dividing by φ(q)ᵀ
                "to 1, so the output grows with the number of keys")
 
 
+_MUL_CAUSE = ("you multiplied by the normaliser φ(q)ᵀ Σ φ(k) instead of dividing by it, so the weights of a row "
+              "sum to its square, not to 1")
+_ONES_CAUSE = ("you created the {what} with torch.ones instead of torch.zeros, so it starts with a sum of 1s before "
+               "any key is added and every position sees keys that do not exist")
+_MUL_FIX = "divide: out = numerator / normaliser"
+
+
 # ============================================================================ exercise 1: linear attention
 _LINEAR_FIX = ("kv = φ(k)ᵀ v (d_k × d_v) and u = Σ_j φ(k_j) (d_k) over the keys, then out = (φ(q) kv) / (φ(q) u): "
                "a matrix product and a row-wise division")
@@ -230,6 +237,8 @@ def _linear_mistakes(q: Tensor, k: Tensor, v: Tensor) -> list[Mistake]:
     return [
         Mistake("normaliser missing", _NORM_CAUSE, "divide by φ(q_i)ᵀ Σ_j φ(k_j), one number per query row",
                 lambda: _kernel(fq, fk, v, normalise=False)),
+        Mistake("multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
+                lambda: _kernel(fq, fk, v, normalise=False) * (fq @ fk.sum(-2)[..., None])),
         *_phi_mistakes(q, k, v, causal=False),
         Mistake("softmax attention instead of linear", "you computed softmax(q kᵀ/√d_k) v: right for softmax "
                 "attention, but this exercise replaces exp(q·k/√d_k) by φ(q)·φ(k)", _LINEAR_FIX,
@@ -260,7 +269,8 @@ def check_linear_attention(fn: Learner) -> str:
         tried = f"linear_attention(q, k, v) on {label}"
         out = as_tensor(fn(q, k, v), tried=tried)
         _expect_close(out, _kernel(_elu1(q), _elu1(k), v), tried=tried, dtype=dtype, mistakes=_linear_mistakes(q, k, v),
-                     oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64", fix=_LINEAR_FIX)
+                     oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64", fix=_LINEAR_FIX,
+                     factors={"n_k": float(n_k)})
         _expect_dtype(out, dtype, tried)
     q, k, v = _qkv((), 64, 64, 3, 2, 120)
     tried = "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds"
@@ -278,20 +288,23 @@ def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
     """The recurrence in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
     n = fq.shape[-2]
-    state = torch.zeros(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
-    norm = torch.zeros(fq.shape[:-2] + (fk.shape[-1],), dtype=torch.float64)
+    state = (torch.ones if mistake == "ones_C" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]),
+                                                                  dtype=torch.float64)
+    norm = (torch.ones if mistake == "ones_u" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1],), dtype=torch.float64)
     rows = []
     for t in range(n):
         before, before_norm = state, norm
-        add = fk[..., t, :, None] * v[..., t, None, :]
-        if mistake == "reset":
-            state, norm = add, fk[..., t, :]
-        else:
-            state, norm = state + add, norm + fk[..., t, :]
+        add = v[..., t, None, :].expand_as(state) if mistake == "no_phik" else fk[..., t, :, None] * v[..., t, None, :]
+        state = add if mistake in ("reset", "reset_C") else state + add
+        norm = fk[..., t, :] if mistake in ("reset", "reset_u") else norm + fk[..., t, :]
         use, use_norm = (before, before_norm) if mistake.startswith("late") else (state, norm)
         num = (fq[..., t, None, :] @ use)[..., 0, :]
-        den = (fq[..., t, :] * use_norm).sum(-1, keepdim=True)
-        if mistake == "late_guarded":
+        den = (fq[..., t, :] * use_norm).sum(0 if mistake == "axis0" else -1, keepdim=True)
+        if mistake in ("no_phiq", "no_u"):
+            den = (use_norm if mistake == "no_phiq" else fq[..., t, :]).sum(-1, keepdim=True)
+        if mistake == "mul":
+            rows.append(num * den)
+        elif mistake == "late_guarded":
             rows.append(torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num)))
         else:
             rows.append(num if mistake == "no_norm" else num / den)
@@ -312,6 +325,30 @@ def _causal_mistakes(q: Tensor, k: Tensor, v: Tensor) -> list[Mistake]:
         Mistake("state not accumulated", "you set the state to φ(k_t) v_tᵀ at every step instead of adding it to "
                 "C_{t−1}, so position t only sees itself (its output is v_t)", _RECUR_FIX,
                 lambda: _recurrence(q, k, v, "reset")),
+        Mistake("state C not accumulated", "you set C to φ(k_t) v_tᵀ at every step instead of adding it to C_{t−1} "
+                "(u is accumulated), so the numerator of position t only sees key t", _RECUR_FIX,
+                lambda: _recurrence(q, k, v, "reset_C")),
+        Mistake("normaliser state u not accumulated", "you set u to φ(k_t) at every step instead of adding it to "
+                "u_{t−1} (C is accumulated), so the normaliser of position t only counts key t", _RECUR_FIX,
+                lambda: _recurrence(q, k, v, "reset_u")),
+        Mistake("state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)",
+                lambda: _recurrence(q, k, v, "ones_C")),
+        Mistake("normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
+                "start from u = torch.zeros(…)", lambda: _recurrence(q, k, v, "ones_u")),
+        Mistake("φ(k_t) missing from the state update", "you added v_t to every row of C instead of φ(k_t) v_tᵀ, so "
+                "the numerator weighs every earlier value by the sum of φ(q_t), not by φ(q_t)·φ(k_j)", _RECUR_FIX,
+                lambda: _recurrence(q, k, v, "no_phik")),
+        Mistake("multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
+                lambda: _recurrence(q, k, v, "mul")),
+        Mistake("normaliser without φ(q_t)", "you divided by the sum of u_t's entries (Σ_{j ≤ t} of every feature of "
+                "φ(k_j)) instead of the dot product φ(q_t)ᵀ u_t", "divide by (φ(q_t) * u).sum(dim=-1, keepdim=True)",
+                lambda: _recurrence(q, k, v, "no_phiq")),
+        Mistake("normaliser without u_t", "you divided by the sum of φ(q_t)'s entries instead of the dot product "
+                "φ(q_t)ᵀ u_t with the running sum of the keys' features", "divide by (φ(q_t) * u).sum(dim=-1, "
+                "keepdim=True)", lambda: _recurrence(q, k, v, "no_u")),
+        Mistake("normaliser summed over axis 0", "you summed φ(q_t) * u over dim=0, which is the feature axis only "
+                "for a single sequence: with batch (and head) axes in front it sums over the batch instead",
+                "sum over the features, the last axis: .sum(dim=-1, keepdim=True)", lambda: _recurrence(q, k, v, "axis0")),
         Mistake("not causal: every position sees the whole sequence", "you summed over all the keys (the "
                 "non-causal form), so position t also sees the keys after it", _RECUR_FIX,
                 lambda: _kernel(fq, fk, v)),
@@ -349,7 +386,7 @@ def _causal_oracle(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[..., list[Mistake]],
-                fix: str, describe: Callable[[Failure, Tensor, Tensor, int], None] | None = None) -> None:
+                fix: str, describe: Callable[..., None] | None = None) -> None:
     for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
         dtype = torch.float32 if "float32" in label else torch.float64
         q, k, v = _qkv(lead, n, n, d_k, d_v, 200 + i, scale=scale, dtype=dtype)
@@ -359,10 +396,11 @@ def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[...,
         expected = _causal_oracle(q, k, v)
         try:
             _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=mistakes_of(q, k, v, *extra),
-                         oracle="causal kernel attention computed densely in float64", fix=fix, axes=None)
+                         oracle="causal kernel attention computed densely in float64", fix=fix, axes=None,
+                         factors={"d_k": float(d_k)})
         except Failure as failure:
             if describe is not None:
-                describe(failure, out, expected, n, *extra)
+                describe(failure, out, expected, n, d_k, *extra)
             raise
         _expect_dtype(out, dtype, tried)
 
@@ -370,7 +408,8 @@ def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[...,
 @check("causal_linear_attention",
        expects="a function causal_linear_attention(q, k, v) returning a tensor (..., n, d_v)")
 def check_causal_linear_attention(fn: Learner) -> str:
-    _run_causal(fn, "causal_linear_attention", (), _causal_mistakes, _RECUR_FIX)
+    _run_causal(fn, "causal_linear_attention", (), _causal_mistakes, _RECUR_FIX,
+                describe=_loop_bound)
     q, k, v = _qkv((), 40, 40, 3, 2, 220)
     tried = "causal_linear_attention(q, k, v) on q, k (40, 3), v (40, 2), watching the shapes it builds"
     _no_square(_observe(fn, tried, q, k, v), 40, 40, tried,
@@ -389,8 +428,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tens
     """The chunkwise form in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
     n = fq.shape[-2]
-    state = torch.zeros(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
-    norm = torch.zeros(fq.shape[:-2] + (fk.shape[-1], 1), dtype=torch.float64)
+    state = (torch.ones if mistake == "ones_C" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]),
+                                                                  dtype=torch.float64)
+    norm = (torch.ones if mistake == "ones_u" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], 1), dtype=torch.float64)
     out = torch.zeros(fq.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
     stop = n - n % c if mistake == "tail" else n
     for s in range(0, stop, c):
@@ -401,12 +441,18 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tens
         a = (a_q @ a_k.transpose(-2, -1)) * keep
         if mistake == "early":
             state, norm = state + a_k.transpose(-2, -1) @ a_v, norm + a_k.sum(-2)[..., None]
-        inter = mistake != "no_state"
-        num = a @ a_v + (a_q @ state if inter else 0)
-        den = a.sum(-1, keepdim=True) + (a_q @ norm if inter else 0)
-        out[..., s:s + m, :] = num if mistake == "no_norm" else num / den
+        own = {"no_own": 0, "elementwise": a * a_v}.get(mistake, a @ a_v)
+        num = own + (a_q @ state if mistake not in ("no_state", "no_C") else 0)
+        rowsum = {"colsum": a.sum(-2, keepdim=True), "no_keepdim": a.sum(-1)[..., None, :],
+                  "rowmean": a.mean(-1, keepdim=True)}.get(
+            mistake, a.sum(-1, keepdim=True))
+        den = rowsum + (a_q @ norm if mistake not in ("no_state", "no_u") else 0)
+        out[..., s:s + m, :] = num if mistake == "no_norm" else num * den if mistake == "mul" else num / den
         if mistake != "early":
-            state, norm = state + a_k.transpose(-2, -1) @ a_v, norm + a_k.sum(-2)[..., None]
+            add_c = a_k.transpose(-2, -1) @ a_v
+            add_u = {"u_mean": a_k.mean(-2)[..., None], "u_all": a_k.sum()}.get(mistake, a_k.sum(-2)[..., None])
+            state = add_c if mistake in ("reset", "reset_C") else state + add_c
+            norm = add_u if mistake in ("reset", "reset_u") else norm + add_u
     return out
 
 
@@ -423,6 +469,50 @@ def _chunk_mistakes(q: Tensor, k: Tensor, v: Tensor, c: int) -> list[Mistake]:
                 "instead of the past", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "upper")),
         Mistake("state not carried across chunks", "each chunk only attends to itself: the state C, u of the "
                 "earlier chunks is never added", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_state")),
+        Mistake("state C not carried across chunks: earlier chunks missing from the numerator", "the numerator "
+                "lacks φ(q_c) C (C is never updated, or never read) while the normaliser counts the earlier keys",
+                _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_C")),
+        Mistake("normaliser state u not carried across chunks: earlier chunks missing from the normaliser",
+                "the normaliser lacks φ(q_c) u (u is never updated, or never read) while the numerator counts the "
+                "earlier keys", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_u")),
+        Mistake("state not accumulated: only the previous chunk carried", "you set C and u to the last chunk's "
+                "φ(k_c)ᵀ v_c and Σ φ(k_c) instead of adding them, so a chunk sees only the chunk before it",
+                _CHUNK_FIX, lambda: _chunked(q, k, v, c, "reset")),
+        Mistake("state C not accumulated: only the previous chunk carried", "you set C to the last chunk's "
+                "φ(k_c)ᵀ v_c instead of adding it (u is accumulated)", _CHUNK_FIX,
+                lambda: _chunked(q, k, v, c, "reset_C")),
+        Mistake("normaliser state u not accumulated: only the previous chunk carried", "you set u to the last "
+                "chunk's Σ φ(k_c) instead of adding it (C is accumulated)", _CHUNK_FIX,
+                lambda: _chunked(q, k, v, c, "reset_u")),
+        Mistake("state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)",
+                lambda: _chunked(q, k, v, c, "ones_C")),
+        Mistake("the chunk's own keys missing from the numerator", "the numerator is only φ(q_c) C (the earlier "
+                "chunks): A v_c, the chunk's own masked part, is left out while the normaliser counts it", _CHUNK_FIX,
+                lambda: _chunked(q, k, v, c, "no_own")),
+        Mistake("A * v_c instead of A @ v_c", "you multiplied A and v_c entry by entry (*) where the chunk's own "
+                "part is a matrix product (@); the shapes fit only because d_v = chunk_size here", "a @ v_c",
+                lambda: _chunked(q, k, v, c, "elementwise")),
+        Mistake("normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
+                "start from u = torch.zeros(…)", lambda: _chunked(q, k, v, c, "ones_u")),
+        Mistake("row sums of A taken over the queries", "you summed A = φ(q_c) φ(k_c)ᵀ over dim=-2 (down its "
+                "columns, over the queries) instead of over the keys (along its rows); the (1, c) result + φ(q_c) u "
+                "(c, 1) even broadcasts to a (c, c) matrix", "a.sum(dim=-1, keepdim=True)",
+                lambda: _chunked(q, k, v, c, "colsum")),
+        Mistake("keepdim missing in the row sum: the normaliser broadcast to (c, c)", "a.sum(dim=-1) without "
+                "keepdim=True has shape (c,), which + φ(q_c) u (c, 1) broadcasts to a (c, c) matrix, so each row is "
+                "divided by other rows' sums (the shapes fit only because d_v = chunk_size here)",
+                "a.sum(dim=-1, keepdim=True)", lambda: _chunked(q, k, v, c, "no_keepdim")),
+        Mistake("multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
+                lambda: _chunked(q, k, v, c, "mul")),
+        Mistake("row sums of A as a mean", "you took the mean of each row of A (.mean) instead of its sum, so the "
+                "chunk's own keys count 1/c as much in the normaliser", "a.sum(dim=-1, keepdim=True)",
+                lambda: _chunked(q, k, v, c, "rowmean")),
+        Mistake("u grows by the mean of φ(k_c), not the sum", "you added the mean of the chunk's key features "
+                "(.mean(dim=-2)) to u instead of their sum, so earlier keys count too little in the normaliser",
+                "u = u + φ(k_c).sum(dim=-2) (as a column)", lambda: _chunked(q, k, v, c, "u_mean")),
+        Mistake("u grows by the sum of every entry of φ(k_c)", "you summed φ(k_c) without dim= (over every axis, "
+                "one number) instead of over the chunk's keys (dim=-2, one sum per feature)",
+                "u = u + φ(k_c).sum(dim=-2) (as a column)", lambda: _chunked(q, k, v, c, "u_all")),
         Mistake("normaliser missing", _NORM_CAUSE, "divide by rowsum(A) + φ(q_c) u for each chunk",
                 lambda: _chunked(q, k, v, c, "no_norm")),
         Mistake("last, shorter chunk never computed", "your loop stops before the last chunk when n is not a "
@@ -432,6 +522,22 @@ def _chunk_mistakes(q: Tensor, k: Tensor, v: Tensor, c: int) -> list[Mistake]:
                 _CHUNK_FIX, lambda: _kernel(_elu1(q), _elu1(k), v)),
         *_phi_mistakes(q, k, v, causal=True),
     ]
+
+
+def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, n: int, d_k: int, c: int = 1) -> None:
+    """Re-raise with a cause when exactly the rows a loop over range(0, d_k, c) covers are right: the loop's bound
+    is the feature axis, q.shape[-1], not the positions."""
+    done = min(n, -(-d_k // c) * c)
+    if failure.diagnosis.cause or done >= n or tuple(out.shape) != tuple(expected.shape):
+        return
+    close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True).all(-1)
+    if bool(close[..., :done].all()) and not bool(close[..., done:].any()):
+        d = failure.diagnosis
+        fail(f"only the first {done} rows computed: loop bound d_k instead of n", tried=d.tried, got=d.got,
+             expected=d.expected, cause=f"rows 0 … {done - 1} are right and every later row is wrong: your loop "
+             f"stops at d_k = {d_k}" + ("" if c == 1 else " (after the chunks that start before it)") + ", as a range "
+             f"over q.shape[-1] (the features) does, where the positions are q.shape[-2] (n = {n})", fix="loop over the positions: range(q.shape[-2])" +
+             ("" if c == 1 else " in steps of chunk_size"))
 
 
 def _last_chunk(failure: Failure, out: Tensor, expected: Tensor, n: int, c: int) -> None:
@@ -466,6 +572,7 @@ def check_chunked_linear_attention(fn: Learner) -> str:
             _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=_chunk_mistakes(q, k, v, c),
                          oracle="causal kernel attention computed densely in float64", fix=_CHUNK_FIX)
         except Failure as failure:
+            _loop_bound(failure, out, expected, n, d_k, c)
             _last_chunk(failure, out, expected, n, c)
         _expect_dtype(out, dtype, tried)
     n, d_k, d_v = 48, 3, 2
@@ -496,8 +603,9 @@ _RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) 
 def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
     x, omega = x.double(), omega.double()
     r = omega.shape[0]
-    proj = x @ (omega if mistake == "transposed" else omega.T)
-    sq = (x * x).sum(-1, keepdim=True)
+    proj = x if mistake == "no_proj" else x @ (omega if mistake == "transposed" else omega.T)
+    sq = {"mean": (x * x).mean(-1, keepdim=True), "col": (x * x).sum(-2, keepdim=True),
+          "unsquared": x.sum(-1, keepdim=True)}.get(mistake, (x * x).sum(-1, keepdim=True))
     half = {"no_half": sq, "norm": sq.sqrt() / 2, "none": 0 * sq, "plus": -sq / 2}.get(mistake, sq / 2)
     scale = {"no_scale": 1.0, "r": 1 / r, "sqrt_d": 1 / math.sqrt(x.shape[-1])}.get(mistake, 1 / math.sqrt(r))
     if mistake == "no_exp":
@@ -526,6 +634,15 @@ def _rf_mistakes(x: Tensor, omega: Tensor) -> list[Mistake]:
                 lambda: _features(x, omega, "norm")),
         Mistake("sign of |x|²/2 reversed", "you added |x|²/2 instead of subtracting it", _RF_FIX,
                 lambda: _features(x, omega, "plus")),
+        Mistake("random projection missing: x instead of ω·x", "you used x itself in the exponent instead of its "
+                "projections x Ωᵀ; with n_f = d the shapes still fit", _RF_FIX, lambda: _features(x, omega, "no_proj")),
+        Mistake("|x|² as a mean", "you took the mean of the squares (.mean) instead of their sum, which is |x|²/d",
+                "(x * x).sum(dim=-1, keepdim=True)", lambda: _features(x, omega, "mean")),
+        Mistake("|x|² summed over the rows", "you summed x * x over dim=-2 (over the n vectors) instead of over "
+                "each vector's d entries (dim=-1)", "(x * x).sum(dim=-1, keepdim=True)",
+                lambda: _features(x, omega, "col")),
+        Mistake("|x|² without the squares", "you summed the entries of x, not their squares: Σ x_i instead of "
+                "|x|² = Σ x_i²", "(x * x).sum(dim=-1, keepdim=True)", lambda: _features(x, omega, "unsquared")),
         Mistake("projection transposed", "you multiplied by omega instead of omega.T; with n_f = d the shapes still "
                 "fit, but feature i must be ω_i·x, the dot product with row i of omega", "x @ omega.T",
                 lambda: _features(x, omega, "transposed")),
@@ -615,14 +732,16 @@ def _sparse_tiles(q, k, v, layout, b, mistake: str) -> Tensor:
         for kb in layout[qb].nonzero().flatten().tolist():
             s = qs @ k[..., kb * b:(kb + 1) * b, :].transpose(-2, -1)
             m_new = torch.maximum(m, s.amax(keepdim=True) if mistake == "tile_max" else s.amax(-1, keepdim=True))
-            p = torch.exp(s - m_new)
+            p = torch.exp(s if mistake == "no_max" else s - m_new)
             corr = torch.exp(m - m_new)
             if mistake == "tile_softmax":
                 p = p / p.sum(-1, keepdim=True)
-            l = l * (1.0 if mistake == "sum" else corr) + p.sum(-1, keepdim=True)
-            acc = acc * (1.0 if mistake == "sum" else corr) + p @ v[..., kb * b:(kb + 1) * b, :]
+            l_corr = {"sum": 1.0, "l_plain": 1.0, "last": 0.0, "l_last": 0.0}.get(mistake, corr)
+            acc_corr = {"sum": 1.0, "acc_plain": 1.0, "last": 0.0, "acc_last": 0.0}.get(mistake, corr)
+            l = l * l_corr + p.sum(-1, keepdim=True)
+            acc = acc * acc_corr + p @ v[..., kb * b:(kb + 1) * b, :]
             m = m_new
-        out[..., qb * b:min((qb + 1) * b, n_q), :] = acc if mistake == "division" else acc / l
+        out[..., qb * b:min((qb + 1) * b, n_q), :] = {"division": acc, "mul": acc * l}.get(mistake, acc / l)
     return out
 
 
@@ -646,11 +765,37 @@ def _sparse_mistakes(q, k, v, layout, b) -> list[Mistake]:
                 lambda: _sdpa(q, k, v, mask, scale=1.0)),
         Mistake("divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)",
                 lambda: _sdpa(q, k, v, mask, scale=1 / d)),
+        Mistake("scores multiplied by √d_k instead of divided", "you multiplied q kᵀ by √d_k (or divided q by "
+                "1/√d_k)", "scale the scores by 1 / math.sqrt(d_k)", lambda: _sdpa(q, k, v, mask, scale=math.sqrt(d))),
+        Mistake("scaled by 1/√n_q instead of 1/√d_k", "you took the size of the wrong axis: q.shape[-2] (the number "
+                "of queries) instead of q.shape[-1] (d_k)", "scale by 1 / math.sqrt(q.shape[-1])",
+                lambda: _sdpa(q, k, v, mask, scale=1 / math.sqrt(n_q))),
         Mistake("running sum not rescaled", "when the maximum grows you add to ℓ and acc without multiplying them by "
                 "exp(m_old − m_new)", "rescale ℓ and acc by exp(m_old − m_new) before adding the tile",
                 lambda: _sparse_tiles(q, k, v, layout, b, "sum")),
         Mistake("final division missing", "you returned the accumulator without dividing by the running sum ℓ",
                 "after the last tile, divide: acc / ℓ", lambda: _sparse_tiles(q, k, v, layout, b, "division")),
+        Mistake("multiplied by the running sum instead of dividing", "you returned acc × ℓ instead of acc / ℓ",
+                "after the last tile, divide: acc / ℓ", lambda: _sparse_tiles(q, k, v, layout, b, "mul")),
+        Mistake("only the last tile counted", "ℓ and acc hold only the last kept tile's part: the running maximum "
+                "is never updated (m = m_new missing, so m stays −inf and exp(m − m_new) = 0 wipes ℓ and acc at every "
+                "tile), or ℓ and acc are overwritten instead of updated", "rescale and add: ℓ = ℓ·exp(m − m_new) + "
+                "rowsum(p), acc likewise, then m = m_new", lambda: _sparse_tiles(q, k, v, layout, b, "last")),
+        Mistake("running sum ℓ overwritten at each tile", "you set ℓ to the tile's rowsum(p) instead of adding it to "
+                "the rescaled ℓ, so only the last tile is in the denominator", "ℓ = ℓ·exp(m − m_new) + rowsum(p)",
+                lambda: _sparse_tiles(q, k, v, layout, b, "l_last")),
+        Mistake("accumulator overwritten at each tile", "you set acc to the tile's p @ v instead of adding it to the "
+                "rescaled acc, so only the last tile is in the numerator", "acc = acc·exp(m − m_new) + p @ v_tile",
+                lambda: _sparse_tiles(q, k, v, layout, b, "acc_last")),
+        Mistake("running sum ℓ not rescaled", "when the maximum grows you rescale acc but add to ℓ without "
+                "multiplying it by exp(m_old − m_new)", "ℓ = ℓ·exp(m − m_new) + rowsum(p)",
+                lambda: _sparse_tiles(q, k, v, layout, b, "l_plain")),
+        Mistake("accumulator not rescaled", "when the maximum grows you rescale ℓ but add to acc without "
+                "multiplying it by exp(m_old − m_new)", "acc = acc·exp(m − m_new) + p @ v_tile",
+                lambda: _sparse_tiles(q, k, v, layout, b, "acc_plain")),
+        Mistake("maximum not subtracted inside exp", "you computed p = exp(s) instead of exp(s − m_new) while still "
+                "rescaling ℓ and acc by exp(m − m_new), so the tiles are weighed inconsistently", "p = torch.exp(s − "
+                "m_new)", lambda: _sparse_tiles(q, k, v, layout, b, "no_max")),
         Mistake("each tile normalised on its own", "you normalised each tile's probabilities by their own sum",
                 "add the unnormalised p @ v_block to acc and divide by ℓ once, at the end",
                 lambda: _sparse_tiles(q, k, v, layout, b, "tile_softmax")),
@@ -695,7 +840,7 @@ def check_block_sparse_attention(fn: Learner) -> str:
         expected = _sdpa(q, k, v, _layout_mask(layout, b, n_q, n_k))
         _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=_sparse_mistakes(q, k, v, layout, b),
                      oracle="F.scaled_dot_product_attention with the layout's mask", fix=_SPARSE_FIX,
-                     factors={"√d_k": math.sqrt(d_k)})
+                     factors={"√d_k": math.sqrt(d_k), "block_size": float(b)})
         _expect_dtype(out, dtype, tried)
     n, d_k, d_v, b = 48, 6, 2, 8
     q, k, v = _qkv((), n, n, d_k, d_v, 520)

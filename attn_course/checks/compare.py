@@ -597,15 +597,52 @@ _EXCEPTIONS: tuple[tuple[str, str, str, str], ...] = (
      "an axis number the tensor does not have (axis {3}, where it has axes {1} to {2}): the tensor has fewer "
      "axes than the code expects (one was removed earlier), or the axis number is wrong",
      "print the tensor's shape on the line shown and use an axis it has (−1 is the last)"),
+    ("RuntimeError", r"The expanded size of the tensor \((\d+)\) must match the existing size \((\d+)\) at "
+                     r"non-singleton dimension (\d+)",
+     "a tensor of size {2} on one axis is broadcast into (or assigned to) a place of size {1} there: the value "
+     "written into a slice (x[...] = value) and the slice have different shapes, or an .expand to other sizes",
+     "print the shapes of the slice and of the value on the line shown and make them agree"),
+    ("RuntimeError", r"expand\([^)]*\): the number of sizes provided \((\d+)\) must be greater or equal to the "
+                     r"number of dimensions in the tensor \((\d+)\)",
+     "a tensor with {2} axes is broadcast into (or assigned to) a place with only {1}: the value written into a "
+     "slice (x[...] = value) has more axes than the slice (an axis not summed away, or a keepdim=True too many)",
+     "print the shapes of the slice and of the value on the line shown and make them agree"),
+    ("RuntimeError", r"both arguments to matmul need to be at least 1D, but they are (\d)D and (\d)D",
+     "a matrix product with a 0-D operand (a single number, {1}-D @ {2}-D): @ needs vectors or matrices on both "
+     "sides, so a step reduced a tensor to one number (a sum over every axis?) or a number stands where a tensor "
+     "was meant", "print both operands' shapes; for a number times a tensor use *"),
     ("RuntimeError", r"stack expects a non-empty TensorList",
      "torch.stack got an empty list: nothing was appended to it (the append is missing, or the loop never ran)",
      "append each result inside the loop, and check that the loop runs over every item"),
     ("RuntimeError", r"stack expects each tensor to be equal size",
      "torch.stack got tensors of different shapes: the items collected in the loop differ in shape",
      "make every item the same shape before stacking (print their shapes)"),
-    ("TypeError", r"unsupported operand type\(s\) for ([^:]+): '(\w+)' and '(\w+)'",
+    ("TypeError", r"unsupported operand type\(s\) for ([^:]+): '(torch\.Size|tuple)' and '(torch\.Size|tuple)'",
+     "an operation ({1}) between two shapes (a torch.Size is a tuple of sizes): shapes are not numbers, the only "
+     "arithmetic they take is + (joining them) and * by an integer (repeating them)",
+     "join shapes with + (q.shape[:-1] + (d,)); to compute with sizes, pick them out first (q.shape[-1])"),
+    ("TypeError", r"can only concatenate tuple \(not \"?(\w+)\"?\) to (?:torch\.Size|tuple)",
+     "a shape (a torch.Size, a tuple of sizes) + a {1}: + joins a shape only to another tuple, so one side holds a "
+     "shape where a tensor was meant (a torch.zeros(shape) left out?) or the reverse",
+     "print the type of both sides on the line shown"),
+    ("TypeError", r"'([\w.]+)' object does not support item assignment",
+     "an assignment into an entry of a {1}, which cannot be changed: the name holds a {1} where a tensor was meant "
+     "(a torch.zeros(shape) or torch.empty(shape) left out?)",
+     "print the type of the value you assign into on the line shown; create the tensor first"),
+    ("TypeError", r"slice indices must be integers",
+     "a slice bound that is not an integer: a / division (which gives a float) or a tensor where a[i:j] needs ints",
+     "compute slice bounds with integers only (// for division, int(...) around a tensor)"),
+    ("TypeError", r"only integer tensors of a single element can be converted to an index",
+     "a tensor used as an index, a slice bound or a size where Python needs one integer: the tensor is a float "
+     "tensor or holds more than one number",
+     "print the value on the line shown: where an index or size is needed, pass a Python int"),
+    ("TypeError", r"(\w+)\(\): argument '(\w+)' \(position (\d+)\) must be ([\w. ]+), not ([\w.]+)",
+     "{1}() got a {5} as its argument `{2}` (position {3}), which must be {4}: a name holds something other than "
+     "you think, or the arguments are in another order",
+     "compare the call on the line shown with {1}'s documentation and print the argument"),
+    ("TypeError", r"unsupported operand type\(s\) for ([^:]+): '([\w.]+)' and '([\w.]+)'",
      "an operation ({1}) between {2} and {3} values: one side is not the tensor it should be (a step that should "
-     "produce a tensor returned a plain number or None)",
+     "produce a tensor gave a plain number, a shape or None)",
      "print the type of both sides on the line shown; each must be a tensor"),
     ("TypeError", r"'(\w+)' object is not (?:callable|subscriptable|iterable)",
      "a value of type {1} used as if it were a function, a tensor or a list: a name holds something other than "
@@ -615,6 +652,10 @@ _EXCEPTIONS: tuple[tuple[str, str, str, str], ...] = (
                   r"invalid combination)",
      "{1}() was called with arguments it does not take (a wrong number, order or name of arguments)",
      "compare the call on the line shown with {1}'s documentation"),
+    ("IndexError", r"(\w+)\(\): Expected reduction dim (-?\d+) to have non-zero size",
+     "{1}() over axis {2}, which has size 0: the tensor is empty along it, so a slice selected nothing (bounds "
+     "past the end, or start ≥ stop)",
+     "print the shape of the tensor on the line shown and check the slice bounds that built it"),
     ("IndexError", r"index (-?\d+) is out of bounds for dimension (\d+) with size (\d+)",
      "an index ({1}) past the end of an axis of size {3}: a loop or index runs one step too far",
      "make the loop or index stop before the axis's size (range(n) ends at n − 1)"),
@@ -638,6 +679,10 @@ _EXCEPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("ZeroDivisionError", r".*", "a division by zero: a count or a size that is 0 here",
      "check what you divide by on the line shown"),
     ("RecursionError", r".*", "the function calls itself without end", "remove the call of the function inside itself"),
+    ("AttributeError", r"module '([\w.]+)' has no attribute '(\w+)'",
+     "{1}.{2} does not exist: the module {1} has nothing named {2} (misspelt, or it belongs to another module: "
+     "torch has functions that math does not)",
+     "look the function up in the module's documentation, or use the torch function of that name"),
     ("AttributeError", r"'(\w+)' object has no attribute '(\w+)'",
      "`.{2}` used on a value of type {1}, which has no such attribute: a value is not the type you expect (or the name is "
      "misspelt)", "print the value on the line shown; check its type and the attribute's spelling"),

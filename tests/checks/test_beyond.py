@@ -88,8 +88,20 @@ def lin_float32_state(q, k, v):
     return (fq.float() @ kv) / (fq.float() @ fk.float().sum(-2).unsqueeze(-1))
 
 
+def lin_times_norm(q, k, v):
+    fq, fk = phi(q), phi(k)
+    return (fq @ (fk.mT @ v)) * (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def lin_mean_u(q, k, v):  # mean instead of sum for Σ_j φ(k_j)
+    fq, fk = phi(q), phi(k)
+    return (fq @ (fk.mT @ v)) / (fq @ fk.mean(-2).unsqueeze(-1))
+
+
 @pytest.mark.parametrize("answer,phrases", [
     (lin_no_norm, ["normaliser missing"]),
+    (lin_times_norm, ["multiplied by the normaliser instead of dividing"]),
+    (lin_mean_u, ["off by a factor of n_k", "n_k times the expected one"]),
     (lin_identity, ["φ not positive: no feature map"]),
     (lin_elu, ["φ not positive: elu(x) without + 1"]),
     (lin_relu, ["φ = relu"]),
@@ -138,6 +150,23 @@ def rec_late(q, k, v):  # the classic off-by-one: read, then update
     return out
 
 
+def rec_loop(q, k, v, mistake=""):  # the docstring's loop, with one learner's slip switched on
+    fq, fk = phi(q), phi(k)
+    C = (torch.ones if mistake == "C_ones" else torch.zeros)(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = (torch.ones if mistake == "u_ones" else torch.zeros)(q.shape[:-2] + (q.shape[-1],), dtype=q.dtype)
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for t in range(q.shape[-1] if mistake == "bound" else q.shape[-2]):
+        kv_t = v[..., t, None, :] if mistake == "no_phik" else fk[..., t, :, None] * v[..., t, None, :]
+        C = kv_t if mistake == "C_reset" else C + kv_t
+        u = fk[..., t, :] if mistake == "u_reset" else u + fk[..., t, :]
+        num = (fq[..., t, None, :] @ C)[..., 0, :]
+        den = {"axis0": (fq[..., t, :] * u).sum(0, keepdim=True), "no_phiq": u.sum(-1, keepdim=True),
+               "no_u": fq[..., t, :].sum(-1, keepdim=True), "mean": (fq[..., t, :] * u).mean(-1, keepdim=True)}.get(
+            mistake, (fq[..., t, :] * u).sum(-1, keepdim=True))
+        out[..., t, :] = num * den if mistake == "times" else num / den
+    return out
+
+
 def rec_late_guarded(q, k, v):
     return torch.nan_to_num(rec_late(q, k, v))
 
@@ -161,7 +190,7 @@ def rec_quadratic(q, k, v):
     return (a @ v) / a.sum(-1, keepdim=True)
 
 
-@pytest.mark.parametrize("answer", [rec_ref, rec_cumsum])
+@pytest.mark.parametrize("answer", [rec_ref, rec_cumsum, rec_loop])
 def test_causal_linear_attention_accepts(accepts, answer):
     accepts(check_causal_linear_attention, answer)
 
@@ -178,29 +207,54 @@ def test_causal_linear_attention_rejects(rejects, answer, phrases):
     assert_voice(rejects(check_causal_linear_attention, answer, *phrases))
 
 
+@pytest.mark.parametrize("mistake,phrases", [
+    ("C_reset", ["state C not accumulated"]),
+    ("u_reset", ["normaliser state u not accumulated"]),
+    ("C_ones", ["state C starts at ones", "torch.ones instead of torch.zeros"]),
+    ("u_ones", ["normaliser state u starts at ones"]),
+    ("no_phik", ["φ(k_t) missing from the state update"]),
+    ("times", ["multiplied by the normaliser instead of dividing"]),
+    ("axis0", ["normaliser summed over axis 0"]),
+    ("no_phiq", ["normaliser without φ(q_t)"]),
+    ("no_u", ["normaliser without u_t"]),
+    ("mean", ["off by a factor of d_k"]),
+    ("bound", ["loop bound d_k instead of n", "q.shape[-1]"]),
+])
+def test_causal_linear_attention_names_loop_slips(rejects, mistake, phrases):
+    answer = lambda q, k, v: rec_loop(q, k, v, mistake=mistake)
+    assert_voice(rejects(check_causal_linear_attention, answer, *phrases))
+
+
 # ============================================================================ chunkwise
 def chunk_ref(q, k, v, chunk_size, *, mistake=""):
     fq, fk = phi(q), phi(k)
-    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
-    u = torch.zeros(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype)
+    C = (torch.ones if mistake == "ones_C" else torch.zeros)(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = (torch.ones if mistake == "ones_u" else torch.zeros)(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype)
     outs = []
     n = q.shape[-2]
-    stop = n - n % chunk_size if mistake == "tail" else n
+    stop = n - n % chunk_size if mistake == "tail" else q.shape[-1] if mistake == "bound" else n
     for s in range(0, stop, chunk_size):
         a_q, a_k, a_v = fq[..., s:s + chunk_size, :], fk[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
         a = a_q @ a_k.mT
         a = {"strict": a.tril(-1), "full": a, "upper": a.triu()}.get(mistake, a.tril())
         if mistake == "early":
             C, u = C + a_k.mT @ a_v, u + a_k.sum(-2)[..., None]
-        num, den = a @ a_v + a_q @ C, a.sum(-1, keepdim=True) + a_q @ u
-        if mistake == "no_state":
-            num, den = a @ a_v, a.sum(-1, keepdim=True)
-        outs.append(num / den)
+        own = a * a_v if mistake == "elementwise" else a @ a_v
+        rows = {"colsum": a.sum(-2, keepdim=True), "no_keepdim": a.sum(-1), "rowmean": a.mean(-1, keepdim=True)}.get(
+            mistake, a.sum(-1, keepdim=True))
+        num, den = own + a_q @ C, rows + a_q @ u
+        if mistake in ("no_state", "no_C", "no_own"):
+            num = a_q @ C if mistake == "no_own" else own
+        if mistake in ("no_state", "no_u"):
+            den = rows
+        outs.append(num * den if mistake == "times" else num / den)
         if mistake != "early":
-            C, u = C + a_k.mT @ a_v, u + a_k.sum(-2)[..., None]
+            add_u = {"u_mean": a_k.mean(-2)[..., None], "u_all": a_k.sum()}.get(mistake, a_k.sum(-2)[..., None])
+            C = a_k.mT @ a_v if mistake in ("reset", "reset_C") else C + a_k.mT @ a_v
+            u = add_u if mistake in ("reset", "reset_u") else u + add_u
     out = torch.cat(outs, dim=-2)
-    if mistake == "tail" and stop < n:
-        out = torch.cat([out, torch.zeros(q.shape[:-2] + (n - stop, v.shape[-1]), dtype=q.dtype)], dim=-2)
+    if out.shape[-2] < n:  # rows the loop never reached
+        out = torch.cat([out, torch.zeros(q.shape[:-2] + (n - out.shape[-2], v.shape[-1]), dtype=q.dtype)], dim=-2)
     return out
 
 
@@ -242,6 +296,22 @@ def chunk_one_block(q, k, v, chunk_size):
     ("upper", ["upper triangle"]),
     ("no_state", ["state not carried across chunks"]),
     ("tail", ["last, shorter chunk"]),
+    ("no_C", ["state C not carried across chunks"]),
+    ("no_u", ["normaliser state u not carried across chunks"]),
+    ("reset", ["state not accumulated: only the previous chunk carried"]),
+    ("reset_C", ["state C not accumulated"]),
+    ("reset_u", ["normaliser state u not accumulated"]),
+    ("ones_C", ["state C starts at ones"]),
+    ("ones_u", ["normaliser state u starts at ones"]),
+    ("no_own", ["the chunk's own keys missing from the numerator"]),
+    ("elementwise", ["A * v_c instead of A @ v_c"]),
+    ("colsum", ["row sums of A taken over the queries"]),
+    ("no_keepdim", ["keepdim missing in the row sum"]),
+    ("times", ["multiplied by the normaliser instead of dividing"]),
+    ("rowmean", ["row sums of A as a mean"]),
+    ("u_mean", ["u grows by the mean of φ(k_c)"]),
+    ("u_all", ["u grows by the sum of every entry"]),
+    ("bound", ["loop bound d_k instead of n"]),
 ])
 def test_chunked_linear_attention_rejects(rejects, mistake, phrases):
     answer = lambda q, k, v, chunk_size: chunk_ref(q, k, v, chunk_size, mistake=mistake)
@@ -296,6 +366,12 @@ def test_positive_random_features_accepts(accepts, answer):
     (lambda x, o: (x @ o.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]), ["exp missing"]),
     (lambda x, o: torch.exp(x @ o - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]),
      ["projection transposed"]),
+    (lambda x, o: torch.exp(x - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]),
+     ["random projection missing"]),
+    (lambda x, o: torch.exp(x @ o.T - (x * x).mean(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]), ["|x|² as a mean"]),
+    (lambda x, o: torch.exp(x @ o.T - (x * x).sum(-2, keepdim=True) / 2) / math.sqrt(o.shape[0]),
+     ["|x|² summed over the rows"]),
+    (lambda x, o: torch.exp(x @ o.T - x.sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]), ["|x|² without the squares"]),
     (lambda x, o: torch.exp(x @ o.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2) / math.sqrt(o.shape[0]),
      ["taken separately", "inf · 0 = NaN"]),
     (lambda x, o: torch.cat([torch.sin(x @ o.T), torch.cos(x @ o.T)], -1) * torch.exp((x * x).sum(-1, keepdim=True) / 2)
@@ -306,8 +382,8 @@ def test_positive_random_features_rejects(rejects, answer, phrases):
 
 
 # ============================================================================ block-sparse attention
-def bs_ref(q, k, v, layout, block_size):
-    scale = 1 / math.sqrt(q.shape[-1])
+def bs_ref(q, k, v, layout, block_size, mistake=""):
+    scale = {"sqrt_mul": math.sqrt(q.shape[-1]), "sqrt_n": 1 / math.sqrt(q.shape[-2])}.get(mistake, 1 / math.sqrt(q.shape[-1]))
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
     b = block_size
     for i in range(layout.shape[0]):
@@ -319,11 +395,15 @@ def bs_ref(q, k, v, layout, block_size):
                 continue
             s = qb @ k[..., j * b:(j + 1) * b, :].mT
             new = torch.maximum(m, s.amax(-1, keepdim=True))
-            p = torch.exp(s - new)
-            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
-            acc = acc * torch.exp(m - new) + p @ v[..., j * b:(j + 1) * b, :]
-            m = new
-        out[..., i * b:(i + 1) * b, :] = acc / l
+            p = torch.exp(s if mistake == "no_max" else s - new)
+            row_sum = p.mean(-1, keepdim=True) if mistake == "mean" else p.sum(-1, keepdim=True)
+            l = row_sum if mistake == "l_last" else l + row_sum if mistake == "l_plain" else \
+                l * torch.exp(m - new) + row_sum
+            pv = p @ v[..., j * b:(j + 1) * b, :]
+            acc = pv if mistake == "acc_last" else acc + pv if mistake == "acc_plain" else acc * torch.exp(m - new) + pv
+            if mistake != "m_stuck":  # forgetting m = new
+                m = new
+        out[..., i * b:(i + 1) * b, :] = acc * l if mistake == "times" else acc / l
     return out
 
 
@@ -395,4 +475,21 @@ def test_block_sparse_attention_accepts(accepts, answer):
     (lambda q, k, v, layout, b: F.scaled_dot_product_attention(q, k, v), ["layout ignored"]),
 ])
 def test_block_sparse_attention_rejects(rejects, answer, phrases):
+    assert_voice(rejects(check_block_sparse_attention, answer, *phrases))
+
+
+@pytest.mark.parametrize("mistake,phrases", [
+    ("sqrt_mul", ["scores multiplied by √d_k instead of divided"]),
+    ("sqrt_n", ["scaled by 1/√n_q instead of 1/√d_k"]),
+    ("times", ["multiplied by the running sum instead of dividing"]),
+    ("m_stuck", ["only the last tile counted", "m = m_new missing"]),
+    ("l_last", ["running sum ℓ overwritten"]),
+    ("acc_last", ["accumulator overwritten"]),
+    ("l_plain", ["running sum ℓ not rescaled"]),
+    ("acc_plain", ["accumulator not rescaled"]),
+    ("no_max", ["maximum not subtracted inside exp"]),
+    ("mean", ["off by a factor of block_size"]),
+])
+def test_block_sparse_attention_names_tile_loop_slips(rejects, mistake, phrases):
+    answer = lambda q, k, v, layout, b: bs_ref(q, k, v, layout, b, mistake=mistake)
     assert_voice(rejects(check_block_sparse_attention, answer, *phrases))

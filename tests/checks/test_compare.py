@@ -169,6 +169,20 @@ def test_expected_never_says_only_the_expected_values():
     ("IndexError", "Dimension out of range (expected to be in range of [-1, 0], but got -2)", "axis -2"),
     ("RuntimeError", "stack expects a non-empty TensorList", "nothing was appended"),
     ("TypeError", "unsupported operand type(s) for @: 'Tensor' and 'int'", "between Tensor and int values"),
+    ("TypeError", "unsupported operand type(s) for -: 'torch.Size' and 'tuple'", "between two shapes"),
+    ("TypeError", "can only concatenate tuple (not Tensor) to torch.Size", "+ a Tensor"),
+    ("TypeError", "'torch.Size' object does not support item assignment", "entry of a torch.Size"),
+    ("TypeError", "slice indices must be integers or None or have an __index__ method", "slice bound"),
+    ("TypeError", "only integer tensors of a single element can be converted to an index", "one integer"),
+    ("TypeError", "zeros_like(): argument 'input' (position 1) must be Tensor, not torch.Size",
+     "zeros_like() got a torch.Size as its argument `input`"),
+    ("RuntimeError", "The expanded size of the tensor (9) must match the existing size (2) at non-singleton "
+     "dimension 0.  Target sizes: [9].  Tensor sizes: [2]", "size 2 on one axis"),
+    ("RuntimeError", "expand(torch.DoubleTensor{[9, 2]}, size=[2]): the number of sizes provided (1) must be greater "
+     "or equal to the number of dimensions in the tensor (2)", "2 axes is broadcast"),
+    ("RuntimeError", "both arguments to matmul need to be at least 1D, but they are 2D and 0D", "0-D operand"),
+    ("IndexError", "amax(): Expected reduction dim -1 to have non-zero size.", "axis -1, which has size 0"),
+    ("AttributeError", "module 'math' has no attribute 'rsqrt'", "math.rsqrt does not exist"),
 ])
 def test_common_exceptions_are_explained(kind, message, phrase):
     from attn_course.checks.compare import explain_exception
