@@ -90,6 +90,9 @@ TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2, tor
 #: Gradients: largest |error| allowed, relative to the largest |reference gradient|.
 GRAD_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 1e-1, torch.float64: 1e-9}
 MODES = ("fwd", "fwd+bwd")
+#: Implementations the CPU's default sweep leaves out, and why (``--impls`` adds them back).
+CPU_OPT_IN = {"compile": "opt-in on a CPU (add it with --impls): torch.compile compiles afresh at every point of "
+                         "the sweep (32 points by default), tens of seconds each on a busy 2-core CPU"}
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
@@ -229,8 +232,8 @@ class BenchOptions:
     spread is still large stops and is marked unstable (default: 10 × ``min_run_time``, at least 1 s);
     ``max_memory``: on the CPU, skip implementations that hold an n × n matrix when they would need
     more bytes than this (Linux may grant a huge allocation and then kill the process); ``threads``: CPU
-    threads for torch (default: torch's current setting, or 1 when the machine is busier than it has
-    cores — the sweep says so); ``roofline_size``: the CPU roofline's matmul size; ``seed``: of the random
+    threads for torch (default: torch's current setting, or 1 when other work keeps more than half of
+    the cores busy — the sweep says so); ``roofline_size``: the CPU roofline's matmul size; ``seed``: of the random
     inputs.
     """
 
@@ -277,10 +280,17 @@ class BenchOptions:
                        impls=[i for i in IMPLEMENTATIONS if i != "compile"],
                        tokens=8192 if gpu else 1024, hidden=1024 if gpu else 128,
                        tiled_block=1024 if gpu else 256, min_run_time=0.05)
-        return cls(device=device, ns=[512, 1024, 2048, 4096, 8192, 16384] if gpu else [256, 512, 1024, 2048, 4096],
-                   head_dims=[64, 128], dtypes=["float16", "bfloat16"] if gpu else ["float32"],
-                   modes=list(MODES), impls=list(IMPLEMENTATIONS), tokens=16384 if gpu else 4096,
-                   hidden=2048 if gpu else 256, tiled_block=1024 if gpu else 256, min_run_time=0.2, warmup=2)
+        if gpu:
+            return cls(device=device, ns=[512, 1024, 2048, 4096, 8192, 16384], head_dims=[64, 128],
+                       dtypes=["float16", "bfloat16"], modes=list(MODES), impls=list(IMPLEMENTATIONS), tokens=16384,
+                       hidden=2048, tiled_block=1024, min_run_time=0.2, warmup=2)
+        # The CPU's default is sized to finish in minutes on 2 busy cores (tools/bench.py's CPU_DEFAULT): every
+        # point costs B·n = tokens times n, so lengths stop at 2048; each measurement stops after 1 s of
+        # timed runs (then marked unstable if its spread is still large); torch.compile is left out
+        # (CPU_OPT_IN says why) and can be added with impls.
+        return cls(device=device, ns=[256, 512, 1024, 2048], head_dims=[64, 128], dtypes=["float32"],
+                   modes=list(MODES), impls=[i for i in IMPLEMENTATIONS if i not in CPU_OPT_IN], tokens=2048,
+                   hidden=256, tiled_block=256, min_run_time=0.1, max_run_time=1.0, warmup=1)
 
 
 @dataclass
@@ -515,16 +525,17 @@ def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
 
 
 def _busy_note(device: torch.device, threads: int | None) -> str | None:
-    """A line when the CPU is busier than it has cores (load average above the core count). Then each
-    parallel operation waits until all of torch's threads are scheduled at once, which on a busy
-    machine can take far longer than the work itself: without an explicit ``threads``, the sweep
-    runs on one thread and says so."""
+    """A line when other work keeps more than half of the CPU's cores busy (load average above half the
+    core count). Then each parallel operation waits until all of torch's threads are scheduled at once,
+    which on a busy machine can take far longer than the work itself (a default CPU sweep started on 2
+    threads at load 1.9 on 2 cores timed one point at 16 s where the others at that n took 0.08–1.6 s): without an
+    explicit ``threads``, the sweep runs on one thread and says so. The load is read once, at the start."""
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):  # Windows
         return None
     cores = os.cpu_count() or 1
-    if device.type != "cpu" or load <= cores:
+    if device.type != "cpu" or load <= cores / 2:
         return None
     what = (f"measuring with {threads} torch thread(s) as asked" if threads else
             "measuring on 1 torch thread (each parallel operation would wait for all its threads to be scheduled "

@@ -47,7 +47,15 @@ def test_presets_for_the_command_line():
     assert "compile" not in quick.impls and quick.dtypes == ["float32"]
     full_gpu = benchmark.BenchOptions.preset("cuda", quick=False)
     assert full_gpu.dtypes == ["float16", "bfloat16"] and full_gpu.modes == ["fwd", "fwd+bwd"]
-    assert max(full_gpu.ns) == 16384 and full_gpu.tokens == 16384
+    assert max(full_gpu.ns) == 16384 and full_gpu.tokens == 16384 and "compile" in full_gpu.impls
+    assert full_gpu.max_run_time is None  # a GPU's limit: 10 × min_run_time, as before
+    # the CPU's default is bounded: 32 points with B·n fixed, 1 s of timed runs at most per measurement,
+    # torch.compile opt-in (it compiles afresh at every point)
+    full_cpu = benchmark.BenchOptions.preset("cpu")
+    assert full_cpu.dtypes == ["float32"] and full_cpu.modes == ["fwd", "fwd+bwd"] and full_cpu.head_dims == [64, 128]
+    assert "compile" not in full_cpu.impls and set(benchmark.CPU_OPT_IN) == {"compile"}
+    assert full_cpu.max_run_time == 1.0 and max(full_cpu.ns) <= full_cpu.tokens  # B = tokens // n ≥ 1: B·n held
+    assert len(benchmark.configs(full_cpu)) == 32
 
 
 def test_sweep_keeps_tokens_and_width_fixed():
@@ -270,6 +278,18 @@ def test_an_unstable_measurement_says_so(monkeypatch):
     assert r.status == "ok" and r.stable is False and r.note.startswith("unstable: IQR 150% of the median after 5 runs")
     table = benchmark.results_table(results)
     assert "150%!" in table and "unstable" in table
+
+
+def test_a_cpu_half_busy_with_other_work_is_measured_on_one_thread(monkeypatch):
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(benchmark.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(benchmark.os, "getloadavg", lambda: (1.2, 0.0, 0.0))  # more than one of 2 cores taken
+    note = benchmark._busy_note(cpu, None)
+    assert "load average 1.2 on 2 cores" in note and "1 torch thread" in note and "--threads" in note
+    assert "2 torch thread(s) as asked" in benchmark._busy_note(cpu, 2)  # an explicit --threads is kept, and said
+    assert benchmark._busy_note(gpu, None) is None  # a GPU's timing does not depend on the CPU's load
+    monkeypatch.setattr(benchmark.os, "getloadavg", lambda: (0.9, 0.0, 0.0))  # over half a core free per thread
+    assert benchmark._busy_note(cpu, None) is None
 
 
 def test_the_progress_forecast_weighs_points_by_their_work():

@@ -27,8 +27,13 @@ __all__ = ["configure", "options_from_args", "run", "main"]
 PROG = "python -m attn_course bench"
 DESCRIPTION = ("Time naive, tiled, SDPA (each backend), torch.compile and Triton attention on this machine's "
                "best device; check each against float64 first; write CSV, JSON and plots.")
-QUICK = "about a minute on a 2-core CPU, even a busy one"
-EPILOG = (f"Examples: `python -m attn_course bench --quick` ({QUICK}); on a GPU, record results for the course "
+QUICK = "under a minute on a 2-core CPU, even a busy one"  # measured: 22 s
+# measured on a shared 2-core CPU: 124-146 s, 1 or 2 threads; 10 minutes once when, on 2 threads, other work
+# started during the run (each parallel operation then waits for both threads to be scheduled at once)
+CPU_DEFAULT = ("about 2-3 minutes on a 2-core CPU, even a busy one, unless other work starts after it began on 2 "
+               "threads (then --threads 1)")
+EPILOG = (f"Examples: `python -m attn_course bench --quick` ({QUICK}); `python -m attn_course bench` on a CPU "
+          f"({CPU_DEFAULT}); on a GPU, record results for the course "
           "with `python scripts/gpu_finale.py` (docs/gpu-results.md), which writes docs/results/<gpu-name>/.")
 
 
@@ -40,7 +45,7 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"a small sweep to see that everything works ({QUICK}): 3 lengths, d_k = 64, forward only, "
                         "no torch.compile")
     p.add_argument("--n", type=int, nargs="+", metavar="N",
-                   help="sequence lengths (default: 512…16384 on a GPU, 256…4096 on the CPU)")
+                   help="sequence lengths (default: 512…16384 on a GPU, 256…2048 on the CPU)")
     p.add_argument("--head-dims", type=int, nargs="+", metavar="D", help="head dims d_k (default: 64 128)")
     p.add_argument("--dtypes", nargs="+", choices=list(benchmark.DTYPES),
                    help="default: float16 bfloat16 on a GPU, float32 on the CPU")
@@ -49,21 +54,24 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="default: fwd fwd+bwd (fwd with --quick)")
     p.add_argument("--impls", nargs="+", choices=list(benchmark.IMPLEMENTATIONS), metavar="IMPL",
                    help=f"implementations, from: {' '.join(benchmark.IMPLEMENTATIONS)} "
-                        "(default: all; --quick leaves out compile)")
-    p.add_argument("--tokens", type=int, help="B·n held fixed (default: 16384 on a GPU, 4096 on the CPU)")
+                        "(default: all on a GPU; on the CPU all but compile, which compiles afresh at every "
+                        "point and is opt-in there; --quick leaves out compile)")
+    p.add_argument("--tokens", type=int, help="B·n held fixed (default: 16384 on a GPU, 2048 on the CPU)")
     p.add_argument("--hidden", type=int, help="A·d_k held fixed (default: 2048 on a GPU, 256 on the CPU)")
     p.add_argument("--tiled-block", type=int, help="block size of the course's tiled loop (default: 1024 GPU, 256 CPU)")
     p.add_argument("--min-run-time", type=float,
-                   help="seconds of timed runs at least, per measurement (default 0.2; 0.05 with --quick)")
+                   help="seconds of timed runs at least, per measurement (default 0.2 on a GPU, 0.1 on the CPU, "
+                        "0.05 with --quick)")
     p.add_argument("--max-run-time", type=float,
                    help="seconds after which a measurement whose spread (IQR) is still over 10%% of its median stops "
-                        "and is marked unstable (default: 10 × --min-run-time, at least 1)")
+                        "and is marked unstable (default: 1 on the CPU, 2 on a GPU; with --quick or --min-run-time: "
+                        "10 × that, at least 1)")
     p.add_argument("--roofline-size", type=int, default=2048,
                    help="CPU only: the size of the square matmul whose measured GFLOP/s is the roofline for %% of peak "
                         "(default 2048)")
     p.add_argument("--threads", type=int,
-                   help="CPU only: torch threads (default: torch's own setting; 1 when the machine is busier than it "
-                        "has cores, and the run says so)")
+                   help="CPU only: torch threads (default: torch's own setting; 1 when other work keeps more than half "
+                        "of the cores busy, by the load average at the start, and the run says so)")
     p.add_argument("--max-memory", type=float, metavar="GB",
                    help="CPU only: skip implementations holding an n × n matrix when predicted to need more "
                         "(default: half of the RAM)")
@@ -102,6 +110,8 @@ def options_from_args(args: argparse.Namespace) -> benchmark.BenchOptions:
                    min_run_time=args.min_run_time, max_run_time=args.max_run_time, threads=args.threads,
                    roofline_size=args.roofline_size)
     values = {**vars(preset), **{k: v for k, v in changes.items() if v is not None}}
+    if args.min_run_time is not None and args.max_run_time is None:
+        values["max_run_time"] = None  # the limit follows --min-run-time (10 × it, at least 1 s)
     values.update(causal={"both": [False, True], "yes": [True], "no": [False]}[args.causal], max_memory=max_memory)
     return benchmark.BenchOptions(**values)
 
@@ -134,8 +144,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    left_out = {name: why for name, why in benchmark.CPU_OPT_IN.items()
+                if args.impls is None and not args.quick and torch.device(options.device).type == "cpu"}
+    for name, why in left_out.items():
+        print(f"not measured: {name}: {why}")
     started = time.perf_counter()
     results, info = benchmark.run_sweep(options, progress=not args.no_progress)
+    info["not_measured"].update(left_out)
     print(f"# {info['device']} · torch {torch.__version__}"  # the device as measured (threads included)
           + (f" · triton {timing.triton_version()}" if timing.triton_version() else " · no triton"))
     info["wall_s"] = round(time.perf_counter() - started, 1)

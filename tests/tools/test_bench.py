@@ -24,6 +24,7 @@ def test_help_through_the_course_cli(capsys):
     assert out.startswith("usage: python -m attn_course bench") and "--quick" in out and "--out" in out
     assert "docs/results" in out and "gpu_finale.py" in out  # the epilog says how to record a GPU's results
     assert " ".join(out.split()).count(bench.QUICK) == 2  # one stated duration for --quick, in its help and in the examples
+    assert " ".join(out.split()).count(bench.CPU_DEFAULT) == 1  # and one for the default CPU sweep
     assert "--threads" in out and "--max-run-time" in out
 
 
@@ -33,7 +34,12 @@ def test_arguments_override_the_preset_and_nothing_else():
     assert options.ns == [64] and options.causal == [False] and options.head_dims == [64]
     assert options.modes == ["fwd"] and "compile" not in options.impls and options.max_memory > 0
     full = bench.options_from_args(bench.build_parser().parse_args(["--device", "cpu", "--max-memory", "2"]))
-    assert full.ns == [256, 512, 1024, 2048, 4096] and full.max_memory == 2e9 and "compile" in full.impls
+    assert full.ns == [256, 512, 1024, 2048] and full.max_memory == 2e9 and full.max_run_time == 1.0
+    assert "compile" not in full.impls  # opt-in on the CPU ...
+    named = bench.options_from_args(bench.build_parser().parse_args(["--device", "cpu", "--impls", "naive", "compile"]))
+    assert named.impls == ["naive", "compile"]  # ... where --impls adds it
+    longer = bench.options_from_args(bench.build_parser().parse_args(["--device", "cpu", "--min-run-time", "0.3"]))
+    assert longer.min_run_time == 0.3 and longer.max_run_time is None  # the limit follows --min-run-time (--help)
 
 
 def test_bad_arguments_are_a_message_and_exit_code_2(capsys):
@@ -64,6 +70,25 @@ def test_cli_writes_stamped_csv_json_and_plots(tmp_path, capsys):
         assert key in data["stamp"]
     for mode in ("fwd", "fwd+bwd"):
         assert (tmp_path / f"attention-bench-float32-{mode}.png").stat().st_size > 1000
+
+
+def test_the_cpu_default_says_why_compile_is_left_out(tmp_path, monkeypatch, capsys):
+    from attn_course import benchmark
+
+    seen = {}
+
+    def no_sweep(options, **kw):  # what the sweep was asked to measure, without measuring it
+        seen["impls"] = options.impls
+        return [], {"device": "cpu", "not_measured": {}, "peak_source": "none"}
+
+    monkeypatch.setattr(benchmark, "run_sweep", no_sweep)
+    assert bench.main(["--device", "cpu", "--no-plot", "--out", str(tmp_path)]) == 0
+    assert "compile" not in seen["impls"]
+    assert f"not measured: compile: {benchmark.CPU_OPT_IN['compile']}" in capsys.readouterr().out
+    stamp = json.loads((tmp_path / "attention-bench.json").read_text(encoding="utf-8"))["stamp"]
+    assert stamp["not_measured"] == {"compile": benchmark.CPU_OPT_IN["compile"]}  # in the record too
+    assert bench.main(["--device", "cpu", "--impls", "compile", "--no-plot", "--out", str(tmp_path)]) == 0
+    assert seen["impls"] == ["compile"] and "not measured: compile" not in capsys.readouterr().out
 
 
 def test_a_wrong_result_makes_the_exit_code_1(tmp_path, monkeypatch):
