@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from .boundary import probe
 from .compare import Failure, same
 from .core import Learner, Mistake, as_tensor, check, expect_close, fail
+from .kit import einsum_flops
 
 __all__ = ["check_linear_attention", "check_causal_linear_attention", "check_chunked_linear_attention",
            "check_positive_random_features", "check_block_sparse_attention", "work"]
@@ -77,22 +78,6 @@ def _expect_close(out: Tensor, expected: Tensor, *, tried: str, dtype: torch.dty
 
 
 # ============================================================================ the probe: what the code builds
-def _einsum_flops(args: tuple, out: Tensor) -> float:
-    """2 × (output entries) × (product of the contracted sizes) of an einsum; 0 when it cannot be read."""
-    try:
-        equation, operands = args[0], args[1:]
-        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-            operands = tuple(operands[0])
-        inputs, output = equation.replace(" ", "").split("->")
-        sizes: dict[str, int] = {}
-        for spec, t in zip(inputs.split(","), operands):
-            head, _, tail = spec.partition("...")
-            sizes.update(zip(head, t.shape))
-            sizes.update(zip(reversed(tail), reversed(t.shape)))
-        return 2.0 * out.numel() * math.prod(s for letter, s in sizes.items() if letter not in output)
-    except Exception:  # noqa: BLE001 - an equation this reader does not follow is not counted
-        return 0.0
-
 
 _PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "inner", "linear", "addmm", "baddbmm"}
 
@@ -115,7 +100,7 @@ class _Watch(TorchFunctionMode):
         if isinstance(out, torch.Tensor) and (name == "einsum" or name in _PRODUCTS):
             self.products[tuple(out.shape)] = self.products.get(tuple(out.shape), 0) + 1
             if name == "einsum":
-                self.flops += _einsum_flops(args, out)
+                self.flops += einsum_flops(args, out)
             else:
                 operand = args[1] if name in ("addmm", "baddbmm", "__rmatmul__") else args[0]
                 if isinstance(operand, torch.Tensor) and operand.dim():

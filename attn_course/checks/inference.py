@@ -23,7 +23,7 @@ from .boundary import probe
 from .compare import Failure, describe_mismatch, matching_mistakes, same
 from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, expect_shape, fail,
                    learner_error)
-from .kit import reproduce as _reproduce
+from .kit import einsum_flops, reproduce as _reproduce
 
 __all__ = ["check_KVCache", "check_bottom_right_causal_mask", "check_merge_partials", "check_sliding_window_mask",
            "check_sliding_window_attention"]
@@ -749,25 +749,6 @@ def check_sliding_window_mask(fn: Learner) -> str:
 
 
 # ================================================================================== sliding-window attention (tiled)
-def _einsum_flops(args: tuple, out: torch.Tensor) -> float:
-    """2 × (output entries) × (product of the contracted sizes) for an einsum; 0 when it cannot be read."""
-    try:
-        equation, operands = args[0], args[1:]
-        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-            operands = tuple(operands[0])
-        inputs, output = equation.replace(" ", "").split("->")
-        sizes: dict[str, int] = {}
-        for spec, t in zip(inputs.split(","), operands):
-            head, _, tail = spec.partition("...")
-            for letter, size in zip(head, t.shape):
-                sizes[letter] = size
-            for letter, size in zip(reversed(tail), reversed(t.shape)):
-                sizes[letter] = size
-        contracted = math.prod(size for letter, size in sizes.items() if letter not in output)
-        return 2.0 * out.numel() * contracted
-    except Exception:  # noqa: BLE001 - an equation this reader does not understand: not counted
-        return 0.0
-
 
 _MATMULS = {"matmul", "__matmul__", "mm", "bmm", "mv", "dot", "vdot", "inner", "linear", "addmm", "baddbmm",
             "addbmm", "addmv", "__rmatmul__", "tensordot"}
@@ -793,7 +774,7 @@ class _Watch(TorchFunctionMode):
             if (name == "einsum" or name in _MATMULS) and out.dim() >= 2:
                 self.products[tuple(out.shape)] = self.products.get(tuple(out.shape), 0) + 1
             if name == "einsum":
-                self.flops += _einsum_flops(args, out)
+                self.flops += einsum_flops(args, out)
             elif name in _MATMULS:
                 operand = args[1] if name in ("addmm", "baddbmm", "addbmm", "addmv", "__rmatmul__") else args[0]
                 if isinstance(operand, torch.Tensor) and operand.dim() and name != "tensordot":

@@ -7,11 +7,13 @@ topics share lives here (or in :mod:`.compare`, :mod:`.core`, a reference module
   exception only when the check can reproduce that very message;
 * :class:`Evidence` — mistakes that earlier cases ruled out, so a later mismatch is never blamed on them;
 * :func:`bool_hint` — the cause and fix for "Boolean value of Tensor … is ambiguous";
-* :func:`factors` — names for constant factors that :func:`~.compare.describe_mismatch` may report.
+* :func:`factors` — names for constant factors that :func:`~.compare.describe_mismatch` may report;
+* :func:`einsum_flops` — the FLOPs of an ``einsum`` call, for the watchers that count a learner's work.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Callable
 
@@ -20,7 +22,7 @@ import torch
 from .boundary import LearnerRaised
 from .compare import Mistake, same
 
-__all__ = ["reproduce", "Evidence", "BOOL_HINT", "bool_hint", "factors"]
+__all__ = ["reproduce", "Evidence", "BOOL_HINT", "bool_hint", "factors", "einsum_flops"]
 
 
 def reproduce(attempt: Callable[[], object]) -> str | None:
@@ -75,3 +77,20 @@ def factors(**named: float) -> dict[str, float]:
     """Names for a constant factor, keeping only values no other name (nor 2, ½ or −1) shares on this input."""
     taken = [2.0, 0.5, -1.0, 1.0, *named.values()]
     return {k: v for k, v in named.items() if sum(abs(v - t) < 1e-9 or abs(1 / v - t) < 1e-9 for t in taken) == 1}
+
+
+def einsum_flops(args: tuple, out: torch.Tensor) -> float:
+    """2 × (output entries) × (product of the contracted sizes) of an einsum; 0 when it cannot be read."""
+    try:
+        equation, operands = args[0], args[1:]
+        if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+            operands = tuple(operands[0])
+        inputs, output = equation.replace(" ", "").split("->")
+        sizes: dict[str, int] = {}
+        for spec, t in zip(inputs.split(","), operands):
+            head, _, tail = spec.partition("...")
+            sizes.update(zip(head, t.shape))
+            sizes.update(zip(reversed(tail), reversed(t.shape)))
+        return 2.0 * out.numel() * math.prod(s for letter, s in sizes.items() if letter not in output)
+    except Exception:  # noqa: BLE001 - an equation this reader does not follow is not counted
+        return 0.0
