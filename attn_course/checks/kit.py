@@ -1,11 +1,20 @@
-"""Small helpers that the checks of several notebooks share, beyond :mod:`.core` and :mod:`.compare`.
+"""The check kit: what every topic's checks are written with, beyond :mod:`.core` and :mod:`.compare`.
 
-A topic's checks module (``checks/<topic>.py``) never imports another topic's private names: what two
-topics share lives here (or in :mod:`.compare`, :mod:`.core`, a reference module), under a public name.
+A topic's checks module (``checks/<topic>.py``) imports only this kit (with :mod:`.core`, :mod:`.compare`,
+:mod:`.boundary`, :mod:`.result`) and the reference modules — never another topic's names: what two topics
+share lives here, under a public name.
 
-* :func:`reproduce` — the message a construct raises, to name the construct behind a learner's
-  exception only when the check can reproduce that very message;
-* :class:`Evidence` — mistakes that earlier cases ruled out, so a later mismatch is never blamed on them;
+* :class:`Known` — ONE model of a known mistake, as data: a key, what it is, its cause and fix, and how to
+  reproduce it on the check's case (the same arguments the oracle takes);
+* :class:`Suspects` — ONE engine: tries a check's table of known mistakes on each case, rules out those an
+  earlier case contradicts, names the survivor, and when several survive asks the learner's function for
+  a case that tells them apart before saying "these give the same numbers here";
+* :class:`Watch` / :func:`watch` — ONE watcher of the learner's torch calls (ops, tensors built, FLOPs);
+* :func:`explain_raise` — ONE explanation of a learner's exception: a construct of the topic that raises
+  the very same message, else a pattern of the topic, else the course-wide table of
+  :func:`~.compare.explain_exception`;
+* :func:`reproduce` — the message a construct raises (what :func:`explain_raise` compares);
+* :class:`Evidence` — mistakes that earlier cases ruled out, for checks that bind mistakes by hand;
 * :func:`bool_hint` — the cause and fix for "Boolean value of Tensor … is ambiguous";
 * :func:`factors` — names for constant factors that :func:`~.compare.describe_mismatch` may report;
 * :func:`einsum_flops` — the FLOPs of an ``einsum`` call, for the watchers that count a learner's work.
@@ -14,15 +23,249 @@ topics share lives here (or in :mod:`.compare`, :mod:`.core`, a reference module
 from __future__ import annotations
 
 import math
+import re
 import warnings
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .boundary import LearnerRaised
-from .compare import Mistake, same
+from .compare import Mistake, expect_close, explain_exception, same
 
-__all__ = ["reproduce", "Evidence", "BOOL_HINT", "bool_hint", "factors", "einsum_flops"]
+__all__ = ["Known", "Suspects", "Watch", "watch", "explain_raise", "reproduce", "Evidence", "BOOL_HINT", "bool_hint",
+           "factors", "einsum_flops"]
+
+Case = tuple  # the positional arguments of one call: what the oracle, the learner and every Known take
+
+
+# ============================================================================ a known mistake, as data
+@dataclass(frozen=True)
+class Known:
+    """A known mistake: ``key`` (a stable name for tests), ``summary`` (the short form for grade tables: "mask
+    applied after the softmax"), ``cause`` (what the learner did), ``fix`` (what to change), and ``make``:
+    the mistake's output on a case, called with the same arguments as the oracle (it may raise or return
+    None where the mistake cannot happen: it is then simply not a suspect there)."""
+
+    key: str
+    summary: str
+    cause: str
+    fix: str
+    make: Callable[..., Any]
+
+    def on(self, case: Case) -> Mistake:
+        """This mistake bound to one case (what :func:`~.compare.expect_close` blames)."""
+        return Mistake(self.summary, self.cause, self.fix, lambda: self.make(*case))
+
+
+class Suspects:
+    """The engine: a check's table of :class:`Known` mistakes, tried case by case.
+
+    For each case the check calls :meth:`expect` with the learner's output and the oracle's. A right
+    answer records the case (so a later mismatch is never blamed on a mistake that this case's right
+    output rules out); a wrong one is blamed on the mistakes that reproduce it and were not ruled out.
+    When several survive and the check passes ``again`` (the learner's function, as ``again(*case)``),
+    the engine looks among the cases seen so far and ``distinguish`` for one where the survivors' outputs
+    differ, runs the learner's function on it, and keeps those that still agree. Only mistakes that give
+    the same numbers on every such case are named together, as "on this input … give the same numbers".
+    With no survivor, :func:`~.compare.describe_mismatch` measures what the difference is."""
+
+    def __init__(self, table: Iterable[Known], *, atol: float = 1e-5, rtol: float = 1e-4):
+        self.table = list(table)
+        self.atol, self.rtol = atol, rtol
+        self._passed: list[tuple[Case, torch.Tensor]] = []
+        self._seen: list[Case] = []
+        self._ruled: dict[str, bool] = {}
+
+    def ruled_out(self, known: Known) -> bool:
+        """True when a case the learner got right gives, under this mistake, an output that differs."""
+        if known.key not in self._ruled:
+            self._ruled[known.key] = any(
+                (out := _output(known, case)) is not None and not same(out, expected, atol=self.atol, rtol=self.rtol)
+                for case, expected in self._passed)
+        return self._ruled[known.key]
+
+    def suspects(self, actual: torch.Tensor, case: Case) -> list[Known]:
+        """The mistakes not ruled out whose output on ``case`` is ``actual``."""
+        return [k for k in self.table if not self.ruled_out(k)
+                and (out := _output(k, case)) is not None and same(actual, out, atol=self.atol, rtol=self.rtol)]
+
+    def narrow(self, found: list[Known], again: Callable[..., Any], distinguish: Sequence[Case] = ()) -> list[Known]:
+        """Of several suspects, those that the learner's function still agrees with on cases that tell them apart."""
+        for case in [*distinguish, *self._seen]:
+            if len(found) < 2:
+                break
+            outs = [_output(k, case) for k in found]
+            if any(o is None for o in outs) or all(same(o, outs[0], atol=self.atol, rtol=self.rtol) for o in outs[1:]):
+                continue  # these suspects agree here (or cannot run): no help
+            try:
+                mine = again(*case)
+            except Exception:  # noqa: BLE001 - the learner's function raised here: this case tells nothing
+                continue
+            if not isinstance(mine, torch.Tensor):
+                continue
+            kept = [k for k, o in zip(found, outs) if same(mine, o, atol=self.atol, rtol=self.rtol)]
+            if kept:
+                found = kept
+        return found
+
+    def expect(self, actual: torch.Tensor, expected: torch.Tensor, case: Case, *, tried: str,
+               again: Callable[..., Any] | None = None, distinguish: Sequence[Case] = (), **compare: Any) -> None:
+        """Fail unless ``actual`` (the learner's output on ``case``) matches ``expected`` (the oracle's); name
+        the mistake behind it when one reproduces it. ``compare`` goes to :func:`~.compare.expect_close`
+        (``what``, ``factors``, ``oracle``, ``axes``, ``fix``)."""
+        atol, rtol = compare.pop("atol", self.atol), compare.pop("rtol", self.rtol)
+        if tuple(actual.shape) == tuple(expected.shape) and same(actual, expected, atol=atol, rtol=rtol):
+            self._passed.append((case, expected))
+            self._ruled = {k: v for k, v in self._ruled.items() if v}  # a new right case can only rule out more
+            self._seen.append(case)
+            return
+        found = self.suspects(actual, case)
+        if len(found) > 1 and again is not None:
+            found = self.narrow(found, again, distinguish)
+        self._seen.append(case)
+        table = found or [k for k in self.table if not self.ruled_out(k)]
+        expect_close(actual, expected, tried=tried, atol=atol, rtol=rtol, mistakes=[k.on(case) for k in table],
+                     **compare)
+
+
+def _output(known: Known, case: Case) -> torch.Tensor | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = known.make(*case)
+    except Exception:  # noqa: BLE001 - this mistake cannot happen on this case
+        return None
+    return out if isinstance(out, torch.Tensor) else None
+
+
+# ============================================================================ watching the learner's torch calls
+_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "vdot", "inner", "linear", "addmm",
+             "baddbmm", "addbmm", "addmv"}
+_SECOND_OPERAND = {"addmm", "baddbmm", "addbmm", "addmv", "__rmatmul__"}  # the operand whose last axis is contracted
+_REDUCTIONS = {"amax", "amin", "max", "min", "sum", "nansum", "mean", "logsumexp", "prod", "norm", "std", "var"}
+_EXPS = {"exp", "exp_", "exp2", "exp2_"}
+
+
+class Watch(TorchFunctionMode):
+    """Sees every torch function that Python code calls while it is active (the autograd engine's own calls
+    and C++ internals are not seen) and records:
+
+    * ``ops`` — the functions' names; ``calls`` — how many times each ran;
+    * ``largest`` / ``shape`` — the elements of the largest tensor storage returned, and that tensor's shape;
+    * ``elements`` — the elements of every tensor returned, summed;
+    * ``shapes`` — the shapes of the floating-point tensors (≥ 2-D) returned (at most 2000 kept);
+    * ``products`` — how many matrix products (``@``, ``mm``, ``einsum``…) returned each shape, and ``flops``
+      — their FLOPs, 2 per multiply–add;
+    * ``exp_elements`` / ``exp_tile`` / ``zero_tiles`` — what went through ``exp``: elements, the largest
+      2-D tile, and how many tiles came out all zero (every score in them masked);
+    * ``reductions`` — for max/sum-like reductions, how many inputs one output combined.
+    (A torch-function mode costs nothing to enter; PyTorch's FlopCounterMode imports torch._dynamo,
+    seconds on a small machine.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+        self.calls: dict[str, int] = {}
+        self.largest, self.shape, self.elements = 0, (), 0
+        self.shapes: set[tuple[int, ...]] = set()
+        self.products: dict[tuple[int, ...], int] = {}
+        self.flops = 0.0
+        self.exp_elements, self.exp_tile, self.zero_tiles = 0, (), 0
+        self.reductions: set[int] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", str(func))
+        self.ops.add(name)
+        self.calls[name] = self.calls.get(name, 0) + 1
+        outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
+        if outs and (name == "einsum" or name in _PRODUCTS):
+            self._product(name, args, outs[0])
+        if outs and name in _REDUCTIONS and args and isinstance(args[0], torch.Tensor) and outs[0].numel():
+            if len(self.reductions) < 32:
+                self.reductions.add(args[0].numel() // outs[0].numel())
+        for t in outs:
+            self._tensor(name, t)
+        return out
+
+    def _product(self, name: str, args: tuple, out: torch.Tensor) -> None:
+        if out.dim() >= 2:
+            self.products[tuple(out.shape)] = self.products.get(tuple(out.shape), 0) + 1
+        if name == "einsum":
+            self.flops += einsum_flops(args, out)
+            return
+        operand = args[1] if name in _SECOND_OPERAND and len(args) > 1 else (args[0] if args else None)
+        if isinstance(operand, torch.Tensor) and operand.dim():
+            self.flops += 2.0 * out.numel() * operand.shape[-1]
+
+    def _tensor(self, name: str, t: torch.Tensor) -> None:
+        self.elements += t.numel()
+        try:
+            size = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+        except Exception:  # noqa: BLE001 - tensors without a storage (sparse, meta…): count their elements
+            size = t.numel()
+        if size > self.largest:
+            self.largest, self.shape = size, tuple(t.shape)
+        if t.is_floating_point() and t.dim() >= 2 and len(self.shapes) < 2000:
+            self.shapes.add(tuple(t.shape))
+        if name in _EXPS and t.dim() >= 2:
+            self.exp_elements += t.numel()
+            if t.shape[-2] * t.shape[-1] > math.prod(self.exp_tile or (0,)):
+                self.exp_tile = tuple(t.shape[-2:])
+            if t.shape[-2] > 1 and t.shape[-1] > 1 and not bool(t.any()):
+                self.zero_tiles += 1
+
+    def report(self) -> dict[str, Any]:
+        """What was seen, as plain JSON-able data (what a probe sends back across the learner boundary)."""
+        return {"ops": sorted(self.ops), "calls": dict(sorted(self.calls.items())), "largest": int(self.largest),
+                "shape": [int(s) for s in self.shape], "elements": int(self.elements),
+                "shapes": [list(s) for s in sorted(self.shapes)],
+                "products": [[list(s), c] for s, c in sorted(self.products.items())], "flops": float(self.flops),
+                "exp_elements": int(self.exp_elements), "exp_tile": [int(s) for s in self.exp_tile],
+                "zero_tiles": int(self.zero_tiles), "reductions": sorted(self.reductions)}
+
+
+def watch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Run ``fn(*args, **kwargs)`` once under a :class:`Watch` and return its :meth:`~Watch.report` (the result
+    itself is dropped). Meant for the learner side of a probe."""
+    watcher = Watch()
+    with watcher:
+        fn(*args, **kwargs)
+    return watcher.report()
+
+
+# ============================================================================ a learner's exception
+Construct = tuple[str, str, Callable[[], object]]  # (cause, fix, attempt): a known wrong construct, runnable here
+Pattern = tuple[str, str, str, str]  # (exception type, regex on its message, cause, fix), as in compare's table
+
+
+def explain_raise(exc: LearnerRaised, constructs: Sequence[Construct] = (), patterns: Sequence[Pattern] = ()) -> dict:
+    """``dict(cause=…, fix=…)`` for a learner's exception, or ``{}`` when nothing is known of it.
+
+    First a construct of the topic that, run here, raises the very same type and message (so it is named only
+    when it surely is what the learner wrote); then a pattern of the topic; then the course-wide table
+    (:func:`~.compare.explain_exception`). ``{0}``, ``{1}``… in a pattern's cause and fix are the regex's match
+    and groups."""
+    for cause, fix, attempt in constructs:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                attempt()
+        except Exception as mine:  # noqa: BLE001
+            if type(mine).__name__ == exc.type_name and str(mine) == exc.message:
+                return dict(cause=cause, fix=fix)
+    for kind, pattern, cause, fix in patterns:
+        if kind == exc.type_name and (match := re.search(pattern, exc.message or "")):
+            groups = [match.group(0), *match.groups()]
+            fill = lambda text: re.sub(r"\{(\d)\}", lambda m: str(groups[int(m.group(1))] or ""), text)  # noqa: E731
+            return dict(cause=fill(cause), fix=fill(fix))
+    known = explain_exception(exc.type_name, exc.message)
+    return dict(cause=known[0], fix=known[1]) if known else {}
+
+
+# ============================================================================ small shared helpers
 
 
 def reproduce(attempt: Callable[[], object]) -> str | None:

@@ -1,0 +1,92 @@
+"""The check kit's engine, watcher and explainer, on small made-up checks (the topics' tests cover real ones)."""
+
+import pytest
+import torch
+
+from attn_course.checks.boundary import LearnerRaised
+from attn_course.checks.compare import Failure
+from attn_course.checks.kit import Known, Suspects, Watch, explain_raise, watch
+
+
+def _oracle(x):
+    return x.softmax(-1)
+
+
+TABLE = [
+    Known("no-exp", "exp forgotten", "the scores were normalised without exp", "apply exp before dividing",
+          lambda x: x / x.sum(-1, keepdim=True)),
+    Known("wrong-axis", "softmax over the wrong axis", "dim=0 instead of dim=-1", "normalise along dim=-1",
+          lambda x: x.softmax(0)),
+    Known("uniform", "uniform weights down each column", "1 / (number of rows) everywhere", "compute the softmax",
+          lambda x: torch.full_like(x, 1 / x.shape[0])),
+]
+
+
+def _fail(suspects, actual, case, **kw):
+    with pytest.raises(Failure) as info:
+        suspects.expect(actual, _oracle(*case), case, tried="f(x)", **kw)
+    return info.value.diagnosis
+
+
+def test_a_right_answer_passes_and_the_mistake_behind_a_wrong_one_is_named():
+    symmetric = torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=torch.float64)  # both axes give the same softmax
+    s = Suspects(TABLE)
+    s.expect(_oracle(symmetric), _oracle(symmetric), (symmetric,), tried="f(x)")  # rules out only the others
+    x = torch.randn(3, 4, dtype=torch.float64) + 1.0
+    assert _fail(s, x.softmax(0), (x,)).summary == "softmax over the wrong axis"
+
+
+def test_a_mistake_that_an_earlier_right_case_contradicts_is_not_blamed():
+    s = Suspects(TABLE)
+    right = torch.tensor([[0.5, 2.0, 1.0]], dtype=torch.float64)
+    s.expect(_oracle(right), _oracle(right), (right,), tried="f(x)")  # rules out "exp forgotten" (and the axis)
+    x = torch.rand(2, 3, dtype=torch.float64) + 0.5
+    d = _fail(s, x / x.sum(-1, keepdim=True), (x,))
+    assert "exp forgotten" not in d.summary
+
+
+def test_several_suspects_are_told_apart_by_running_the_learner_on_another_case():
+    sym = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], dtype=torch.float64)  # equal rows: softmax(0) is uniform
+    s = Suspects(TABLE)
+    ambiguous = _fail(s, sym.softmax(0), (sym,))
+    assert " or " in ambiguous.summary and "give the same numbers" in ambiguous.cause
+    s = Suspects(TABLE)
+    other = torch.tensor([[0.0, 3.0, 1.0], [1.0, -1.0, 2.0]], dtype=torch.float64)
+    told = _fail(s, sym.softmax(0), (sym,), again=lambda x: x.softmax(0), distinguish=[(other,)])
+    assert told.summary == "softmax over the wrong axis"
+
+
+def test_no_suspect_means_the_difference_is_measured():
+    x = torch.randn(2, 3, dtype=torch.float64)
+    d = _fail(Suspects(TABLE), 2 * _oracle(x), (x,))
+    assert "2" in d.summary or "2" in d.got
+
+
+def test_the_watcher_counts_products_exps_and_the_largest_tensor():
+    a, b = torch.randn(4, 8), torch.randn(8, 5)
+    with Watch() as w:
+        s = a @ b
+        torch.exp(s)
+        torch.einsum("ij,jk->ik", a, b)
+    assert w.flops == 2 * 2 * 4 * 5 * 8
+    assert w.products == {(4, 5): 2} and w.exp_elements == 20 and w.largest == 20
+    report = watch(lambda: (a @ b).sum(-1))
+    assert report["ops"] and report["reductions"] == [5] and report["flops"] == 2 * 4 * 5 * 8
+
+
+def _raised(attempt):
+    try:
+        attempt()
+    except Exception as exc:  # noqa: BLE001
+        return LearnerRaised({"type": type(exc).__name__, "message": str(exc)}, "f(x)")
+    raise AssertionError("did not raise")
+
+
+def test_an_exception_is_explained_by_a_construct_then_a_pattern_then_the_course_table():
+    x = torch.randn(2, 3)
+    exc = _raised(lambda: x @ x)
+    assert explain_raise(exc, [("x @ x", "use x @ x.T", lambda: x @ x)])["cause"] == "x @ x"
+    assert explain_raise(exc, [("other", "other", lambda: x @ torch.randn(4, 4))]) != {"cause": "other", "fix": "other"}
+    assert explain_raise(exc, (), [("RuntimeError", r"cannot be multiplied \((\d+)x", "rows {1}", "fix")])["cause"] == "rows 2"
+    assert explain_raise(exc)  # the course-wide table explains a shape mismatch
+    assert explain_raise(_raised(lambda: (_ for _ in ()).throw(KeyError("zz")))) == {}
