@@ -24,10 +24,13 @@ A wrong implementation is reported as ``WRONG`` and not timed. Out of memory is 
 not a crash.
 
 **Numbers that hold on a busy machine**: every time is a median *with its spread* (the quartiles of
-the timed runs, :func:`attn_course.timing.measure`), repeated until the interquartile range is under
-10 % of the median or a time limit passes — then the row says *unstable*. :func:`results_table`
-ranks the implementations at each point and calls two of them *tied* when their middle halves
-[q1, q3] overlap, rather than ranking them on noise. Memory is the peak above what was allocated
+the timed runs), repeated until the interquartile range is under 10 % of the median or a time limit
+passes — then the row says *unstable*. On a CPU the implementations of a point are timed together, in
+interleaved rounds (:func:`attn_course.timing.interleaved`), on one torch thread (:data:`CPU_THREADS`),
+so a busy stretch of the machine slows all of them alike; on a GPU each is timed on its own
+(:func:`attn_course.timing.measure`). :func:`results_table` ranks the implementations at each point and
+calls two of them *tied* when the data cannot tell them apart (:func:`attn_course.timing.paired_order`:
+round by round on a CPU, overlapping middle halves [q1, q3] otherwise), rather than ranking them on noise. Memory is the peak above what was allocated
 before the call (:func:`attn_course.timing.peak_memory_bytes`). FLOPs follow the papers
 (:func:`attn_course.fast.attention_flops`); throughput is shown in GFLOP/s on a CPU and TFLOP/s on a
 GPU, and "% of peak" compares it with the GPU's datasheet peak (:mod:`attn_course.datasheet`) or, on
@@ -232,8 +235,7 @@ class BenchOptions:
     spread is still large stops and is marked unstable (default: 10 × ``min_run_time``, at least 1 s);
     ``max_memory``: on the CPU, skip implementations that hold an n × n matrix when they would need
     more bytes than this (Linux may grant a huge allocation and then kill the process); ``threads``: CPU
-    threads for torch (default: torch's current setting, or 1 when other work keeps more than half of
-    the cores busy — the sweep says so); ``roofline_size``: the CPU roofline's matmul size; ``seed``: of the random
+    threads for torch (default on a CPU: :data:`CPU_THREADS`, one, whatever the load); ``roofline_size``: the CPU roofline's matmul size; ``seed``: of the random
     inputs.
     """
 
@@ -332,9 +334,11 @@ class Result:
     runs: int | None = None  # timed runs behind the median
     stable: bool | None = None  # IQR ≤ 10 % of the median before the time limit
     compile_cache: str | None = None  # compile: inductor's on-disk cache "warm" (hits only) or "cold" (wrote)
+    rounds_ms: list[float] | None = None  # CPU: per-call ms in each interleaved round (same rounds for every impl)
 
 
-FIELDS = [f.name for f in fields(Result)]
+#: The CSV's columns (the per-round times are in the JSON only).
+FIELDS = [f.name for f in fields(Result) if f.name != "rounds_ms"]
 
 
 def configs(options: BenchOptions) -> list[Config]:
@@ -415,6 +419,24 @@ def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, t
             device: str | torch.device, peak: float | None = None, options: BenchOptions | None = None) -> Result:
     """Check ``impl`` on one configuration against float64, then time it and measure its peak memory."""
     options = options or BenchOptions()
+    res, step, warmup = _prepare(impl, cfg, inputs, device=device, options=options)
+    try:
+        if step is not None:
+            t = timing.measure(step, device=device, warmup=warmup, min_run_time=options.min_run_time,
+                               max_run_time=options.max_run_time)
+            _timed(res, step, t, cfg, peak, torch.device(device))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+        _failed(res, exc)
+    finally:
+        _free(torch.device(device))
+    return res
+
+
+def _prepare(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *,
+             device: str | torch.device, options: BenchOptions) -> tuple[Result, Callable[[], Any] | None, int]:
+    """The row for ``impl`` at ``cfg``, checked against float64 (and its compile time measured), with the
+    call to time and how many warm-up calls it still needs; the call is None when it must not be timed
+    (unsupported, skipped, wrong, failed: the row says why)."""
     device = torch.device(device)
     dtype = DTYPES[cfg.dtype]
     res = Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim, cfg.causal,
@@ -422,13 +444,13 @@ def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, t
     backward = cfg.mode == "fwd+bwd"
     if backward and impl.differentiable is None:
         res.status, res.note = "unsupported", "forward only"
-        return res
+        return res, None, 0
     if device.type == "cpu" and options.max_memory and impl.materialises:
         need = 3 * score_matrix_bytes(cfg.n, batch=cfg.batch, heads=cfg.heads, dtype=dtype) * (2 if backward else 1)
         if need > options.max_memory:
             res.status = "skipped"
             res.note = f"would need about {timing.format_bytes(need)} > max_memory {timing.format_bytes(options.max_memory)}"
-            return res
+            return res, None, 0
     q, k, v = inputs
     try:
         if backward:
@@ -473,33 +495,40 @@ def measure(impl: Impl, cfg: Config, inputs: tuple[torch.Tensor, torch.Tensor, t
         if problems:
             res.status = "WRONG"
             res.note = "; ".join(problems) + ": not timed"
-            return res
+            return res, None, 0
         del out, grads
-        # A first call slower than 0.2 s (not compiling) already warmed up what a warm-up call would.
-        warmup = options.warmup if first_s < 0.2 else 0
-        t = timing.measure(step, device=device, warmup=warmup, min_run_time=options.min_run_time,
-                           max_run_time=options.max_run_time)
-        res.ms, res.ms_q1, res.ms_q3, res.runs, res.stable = t.median, t.q1, t.q3, t.runs, t.stable
-        if not t.stable:
-            res.note = (f"unstable: IQR {100 * t.relative_spread:.0f}% of the median after {t.runs} runs"
-                        + (f"; {res.note}" if res.note else ""))
-        flops = fast.attention_flops(cfg.batch, cfg.heads, cfg.n, cfg.head_dim, causal=cfg.causal, backward=backward)
-        res.tflops = flops / (res.ms * 1e-3) / 1e12
-        if peak:
-            res.pct_of_peak = 100.0 * res.tflops / peak
-        res.peak_memory_bytes = timing.peak_memory_bytes(step, device=device)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
-        if _is_oom(exc):
-            res.status, res.note = "OOM", f"OOM at n={cfg.n}"
-        elif "No available kernel" in str(exc) or "No viable backend" in str(exc):
-            res.status, res.note = "unsupported", "no kernel for this configuration"
-        else:
-            first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
-            res.status, res.note = "error", f"{type(exc).__name__}: {first_line}"
-        res.ms = res.tflops = res.pct_of_peak = res.ms_q1 = res.ms_q3 = res.runs = res.stable = None
-    finally:
-        _free(device)
-    return res
+        _failed(res, exc)
+        return res, None, 0
+    # A first call slower than 0.2 s (not compiling) already warmed up what a warm-up call would.
+    return res, step, (options.warmup if first_s < 0.2 else 0)
+
+
+def _timed(res: Result, step: Callable[[], Any], t: timing.Timing, cfg: Config, peak: float | None,
+           device: torch.device) -> None:
+    """Fill ``res`` from its timing ``t``: median and spread, FLOP/s, % of peak, peak memory."""
+    res.ms, res.ms_q1, res.ms_q3, res.runs, res.stable = t.median, t.q1, t.q3, t.runs, t.stable
+    res.rounds_ms = list(t.rounds) or None
+    if not t.stable:
+        res.note = (f"unstable: IQR {100 * t.relative_spread:.0f}% of the median after {t.runs} runs"
+                    + (f"; {res.note}" if res.note else ""))
+    flops = fast.attention_flops(cfg.batch, cfg.heads, cfg.n, cfg.head_dim, causal=cfg.causal,
+                                 backward=cfg.mode == "fwd+bwd")
+    res.tflops = flops / (res.ms * 1e-3) / 1e12
+    if peak:
+        res.pct_of_peak = 100.0 * res.tflops / peak
+    res.peak_memory_bytes = timing.peak_memory_bytes(step, device=device)
+
+
+def _failed(res: Result, exc: BaseException) -> None:
+    if _is_oom(exc):
+        res.status, res.note = "OOM", f"OOM at n={res.n}"
+    elif "No available kernel" in str(exc) or "No viable backend" in str(exc):
+        res.status, res.note = "unsupported", "no kernel for this configuration"
+    else:
+        first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
+        res.status, res.note = "error", f"{type(exc).__name__}: {first_line}"
+    res.ms = res.tflops = res.pct_of_peak = res.ms_q1 = res.ms_q3 = res.runs = res.stable = res.rounds_ms = None
 
 
 # ============================================================================ the sweep
@@ -513,23 +542,29 @@ def run_sweep(options: BenchOptions | None = None, *, progress: bool = True,
     options = options or BenchOptions()
     device = torch.device(options.device)
     threads_before = torch.get_num_threads()
-    busy = _busy_note(device, options.threads)
+    busy = _busy_note(device)
     if busy:
         log(busy)
     if device.type == "cpu":
-        torch.set_num_threads(options.threads or (1 if busy else threads_before))
+        torch.set_num_threads(options.threads or CPU_THREADS)
     try:
         return _sweep(options, device, progress, log, tqdm, busy)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _busy_note(device: torch.device, threads: int | None) -> str | None:
+#: Torch threads for a CPU sweep unless ``threads`` says otherwise. One thread, whatever else the machine
+#: runs: with several, each parallel operation waits until all its threads are scheduled at once, which on
+#: a busy machine costs the many small operations of a tiled loop far more than one large SDPA call (a
+#: sweep on 2 threads at load 1.9 on 2 cores timed one point at 16 s where the others at that n took
+#: 0.08–1.6 s), so the ranking would depend on the load. A thread count chosen from the load would
+#: make two runs measure different things.
+CPU_THREADS = 1
+
+
+def _busy_note(device: torch.device) -> str | None:
     """A line when other work keeps more than half of the CPU's cores busy (load average above half the
-    core count). Then each parallel operation waits until all of torch's threads are scheduled at once,
-    which on a busy machine can take far longer than the work itself (a default CPU sweep started on 2
-    threads at load 1.9 on 2 cores timed one point at 16 s where the others at that n took 0.08–1.6 s): without an
-    explicit ``threads``, the sweep runs on one thread and says so. The load is read once, at the start."""
+    core count): times then spread more. The load is read once, at the start; it changes nothing measured."""
     try:
         load = os.getloadavg()[0]
     except (OSError, AttributeError):  # Windows
@@ -537,11 +572,9 @@ def _busy_note(device: torch.device, threads: int | None) -> str | None:
     cores = os.cpu_count() or 1
     if device.type != "cpu" or load <= cores / 2:
         return None
-    what = (f"measuring with {threads} torch thread(s) as asked" if threads else
-            "measuring on 1 torch thread (each parallel operation would wait for all its threads to be scheduled "
-            "at once); --threads N overrides")
-    return (f"this machine is busy (load average {load:.1f} on {cores} cores): {what}; times spread more, so each "
-            "is shown with its spread and close results are called tied")
+    return (f"this machine is busy (load average {load:.1f} on {cores} cores): times spread more; the "
+            "implementations of each point are timed in interleaved rounds, so a busy stretch slows all of "
+            "them alike, and results the rounds cannot tell apart are called tied")
 
 
 #: The forecast's seconds for one torch.compile (a fresh compile per point; tens of seconds on a CPU).
@@ -599,29 +632,62 @@ def _sweep(options: BenchOptions, device: torch.device, progress: bool, log: Cal
             _free(device)
             continue
         peak = peaks[cfg.dtype][0] / 1e12 if peaks[cfg.dtype][0] else None  # TFLOP/s
+        where = f"n={cfg.n} d={cfg.head_dim} {cfg.dtype} {'causal' if cfg.causal else 'full'} {cfg.mode}"
+        rows, steps = [], {}
         for impl in impls_by_dtype[cfg.dtype]:
             key = (impl.name, cfg.head_dim, cfg.dtype, cfg.causal, cfg.mode)
-            bar.set_postfix_str(f"{impl.name} n={cfg.n} d={cfg.head_dim} {cfg.dtype} "
-                                f"{'causal' if cfg.causal else 'full'} {cfg.mode}")
+            bar.set_postfix_str(f"{impl.name} {where}")
             if key in oom_at and cfg.n > oom_at[key]:
                 res = Result(impl.name, device.type, cfg.dtype, cfg.batch, cfg.heads, cfg.n, cfg.head_dim,
                              cfg.causal, cfg.mode, "skipped", note=f"already OOM at n={oom_at[key]}")
+            elif device.type == "cpu":  # checked now, timed below with the others in interleaved rounds
+                res, step, warmup = _prepare(impl, cfg, inputs, device=device, options=options)
+                if step is not None:
+                    steps[impl.name] = (res, step, warmup)
+                bar.update(work[(id(cfg), impl.name)] / 2)
             else:
                 res = measure(impl, cfg, inputs, device=device, peak=peak, options=options)
-                if res.status == "OOM":
-                    oom_at[key] = cfg.n
-                if res.status in ("OOM", "WRONG", "error"):
-                    log(f"{impl.name}: {res.status} at n={cfg.n} (d={cfg.head_dim}, {cfg.dtype}, "
-                        f"{'causal' if cfg.causal else 'non-causal'}, {cfg.mode}): {res.note}")
-            results.append(res)
-            bar.update(work[(id(cfg), impl.name)])
-        del inputs
+            if res.status == "OOM":
+                oom_at[key] = cfg.n
+            if res.status in ("OOM", "WRONG", "error"):
+                log(f"{impl.name}: {res.status} at n={cfg.n} (d={cfg.head_dim}, {cfg.dtype}, "
+                    f"{'causal' if cfg.causal else 'non-causal'}, {cfg.mode}): {res.note}")
+            rows.append((impl, res))
+            if device.type != "cpu":
+                bar.update(work[(id(cfg), impl.name)])
+        if steps:
+            bar.set_postfix_str(f"{len(steps)} implementations in interleaved rounds, {where}")
+            _time_together(steps, cfg, peak, device, options)
+            for impl, res in rows:
+                if impl.name in steps:
+                    bar.update(work[(id(cfg), impl.name)] / 2)
+        results += [res for _, res in rows]
+        del inputs, steps
         _free(device)
     bar.close()
     info = _stamp(options, device, name, missing_all, peaks)
     if busy:
         info["load_note"] = busy
     return results, info
+
+
+def _time_together(steps: dict[str, tuple[Result, Callable[[], Any], int]], cfg: Config, peak: float | None,
+                   device: torch.device, options: BenchOptions) -> None:
+    """Time the implementations of one CPU point in interleaved rounds (:func:`timing.interleaved`), so
+    that a busy stretch of the machine slows all of them alike and their order holds."""
+    try:
+        timings = timing.interleaved({name: step for name, (_, step, _) in steps.items()},
+                                     warmup=max(w for _, _, w in steps.values()),
+                                     min_run_time=options.min_run_time, max_run_time=options.max_run_time)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, never a crash
+        for res, _, _ in steps.values():
+            _failed(res, exc)
+        return
+    for name, (res, step, _) in steps.items():
+        try:
+            _timed(res, step, timings[name], cfg, peak, device)
+        except Exception as exc:  # noqa: BLE001
+            _failed(res, exc)
 
 
 #: The CPU's roofline: a (size × size) @ (size × size) float matrix product, measured on this machine.
@@ -686,8 +752,9 @@ def _interval(r: dict[str, Any]) -> tuple[float, float]:
 
 def rankings(results: Iterable[Result | dict]) -> dict[tuple, list[list[str]]]:
     """At each point (dtype, d_k, B, A, causal, mode, n), the measured implementations fastest first, in
-    groups of ties: sorted by median time, an implementation joins the group before it when its
-    middle half [q1, q3] overlaps the previous one's (the data cannot tell which is faster)."""
+    groups of ties: sorted by median time, an implementation joins the group before it when the data
+    cannot tell it from the previous one (:func:`timing.paired_order`: round by round when both were timed
+    in the same interleaved rounds, else by whether their middle halves [q1, q3] overlap)."""
     by_point: dict[tuple, list[dict[str, Any]]] = {}
     for r in _rows(results):
         if r["status"] == "ok" and r["ms"] is not None:
@@ -696,14 +763,16 @@ def rankings(results: Iterable[Result | dict]) -> dict[tuple, list[list[str]]]:
     for point, rows in by_point.items():
         rows.sort(key=lambda r: r["ms"])
         groups: list[list[str]] = []
-        previous: tuple[float, float] | None = None
+        previous: timing.Timing | None = None
         for r in rows:
             q1, q3 = _interval(r)
-            if previous is not None and q1 <= previous[1] and previous[0] <= q3:
+            this = timing.Timing(r["ms"], q1, q3, r.get("runs") or 0, bool(r.get("stable")), "",
+                                 tuple(r.get("rounds_ms") or ()))
+            if previous is not None and timing.paired_order(previous, this) == 0:
                 groups[-1].append(r["impl"])
             else:
                 groups.append([r["impl"]])
-            previous = (q1, q3)
+            previous = this
         ranked[point] = groups
     return ranked
 

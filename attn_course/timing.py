@@ -29,12 +29,12 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["Timing", "measure", "time_ms", "cpu_matmul_flops", "STABLE_IQR", "peak_memory_bytes", "stamp", "describe_stamp", "device_name", "triton_version",
+__all__ = ["Timing", "measure", "interleaved", "paired_order", "time_ms", "cpu_matmul_flops", "STABLE_IQR", "peak_memory_bytes", "stamp", "describe_stamp", "device_name", "triton_version",
            "format_bytes"]
 
 
@@ -89,6 +89,7 @@ class Timing:
     runs: int
     stable: bool
     method: str
+    rounds: tuple[float, ...] = ()  # per-call ms of each interleaved round (see :func:`interleaved`), else empty
 
     @property
     def iqr(self) -> float:
@@ -142,6 +143,60 @@ def measure(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup
         times += timer.timeit(m.number_per_run).times
     return _timing([t * 1e3 for t in times], "torch.utils.benchmark adaptive_autorange (per call, blocks of "
                                              f"{m.number_per_run})")
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], *, warmup: int = 1, min_run_time: float = 0.2,
+                max_run_time: float | None = None, min_rounds: int = 5) -> dict[str, Timing]:
+    """Time several functions on the CPU in *interleaved rounds*: each round times one block of calls of
+    every function, in an order that rotates from round to round. What slows the machine down for a
+    while (another program, a frequency change) then slows every function in the same rounds, so their
+    comparison, round by round, holds where separately timed medians would not.
+
+    Each function's block holds enough calls for about ``min_run_time / min_rounds`` seconds (at least
+    one call; ``torch.utils.benchmark.Timer.timeit`` times it). Rounds go on until ``min_rounds`` are
+    done and every function's IQR is within :data:`STABLE_IQR` of its median, or until ``max_run_time``
+    (default: 10 × ``min_run_time``, at least 1 s) per function has passed; then the still-spread ones
+    are not ``stable``. Each :class:`Timing` keeps its per-round times in ``rounds`` (round i of every
+    function ran in the same stretch of time), which :func:`paired_order` compares."""
+    from torch.utils import benchmark
+
+    max_run_time = max(10 * min_run_time, 1.0) if max_run_time is None else max_run_time
+    timers, number = {}, {}
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+        timers[name] = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        one = timers[name].timeit(1).median  # seconds for one call, to size the blocks
+        number[name] = max(1, int(min_run_time / min_rounds / max(one, 1e-9)))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    started = time.perf_counter()
+    for round_ in range(10_000):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            times[name].append(timers[name].timeit(number[name]).median * 1e3)
+        done = round_ + 1 >= max(min_rounds, MIN_RUNS)
+        if done and (all(_timing(t, "").stable for t in times.values())
+                     or time.perf_counter() - started > max_run_time * len(names)):
+            break
+    method = f"interleaved rounds of torch.utils.benchmark Timer.timeit blocks ({len(names)} functions)"
+    return {name: replace(_timing(t, method), rounds=tuple(t)) for name, t in times.items()}
+
+
+def paired_order(a: Timing, b: Timing) -> int:
+    """-1 when ``a`` is measurably faster than ``b``, 1 when slower, 0 when the data cannot tell (a tie).
+
+    With interleaved rounds of the same length (:func:`interleaved`), round i of both ran in the same
+    stretch of time: the per-round ratios a/b are compared with 1, and one is faster only when the middle
+    half of those ratios lies wholly on one side. Otherwise the two middle halves [q1, q3] are compared:
+    overlapping means tied."""
+    if a.rounds and len(a.rounds) == len(b.rounds) and len(a.rounds) >= MIN_RUNS:
+        ratios = [x / y for x, y in zip(a.rounds, b.rounds) if y > 0]
+        if len(ratios) >= MIN_RUNS:
+            _, q1, q3 = _quartiles(ratios)
+            return -1 if q3 < 1 else 1 if q1 > 1 else 0
+    if a.overlaps(b):
+        return 0
+    return -1 if a.median < b.median else 1
 
 
 def time_ms(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup: int = 2,

@@ -272,7 +272,7 @@ def test_an_unstable_measurement_says_so(monkeypatch):
     from attn_course import timing
 
     shaky = timing.Timing(median=1.0, q1=0.5, q3=2.0, runs=5, stable=False, method="test")
-    monkeypatch.setattr(timing, "measure", lambda *a, **kw: shaky)
+    monkeypatch.setattr(timing, "interleaved", lambda fns, **kw: {name: shaky for name in fns})
     results, _ = benchmark.run_sweep(tiny(ns=[32], causal=[False], impls=["naive"]), progress=False, log=quiet)
     (r,) = results
     assert r.status == "ok" and r.stable is False and r.note.startswith("unstable: IQR 150% of the median after 5 runs")
@@ -280,16 +280,47 @@ def test_an_unstable_measurement_says_so(monkeypatch):
     assert "150%!" in table and "unstable" in table
 
 
-def test_a_cpu_half_busy_with_other_work_is_measured_on_one_thread(monkeypatch):
+def test_a_cpu_sweep_runs_on_one_thread_whatever_the_load_and_says_when_the_machine_is_busy(monkeypatch):
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(benchmark.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(benchmark.os, "getloadavg", lambda: (1.2, 0.0, 0.0))  # more than one of 2 cores taken
-    note = benchmark._busy_note(cpu, None)
-    assert "load average 1.2 on 2 cores" in note and "1 torch thread" in note and "--threads" in note
-    assert "2 torch thread(s) as asked" in benchmark._busy_note(cpu, 2)  # an explicit --threads is kept, and said
-    assert benchmark._busy_note(gpu, None) is None  # a GPU's timing does not depend on the CPU's load
-    monkeypatch.setattr(benchmark.os, "getloadavg", lambda: (0.9, 0.0, 0.0))  # over half a core free per thread
-    assert benchmark._busy_note(cpu, None) is None
+    assert "load average 1.2 on 2 cores" in benchmark._busy_note(cpu) and "interleaved" in benchmark._busy_note(cpu)
+    assert benchmark._busy_note(gpu) is None  # a GPU's timing does not depend on the CPU's load
+    monkeypatch.setattr(benchmark.os, "getloadavg", lambda: (0.9, 0.0, 0.0))
+    assert benchmark._busy_note(cpu) is None
+    seen = []
+    monkeypatch.setattr(benchmark, "_sweep", lambda *a: seen.append(torch.get_num_threads()) or ([], {}))
+    before = torch.get_num_threads()
+    for load in (0.0, 1.9):  # the same thread count on a quiet and on a busy machine
+        monkeypatch.setattr(benchmark.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        benchmark.run_sweep(tiny(), progress=False, log=quiet)
+    benchmark.run_sweep(tiny(threads=2), progress=False, log=quiet)
+    assert seen == [benchmark.CPU_THREADS, benchmark.CPU_THREADS, 2] and torch.get_num_threads() == before
+
+
+def test_a_cpu_point_times_its_implementations_in_the_same_interleaved_rounds():
+    results, _ = benchmark.run_sweep(tiny(ns=[32], causal=[False], impls=["naive", "tiled"], min_run_time=0.01,
+                                          max_run_time=0.05), progress=False, log=quiet)
+    naive, tiled = results
+    assert naive.status == tiled.status == "ok"
+    assert len(naive.rounds_ms) == len(tiled.rounds_ms) >= 5 and naive.runs == len(naive.rounds_ms)
+    assert naive.ms_q1 <= naive.ms <= naive.ms_q3 and tiled.ms_q1 <= tiled.ms <= tiled.ms_q3
+
+
+def test_paired_rounds_rank_what_overlapping_spreads_cannot():
+    from attn_course import timing
+
+    drift = [1.0, 3.0, 1.2, 2.8, 1.1, 3.1]  # a machine whose speed swings from round to round
+    a = timing.Timing(2.0, 1.1, 2.9, 6, False, "", tuple(drift))
+    b = timing.Timing(2.2, 1.2, 3.1, 6, False, "", tuple(1.1 * t for t in drift))  # always 10 % slower
+    noisy = timing.Timing(2.1, 1.1, 3.0, 6, False, "", (1.1, 2.8, 1.1, 3.0, 1.3, 2.9))  # sometimes ahead
+    assert a.overlaps(b) and timing.paired_order(a, b) == -1 and timing.paired_order(b, a) == 1
+    assert timing.paired_order(a, noisy) == 0
+    rows = [dict(_row("a", 2.0, 1.1, 2.9), rounds_ms=list(a.rounds)),
+            dict(_row("b", 2.2, 1.2, 3.1), rounds_ms=list(b.rounds))]
+    assert benchmark.rankings(rows) == {("float32", 16, 1, 1, False, "fwd", 64): [["a"], ["b"]]}
+    assert benchmark.rankings([dict(r, rounds_ms=None) for r in rows]) == {
+        ("float32", 16, 1, 1, False, "fwd", 64): [["a", "b"]]}  # without rounds: overlapping spreads tie
 
 
 def test_the_progress_forecast_weighs_points_by_their_work():

@@ -86,10 +86,19 @@ class Suspects:
                 for case, expected in self._passed)
         return self._ruled[known.key]
 
-    def suspects(self, actual: torch.Tensor, case: Case) -> list[Known]:
-        """The mistakes not ruled out whose output on ``case`` is ``actual``."""
-        return [k for k in self.table if not self.ruled_out(k)
-                and (out := _output(k, case)) is not None and same(actual, out, atol=self.atol, rtol=self.rtol)]
+    def suspects(self, actual: torch.Tensor, case: Case, expected: torch.Tensor | None = None) -> list[Known]:
+        """The mistakes not ruled out whose output on ``case`` is ``actual`` — leaving out, when ``expected`` is
+        given, those whose output on this case is the right one (they change nothing here, so they cannot
+        explain a wrong answer; an answer merely near both is a precision problem, not that mistake)."""
+        found = []
+        for k in self.table:
+            out = None if self.ruled_out(k) else _output(k, case)
+            if out is None or not same(actual, out, atol=self.atol, rtol=self.rtol):
+                continue
+            if expected is not None and same(out, expected, atol=self.atol, rtol=self.rtol):
+                continue
+            found.append(k)
+        return found
 
     def narrow(self, found: list[Known], again: Callable[..., Any], distinguish: Sequence[Case] = ()) -> list[Known]:
         """Of several suspects, those that the learner's function still agrees with on cases that tell them apart."""
@@ -121,11 +130,12 @@ class Suspects:
             self._ruled = {k: v for k, v in self._ruled.items() if v}  # a new right case can only rule out more
             self._seen.append(case)
             return
-        found = self.suspects(actual, case)
+        found = self.suspects(actual, case, expected)
         if len(found) > 1 and again is not None:
             found = self.narrow(found, again, distinguish)
         self._seen.append(case)
-        table = found or [k for k in self.table if not self.ruled_out(k)]
+        table = found or [k for k in self.table if not self.ruled_out(k)
+                          and not ((out := _output(k, case)) is not None and same(out, expected, atol=atol, rtol=rtol))]
         expect_close(actual, expected, tried=tried, atol=atol, rtol=rtol, mistakes=[k.on(case) for k in table],
                      **compare)
 

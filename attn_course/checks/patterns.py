@@ -1,20 +1,18 @@
 """Checks for notebook 08 (reading attention): the five per-query pattern metrics.
 
-Each metric takes attention weights (..., n_q, n_k) as a tensor and returns one value per query,
-(..., n_q), as a tensor (the docstrings say tensor: a NumPy array is named as such). Oracle: the
-reference metrics of :mod:`attn_course.patterns` in float64 (entropy is :func:`attn_course.softmax.entropy`,
-checked against ``torch.distributions.Categorical`` in the tests).
-
-Every check starts on the same kind of input: one matrix of two-sided weights whose row maxima differ
-from row to row and from the whole matrix's maximum, so that the known mistakes give numbers different
-from the answer and from each other. Batches, masks, non-square and size-1 inputs follow; a mistake an
-earlier case ruled out is never blamed later, and an exception is read against the inputs that ran.
+Each metric takes attention weights (..., n_q, n_k) as a tensor and returns one value per query, (..., n_q), as a
+tensor. Oracle: the reference metrics of :mod:`attn_course.patterns` in float64 (entropy is checked against
+``torch.distributions.Categorical`` in the tests). Each metric's known mistakes are a table of :class:`~.kit.Known`
+rows, ``make(w, mask)`` on the float64 weights, judged by one :class:`~.kit.Suspects` per check run. The first case
+(two-sided weights whose row maxima differ from row to row and from the matrix's maximum) sets the known mistakes
+apart; batches, masks, non-square and size-1 inputs follow.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Callable
 
 import numpy as np
 import torch
@@ -23,9 +21,8 @@ from .. import patterns as ref
 from ..masks import causal_mask
 from .boundary import Opaque
 from .compare import Failure
-from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, fail, fmt,
-                   learner_error)
-from .kit import Evidence as _Evidence, bool_hint as _bool_hint, factors as _factors
+from .core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt, learner_error
+from .kit import Known, Suspects, bool_hint, explain_raise, factors
 
 __all__ = [
     "check_normalised_entropy",
@@ -38,6 +35,7 @@ __all__ = [
 ATOL, RTOL = 1e-5, 1e-4
 
 
+# ============================================================================ cases
 def _rows(shape, gen, *, spread=2.0, mask=None, dtype=torch.float64) -> torch.Tensor:
     scores = spread * torch.randn(*shape, generator=gen, dtype=torch.float64)
     if mask is not None:
@@ -114,23 +112,44 @@ def _foreign_size(message: str, shape: tuple) -> int | None:
     return None
 
 
-class _Run:
-    """One metric's check: calls the learner on each case, compares with the oracle, and keeps what passed
-    (the mistakes it ruled out, the shapes that ran) to read a later failure against."""
+#: Exceptions whose message says what the code did (type, regex, cause, fix), before the course-wide table.
+_PATTERNS = [
+    ("RuntimeError", r"diagonal dimensions cannot be identical (-?\d+), (-?\d+)",
+     "diagonal() was given one axis twice: dim1 = {1} and dim2 = {2} are the same axis of these weights, and a "
+     "diagonal runs over two different axes", "take the diagonal over the last two axes: "
+     "w.diagonal(dim1=-2, dim2=-1)"),
+    ("RuntimeError", r"clamp: At least one of 'min' or 'max' must not be None",
+     "clamp() was called with neither min nor max, so it has no bound to apply", "give the bound: .clamp(min=...)"),
+    ("TypeError", r"'([<>=!]+)' not supported between instances of '([\w.]+)' and '([\w.]+)'",
+     "a comparison ({1}) between values of types {2} and {3}: one side is not the number or tensor it should be (a "
+     "name holds a {2})", "print the value of both sides on the line shown"),
+]
 
-    def __init__(self, fn: Learner, what: str):
-        self.fn, self.what = fn, what
-        self.evidence = _Evidence()
+
+# ============================================================================ one metric's check
+class _Run:
+    """One metric's check: calls the learner on each case, judges the answer with one :class:`~.kit.Suspects` over
+    the metric's table (``make(w, mask)``, w in float64), and keeps the shapes that ran to read a later exception."""
+
+    def __init__(self, fn: Learner, what: str, table: list[Known], oracle: Callable):
+        self.fn, self.what, self.oracle = fn, what, oracle
+        rounded = Known("rounded", "rounded to whole numbers", "your values are the right ones rounded to integers "
+                        "(.round(), .long(), // or an integer tensor along the way)", "keep the values as floats: no "
+                        "rounding, no integer division", lambda w, mask: oracle(w, mask).round())
+        self.suspects = Suspects([*table, rounded], atol=ATOL, rtol=RTOL)
         self.ran: list[tuple[int, ...]] = []
 
     def tried(self, case: dict) -> str:
         return f"{self.what}(weights{', mask' if case['mask'] is not None else ''}) on {case['name']}"
 
+    def learner(self, w: torch.Tensor, mask) -> object:
+        return self.fn(w) if mask is None else self.fn(w, mask)
+
     def call(self, case: dict) -> torch.Tensor:
         w, mask = case["w"], case["mask"]
         tried = self.tried(case)
         try:
-            out = self.fn(w) if mask is None else self.fn(w, mask)
+            out = self.learner(w, mask)
         except LearnerRaised as exc:
             raise Failure(learner_error(exc, tried=tried, expected=f"one value per query, shape {tuple(w.shape[:-1])}",
                                         **self._raise_hint(exc, case))) from None
@@ -148,13 +167,12 @@ class _Run:
         return as_tensor(out, tried=tried)
 
     def _raise_hint(self, exc: LearnerRaised, case: dict) -> dict:
-        shape, mask = tuple(case["w"].shape), case["mask"]
+        shape, mask, ran = tuple(case["w"].shape), case["mask"], self.ran
         if mask is not None and exc.type_name == "TypeError" and "argument" in exc.message:
             return dict(cause="your function does not take the mask as its second argument",
                         fix=f"keep the signature {self.what}(weights, mask=None)")
-        if _bool_hint(exc):
-            return _bool_hint(exc)
-        ran = self.ran
+        if bool_hint(exc):
+            return bool_hint(exc)
         if len(shape) > 2 and ran and all(len(s) == 2 for s in ran):
             return dict(cause=f"your function ran on single matrices such as {ran[0]} but raised on {shape}, a batch of "
                               "matrices: it assumes 2-D weights",
@@ -167,26 +185,25 @@ class _Run:
         foreign = _foreign_size(exc.message, shape)
         if foreign is not None:
             return dict(cause=f"the error names a size {foreign} that weights of shape {shape} do not have: a size in "
-                              "your code looks hard-coded",
-                        fix="take every size from weights.shape")
-        return {}
+                              "your code looks hard-coded", fix="take every size from weights.shape")
+        return explain_raise(exc, patterns=_PATTERNS)
 
-    def expect(self, out: torch.Tensor, want: torch.Tensor, case: dict, mistakes: list[Mistake], *,
-               factors: dict[str, float] | None = None, explain=None) -> None:
-        possible = self.evidence.possible([*mistakes, Mistake(
-            "rounded to whole numbers", "your values are the right ones rounded to integers (.round(), .long(), "
-            "// or an integer tensor along the way)", "keep the values as floats: no rounding, no integer division",
-            want.round())])
-        axes = (["batch entries"] + [None] * (want.ndim - 2) + ["queries"])[-want.ndim:]  # (B, …, n_q)
+    def judge(self, case: dict, *, factors: dict[str, float] | None = None,
+              explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> None:
+        """Call the learner on ``case`` and fail unless it matches the oracle; ``explain(failure, out, case)`` adds
+        what a measurement shows when no known mistake and no probe of the comparison layer names a cause."""
+        out = self.call(case)
+        args = (case["w"].to(torch.float64), case["mask"])
+        want = self.oracle(*args)
         try:
-            expect_close(out, want, tried=self.tried(case), atol=ATOL, rtol=RTOL, mistakes=possible, factors=factors,
-                         fix="return one value per query (the input's shape without its last axis); compare your "
-                             "steps with the docstring on this input", axes=axes)
+            self.suspects.expect(out, want, args, tried=self.tried(case), again=self.learner, factors=factors,
+                                 fix="return one value per query (the input's shape without its last axis); compare "
+                                     "your steps with the docstring on this input",
+                                 axes=(["batch entries"] + [None] * (want.ndim - 2) + ["queries"])[-want.ndim:])
         except Failure as failure:
             if explain is not None and not failure.diagnosis.cause:
-                explain(failure)
+                explain(failure, out, case)
             raise
-        self.evidence.passed(possible, want, atol=ATOL, rtol=RTOL)
         self.ran.append(tuple(case["w"].shape))
 
 
@@ -196,380 +213,421 @@ def _guarded(h: torch.Tensor, k: torch.Tensor, log=torch.log) -> torch.Tensor:
     return torch.where(k > 1, h / log(k.clamp(min=2)), torch.zeros_like(h))
 
 
-def _simple_rows(fn: Learner, oracle, what: str) -> tuple[str, str] | None:
-    """What the learner's metric gives on four rows whose answers are known by heart (one-hot, uniform over 4 keys,
-    half on 2 keys, 0.7 on one key): (a summary of the first property it breaks, the four values), or None."""
-    rows = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4, [0.5, 0.5, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]],
-                        dtype=torch.float64)
-    try:
-        got = fn(rows)
-    except (LearnerRaised, LearnerTimedOut):
-        return None
-    if not isinstance(got, torch.Tensor) or tuple(got.shape) != (4,):
-        return None
-    want = oracle(rows)
+def _explain_with_simple_rows(fn: Learner, oracle, what: str) -> Callable[[Failure, torch.Tensor, dict], bool]:
+    """An explanation in numbers a learner checks by hand: what the metric gives on four rows whose answers are known
+    (one-hot, uniform over 4 keys, half on 2 keys, 0.7 on one key), summarised by the first one it gets wrong."""
+    rows = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4, [0.5, 0.5, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
     names = ("a one-hot row", "a row uniform over 4 keys", "a row of 0.5, 0.5, 0, 0", "a row of 0.7, 0.1, 0.1, 0.1")
-    values = ", ".join(f"{n} → {_num(float(g))} (expected {_num(float(e))})" for n, g, e in zip(names, got, want))
-    for name, g, e in zip(names, got.to(torch.float64), want):
-        if not math.isclose(float(g), float(e), rel_tol=RTOL, abs_tol=ATOL):
-            return f"{name} gives {_num(float(g))}, not {_num(float(e))}", f"{what} on simple rows: {values}"
-    return None
+    num = lambda x: "NaN" if x != x else f"{x + 0.0:.4g}"  # noqa: E731 - (+ 0.0: no "-0")
 
-
-def _num(x: float) -> str:
-    return "NaN" if x != x else f"{x + 0.0:.4g}"  # (+ 0.0: no "-0")
-
-
-def _explain_with_simple_rows(fn: Learner, oracle, what: str):
-    def explain(failure: Failure) -> None:
-        found = _simple_rows(fn, oracle, what)
-        if found:
-            failure.diagnosis.summary = found[0]
-            failure.diagnosis.got += f"\n{found[1]}"
+    def explain(failure: Failure, out: torch.Tensor, case: dict) -> bool:
+        try:
+            got = fn(rows)
+        except (LearnerRaised, LearnerTimedOut):
+            return False
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != (4,):
+            return False
+        pairs = [(n, float(g), float(e)) for n, g, e in zip(names, got.to(torch.float64), oracle(rows))]
+        wrong = [(n, g, e) for n, g, e in pairs if not math.isclose(g, e, rel_tol=RTOL, abs_tol=ATOL)]
+        if wrong:
+            failure.diagnosis.summary = f"{wrong[0][0]} gives {num(wrong[0][1])}, not {num(wrong[0][2])}"
+            failure.diagnosis.got += f"\n{what} on simple rows: " + ", ".join(
+                f"{n} → {num(g)} (expected {num(e)})" for n, g, e in pairs)
+        return bool(wrong)
     return explain
 
 
 # ============================================================================ normalised entropy
+def _full(w: torch.Tensor, mask) -> torch.Tensor:
+    return torch.ones_like(w, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, w.shape)
+
+
+def _allowed(w: torch.Tensor, mask) -> torch.Tensor:
+    return _full(w, mask).sum(-1).double()  # (..., n_q): each row's number of allowed keys
+
+
+def _plain(w: torch.Tensor) -> torch.Tensor:
+    return -(w * w.log()).sum(-1)  # NaN where a weight is 0
+
+
 _LOG0 = ("log(0) gives NaN", "you computed w·log(w) directly: a weight of exactly 0 gives 0·(−inf) = NaN",
          "count 0·log 0 as 0: torch.special.xlogy(w, w), or torch.where(w > 0, w * w.log(), 0.0)")
 _EPS_FIX = "count 0·log 0 as 0 exactly: torch.special.xlogy(w, w) or torch.where(w > 0, w * w.log(), 0.0)"
+_SIGN = ("sign flipped", "you dropped the minus sign: H = −Σ_j w_ij log w_ij is never negative", "put the minus sign back")
+_BY_QUERIES = ("summed over the queries", "you summed over axis −2 (the queries); each row (one query) sums over its keys, "
+               "axis −1", "sum over dim=-1")
+_SQUARE = lambda w: w.shape[-2] == w.shape[-1]  # noqa: E731 - only then does a sum over the queries have the right shape
 
 
-def _eps_mistakes(w: torch.Tensor, then) -> list[Mistake]:
+def _eps_mistakes(then: Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]) -> list[Known]:
     """An epsilon inside the log large enough to change the answer: log(w + ε) or log(clamp(w, min=ε))."""
-    out = []
-    for eps in (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6):
-        for how, logw in ((f"log(w + {eps:g})", torch.log(w + eps)),
-                          (f"log(w.clamp(min={eps:g}))", torch.log(w.clamp(min=eps)))):
-            out.append(Mistake(f"{how} instead of log(w)", f"you took {how}: the ε guards log(0), but at {eps:g} it "
-                               "also changes the entropy of the rows with small weights", _EPS_FIX,
-                               lambda logw=logw: then(-(w * logw).sum(-1))))
-    return out
+    return [Known(f"eps_{how}_{eps:g}", f"{text} instead of log(w)", f"you took {text}: the ε guards log(0), but at "
+                  f"{eps:g} it also changes the entropy of the rows with small weights", _EPS_FIX,
+                  lambda w, mask, log=log: then(-(w * log(w)).sum(-1), w, mask))
+            for eps in (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6)
+            for how, text, log in (("add", f"log(w + {eps:g})", lambda w, eps=eps: torch.log(w + eps)),
+                                   ("clamp", f"log(w.clamp(min={eps:g}))", lambda w, eps=eps: torch.log(w.clamp(min=eps))))]
 
 
-def _entropy_mistakes(case: dict) -> list[Mistake]:
+ENTROPY_MISTAKES = [
+    Known("log0_n_k", *_LOG0, lambda w, mask: _plain(w) / math.log(w.shape[-1]) if w.shape[-1] > 1 else None),
+    Known("log0_k", *_LOG0, lambda w, mask: _plain(w) / _allowed(w, mask).log()),
+    Known("log0_guarded", *_LOG0, lambda w, mask: _guarded(_plain(w), _allowed(w, mask))),
+    Known("unnormalised", "entropy not normalised", "you returned the entropy H itself", "divide H by the log of the "
+          "number of allowed keys (log n_k when no mask is given)", lambda w, mask: ref.entropy(w)),
+    Known("by_queries", "normalised by the number of queries", "you divided by log(n_q), the number of queries; a row's "
+          "largest possible entropy is the log of its number of keys (the last axis)",
+          "divide by log(number of allowed keys): log n_k when no mask is given",
+          lambda w, mask: ref.entropy(w) / math.log(w.shape[-2]) if w.shape[-2] > 1 else None),
+    Known("sign_normalised", *_SIGN, lambda w, mask: -ref.normalised_entropy(w, mask)),
+    Known("sign_entropy", *_SIGN, lambda w, mask: -ref.entropy(w)),
+    Known("over_queries", *_BY_QUERIES, lambda w, mask: -torch.special.xlogy(w, w).sum(-2) / math.log(w.shape[-1])
+          if _SQUARE(w) else None),
+    Known("over_queries_guarded", *_BY_QUERIES, lambda w, mask: _guarded(-torch.special.xlogy(w, w).sum(-2),
+                                                                        _full(w, mask).sum(-2)) if _SQUARE(w) else None),
+    Known("bits", "entropy in bits, not normalised", "you computed the entropy with log2 and did not normalise it",
+          "divide by log2 of the number of allowed keys (or use natural logs throughout)",
+          lambda w, mask: ref.entropy(w) / math.log(2)),
+    Known("log2_ln", "log2 in the entropy, ln in the normaliser", "you took the entropy with log2 but divided by the "
+          "natural log of the number of keys: the two logs must have the same base", "use the same log for both (their "
+          "ratio does not depend on the base)", lambda w, mask: _guarded(ref.entropy(w) / math.log(2), _allowed(w, mask))),
+    Known("ln_log2", "ln in the entropy, log2 in the normaliser", "you took the entropy with the natural log but divided "
+          "by log2 of the number of keys: the two logs must have the same base", "use the same log for both (their "
+          "ratio does not depend on the base)", lambda w, mask: _guarded(ref.entropy(w), _allowed(w, mask), torch.log2)),
+    Known("single_key_nan", "0/0 on rows with a single allowed key", "a row with one allowed key has log(1) = 0, so "
+          "H / log(1) is 0/0 = NaN", "return 0 for rows with at most one allowed key (one key: no uncertainty)",
+          lambda w, mask: ref.entropy(w) / _allowed(w, mask).log()),
+    Known("by_k", "divided by the number of keys, not its log", "you divided H by k, the number of allowed keys; the "
+          "largest entropy over k keys is log k", "divide by the log of the number of allowed keys",
+          lambda w, mask: torch.where(_allowed(w, mask) > 1, ref.entropy(w) / _allowed(w, mask), 0.0)),
+    Known("mean_keys", "mean over the keys instead of a sum", "you averaged −w·log w over the n_k keys (.mean(-1)) "
+          "instead of summing: H is a sum over the keys", "sum over the keys: .sum(-1)",
+          lambda w, mask: _guarded(ref.entropy(w) / w.shape[-1], _allowed(w, mask))),
+    Known("k_plus_1", "normalised by log(k + 1)", "you divided by the log of one key more than the row may attend to",
+          "divide by log(k), k the number of allowed keys", lambda w, mask: _guarded(ref.entropy(w), _allowed(w, mask) + 1)),
+    Known("k_over_queries", "allowed keys counted over the queries", "you counted the allowed keys along axis −2 (per "
+          "key, over the queries) instead of along each row", "count each row's allowed keys: mask.sum(-1)",
+          lambda w, mask: _guarded(ref.entropy(w), _full(w, mask).sum(-2)) if _SQUARE(w) else None),
+    *_eps_mistakes(lambda h, w, mask: _guarded(h, _allowed(w, mask))),
+    Known("all_keys", "normalised by all keys, not the allowed ones", "you divided by log n_k; a row that may attend to "
+          "fewer keys (causal row i sees i + 1, padding hides some) can spread over those only",
+          "divide by log(mask.sum(-1)), the number of keys each row may attend to",
+          lambda w, mask: ref.entropy(w) / math.log(w.shape[-1]) if mask is not None and w.shape[-1] > 1 else None),
+    Known("mask_inverted", "mask polarity inverted", "you counted the keys where the mask is False; True means 'may "
+          "attend'", "count allowed keys with mask.sum(-1)",
+          lambda w, mask: _guarded(ref.entropy(w), (~_full(w, mask)).sum(-1)) if mask is not None else None),
+    Known("mask_not_broadcast", "mask not broadcast before counting", "you summed the mask as it was given; a mask with "
+          "a size-1 key axis, shape (…, n_q, 1), allows or blocks every key of a row, so its keys must be counted after "
+          "broadcasting it to the weights' shape", "count with torch.broadcast_to(mask, weights.shape).sum(-1)",
+          lambda w, mask: _guarded(ref.entropy(w), mask.sum(-1)) if mask is not None and mask.shape[-1] == 1 else None),
+    Known("nonzero_masked", "counted the nonzero weights, not the allowed keys", "you normalised by the number of keys "
+          "with a weight above 0; an allowed key can have weight 0 (it was allowed, the head chose not to look)",
+          "count the allowed keys from the mask: mask.sum(-1)",
+          lambda w, mask: _guarded(ref.entropy(w), (w > 0).sum(-1)) if mask is not None else None),
+    Known("nonzero", "counted the nonzero weights, not the keys", "you normalised by the number of keys with a weight "
+          "above 0; without a mask every one of the n_k keys is allowed, even one the head gives weight 0",
+          "without a mask, divide by log n_k", lambda w, mask: _guarded(ref.entropy(w), (w > 0).sum(-1)) if mask is None
+          else None),
+]
+
+
+_DIVISORS = {"1/log k": lambda k: 1 / math.log(k), "k": float, "e^k": math.exp, "log₂ k": math.log2,
+             "√k": math.sqrt, "log(k + 1)": lambda k: math.log(k + 1), "log(k − 1)": lambda k: math.log(k - 1)}
+
+
+def _divisor_name(d: float, k: int) -> str:
+    if math.isinf(d):
+        return "∞ (your value is 0)"
+    name = next((n for n, f in _DIVISORS.items() if k > 2 and math.isclose(d, f(k), rel_tol=1e-4)), "")
+    c = round(math.exp(d)) if d < 5 else 0
+    name = name or (f"log {c}" if 2 <= c <= 64 and math.isclose(math.exp(d), c, rel_tol=1e-4) else "")
+    return f"{fmt(d)}" + (f" = {name}" if name else "")
+
+
+def _normaliser_by_k(failure: Failure, out: torch.Tensor, case: dict) -> bool:
+    """Name the divisor D = H / value of each row when it depends only on the row's number k of allowed keys and is
+    not log k (a value of 0 is D = ∞; one number log c for every k: hard-coded), the rows of zero entropy right."""
     w, mask = case["w"].to(torch.float64), case["mask"]
-    n_q, n_k = w.shape[-2], w.shape[-1]
-    h = ref.entropy(w)
-    full = torch.ones_like(w, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, w.shape)
-    allowed = full.sum(-1).double()
-    plain = -(w * w.log()).sum(-1)
-    ln2 = math.log(2)
-    mistakes = [
-        Mistake(*_LOG0, lambda: plain / math.log(n_k) if n_k > 1 else None),
-        Mistake(*_LOG0, lambda: plain / allowed.log()),
-        Mistake(*_LOG0, lambda: _guarded(plain, allowed)),
-        Mistake("entropy not normalised", "you returned the entropy H itself", "divide H by the log of the number "
-                "of allowed keys (log n_k when no mask is given)", h),
-        Mistake("normalised by the number of queries", "you divided by log(n_q), the number of queries; a row's "
-                "largest possible entropy is the log of its number of keys (the last axis)",
-                "divide by log(number of allowed keys): log n_k when no mask is given",
-                lambda: h / math.log(n_q) if n_q > 1 else None),
-        Mistake("sign flipped", "you dropped the minus sign: H = −Σ_j w_ij log w_ij is never negative",
-                "put the minus sign back", lambda: -ref.normalised_entropy(w, mask)),
-        Mistake("sign flipped", "you dropped the minus sign: H = −Σ_j w_ij log w_ij is never negative",
-                "put the minus sign back", -h),
-        Mistake("summed over the queries", "you summed over axis −2 (the queries); each row (one query) sums over "
-                "its keys, axis −1", "sum over dim=-1",
-                lambda: -torch.special.xlogy(w, w).sum(-2) / math.log(n_k) if n_q == n_k else None),
-        Mistake("summed over the queries", "you summed over axis −2 (the queries); each row (one query) sums over "
-                "its keys, axis −1", "sum over dim=-1",
-                lambda: _guarded(-torch.special.xlogy(w, w).sum(-2), full.sum(-2)) if n_q == n_k else None),
-        Mistake("entropy in bits, not normalised", "you computed the entropy with log2 and did not normalise it",
-                "divide by log2 of the number of allowed keys (or use natural logs throughout)", h / ln2),
-        Mistake("log2 in the entropy, ln in the normaliser", "you took the entropy with log2 but divided by the "
-                "natural log of the number of keys: the two logs must have the same base",
-                "use the same log for both (their ratio does not depend on the base)", lambda: _guarded(h / ln2, allowed)),
-        Mistake("ln in the entropy, log2 in the normaliser", "you took the entropy with the natural log but divided by "
-                "log2 of the number of keys: the two logs must have the same base",
-                "use the same log for both (their ratio does not depend on the base)",
-                lambda: _guarded(h, allowed, torch.log2)),
-        Mistake("0/0 on rows with a single allowed key", "a row with one allowed key has log(1) = 0, so H / log(1) "
-                "is 0/0 = NaN", "return 0 for rows with at most one allowed key (one key: no uncertainty)",
-                lambda: h / allowed.log()),
-        Mistake("divided by the number of keys, not its log", "you divided H by k, the number of allowed keys; the "
-                "largest entropy over k keys is log k", "divide by the log of the number of allowed keys",
-                lambda: torch.where(allowed > 1, h / allowed, torch.zeros_like(h))),
-        Mistake("mean over the keys instead of a sum", "you averaged −w·log w over the n_k keys (.mean(-1)) instead of "
-                "summing: H is a sum over the keys", "sum over the keys: .sum(-1)",
-                lambda: _guarded(h / n_k, allowed)),
-        Mistake("normalised by log(k + 1)", "you divided by the log of one key more than the row may attend to",
-                "divide by log(k), k the number of allowed keys", lambda: _guarded(h, allowed + 1)),
-        Mistake("allowed keys counted over the queries", "you counted the allowed keys along axis −2 (per key, over "
-                "the queries) instead of along each row", "count each row's allowed keys: mask.sum(-1)",
-                lambda: _guarded(h, full.sum(-2)) if n_q == n_k else None),
-        *_eps_mistakes(w, lambda hh: _guarded(hh, allowed)),
-    ]
-    if mask is not None:
-        blocked = (~full).sum(-1).double()
-        mistakes += [
-            Mistake("normalised by all keys, not the allowed ones", "you divided by log n_k; a row that may attend "
-                    "to fewer keys (causal row i sees i + 1, padding hides some) can spread over those only",
-                    "divide by log(mask.sum(-1)), the number of keys each row may attend to",
-                    lambda: h / math.log(n_k) if n_k > 1 else None),
-            Mistake("mask polarity inverted", "you counted the keys where the mask is False; True means 'may "
-                    "attend'", "count allowed keys with mask.sum(-1)", lambda: _guarded(h, blocked)),
-            Mistake("mask not broadcast before counting", "you summed the mask as it was given; a mask with a "
-                    "size-1 key axis, shape (…, n_q, 1), allows or blocks every key of a row, so its keys must be "
-                    "counted after broadcasting it to the weights' shape",
-                    "count with torch.broadcast_to(mask, weights.shape).sum(-1)",
-                    lambda: _guarded(h, mask.sum(-1)) if mask.shape[-1] == 1 else None),
-            Mistake("counted the nonzero weights, not the allowed keys", "you normalised by the number of keys with "
-                    "a weight above 0; an allowed key can have weight 0 (it was allowed, the head chose not to "
-                    "look)", "count the allowed keys from the mask: mask.sum(-1)", lambda: _guarded(h, (w > 0).sum(-1))),
-        ]
+    h, k, o, want = ref.entropy(w), _allowed(w, mask), out.detach().to(torch.float64), ref.normalised_entropy(w, mask)
+    if tuple(o.shape) != tuple(h.shape) or not torch.isfinite(o).all():
+        return False
+    rows = h > 1e-3  # the rows whose value tells the divisor; the others must be right
+    if int(rows.sum()) < 2 or not torch.allclose(o[~rows], want[~rows], atol=ATOL, rtol=RTOL):
+        return False
+    found = {}
+    for kk in sorted({int(v) for v in k[rows].tolist()}):
+        d = h[rows & (k == kk)] / o[rows & (k == kk)]
+        if not torch.allclose(d, d[:1].expand_as(d), rtol=1e-4, atol=0.0):
+            return False  # not one divisor per k
+        found[kk] = float(d[0])
+    wrong = {kk: d for kk, d in found.items() if not math.isclose(d, math.log(kk), rel_tol=1e-4)}
+    if not wrong:
+        return False
+    d, c = failure.diagnosis, round(math.exp(min(found.values()))) if max(found.values()) < 5 else 0
+    if 2 <= c <= 64 and all(math.isclose(v, math.log(c), rel_tol=1e-4) for v in found.values()):
+        d.summary = f"normalised by log {c}, a fixed number"
+        d.cause = (f"you divided every row by log {c}; each row's own number of allowed keys belongs there (n_k = "
+                   f"{w.shape[-1]} here, or fewer under a mask)")
     else:
-        mistakes.append(Mistake("counted the nonzero weights, not the keys", "you normalised by the number of keys with "
-                                "a weight above 0; without a mask every one of the n_k keys is allowed, even one the head "
-                                "gives weight 0", "without a mask, divide by log n_k", lambda: _guarded(h, (w > 0).sum(-1))))
-    return mistakes
+        d.summary = "entropy divided by the wrong number"
+        d.cause = "your value for each row is its entropy H divided by a number that depends only on its number k of " \
+                  "allowed keys, but is not log k: " + "; ".join(
+                      f"for rows with k = {kk} allowed keys, {_divisor_name(v, kk)} instead of log {kk} = "
+                      f"{fmt(math.log(kk))}" for kk, v in wrong.items())
+    d.fix = "divide each row's entropy by log k, k its number of allowed keys (mask.sum(-1), or n_k without a mask)"
+    return True
 
 
-def _fixed_normaliser(failure: Failure, out: torch.Tensor, case: dict) -> bool:
-    """Name a normaliser that is one number c for every row (H / log c: a hard-coded number of keys)."""
-    w = case["w"].to(torch.float64)
-    h = ref.entropy(w)
-    if tuple(out.shape) != tuple(h.shape):
+def _zero_rows(failure: Failure, out: torch.Tensor, case: dict) -> bool:
+    """Name the rows that are 0 where the answer is positive (a value the metric takes only for one-hot rows or rows
+    with at most one allowed key)."""
+    w, mask = case["w"].to(torch.float64), case["mask"]
+    o, want = out.detach().to(torch.float64), ref.normalised_entropy(w, mask)
+    if tuple(o.shape) != tuple(want.shape):
         return False
-    o = out.to(torch.float64)
-    rows = (h > 1e-3) & torch.isfinite(o) & (o.abs() > 1e-9)
-    if not rows.any():
+    zero = (o.abs() <= 1e-12) & (want > 1e-3)
+    if not zero.any():
         return False
-    c = round(math.exp(float((h[rows] / o[rows]).median())))
-    if not 2 <= c <= 64 or not torch.allclose(o, h / math.log(c), atol=ATOL, rtol=RTOL):
-        return False
-    d = failure.diagnosis
-    d.summary = f"normalised by log {c}, a fixed number"
-    d.cause = (f"you divided every row by log {c}; each row's own number of allowed keys belongs there (n_k = "
-               f"{w.shape[-1]} here, or fewer under a mask)")
-    d.fix = "divide by log(k) with k the number of allowed keys of that row: mask.sum(-1), or n_k without a mask"
+    where = [tuple(int(i) for i in idx) for idx in zero.nonzero()[:4]]
+    failure.diagnosis.cause = (f"your value is 0 at index {', '.join(map(str, where))}" + ("…" if int(zero.sum()) > 4
+                               else "") + f" (the last index is the query), where {fmt(float(want[where[0]]))} is "
+                               "expected there: a row's "
+                               "normalised entropy is 0 only when its weights are one-hot or it has at most one "
+                               "allowed key")
     return True
 
 
 @check("normalised_entropy", expects="a function normalised_entropy(weights, mask=None) returning one value per query")
 def check_normalised_entropy(fn: Learner) -> str:
     cases = _cases(masks=True, extremes=True)
-    run = _Run(fn, "normalised_entropy")
+    run = _Run(fn, "normalised_entropy", ENTROPY_MISTAKES, ref.normalised_entropy)
+    simple_rows = _explain_with_simple_rows(fn, ref.normalised_entropy, "normalised_entropy")
+
+    def explain(failure: Failure, out: torch.Tensor, case: dict) -> None:
+        if not _normaliser_by_k(failure, out, case):
+            simple_rows(failure, out, case)  # a summary in numbers a learner checks by hand…
+            _zero_rows(failure, out, case)  # … and where the values are 0 that should not be
+
     for case in cases:
-        out = run.call(case)
-        want = ref.normalised_entropy(case["w"].to(torch.float64), case["mask"])
-        simple_rows = _explain_with_simple_rows(fn, ref.normalised_entropy, "normalised_entropy")
-        run.expect(out, want, case, _entropy_mistakes(case),
-                   factors={"ln 2": math.log(2), **_factors(n_k=case["w"].shape[-1], n_q=case["w"].shape[-2])},
-                   explain=lambda failure: _fixed_normaliser(failure, out, case) or simple_rows(failure))
+        run.judge(case, factors={"ln 2": math.log(2), **factors(n_k=case["w"].shape[-1], n_q=case["w"].shape[-2])},
+                  explain=explain)
     return (f"matches the reference on {len(cases)} cases: causal and padding masks (normalised by the allowed keys), "
             "exact zeros (0·log 0 = 0), a fully masked row, a single key, batches and size-1 axes")
 
 
 # ============================================================================ peak weight
-def _peak_mistakes(w: torch.Tensor) -> list[Mistake]:
-    w = w.to(torch.float64)
-    fix = "take one maximum per row, over the keys: w.amax(dim=-1)"
-    whole = "you took one maximum over all the weights at once (every query and key together), not one per row"
-    mistakes = [
-        Mistake("maximum over the queries", "you took the maximum over axis −2 (the queries)", fix, lambda: w.amax(-2)),
-        Mistake("position of the peak, not its weight", "you returned argmax, the position of the largest weight",
-                "return the largest weight itself: w.amax(dim=-1)", lambda: w.argmax(-1).to(torch.float64)),
-        Mistake("maximum of the whole tensor", whole, fix, lambda: w.max() * torch.ones(w.shape[:-1], dtype=torch.float64)),
-        Mistake("maximum of the whole tensor", whole, fix, lambda: w.max()),
-        Mistake("maximum of each matrix", "you took one maximum over the last two axes (the whole matrix) instead of "
-                "one per row", fix, lambda: w.flatten(-2).amax(-1) if w.ndim > 2 else None),
-        Mistake("minimum instead of maximum", "you took each row's smallest weight", fix, lambda: w.amin(-1)),
-        Mistake("row sums, not the peak", "you summed each row (which gives 1)", fix, lambda: w.sum(-1)),
-        Mistake("row means, not the peak", "you averaged each row (which gives 1/n_k)", fix, lambda: w.mean(-1)),
-        Mistake("weight of the first key", "you returned w[..., 0], the weight on key 0, not the largest one", fix,
-                lambda: w[..., 0]),
-        Mistake("weight of the last key", "you returned w[..., -1], the weight on the last key, not the largest one",
-                fix, lambda: w[..., -1]),
-        Mistake("second-largest weight", "you took the second entry of the weights sorted in decreasing order", fix,
-                lambda: w.sort(-1, descending=True).values[..., 1] if w.shape[-1] > 1 else None),
-        Mistake("one maximum per batch entry", "you looped over the first axis (`for row in weights`): for one matrix "
-                "that visits the rows, for a batch it visits whole matrices", fix,
-                lambda: w.reshape(w.shape[0], -1).amax(-1) if w.ndim > 2 else None),
-    ]
-    for axis in range(w.ndim - 2):  # an axis counted from the front: the keys only for 2-D weights
-        mistakes.append(Mistake(f"maximum over axis {axis}", f"you took the maximum over axis {axis}; the keys are "
-                                f"the last axis, which is axis 1 only for a single matrix", fix,
-                                lambda axis=axis: w.amax(axis)))
-    return mistakes
+_PEAK_FIX = "take one maximum per row, over the keys: w.amax(dim=-1)"
+_WHOLE = "you took one maximum over all the weights at once (every query and key together), not one per row"
+
+PEAK_MISTAKES = [
+    Known("over_queries", "maximum over the queries", "you took the maximum over axis −2 (the queries)", _PEAK_FIX,
+          lambda w, mask: w.amax(-2)),
+    Known("argmax", "position of the peak, not its weight", "you returned argmax, the position of the largest weight",
+          "return the largest weight itself: w.amax(dim=-1)", lambda w, mask: w.argmax(-1).to(torch.float64)),
+    Known("whole_expanded", "maximum of the whole tensor", _WHOLE, _PEAK_FIX,
+          lambda w, mask: w.max() * torch.ones(w.shape[:-1], dtype=torch.float64)),
+    Known("whole", "maximum of the whole tensor", _WHOLE, _PEAK_FIX, lambda w, mask: w.max()),
+    Known("matrix", "maximum of each matrix", "you took one maximum over the last two axes (the whole matrix) instead "
+          "of one per row", _PEAK_FIX, lambda w, mask: w.flatten(-2).amax(-1) if w.ndim > 2 else None),
+    Known("min", "minimum instead of maximum", "you took each row's smallest weight", _PEAK_FIX,
+          lambda w, mask: w.amin(-1)),
+    Known("sum", "row sums, not the peak", "you summed each row (which gives 1)", _PEAK_FIX, lambda w, mask: w.sum(-1)),
+    Known("mean", "row means, not the peak", "you averaged each row (which gives 1/n_k)", _PEAK_FIX,
+          lambda w, mask: w.mean(-1)),
+    Known("first", "weight of the first key", "you returned w[..., 0], the weight on key 0, not the largest one",
+          _PEAK_FIX, lambda w, mask: w[..., 0]),
+    Known("last", "weight of the last key", "you returned w[..., -1], the weight on the last key, not the largest one",
+          _PEAK_FIX, lambda w, mask: w[..., -1]),
+    Known("second", "second-largest weight", "you took the second entry of the weights sorted in decreasing order",
+          _PEAK_FIX, lambda w, mask: w.sort(-1, descending=True).values[..., 1] if w.shape[-1] > 1 else None),
+    Known("per_batch_entry", "one maximum per batch entry", "you looped over the first axis (`for row in weights`): "
+          "for one matrix that visits the rows, for a batch it visits whole matrices", _PEAK_FIX,
+          lambda w, mask: w.reshape(w.shape[0], -1).amax(-1) if w.ndim > 2 else None),
+    *(Known(f"axis_{axis}", f"maximum over axis {axis}", f"you took the maximum over axis {axis}; the keys are the last "
+            "axis, which is axis 1 only for a single matrix", _PEAK_FIX,
+            lambda w, mask, axis=axis: w.amax(axis) if axis < w.ndim - 2 else None) for axis in (0, 1)),
+]
 
 
-def _not_the_peak(out: torch.Tensor, case: dict):
+def _not_the_peak(failure: Failure, out: torch.Tensor, case: dict) -> None:
     """For an unexplained mismatch: which row's value is not its largest weight, and what it is instead."""
-    def explain(failure: Failure) -> None:
-        w = case["w"].to(torch.float64)
-        o = out.to(torch.float64)
-        if tuple(o.shape) != tuple(w.shape[:-1]):
-            return
-        peak = w.amax(-1)
-        bad = ~torch.isclose(o, peak, atol=ATOL, rtol=RTOL)
-        if not bad.any():
-            return
-        i = tuple(int(k) for k in bad.nonzero()[0])
-        row, value = w[i], float(o[i])
-        keys = [j for j in range(row.numel()) if math.isclose(float(row[j]), value, rel_tol=RTOL, abs_tol=ATOL)]
-        where = f"query {i[-1]}" + (f" of batch entry {i[:-1]}" if len(i) > 1 else "")
-        failure.diagnosis.summary = "not each row's largest weight"
-        failure.diagnosis.cause = (f"for {where} you return {fmt(value)}, "
-                                   + (f"the weight of key {keys[0]}, " if keys else "which is none of its weights, ")
-                                   + f"while its largest weight is {fmt(float(peak[i]))}")
-    return explain
+    w, o = case["w"].to(torch.float64), out.to(torch.float64)
+    if tuple(o.shape) != tuple(w.shape[:-1]):
+        return
+    peak = w.amax(-1)
+    bad = ~torch.isclose(o, peak, atol=ATOL, rtol=RTOL)
+    if not bad.any():
+        return
+    i = tuple(int(k) for k in bad.nonzero()[0])
+    row, value = w[i], float(o[i])
+    keys = [j for j in range(row.numel()) if math.isclose(float(row[j]), value, rel_tol=RTOL, abs_tol=ATOL)]
+    where = f"query {i[-1]}" + (f" of batch entry {i[:-1]}" if len(i) > 1 else "")
+    failure.diagnosis.summary = "not each row's largest weight"
+    failure.diagnosis.cause = (f"for {where} you return {fmt(value)}, "
+                               + (f"the weight of key {keys[0]}, " if keys else "which is none of its weights, ")
+                               + f"while its largest weight is {fmt(float(peak[i]))}")
 
 
 @check("peak_weight", expects="a function peak_weight(weights) returning one value per query")
 def check_peak_weight(fn: Learner) -> str:
     cases = _cases(single_key=False)
-    run = _Run(fn, "peak_weight")
+    run = _Run(fn, "peak_weight", PEAK_MISTAKES, lambda w, mask: ref.peak_weight(w))
     for case in cases:
-        out = run.call(case)
-        run.expect(out, ref.peak_weight(case["w"].to(torch.float64)), case, _peak_mistakes(case["w"]),
-                   explain=_not_the_peak(out, case))
+        run.judge(case, explain=_not_the_peak)
     return f"matches the reference on {len(cases)} cases (exact zeros, batches, non-square, size-1 axes)"
 
 
 # ============================================================================ self-attention weight
-def _self_mistakes(w: torch.Tensor) -> list[Mistake]:
-    w = w.to(torch.float64)
-    fix = "take the main diagonal over the last two axes: w.diagonal(dim1=-2, dim2=-1)"
-    return [
-        Mistake("diagonal over the first two axes", "torch.diagonal(w) takes the diagonal over axes 0 and 1; for a "
-                "batch of matrices it must be the last two", fix, lambda: torch.diagonal(w)),
-        Mistake("diagonal below the main one", "you took the diagonal below the main one (each query's previous "
-                "token); self-attention is w_ii", fix, lambda: w.diagonal(-1, -2, -1)),
-        Mistake("diagonal above the main one", "you took the diagonal above the main one (each query's next token)",
-                fix, lambda: w.diagonal(1, -2, -1)),
-        Mistake("diagonal summed (a trace)", "you summed the diagonal; the exercise wants one value per query", fix,
-                lambda: w.diagonal(dim1=-2, dim2=-1).sum(-1)),
-        Mistake("row sums, not the diagonal", "you summed each row (which gives 1)", fix, lambda: w.sum(-1)),
-        Mistake("anti-diagonal", "you took w[i, n − 1 − i], the anti-diagonal", fix,
-                lambda: w.flip(-1).diagonal(dim1=-2, dim2=-1)),
-        Mistake("column sums, not the diagonal", "you summed each column (over the queries), which is the total "
-                "weight each key receives, not the weight a query puts on itself", fix, lambda: w.sum(-2)),
-        Mistake("largest weight, not the diagonal", "you took each row's largest weight; the query's own position is "
-                "the diagonal entry w_ii, whether or not it is the largest", fix, lambda: w.amax(-1)),
-        Mistake("weight of the first key", "you returned w[..., 0], each query's weight on key 0, not on itself", fix,
-                lambda: w[..., 0]),
-        Mistake("weight of the last key", "you returned w[..., -1], each query's weight on the last key, not on itself",
-                fix, lambda: w[..., -1]),
-    ]
+_DIAG_FIX = "take the main diagonal over the last two axes: w.diagonal(dim1=-2, dim2=-1)"
+
+SELF_MISTAKES = [
+    Known("first_axes", "diagonal over the first two axes", "torch.diagonal(w) takes the diagonal over axes 0 and 1; "
+          "for a batch of matrices it must be the last two", _DIAG_FIX, lambda w, mask: torch.diagonal(w)),
+    Known("below", "diagonal below the main one", "you took the diagonal below the main one (each query's previous "
+          "token); self-attention is w_ii", _DIAG_FIX, lambda w, mask: w.diagonal(-1, -2, -1)),
+    Known("above", "diagonal above the main one", "you took the diagonal above the main one (each query's next token)",
+          _DIAG_FIX, lambda w, mask: w.diagonal(1, -2, -1)),
+    Known("trace", "diagonal summed (a trace)", "you summed the diagonal; the exercise wants one value per query",
+          _DIAG_FIX, lambda w, mask: w.diagonal(dim1=-2, dim2=-1).sum(-1)),
+    Known("row_sums", "row sums, not the diagonal", "you summed each row (which gives 1)", _DIAG_FIX,
+          lambda w, mask: w.sum(-1)),
+    Known("anti", "anti-diagonal", "you took w[i, n − 1 − i], the anti-diagonal", _DIAG_FIX,
+          lambda w, mask: w.flip(-1).diagonal(dim1=-2, dim2=-1)),
+    Known("column_sums", "column sums, not the diagonal", "you summed each column (over the queries), which is the "
+          "total weight each key receives, not the weight a query puts on itself", _DIAG_FIX, lambda w, mask: w.sum(-2)),
+    Known("peak", "largest weight, not the diagonal", "you took each row's largest weight; the query's own position "
+          "is the diagonal entry w_ii, whether or not it is the largest", _DIAG_FIX, lambda w, mask: w.amax(-1)),
+    Known("first", "weight of the first key", "you returned w[..., 0], each query's weight on key 0, not on itself",
+          _DIAG_FIX, lambda w, mask: w[..., 0]),
+    Known("last", "weight of the last key", "you returned w[..., -1], each query's weight on the last key, not on "
+          "itself", _DIAG_FIX, lambda w, mask: w[..., -1]),
+]
 
 
 @check("self_attention_weight", expects="a function self_attention_weight(weights) returning one value per query")
 def check_self_attention_weight(fn: Learner) -> str:
     cases = _cases(square_only=True)
-    run = _Run(fn, "self_attention_weight")
+    run = _Run(fn, "self_attention_weight", SELF_MISTAKES, lambda w, mask: ref.self_attention_weight(w))
     for case in cases:
-        run.expect(run.call(case), ref.self_attention_weight(case["w"].to(torch.float64)), case,
-                   _self_mistakes(case["w"]))
+        run.judge(case)
     return f"matches the reference on {len(cases)} cases (one matrix, batches of matrices, size-1 axes)"
 
 
 # ============================================================================ attention distance
-def _distance_mistakes(w: torch.Tensor) -> list[Mistake]:
-    w = w.to(torch.float64)
-    n_q, n_k = w.shape[-2], w.shape[-1]
-    keys, queries = torch.arange(n_k, dtype=torch.float64), torch.arange(n_q, dtype=torch.float64)
-    signed = keys[None, :] - queries[:, None]  # (n_q, n_k)
-    mean_position = (w * keys).sum(-1)  # (..., n_q)
-    fix = "sum the weighted distances: (w * (j − i).abs()).sum(-1), with j the key index and i the query index"
-    return [
-        Mistake("distance of the mean position, not the mean distance", "you computed |Σ_j w_ij·j − i|: where the "
-                "average attended position lies, not how far the head looks (keys on both sides of the query cancel)",
-                fix, lambda: (mean_position - queries).abs()),
-        Mistake("signed distances", "you summed w_ij·(j − i) without the absolute value, so keys before and after "
-                "the query cancel", fix, lambda: (w * signed).sum(-1)),
-        Mistake("signed distances", "you summed w_ij·(i − j) without the absolute value, so keys before and after "
-                "the query cancel", fix, lambda: -(w * signed).sum(-1)),
-        Mistake("only the keys before the query counted", "you summed w_ij·(i − j) only where j ≤ i (clamped at 0): "
-                "right for causal rows, but keys after the query count as |j − i| too", fix,
-                lambda: (w * (-signed).clamp(min=0)).sum(-1)),
-        Mistake("only the keys after the query counted", "you summed w_ij·(j − i) only where j ≥ i (clamped at 0), "
-                "so keys before the query count for nothing", fix, lambda: (w * signed.clamp(min=0)).sum(-1)),
-        Mistake("distance to the most-attended key only", "you used |argmax_j w_ij − i|, the distance to the peak",
-                "weight every key's distance by its weight: " + fix,
-                lambda: (w.argmax(-1).to(torch.float64) - queries).abs()),
-        Mistake("keys counted from 1", "you counted the keys from 1 and the queries from 0 (or the reverse)",
-                "count both from 0: j = torch.arange(n_k), i = torch.arange(n_q)",
-                lambda: (w * (signed + 1).abs()).sum(-1)),
-        Mistake("keys counted from 1", "you counted the keys from 1 and the queries from 0 (or the reverse)",
-                "count both from 0: j = torch.arange(n_k), i = torch.arange(n_q)",
-                lambda: (w * (signed - 1).abs()).sum(-1)),
-        Mistake("queries placed at the end of the keys", "you put query i at position i + n_k − n_q (bottom-right "
-                "alignment); the docstring puts query i at position i", "use i = torch.arange(n_q) as the query "
-                "positions", lambda: (w * (signed - (n_k - n_q)).abs()).sum(-1) if n_k != n_q else None),
-        Mistake("squared distances", "you weighted (j − i)², not |j − i|", fix, lambda: (w * signed ** 2).sum(-1)),
-        Mistake("distances not weighted", "you averaged |j − i| over the keys without the weights", fix,
-                lambda: signed.abs().mean(-1).expand(w.shape[:-1])),
-        Mistake("divided by the number of keys", "you divided the weighted sum by n_k; the weights already sum to 1",
-                fix, lambda: (w * signed.abs()).sum(-1) / n_k),
-        Mistake("divided by the largest distance", "you divided the weighted sum by n_k − 1, the largest possible "
-                "distance; the docstring's distance is in positions", fix,
-                lambda: (w * signed.abs()).sum(-1) / (n_k - 1) if n_k > 2 else None),
-        Mistake("summed over the queries", "you summed over axis −2 (the queries); each query's distances sum over "
-                "its keys, axis −1", fix, lambda: (w * signed.abs()).sum(-2) if n_q == n_k else None),
-        Mistake("mean attended position", "you returned Σ_j w_ij·j, the average attended position, without "
-                "comparing it with the query's own position", fix, mean_position),
-    ]
+def _offsets(w: torch.Tensor) -> torch.Tensor:
+    """j − i for query i and key j: (n_q, n_k), float64."""
+    return torch.arange(w.shape[-1], dtype=torch.float64)[None, :] - torch.arange(w.shape[-2], dtype=torch.float64)[:, None]
+
+
+def _mean_position(w: torch.Tensor) -> torch.Tensor:
+    return (w * torch.arange(w.shape[-1], dtype=torch.float64)).sum(-1)  # (..., n_q): Σ_j w_ij·j
+
+
+_DIST_FIX = "sum the weighted distances: (w * (j − i).abs()).sum(-1), with j the key index and i the query index"
+_QUERIES = lambda w: torch.arange(w.shape[-2], dtype=torch.float64)  # noqa: E731 - i, the query positions
+_SIGNED = ("signed distances", "you summed w_ij·({}) without the absolute value, so keys before and after the query "
+           "cancel", _DIST_FIX)
+_FROM_1 = ("keys counted from 1", "you counted the keys from 1 and the queries from 0 (or the reverse)",
+           "count both from 0: j = torch.arange(n_k), i = torch.arange(n_q)")
+
+DISTANCE_MISTAKES = [
+    Known("mean_position_distance", "distance of the mean position, not the mean distance", "you computed "
+          "|Σ_j w_ij·j − i|: where the average attended position lies, not how far the head looks (keys on both sides "
+          "of the query cancel)", _DIST_FIX, lambda w, mask: (_mean_position(w) - _QUERIES(w)).abs()),
+    Known("signed", _SIGNED[0], _SIGNED[1].format("j − i"), _SIGNED[2], lambda w, mask: (w * _offsets(w)).sum(-1)),
+    Known("signed_back", _SIGNED[0], _SIGNED[1].format("i − j"), _SIGNED[2], lambda w, mask: -(w * _offsets(w)).sum(-1)),
+    Known("before_only", "only the keys before the query counted", "you summed w_ij·(i − j) only where j ≤ i (clamped "
+          "at 0): right for causal rows, but keys after the query count as |j − i| too", _DIST_FIX,
+          lambda w, mask: (w * (-_offsets(w)).clamp(min=0)).sum(-1)),
+    Known("after_only", "only the keys after the query counted", "you summed w_ij·(j − i) only where j ≥ i (clamped at "
+          "0), so keys before the query count for nothing", _DIST_FIX,
+          lambda w, mask: (w * _offsets(w).clamp(min=0)).sum(-1)),
+    Known("to_peak", "distance to the most-attended key only", "you used |argmax_j w_ij − i|, the distance to the peak",
+          "weight every key's distance by its weight: " + _DIST_FIX,
+          lambda w, mask: (w.argmax(-1).to(torch.float64) - _QUERIES(w)).abs()),
+    Known("from_1_keys", *_FROM_1, lambda w, mask: (w * (_offsets(w) + 1).abs()).sum(-1)),
+    Known("from_1_queries", *_FROM_1, lambda w, mask: (w * (_offsets(w) - 1).abs()).sum(-1)),
+    Known("bottom_right", "queries placed at the end of the keys", "you put query i at position i + n_k − n_q "
+          "(bottom-right alignment); the docstring puts query i at position i", "use i = torch.arange(n_q) as the "
+          "query positions", lambda w, mask: (w * (_offsets(w) - (w.shape[-1] - w.shape[-2])).abs()).sum(-1)
+          if not _SQUARE(w) else None),
+    Known("squared", "squared distances", "you weighted (j − i)², not |j − i|", _DIST_FIX,
+          lambda w, mask: (w * _offsets(w) ** 2).sum(-1)),
+    Known("unweighted_mean", "distances not weighted", "you averaged |j − i| over the keys without the weights",
+          _DIST_FIX, lambda w, mask: _offsets(w).abs().mean(-1).expand(w.shape[:-1])),
+    Known("unweighted_sum", "distances not weighted", "you summed |j − i| over the keys without the weights",
+          _DIST_FIX, lambda w, mask: _offsets(w).abs().sum(-1).expand(w.shape[:-1])),
+    Known("added", "positions added, not subtracted", "your distances are |j + i|: you added the query's position to "
+          "the key's instead of subtracting it", _DIST_FIX, lambda w, mask: (w * (_offsets(w) + 2 * _QUERIES(w)[:, None])
+                                                                             .abs()).sum(-1)),
+    Known("own_position", "each query's own position, not a distance", "your value for query i is i, its own position: "
+          "the key positions j are missing from your distances (|i| instead of |j − i|)", _DIST_FIX,
+          lambda w, mask: _QUERIES(w).expand(w.shape[:-1])),
+    Known("by_n_k", "divided by the number of keys", "you divided the weighted sum by n_k; the weights already sum to "
+          "1", _DIST_FIX, lambda w, mask: (w * _offsets(w).abs()).sum(-1) / w.shape[-1]),
+    Known("by_largest", "divided by the largest distance", "you divided the weighted sum by n_k − 1, the largest "
+          "possible distance; the docstring's distance is in positions", _DIST_FIX,
+          lambda w, mask: (w * _offsets(w).abs()).sum(-1) / (w.shape[-1] - 1) if w.shape[-1] > 2 else None),
+    Known("over_queries", "summed over the queries", "you summed over axis −2 (the queries); each query's distances "
+          "sum over its keys, axis −1", _DIST_FIX,
+          lambda w, mask: (w * _offsets(w).abs()).sum(-2) if _SQUARE(w) else None),
+    Known("mean_position", "mean attended position", "you returned Σ_j w_ij·j, the average attended position, without "
+          "comparing it with the query's own position", _DIST_FIX, lambda w, mask: _mean_position(w)),
+]
 
 
 @check("attention_distance", expects="a function attention_distance(weights) returning one value per query")
 def check_attention_distance(fn: Learner) -> str:
     cases = _cases(single_key=False)
-    run = _Run(fn, "attention_distance")
+    run = _Run(fn, "attention_distance", DISTANCE_MISTAKES, lambda w, mask: ref.attention_distance(w))
     for case in cases:
         n_q, n_k = case["w"].shape[-2:]
-        run.expect(run.call(case), ref.attention_distance(case["w"].to(torch.float64)), case,
-                   _distance_mistakes(case["w"]), factors=_factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
+        run.judge(case, factors=factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
     return f"matches the reference on {len(cases)} cases (causal rows, two-sided rows, batches, non-square, size-1 axes)"
 
 
 # ============================================================================ effective positions
-def _effective_mistakes(w: torch.Tensor) -> list[Mistake]:
-    w = w.to(torch.float64)
-    h = ref.entropy(w)
-    n_q, n_k = w.shape[-2], w.shape[-1]
-    ln2 = math.log(2)
-    return [
-        Mistake("exp of the normalised entropy", "you exponentiated the normalised entropy", "use the entropy "
-                "itself, in nats: exp(H)", lambda: ref.normalised_entropy(w).exp()),
-        Mistake("weights above a threshold counted", "you counted the weights above a threshold (one definition you may "
-                "meet); here effective positions are exp(H), a smooth count between 1 and n_k",
-                "return exp(H) with H = −Σ_j w_ij log w_ij", lambda: (w > 1.0 / (2 * n_k)).sum(-1).to(torch.float64)),
-        Mistake("weights above a threshold counted", "you counted the weights above a threshold (one definition you may "
-                "meet); here effective positions are exp(H), a smooth count between 1 and n_k",
-                "return exp(H) with H = −Σ_j w_ij log w_ij", lambda: (w > 1.0 / n_k).sum(-1).to(torch.float64)),
-        Mistake("nonzero weights counted", "you counted the keys with a weight above 0", "return exp(H)",
-                lambda: (w > 0).sum(-1).to(torch.float64)),
-        Mistake("log and exp in different bases", "with H in nats (natural log), 2**H mixes bases",
-                "use torch.exp(H) with the natural log, or 2**H with log2", lambda: 2.0 ** h),
-        Mistake("log and exp in different bases", "you took the entropy with log2 (bits) and then exp, which mixes "
-                "bases", "use torch.exp(H) with the natural log, or 2**H with log2", lambda: torch.exp(h / ln2)),
-        Mistake("inverse participation ratio", "you returned 1 / Σ_j w_ij², another effective count; the exercise asks "
-                "for exp(H)", "return exp(H)", lambda: 1.0 / (w ** 2).sum(-1)),
-        Mistake("one over the peak weight", "you returned 1 / max_j w_ij, another effective count; the exercise asks "
-                "for exp(H)", "return exp(H)", lambda: 1.0 / w.amax(-1)),
-        Mistake("entropy, not its exponential", "you returned the entropy H itself", "return torch.exp(H)", h),
-        Mistake("sign flipped", "you exponentiated +Σ w log w, so the result is 1/exp(H)", "H = −Σ_j w_ij log w_ij: "
-                "keep the minus sign", lambda: (-h).exp()),
-        Mistake("one less than exp(H)", "your result is exp(H) − 1", "return exp(H) itself: a one-hot row counts as "
-                "1 position", lambda: h.exp() - 1),
-        Mistake("mean over the keys instead of a sum", "you averaged −w·log w over the keys (.mean(-1)) instead of "
-                "summing, so you got exp(H / n_k)", "H is a sum over the keys: .sum(-1), then exp",
-                lambda: torch.exp(h / n_k)),
-        Mistake("summed over the queries", "you summed −w log w over axis −2 (the queries); each query's entropy sums "
-                "over its keys, axis −1", "sum over dim=-1",
-                lambda: torch.exp(-torch.special.xlogy(w, w).sum(-2)) if n_q == n_k else None),
-        Mistake(*_LOG0, lambda: torch.exp(-(w * w.log()).sum(-1))),
-        *_eps_mistakes(w, torch.exp),
-    ]
+_THRESHOLD = ("weights above a threshold counted", "you counted the weights above a threshold (one definition you may "
+              "meet); here effective positions are exp(H), a smooth count between 1 and n_k",
+              "return exp(H) with H = −Σ_j w_ij log w_ij")
+_BASES = ("log and exp in different bases", "use torch.exp(H) with the natural log, or 2**H with log2")
+
+EFFECTIVE_MISTAKES = [
+    Known("exp_normalised", "exp of the normalised entropy", "you exponentiated the normalised entropy", "use the "
+          "entropy itself, in nats: exp(H)", lambda w, mask: ref.normalised_entropy(w).exp()),
+    Known("half_uniform", *_THRESHOLD, lambda w, mask: (w > 1.0 / (2 * w.shape[-1])).sum(-1).to(torch.float64)),
+    Known("uniform", *_THRESHOLD, lambda w, mask: (w > 1.0 / w.shape[-1]).sum(-1).to(torch.float64)),
+    Known("nonzero", "nonzero weights counted", "you counted the keys with a weight above 0", "return exp(H)",
+          lambda w, mask: (w > 0).sum(-1).to(torch.float64)),
+    Known("two_to_h", _BASES[0], "with H in nats (natural log), 2**H mixes bases", _BASES[1],
+          lambda w, mask: 2.0 ** ref.entropy(w)),
+    Known("bits_exp", _BASES[0], "you took the entropy with log2 (bits) and then exp, which mixes bases", _BASES[1],
+          lambda w, mask: torch.exp(ref.entropy(w) / math.log(2))),
+    Known("participation", "inverse participation ratio", "you returned 1 / Σ_j w_ij², another effective count; the "
+          "exercise asks for exp(H)", "return exp(H)", lambda w, mask: 1.0 / (w ** 2).sum(-1)),
+    Known("one_over_peak", "one over the peak weight", "you returned 1 / max_j w_ij, another effective count; the "
+          "exercise asks for exp(H)", "return exp(H)", lambda w, mask: 1.0 / w.amax(-1)),
+    Known("entropy", "entropy, not its exponential", "you returned the entropy H itself", "return torch.exp(H)",
+          lambda w, mask: ref.entropy(w)),
+    Known("sign", "sign flipped", "you exponentiated +Σ w log w, so the result is 1/exp(H)", "H = −Σ_j w_ij log w_ij: "
+          "keep the minus sign", lambda w, mask: (-ref.entropy(w)).exp()),
+    Known("minus_one", "one less than exp(H)", "your result is exp(H) − 1", "return exp(H) itself: a one-hot row counts "
+          "as 1 position", lambda w, mask: ref.entropy(w).exp() - 1),
+    Known("mean_keys", "mean over the keys instead of a sum", "you averaged −w·log w over the keys (.mean(-1)) instead "
+          "of summing, so you got exp(H / n_k)", "H is a sum over the keys: .sum(-1), then exp",
+          lambda w, mask: torch.exp(ref.entropy(w) / w.shape[-1])),
+    Known("over_queries", "summed over the queries", "you summed −w log w over axis −2 (the queries); each query's "
+          "entropy sums over its keys, axis −1", "sum over dim=-1",
+          lambda w, mask: torch.exp(-torch.special.xlogy(w, w).sum(-2)) if _SQUARE(w) else None),
+    Known("log0", *_LOG0, lambda w, mask: torch.exp(_plain(w))),
+    *_eps_mistakes(lambda h, w, mask: torch.exp(h)),
+]
 
 
 @check("effective_positions", expects="a function effective_positions(weights) returning one value per query")
 def check_effective_positions(fn: Learner) -> str:
     cases = _cases(extremes=True)
-    run = _Run(fn, "effective_positions")
+    run = _Run(fn, "effective_positions", EFFECTIVE_MISTAKES, lambda w, mask: ref.effective_positions(w))
     for case in cases:
-        run.expect(run.call(case), ref.effective_positions(case["w"].to(torch.float64)), case,
-                   _effective_mistakes(case["w"]),
-                   explain=_explain_with_simple_rows(fn, ref.effective_positions, "effective_positions"))
+        run.judge(case, explain=_explain_with_simple_rows(fn, ref.effective_positions, "effective_positions"))
     return f"matches the reference on {len(cases)} cases; between 1 (one-hot) and n_k (uniform), 0·log 0 = 0"

@@ -70,8 +70,8 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="CPU only: the size of the square matmul whose measured GFLOP/s is the roofline for %% of peak "
                         "(default 2048)")
     p.add_argument("--threads", type=int,
-                   help="CPU only: torch threads (default: torch's own setting; 1 when other work keeps more than half "
-                        "of the cores busy, by the load average at the start, and the run says so)")
+                   help="CPU only: torch threads (default 1, whatever else the machine runs, so that two runs "
+                        "rank the implementations alike)")
     p.add_argument("--max-memory", type=float, metavar="GB",
                    help="CPU only: skip implementations holding an n × n matrix when predicted to need more "
                         "(default: half of the RAM)")

@@ -726,3 +726,85 @@ def test_tiled_structure_probe_reports_plain_numbers():
     causal = _watch_probe(ref.tiled_attention_backward, q, k, v, o, lse, dout, 64, causal=True)
     assert causal["exp_elements"] == 10 * 64 * 64  # 4 + 3 + 2 + 1 tiles
     assert all(type(x) in (int, list, str) for x in report.values())
+
+
+# ============================================================================ named causes added with the check kit (issue 22)
+def _chain(q, k, v, dout, mask=None, *, scale=None, weights=None, ds_of=None, dv_of=None):
+    """A learner's chain rule with one step replaced: the scale, P from the scores, dS from (P, dP), dV from (P, dO)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale(q, k, v)
+    s = q @ k.mT * scale
+    p = weights(s) if weights else masked_softmax(s, mask)
+    dp = dout @ v.mT
+    ds = ds_of(p, dp) if ds_of else p * (dp - (dp * p).sum(-1, keepdim=True))
+    return ds @ k * scale, ds.mT @ q * scale, dv_of(p, dout) if dv_of else p.mT @ dout
+
+
+@pytest.mark.parametrize("change,phrases", [pytest.param(*p, marks=() if i in (0, 6) else pytest.mark.slow) for i, p in enumerate([
+    (dict(scale=lambda q, k, v: 2 / math.sqrt(q.shape[-1])), ["scores scaled by", "2/√d_k", "dQ, dK scaled by"]),
+    (dict(scale=lambda q, k, v: 1 / math.sqrt(q.shape[-2])), ["scores scaled by 0.4472", "instead of 1/√d_k"]),
+    (dict(scale=lambda q, k, v: math.sqrt(q.shape[-1])), ["multiplied by √d_k instead of dividing by it"]),
+    (dict(weights=lambda s: s), ["softmax forgotten: P = S"]),
+    (dict(ds_of=lambda p, dp: p * (dp - p.sum(-1, keepdim=True))), ["rowsum(P) instead of rowsum(dP ⊙ P)"]),
+    (dict(ds_of=lambda p, dp: p), ["dS = P: the bracket (dP − D) is missing"]),
+    (dict(ds_of=lambda p, dp: p / (dp - (dp * p).sum(-1, keepdim=True))), ["dS wrong", "for one and the same"]),
+    (dict(dv_of=lambda p, dout: dout), ["dV = dO: the factor Pᵀ is missing"]),
+])])
+def test_attention_backward_names_more_causes(change, phrases, rejects):
+    rejects(check_attention_backward, lambda q, k, v, dout, mask=None: _chain(q, k, v, dout, mask, **change), *phrases)
+
+
+def _forward_scaled_by(scale):
+    def forward(ctx, q, k, v, mask=None):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask = mask
+        return masked_softmax(q @ k.mT * scale(q), mask) @ v
+    return forward
+
+
+@pytest.mark.slow
+def test_attention_function_names_a_wrong_scale_in_forward(rejects):
+    rejects(check_AttentionFunction, function_with(forward=_forward_scaled_by(lambda q: math.sqrt(q.shape[-1]))),
+            "forward: multiplied by √d_k instead of dividing by it")
+    rejects(check_AttentionFunction, function_with(forward=_forward_scaled_by(lambda q: q.shape[-2] ** -0.5)),
+            "forward: scores scaled by", "= 1/√n_q")
+
+
+def tiled_tile_bug(bug):
+    """ref's tiled backward written out with one tile-level mistake."""
+    def learner(q, k, v, o, lse, dout, block_size=64, causal=False):
+        n, m, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+        delta = (dout * o).mean(-1, keepdim=True) if bug == "delta_mean" else (dout * o).sum(-1, keepdim=True)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for ks in range(0, m, block_size):
+            for qs in range(ks if causal else 0, n, block_size):
+                qi, kj, vj, doi = q[..., qs:qs + block_size, :], k[..., ks:ks + block_size, :], \
+                    v[..., ks:ks + block_size, :], dout[..., qs:qs + block_size, :]
+                s = qi @ kj.mT * scale
+                if causal:
+                    rows = torch.arange(qs, qs + qi.shape[-2])[:, None]
+                    cols = (torch.arange(ks + kj.shape[-2], ks) if bug == "arange_swapped" else
+                            torch.arange(ks, ks + kj.shape[-2]))[None, :]
+                    s = s.masked_fill(cols > rows, math.inf if bug == "plus_inf" else -math.inf)
+                p = s - lse[..., qs:qs + block_size, None] if bug == "no_exp" else torch.exp(s - lse[..., qs:qs + block_size, None])
+                ds = p * (doi @ vj.mT - delta[..., qs:qs + block_size, :])
+                dv[..., ks:ks + block_size, :] += p.mT @ doi
+                dq[..., qs:qs + block_size, :] += (kj if bug == "dq_no_ds" else ds @ kj) * scale
+                dk[..., ks:ks + block_size, :] += ds.mT @ qi * scale
+        return dq, dk, dv
+    return learner
+
+
+@pytest.mark.parametrize("bug,phrases", quick([
+    ("no_exp", ["exp forgotten: P = S − L"]),
+    ("delta_mean", ["D as a mean instead of a sum"]),
+    ("plus_inf", ["blocked scores set to +∞ instead of −∞"]),
+    ("dq_no_ds", ["dQ = K/√d_k: the factor dS is missing"]),
+    ("arange_swapped", ["raised RuntimeError", "torch.arange(start, end) got an end"]),
+], keep={"delta_mean"}))
+def test_tiled_backward_names_more_causes(bug, phrases, rejects):
+    rejects(check_tiled_attention_backward, tiled_tile_bug(bug), *phrases)
+
+
+@pytest.mark.slow
+def test_tiled_tile_bug_without_a_bug_is_right(accepts):
+    accepts(check_tiled_attention_backward, tiled_tile_bug(""))

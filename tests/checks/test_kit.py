@@ -90,3 +90,11 @@ def test_an_exception_is_explained_by_a_construct_then_a_pattern_then_the_course
     assert explain_raise(exc, (), [("RuntimeError", r"cannot be multiplied \((\d+)x", "rows {1}", "fix")])["cause"] == "rows 2"
     assert explain_raise(exc)  # the course-wide table explains a shape mismatch
     assert explain_raise(_raised(lambda: (_ for _ in ()).throw(KeyError("zz")))) == {}
+
+
+def test_a_mistake_that_changes_nothing_on_this_case_is_never_blamed():
+    x = torch.tensor([[0.0, 0.1], [0.1, 0.0]], dtype=torch.float64)  # weights near 0.5: tolerance ≈ 6e-5
+    harmless = Known("tiny", "a tiny offset", "an offset within rounding", "none", lambda x: _oracle(x) + 5e-5)
+    near = _oracle(x) + 1e-4  # wrong (1e-4 off), yet within tolerance of the harmless mistake's output
+    d = _fail(Suspects([harmless]), near, (x,))
+    assert "tiny offset" not in d.summary

@@ -709,3 +709,38 @@ def test_first_case_separates_the_scale_mistakes():
     d, a, h = first["d"], first["a"], first["h"]
     scales = [1 / math.sqrt(h), 1 / h, 1 / (2 * math.sqrt(h)), 1 / math.sqrt(d), 1 / math.sqrt(a), 1.0, math.sqrt(h)]
     assert len({round(s, 9) for s in scales}) == len(scales)
+
+
+# ============================================================================ named causes (issue 22)
+def _split_float_width(x, n_heads):
+    b, n, width = x.shape
+    return x.reshape(b, n, n_heads, width / n_heads).transpose(1, 2)  # `/`: a float size
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_split_heads, lambda x, a: x.reshape(*x.shape[:2], a, -1).transpose(0, 2),
+     ["wrong shape (3, 5, 2, 4) = (A, n, B, d_head)", "axes in another order", "A, n and B"]),
+    (check_split_heads, lambda x, a: x.transpose(1, 2), ["= (B, A·d_head, n)", "A·d_head where the docstring has A and d_head"]),
+    (check_split_heads, _split_float_width, ["raised TypeError", "`/` always gives a float", "`//`"]),
+    (check_merge_heads, lambda x: x.transpose(0, 2).reshape(x.shape[0], x.shape[2], -1),
+     ["axes arranged as (n, A, B, d_head) before the reshape", "memory order"]),
+    (check_merge_heads, lambda x: x.transpose(1, 3).reshape(x.shape[0], x.shape[2], -1),
+     ["axes arranged as (B, d_head, n, A) before the reshape"]),
+    (check_merge_heads, lambda x: mh.merge_heads(x).transpose(0, 1), ["= (n, B, A·d_head)", "another order, (n, B, A·d_head)"]),
+])
+def test_shapes_and_orders_are_named(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)
+
+
+@pytest.mark.parametrize("changes,phrases", [
+    (("        self.q_proj = nn.Linear(d_model, width)\n", ""), ["W^Q, W^K, W^V, W^O not found",
+                                                               "no nn.Linear layer of yours is named as W^Q (q_proj)"]),
+    (("self.out_proj = nn.Linear(width, d_model)", "self.out_proj = width"), ["named as W^O (out_proj)"]),
+    (("self.k_proj = nn.Linear(d_model, width)", "self.k_proj = nn.Linear(width, d_model)"),
+     ["W^K takes 12 inputs, not d_model = 10", "the other way round: 12"]),
+    (("math.ceil(d_model / n_heads)", "math.ceil(n_heads)"),
+     ["W^Q gives 16 outputs, not A·d_head = 12", "n_heads = 4 heads of width 4, but d_head = 3"]),
+    (("math.ceil(d_model / n_heads)", "d_model / n_heads"), ["raised TypeError", "`/` always gives a float"]),
+], ids=lambda p: p[0] if isinstance(p, list) else None)
+def test_mha_layer_causes_are_named(changes, phrases, rejects):
+    rejects(check_MultiHeadAttention, _learner(_LEARNER, *changes), *phrases)

@@ -345,3 +345,40 @@ def test_first_case_separates_the_classic_mistakes(check):
     assert (peaks < 0.5).any() and (peaks > 0.5).any() and float(w.max()) < 0.99
     outputs = [w.max().expand(6), w.sum(-1), peaks.round(), peaks, w.amin(-1), w.mean(-1), w[..., 0]]
     assert all(not torch.allclose(a, b) for i, a in enumerate(outputs) for b in outputs[i + 1:])
+
+
+# ============================================================================ named causes (issue 22)
+def _k_of(w, mask):
+    return _allowed(w, mask).to(torch.float64)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda w, mask=None: torch.where(_k_of(w, mask) > 1, _h(w) * _k_of(w, mask).clamp(min=2).log(), 0.0),
+     ["entropy divided by the wrong number", "0.5581 = 1/log k instead of log 6 = 1.792"]),
+    (lambda w, mask=None: torch.where(_k_of(w, mask) > 1, _h(w) / _k_of(w, mask).clamp(min=2).exp(), 0.0),
+     ["= e^k instead of log 6"]),
+    (lambda w, mask=None: torch.where(_k_of(w, mask) > 1, _h(w) / _k_of(w, mask).clamp(min=3).log(), 0.0),
+     ["1.099 = log 3 instead of log 2"]),
+    (lambda w, mask=None: torch.where(_k_of(w, mask) > 2, _h(w) / _k_of(w, mask).clamp(min=2).log(), 0.0),
+     ["∞", "(your value is 0) instead of log 2"]),
+    (lambda w, mask=None: torch.where(_h(w) > 1, _h(w) / _h(w).clamp(min=2).log(), 0.0),
+     ["your value is 0 at index (3,)", "only when its weights are one-hot"]),
+    (lambda w, mask=None: torch.where(w.dtype > 1, _h(w), 0.0), ["raised TypeError", "a comparison (>) between values of "
+                                                                  "types torch.dtype and int"]),
+    (lambda w, mask=None: _h(w) / _k_of(w, mask).clamp().log(), ["clamp() was called with neither min nor max"]),
+])
+def test_entropy_names_measured_causes(fn, phrases, rejects):
+    rejects(check_normalised_entropy, fn, *phrases)
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_self_attention_weight, lambda w: w.diagonal(dim1=-1, dim2=-1),
+     ["diagonal() was given one axis twice", "dim1 = -1 and dim2 = -1"]),
+    (check_self_attention_weight, lambda w: w.diagonal(dim1=-2, dim2=0), ["dim1 = -2 and dim2 = 0 are the same axis"]),
+    (check_attention_distance, lambda w: (w * (_idx(w, -1)[None, :] + _idx(w, -2)[:, None]).abs()).sum(-1),
+     ["positions added, not subtracted", "|j + i|"]),
+    (check_attention_distance, lambda w: (w * _idx(w, -2)[:, None]).sum(-1), ["each query's own position"]),
+    (check_attention_distance, lambda w: _signed(w).abs().sum(-1), ["distances not weighted", "summed |j − i|"]),
+])
+def test_other_metrics_name_measured_causes(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)
