@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import datetime as _dt
 import os
 import platform
@@ -146,7 +147,7 @@ def measure(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], *, warmup: int = 1, min_run_time: float = 0.2,
-                max_run_time: float | None = None, min_rounds: int = 5) -> dict[str, Timing]:
+                max_run_time: float | None = None, min_rounds: int = 6) -> dict[str, Timing]:
     """Time several functions on the CPU in *interleaved rounds*: each round times one block of calls of
     every function, in an order that rotates from round to round. What slows the machine down for a
     while (another program, a frequency change) then slows every function in the same rounds, so their
@@ -182,21 +183,39 @@ def interleaved(fns: dict[str, Callable[[], Any]], *, warmup: int = 1, min_run_t
     return {name: replace(_timing(t, method), rounds=tuple(t)) for name, t in times.items()}
 
 
+#: Paired rounds order two functions only when one is faster in so many rounds that a coin would do it
+#: less than 5 % of the time (a two-sided sign test) *and* by at least 5 % in the median round: smaller
+#: gaps shift with the kind of load a shared machine has (two runs disagreed on such gaps).
+PAIRED_P, PAIRED_GAP = 0.05, 0.05
+
+
 def paired_order(a: Timing, b: Timing) -> int:
     """-1 when ``a`` is measurably faster than ``b``, 1 when slower, 0 when the data cannot tell (a tie).
 
     With interleaved rounds of the same length (:func:`interleaved`), round i of both ran in the same
-    stretch of time: the per-round ratios a/b are compared with 1, and one is faster only when the middle
-    half of those ratios lies wholly on one side. Otherwise the two middle halves [q1, q3] are compared:
-    overlapping means tied."""
+    stretch of time, so the rounds are compared pair by pair: one is faster only when it wins enough
+    rounds for a sign test (:data:`PAIRED_P`) and its median per-round ratio is at least
+    :data:`PAIRED_GAP` away from 1. Otherwise the two middle halves [q1, q3] are compared: overlapping
+    means tied."""
     if a.rounds and len(a.rounds) == len(b.rounds) and len(a.rounds) >= MIN_RUNS:
-        ratios = [x / y for x, y in zip(a.rounds, b.rounds) if y > 0]
-        if len(ratios) >= MIN_RUNS:
-            _, q1, q3 = _quartiles(ratios)
-            return -1 if q3 < 1 else 1 if q1 > 1 else 0
+        ratios = [x / y for x, y in zip(a.rounds, b.rounds) if x > 0 and y > 0]
+        wins, losses = sum(r < 1 for r in ratios), sum(r > 1 for r in ratios)
+        median = statistics.median(ratios) if ratios else 1.0
+        if _sign_test(wins, losses) <= PAIRED_P and abs(median - 1) >= PAIRED_GAP:
+            return -1 if median < 1 else 1
+        return 0
     if a.overlaps(b):
         return 0
     return -1 if a.median < b.median else 1
+
+
+def _sign_test(wins: int, losses: int) -> float:
+    """Two-sided p-value of ``wins`` against ``losses`` if each round were a fair coin."""
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
 
 
 def time_ms(fn: Callable[[], Any], *, device: str | torch.device = "cpu", warmup: int = 2,

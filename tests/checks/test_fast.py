@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from attn_course.checks import fast as cf
 from attn_course.checks.fast import check_causal_tiled_attention, check_online_softmax, check_tiled_attention
+from attn_course.checks.compare import same
 from attn_course.checks.result import Status
 from tests.checks.test_voice import assert_voice
 
@@ -122,6 +123,26 @@ def os_global_max(x, block_size=1):  # two passes: the row's maximum first
     return torch.exp(x - m) / l
 
 
+def os_state(x, block_size):  # the running (m, l) after the last block
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], block_size):
+        blk = x[..., s:s + block_size]
+        new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        l, m = l * torch.exp(m - new) + torch.exp(blk - new).sum(-1, keepdim=True), new
+    return m, l
+
+
+def os_allmax(x, block_size):  # the block's maximum over all its rows (amax without dim)
+    m = torch.tensor(-math.inf, dtype=x.dtype)
+    l = torch.zeros(x.shape[:-1] + (1,), dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        blk = x[..., s:s + block_size]
+        new = torch.maximum(m, blk.max())
+        l, m = l * torch.exp(m - new) + torch.exp(blk - new).sum(-1, keepdim=True), new
+    return torch.exp(x - m) / l
+
+
 OS_RIGHT = {"reference": os_ref, "torch.split": os_split, "running logsumexp": os_logsumexp,
             "while, first block": os_while_first_block, "float64 inside": os_float64_inside, "numpy": os_numpy}
 
@@ -142,6 +163,11 @@ OS_WRONG = {
     "softmax per block": (lambda x, b=1: torch.cat([torch.softmax(x[..., s:s + b], -1)
                                                      for s in range(0, x.shape[-1], b)], -1),
                           "each block normalised on its own"),
+    "one max over the whole block": (lambda x, b=1: os_allmax(x, b), "one maximum for every row of a block"),
+    "no exp at the end": (lambda x, b=1: (lambda m, l: (x - m) / l)(*os_state(x, b)), "exp missing in the last step"),
+    "log at the end": (lambda x, b=1: (lambda m, l: torch.log(x - m) / l)(*os_state(x, b)),
+                       "log instead of exp in the last step"),
+    "returns l": (lambda x, b=1: os_state(x, b)[1], "one value per row instead of the softmax"),
     "torch.softmax": (lambda x, b=1: torch.softmax(x, -1), "calls torch.softmax"),
     "F.log_softmax": (lambda x, b=1: F.log_softmax(x, -1).exp(), "calls torch.softmax"),
     "global max first": (os_global_max, "the whole row"),
@@ -178,7 +204,7 @@ def ta_ref(q, k, v, block_size=64):
 
 def attn(q, k, v, b, causal=False, *, scale=None, m0=-math.inf, sum_f="shrink", acc_f="shrink", newmax="running",
          final="div", q_stop=None, k_range=None, k_end=lambda s, b: s + b, hide=lambda r, c, qs, ks: c > r,
-         masked=lambda qs, qe, ks, ke: ke - 1 > qs, fill=-math.inf, tile_max="row", pv="plain", zero_guard=False):
+         masked=lambda qs, qe, ks, ke: ke - 1 > qs, fill=-math.inf, tile_max="row", pv="plain", zero_guard=False, prob=None, update_max=True):
     """A learner's tiled loop in which each of the options below can go wrong."""
     n, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1 / math.sqrt(d) if scale is None else scale(q, k, v, b)
@@ -200,18 +226,26 @@ def attn(q, k, v, b, causal=False, *, scale=None, m0=-math.inf, sum_f="shrink", 
             new = {"running": torch.maximum(m, tm), "block": tm, "zero": torch.zeros_like(tm)}[newmax]
 
             def f(kind):
+                if callable(kind):
+                    return kind(m, new)
                 return {"shrink": torch.exp(m - new), "none": torch.ones_like(new), "grow": torch.exp(new - m),
                         "grow_guard": torch.where(torch.isinf(m), torch.ones_like(m), torch.exp(new - m))}[kind]
 
-            p = torch.exp(s - new)
+            p = torch.exp(s - new) if prob is None else prob(s, new)
             l_new = l * f(sum_f) + p.sum(-1, keepdim=True)
-            if pv == "tile softmax":
+            if pv == "overwrite":
+                acc = p @ v[..., ks:ke, :]
+            elif pv == "add the correction":
+                acc = f(acc_f) + p @ v[..., ks:ke, :]
+            elif pv == "v without p":
+                acc = acc * f(acc_f) + v[..., ks:ke, :]
+            elif pv == "tile softmax":
                 acc = acc * f(acc_f) + (p / p.sum(-1, keepdim=True)) @ v[..., ks:ke, :]
             elif pv == "normalise each tile":
                 acc = (acc * f(acc_f) + p @ v[..., ks:ke, :]) / l_new
             else:
                 acc = acc * f(acc_f) + p @ v[..., ks:ke, :]
-            l, m = l_new, new
+            l, m = l_new, (new if update_max else m)
         res = acc / l if final == "div" else acc
         if zero_guard:
             res = torch.where(l > 0, acc / torch.where(l > 0, l, torch.ones_like(l)), torch.zeros_like(acc))
@@ -347,6 +381,34 @@ def ta_kT(q, k, v, block_size=64):
     return out
 
 
+def ta_rows_to_dk(q, k, v, block_size=64):  # the query loop runs to q.shape[-1] (d_k), not n_q
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, min(q.shape[-1], q.shape[-2]), block_size):
+        out[..., qs:qs + block_size, :] = ta_ref(q[..., qs:qs + block_size, :], k, v, block_size)
+    return out
+
+
+def ca_tile_positions(q, k, v, block_size=64):  # arange(k_end, k_start): an end below the start
+    return attn(q, k, v, block_size, True, hide=lambda r, c, qs, ks: torch.arange(c.max() + 1, ks)[None] > r)
+
+
+def ca_mask_as_scores(q, k, v, block_size=64):  # s = future: the mask itself took the place of the scores
+    n = q.shape[-2]
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        m = torch.full((qe - qs, 1), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qe - qs, v.shape[-1], dtype=q.dtype)
+        for ks in range(0, qe, block_size):
+            ke = min(ks + block_size, n)
+            s = torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None]
+            new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], new
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
 TA_RIGHT = {"reference": ta_ref, "options at their right values": T(), "keys outside (FlashAttention-1 order)":
             ta_key_outer, "running logsumexp": ta_lse, "state from the first tile": ta_first_tile,
             "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype)}
@@ -376,6 +438,20 @@ TA_WRONG = {
     "key slice one long": (T(k_end=lambda s, b: s + b + 1), "key blocks overlap by one key"),
     "last partial query block skipped": (T(q_stop=lambda n, b: n - n % b), "last, shorter query block not computed"),
     "last partial query block left as garbage": (ta_garbage_tail, "wrong only in the last, partial block"),
+    "scale −1/√d_k": (T(scale=lambda q, k, v, b: -q.shape[-1] ** -0.5), "scores scaled by −1/√d_k"),
+    "correction exp(m + m_new)": (T(sum_f=lambda m, new: torch.exp(m + new), acc_f=lambda m, new: torch.exp(m + new)),
+                                  "rescaled by exp(m_old + m_new)"),
+    "correction exp(m_new)": (T(sum_f=lambda m, new: torch.exp(new), acc_f=lambda m, new: torch.exp(new)),
+                              "rescaled by exp(m_new)"),
+    "m never updated": (T(update_max=False), "running max never updated"),
+    "weights exp(s)": (T(prob=lambda s, m: torch.exp(s)), "tile weights exp(s), without the maximum"),
+    "weights s - m": (T(prob=lambda s, m: s - m), "tile weights without exp"),
+    "acc overwritten": (T(pv="overwrite"), "accumulator overwritten by each tile"),
+    "correction added to acc": (T(pv="add the correction"), "correction added to the accumulator"),
+    "v without p": (T(pv="v without p"), "v_block added without the weights p"),
+    "first key block only": (T(k_range=lambda n, nk, b, qs, qe: range(0, nk, 1000)), "only the first key block visited"),
+    "key loop from 1": (T(k_range=lambda n, nk, b, qs, qe: range(1, nk, b)), "key loop starts at 1"),
+    "query loop to d_k": (ta_rows_to_dk, "output rows never written"),
     "output with q's width": (ta_out_width_q, "allocated"),
     "k.T on a batch": (ta_kT, "k.T"),
     "F.scaled_dot_product_attention": (lambda q, k, v, b=64: F.scaled_dot_product_attention(q, k, v),
@@ -442,6 +518,12 @@ CA_WRONG = {
                                      "diagonal tile skipped"),
     "weak fill −1e4": (C(fill=-1e4), "masked scores filled with a finite value"),
     "weak fill −30": (C(fill=-30.0), "masked scores filled with a finite value"),
+    "fill +inf": (C(fill=math.inf), "masked scores filled with +inf"),
+    "key blocks to the end": (C(k_end=lambda s, b: 10 ** 9), "key blocks run to the end of the sequence"),
+    "mask key >= query on every tile": (C(hide=lambda r, c, qs, ks: c >= r, masked=lambda qs, qe, ks, ke: True),
+                                        "mask hides the query's own key"),
+    "arange with its end below its start": (ca_tile_positions, "torch.arange(start, end) got an end below its start"),
+    "the mask as the scores": (ca_mask_as_scores, "was used in a subtraction"),
     "sum not rescaled": (C(sum_f="none"), "running sum not rescaled"),
     "acc not rescaled": (C(acc_f="none"), "accumulator not rescaled"),
     "per-tile max": (C(newmax="block"), "per-tile maximum"),
@@ -504,23 +586,21 @@ def test_an_exception_shows_the_learners_line(rejects):
     assert result.diagnosis.cause.startswith("a matrix product whose inner sizes differ"), result.text()
 
 
-def _learner(make, causal=None):
-    if causal is None:
+def _learner(make, softmax):
+    if softmax:
         return lambda x, block_size=1: make(x, block_size)
-    return lambda q, k, v, block_size=64: make(q, k, v, block_size, causal)
+    return lambda q, k, v, block_size=64: make(q, k, v, block_size)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("exercise, mistakes, causal", [
-    ("online_softmax", cf.SOFTMAX_MISTAKES, None), ("tiled_attention", cf.TILED_MISTAKES, False),
-    ("causal_tiled_attention", cf.CAUSAL_MISTAKES, True)])
-def test_every_known_mistake_is_named_by_its_own_summary(exercise, mistakes, causal):
+@pytest.mark.parametrize("exercise, mistakes", [
+    ("online_softmax", cf.SOFTMAX_MISTAKES), ("tiled_attention", cf.TILED_MISTAKES),
+    ("causal_tiled_attention", cf.CAUSAL_MISTAKES)])
+def test_every_known_mistake_is_named_by_its_own_summary(exercise, mistakes):
     check = CHECKS[exercise][0]
     for mistake in mistakes:
-        result = check.evaluate(_learner(mistake.make, causal))
+        result = check.evaluate(_learner(mistake.make, exercise == "online_softmax"))
         assert result.status is Status.FAILED, f"{mistake.summary}: {result.text()}"
-        if mistake.key == "sign" and "NaN from the first block on" in result.summary:
-            continue  # the unguarded sign error gives NaN everywhere: named by that property
         assert mistake.summary in result.summary, f"{mistake.summary!r} not in:\n{result.text()}"
 
 
@@ -531,19 +611,24 @@ def test_the_cases_tell_every_known_mistake_apart(exercise, mistakes, cases):
     """Each mistake is wrong on some case, and two mistakes with different names differ on some case (so
     "explains every case" never has to choose between them)."""
     cases = cases()
+    mistakes = cf._remembered(exercise, cases, mistakes)  # the outputs the checks use (computed once)
 
-    def outputs(m):
-        return [cf._value(m.make, c) for c in cases]
+    def output(m, c):
+        try:
+            return m.make(*c.args)
+        except Exception:  # noqa: BLE001 - this mistake cannot happen on this case
+            return None
 
-    table = {id(m): outputs(m) for m in mistakes}
+    table = {m.key: [output(m, c) for c in cases] for m in mistakes}
+    assert len(table) == len(mistakes), "two mistakes share a key"
     for m in mistakes:
-        assert any(o is not None and not cf._agrees(o, c.expected, c.atol, c.rtol) for o, c in zip(table[id(m)], cases)), \
+        assert any(o is not None and not same(o, c.expected, atol=c.atol, rtol=c.rtol) for o, c in zip(table[m.key], cases)), \
             f"{m.summary}: right on every case"
     for a, b in itertools.combinations(mistakes, 2):
         if a.summary == b.summary:
             continue
-        assert any(x is not None and y is not None and not cf._agrees(x, y, c.atol, c.rtol)
-                   for x, y, c in zip(table[id(a)], table[id(b)], cases)), f"{a.summary} == {b.summary} on every case"
+        assert any(x is not None and y is not None and not same(x, y, atol=c.atol, rtol=c.rtol)
+                   for x, y, c in zip(table[a.key], table[b.key], cases)), f"{a.summary} == {b.summary} on every case"
 
 
 def test_the_cases_vary_every_argument():
