@@ -1,49 +1,50 @@
 """Checks for notebook 05: scaled dot-product attention and the size of its score matrix.
 
-Oracle: ``F.scaled_dot_product_attention``. It does not return the weights, so the expected weights
-are its output with the identity matrix as V (weights @ I = weights). Masks are boolean, True = may
-attend (the course's convention, and PyTorch's for this function). As the exercise's docstring
-states, every query is allowed at least one key here: fully masked rows are notebook 06's subject
-(its ``masked_softmax`` exercise), so this check never tries one. Each call runs under notebook 01's
-learner-side probe that reports arguments changed in place (the docstring rules that out).
+``attention`` — cases: 12 inputs (the worked example, batches, heads, masks of five shapes, one query,
+one key, scores of ±1000 and ±3·10⁴); oracle: ``F.scaled_dot_product_attention`` (the weights are its
+output with V = I). Every query may attend to at least one key (fully masked rows are notebook 06's).
+The weights are judged first, then the output, each with one :class:`~.kit.Suspects` over its table of
+known mistakes; an exception is explained by a construct that raises the very same message; a wrong
+answer no mistake reproduces is measured (randomness, a narrower dtype's grid, NaN where exp overflowed
+or the allowed weights underflowed, weight on blocked keys, rounding, row sums, the scale really used).
+A learner-side probe reports arguments changed in place (the docstring rules that out).
 
-How a wrong answer is named:
-
-* a known mistake (:class:`Known`) is blamed only when the answer reproduces its output, and a
-  mistake that an earlier, passed case already ruled out (its output differed from the right one
-  there, while the answer's did not) is never blamed: two mistakes that coincide on one input are told
-  apart by the cases before it (:class:`Elimination`, used by notebook 06's checks too), or by the
-  cases after it (an ambiguous failure waits for a later case that names one of them);
-* an exception is explained only when the check reproduces the very same message with the
-  construct it blames (``K.T`` on a batch, ``torch.mm`` on 3-D input, a mask given an extra axis…);
-* otherwise a property of the result is measured: a second call that differs (randomness), values on
-  a narrower dtype's grid, NaN where exp overflowed or every allowed weight underflowed, all the weight
-  on blocked keys, rounding, rows that do not sum to 1, or the scale the scores were really divided by.
-
-``score_matrix_bytes`` runs every case first and blames a wrong formula only when it reproduces the
-answer on all of them; otherwise it measures the bytes per entry or a constant factor.
+``score_matrix_bytes`` — every case runs first; a wrong formula is named only when it reproduces the
+answer on all of them, else the bytes per entry or a constant factor are measured.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .boundary import probe
 from .compare import Failure, same
-from .core import Learner, LearnerRaised, Mistake, as_tensor, check, expect_close, expect_shape, fail, fmt, learner_error
-from .dot import CALL_PROBE
-from .kit import reproduce as _reproduce
+from .core import Learner, LearnerRaised, as_tensor, check, fail, fmt, learner_error
+from .kit import BOOL_HINT, Known, Suspects, explain_raise, reproduce
 
-__all__ = ["check_attention", "check_score_matrix_bytes", "Known", "Elimination", "explain_raise"]
+__all__ = ["check_attention", "check_score_matrix_bytes"]
 
 
-# ============================================================================ cases
+# ============================================================================ probe (could move to the kit)
+CALL_PROBE = "attn_course.checks.attention.call"
+
+
+@probe(CALL_PROBE)
+def _call_watching_inputs(fn: Callable, *args: Any) -> tuple[Any, list[int]]:
+    """In the learner's process: ``fn(*args)`` and the positions of the tensor arguments it changed in place."""
+    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+    result = fn(*args)
+    return result, [i for i, (a, b) in enumerate(zip(args, before)) if b is not None
+                    and (a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b))]
+
+
+# ============================================================================ cases and oracle
 @dataclass
 class Case:
     name: str
@@ -55,36 +56,25 @@ class Case:
     large: bool = False  # scores so large that only a stable, -inf-masked softmax gets them right
 
     @property
-    def scaled(self) -> torch.Tensor:
-        return self.Q @ self.K.transpose(-2, -1) / math.sqrt(self.Q.shape[-1])
+    def args(self) -> tuple:
+        return self.Q, self.K, self.V, self.mask
 
     @property
-    def batched(self) -> bool:
-        return self.Q.dim() > 2 or self.K.dim() > 2
+    def scaled(self) -> torch.Tensor:
+        return _scaled(self.Q, self.K)
 
 
 def _oracle(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
-    Q, K, V, mask = case.Q, case.K, case.V, case.mask
-    n_k = K.shape[-2]
-    eye = torch.eye(n_k, dtype=Q.dtype).expand(*K.shape[:-2], n_k, n_k)
+    Q, K, V, mask = case.args
+    eye = torch.eye(K.shape[-2], dtype=Q.dtype).expand(*K.shape[:-2], K.shape[-2], K.shape[-2])
     return (F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
             F.scaled_dot_product_attention(Q, K, eye, attn_mask=mask))
 
 
-def _random_keep_mask(n_q: int, n_k: int, g: torch.Generator) -> torch.Tensor:
-    """(n_q, n_k) bool with at least one True and one False in every row."""
-    mask = torch.rand(n_q, n_k, generator=g) < 0.5
-    for i in range(n_q):
-        j, k = torch.randperm(n_k, generator=g)[:2].tolist()
-        mask[i, j], mask[i, k] = True, False
-    return mask
-
-
 def _large(wanted: list[list[float]], keep: list[list[bool]], V: torch.Tensor, name: str, large: bool) -> Case:
     """A case whose scaled scores are exactly ``wanted`` (K = I, so Q Kᵀ / √d_k = Q / 2 with d_k = 4)."""
-    wanted_t = torch.tensor(wanted, dtype=torch.float64)
-    return Case(name, Q=2 * wanted_t, K=torch.eye(4, dtype=torch.float64), V=V, mask=torch.tensor(keep),
-                atol=1e-7, large=large)
+    return Case(name, 2 * torch.tensor(wanted, dtype=torch.float64), torch.eye(4, dtype=torch.float64), V,
+                torch.tensor(keep), atol=1e-7, large=large)
 
 
 def _cases() -> list[Case]:
@@ -96,20 +86,21 @@ def _cases() -> list[Case]:
         return torch.randn(*shape, generator=g, dtype=dtype)
 
     Q, K, V = worked_example()
-    f32 = torch.float32
-    # Key padding over a batch of 3: right padding, left padding, none.
+    f32, causal4 = torch.float32, torch.ones(4, 4, dtype=torch.bool).tril()
+    keep = torch.rand(4, 6, generator=g) < 0.5  # (4, 6) with at least one True and one False in every row
+    for i in range(4):
+        j, k = torch.randperm(6, generator=g)[:2].tolist()
+        keep[i, j], keep[i, k] = True, False
     key_padding = torch.tensor([[True, True, True, False, False], [False, False, True, True, True],
-                                [True] * 5])[:, None, None, :]  # (3, 1, 1, 5)
-    lengths = torch.tensor([4, 2])
-    per_batch = torch.ones(4, 4, dtype=torch.bool).tril() & (torch.arange(4) < lengths[:, None])[:, None, None, :]
+                                [True] * 5])[:, None, None, :]  # (3, 1, 1, 5): right, left and no padding
+    per_batch = causal4 & (torch.arange(4) < torch.tensor([4, 2])[:, None])[:, None, None, :]  # (2, 1, 4, 4)
     return [
         Case("the 4×8 worked example, no mask", Q, K, V, None, atol=1e-7),
-        Case("the 4×8 worked example with a causal (4, 4) mask", Q, K, V, torch.ones(4, 4, dtype=torch.bool).tril(),
-             atol=1e-7),
+        Case("the 4×8 worked example with a causal (4, 4) mask", Q, K, V, causal4, atol=1e-7),
         Case("a batch of 2 in float32, n_q = 5, n_k = 7, d_k = 6, d_v = 3",
              rand(2, 5, 6, dtype=f32), rand(2, 7, 6, dtype=f32), rand(2, 7, 3, dtype=f32), None, atol=2e-5),
         Case("batch × heads (2, 3), n_q = 4, n_k = 6, d_k = 16, d_v = 5, with a (4, 6) mask",
-             rand(2, 3, 4, 16), rand(2, 3, 6, 16), rand(2, 3, 6, 5), _random_keep_mask(4, 6, g), atol=1e-7),
+             rand(2, 3, 4, 16), rand(2, 3, 6, 16), rand(2, 3, 6, 5), keep, atol=1e-7),
         Case("a causal (6, 6) mask on a batch of 2", rand(2, 6, 8), rand(2, 6, 8), rand(2, 6, 8),
              torch.ones(6, 6, dtype=torch.bool).tril(), atol=1e-7),
         Case("a key-padding mask (3, 1, 1, 5) (right, left and no padding) over 4 heads and 3 queries",
@@ -136,486 +127,308 @@ def _cases() -> list[Case]:
     ]
 
 
-# ============================================================================ known mistakes
-@dataclass
-class Known(Mistake):
-    """A :class:`Mistake` with a key that names this variant, so that a passed case can rule it out.
+# ============================================================================ the weights' known mistakes
+def _scaled(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
+    return Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
 
-    ``any_group``: the mistake means the same on input of any number of axes (√n_q is √n_q), so a passed
-    case of any group rules it out; ``shadowed_by``: the key of a mistake that always gives the same
-    numbers on this input and is named in its place when both are possible (n_q is also Q.shape[-2]
-    counted from the front)."""
 
-    key: str = ""
-    any_group: bool = False
-    shadowed_by: str = ""
+def _fill(s: torch.Tensor, mask: torch.Tensor | None, value: float = -math.inf) -> torch.Tensor:
+    return s if mask is None else s.masked_fill(~mask, value)
+
+
+def _soft(s: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    return torch.softmax(s, dim)
+
+
+def _naive(x: torch.Tensor) -> torch.Tensor:
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+
+def _right(Q, K, mask):
+    return _soft(_fill(_scaled(Q, K), mask))
 
 
 _DIM_FIX = "take the softmax over the last axis, torch.softmax(scores, dim=-1): each query's row of weights sums to 1"
-_AFTER = ("mask applied after the softmax", "you masked the weights after the softmax, so the rows no longer sum "
-          "to 1", "fill the blocked *scores* with float('-inf') before the softmax")
-_RENORM = ("mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a softmax over "
-           "all keys and divided each row by its sum: right on paper, but when blocked scores are far larger than "
-           "the allowed ones, the allowed weights underflow to 0 and the division is 0/0 = NaN",
-           "fill the blocked scores with float('-inf') before the softmax")
+_QUERIES = "you took the softmax over the queries' axis (axis -2): each column sums to 1, not each row"
+_SCALE_FIX = "scale by √d_k, the width of Q and K, counted from the end: Q.shape[-1]"
+_INF_FIX = "fill the blocked scores with float('-inf') before the softmax"
+_AFTER = ("mask applied after the softmax", "you masked the weights after the softmax, so the rows no longer sum to 1",
+          "fill the blocked *scores* with float('-inf') before the softmax")
 _POLARITY = ("mask polarity inverted", "you blocked the positions where the mask is True; in this course (as in "
              "F.scaled_dot_product_attention) True means 'may attend'",
              "fill the scores where the mask is False: scores.masked_fill(~mask, float('-inf'))")
-_WEAK = ("a fill value too weak for these scores", "you filled blocked scores with a finite negative number, but "
-         "next to scores of ±3·10⁴ it is not 'minus infinity', so blocked keys still get weight",
+_WEAK = ("a fill value too weak for these scores", "you filled blocked scores with a finite negative number, but next "
+         "to scores of ±3·10⁴ it is not 'minus infinity', so blocked keys still get weight",
          "fill with float('-inf') (or torch.finfo(scores.dtype).min)")
 _NAIVE = ("softmax without subtracting the maximum", "your softmax exponentiates the raw scores: e^1000 overflows to "
           "inf and inf/inf is NaN", "subtract each row's maximum before exp, or use torch.softmax")
+_ADDED = ("bool mask added to the scores", "fill the blocked scores with -inf: scores.masked_fill(~mask, float('-inf'))")
 
 
-def _scale_mistakes(case: Case, masked: Callable) -> list[Known]:
-    Q, K, V = case.Q, case.K, case.V
-    scores = Q @ K.transpose(-2, -1)
-    d_k = Q.shape[-1]
-    out = [
-        Known("scores not scaled", "you did not divide the scores by √d_k", "divide Q Kᵀ by math.sqrt(d_k) before "
-              "the softmax, with d_k = Q.shape[-1]", lambda: torch.softmax(masked(scores), -1), "noscale"),
-        Known("divided by d_k instead of √d_k", "you divided the scores by d_k", "divide by math.sqrt(d_k)",
-              lambda: torch.softmax(masked(scores / d_k), -1), "dk"),
-        Known("multiplied by √d_k", "you multiplied the scores by √d_k", "divide by math.sqrt(d_k) instead",
-              lambda: torch.softmax(masked(scores * math.sqrt(d_k)), -1), "times"),
-    ]
-    # d_k taken from the wrong axis: √ of any other size of Q, K or V (sizes that coincide named together).
-    sizes = [(V.shape[-1], "d_v, the width of V (V.shape[-1])", "√d_v"),
-             (Q.shape[-2], "n_q, the number of queries (Q.shape[-2])", "√n_q"),
-             (K.shape[-2], "n_k, the number of keys (K.shape[-2])", "√n_k")]
-    # An axis counted from the front (Q.shape[1], len(K)…) is d_k only for input with exactly i + 2 axes.
-    front = [(Q.shape[i], f"Q.shape[{i}]{' (or len(Q), len(K))' if i == 0 else ''}, an axis counted from the front: "
-              f"it is d_k only on {i + 2}-D input", f"√Q.shape[{i}]") for i in range(Q.dim() - 1)]
-    for size, what, short in sizes + front:  # sizes that coincide on one input are told apart by a later one
-        if size != d_k:
-            by_meaning = (size, what, short) in sizes
-            out.append(Known(f"scaled by {short} instead of √d_k", f"you scaled by the square root of {what}",
-                             "scale by √d_k, the width of Q and K, counted from the end: Q.shape[-1]",
-                             lambda size=size: torch.softmax(masked(scores / math.sqrt(size)), -1), short,
-                             any_group=by_meaning,
-                             shadowed_by="√n_q" if short == f"√Q.shape[{Q.dim() - 2}]" else ""))
-    return out
+def _mistakes_of_weights(cases: list[Case]) -> list[Known]:
+    """The weights' table: each ``make`` takes (Q, K, V, mask), as the oracle does."""
+    def scale(key, summary, cause, fix, by):  # softmax(Q Kᵀ / by(Q, K, V)), masked
+        return Known(key, summary, cause, fix, lambda Q, K, V, m: _soft(_fill(Q @ K.mT / by(Q, K, V), m)))
 
-
-def _weight_mistakes(case: Case) -> list[Known]:
-    Q, K, mask = case.Q, case.K, case.mask
-    scores = Q @ K.transpose(-2, -1)
-    scaled = case.scaled
-
-    def masked(s, fill=float("-inf")):
-        return s if mask is None else s.masked_fill(~mask, fill)
-
-    out = []
-    ndim = scaled.dim()
-    for dim in range(ndim - 1):
-        if dim == ndim - 2:
-            summary, axis = "softmax over axis -2 (the queries)", f"axis {dim} (= -2, the queries' axis: each column sums to 1)"
-        else:
-            summary, axis = f"softmax over axis {dim} (a batch axis)", f"axis {dim}, a batch axis of this {ndim}-D input"
-        out.append(Known(summary, f"you took the softmax over {axis}", _DIM_FIX,
-                         lambda dim=dim: torch.softmax(masked(scaled), dim), f"dim{dim}"))
-    out += [
-        Known("softmax over the whole matrix", "you took one softmax over the whole (n_q, n_k) matrix", _DIM_FIX,
-              lambda: torch.softmax(masked(scaled).flatten(-2), -1).reshape(scaled.shape), "flat"),
-        *_scale_mistakes(case, masked),
-        Known("weights transposed", "you returned the weights with queries and keys swapped",
+    table = [
+        # softmax(dim=-2), or softmax(dim=d) written for input of d + 1 axes: on n-D input it takes the queries'
+        # axis (d = n - 2: the same text, so that two ways to one mistake are named once) or a batch axis
+        Known("dim-2", "softmax over axis -2 (the queries)", _QUERIES, _DIM_FIX,
+              lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m), -2)),
+        *[Known(f"dim{d}-{n}D", "softmax over axis -2 (the queries)" if d == n - 2 else f"softmax over axis {d} (a "
+                "batch axis)", _QUERIES if d == n - 2 else f"you took the softmax over axis {d}, a batch axis of this "
+                "input", _DIM_FIX, lambda Q, K, V, m, d=d, n=n: _soft(s, d) if (s := _fill(_scaled(Q, K), m)).dim()
+                in (n, d + 1) else None) for n in (2, 3, 4) for d in range(n - 1)],
+        Known("flat", "softmax over the whole matrix", "you took one softmax over the whole (n_q, n_k) matrix",
+              _DIM_FIX, lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m).flatten(-2)).reshape(_scaled(Q, K).shape)),
+        scale("noscale", "scores not scaled", "you did not divide the scores by √d_k", "divide Q Kᵀ by "
+              "math.sqrt(d_k) before the softmax, with d_k = Q.shape[-1]", lambda Q, K, V: 1.0),
+        scale("dk", "divided by d_k instead of √d_k", "you divided the scores by d_k", "divide by math.sqrt(d_k)",
+              lambda Q, K, V: Q.shape[-1]),
+        scale("times", "multiplied by √d_k", "you multiplied the scores by √d_k", "divide by math.sqrt(d_k) instead",
+              lambda Q, K, V: Q.shape[-1] ** -0.5),
+        # d_k taken from another size, by meaning or counted from the front (= d_k only on input of i + 2 axes)
+        scale("d_v", "scaled by √d_v instead of √d_k", "you scaled by the square root of d_v, the width of V "
+              "(V.shape[-1])", _SCALE_FIX, lambda Q, K, V: math.sqrt(V.shape[-1])),
+        scale("n_q", "scaled by √n_q instead of √d_k", "you scaled by the square root of n_q, the number of queries "
+              "(Q.shape[-2])", _SCALE_FIX, lambda Q, K, V: math.sqrt(Q.shape[-2])),
+        scale("n_k", "scaled by √n_k instead of √d_k", "you scaled by the square root of n_k, the number of keys "
+              "(K.shape[-2])", _SCALE_FIX, lambda Q, K, V: math.sqrt(K.shape[-2])),
+        *[scale(f"front{i}", f"scaled by √Q.shape[{i}] instead of √d_k", f"you scaled by the square root of "
+                f"Q.shape[{i}]{' (or len(Q), len(K))' if i == 0 else ''}, an axis counted from the front: it is d_k "
+                f"only on {i + 2}-D input", _SCALE_FIX, lambda Q, K, V, i=i: math.sqrt(Q.shape[i])) for i in range(3)],
+        Known("no-Q", "Q left out of the scores", "your scores are Kᵀ / √d_k: Q is missing from Q Kᵀ",
+              "scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k)",
+              lambda Q, K, V, m: _soft(_fill(K.mT / math.sqrt(Q.shape[-1]), m))),
+        Known("transposed", "weights transposed", "you returned the weights with queries and keys swapped",
               "keep weights[..., i, j] = how much query i attends to key j (queries on rows)",
-              lambda: torch.softmax(masked(scaled), -1).transpose(-2, -1), "transposed"),
-        Known("K reshaped instead of transposed", "you turned K (…, n_k, d_k) into (…, d_k, n_k) with reshape or "
-              "view, which keeps the numbers in memory order: it does not swap rows and columns",
-              "transpose: K.transpose(-2, -1) (or K.mT)",
-              lambda: torch.softmax(masked(Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2])
-                                           / math.sqrt(Q.shape[-1])), -1), "reshape"),
-        Known("sigmoid instead of softmax", "you applied torch.sigmoid to each score on its own, so the weights of a "
-              "row do not share one total", "use torch.softmax(scores, dim=-1): each row sums to 1",
-              lambda: torch.sigmoid(masked(scaled)), "sigmoid"),
-        Known("scores returned as weights", "you returned the scores from before the softmax as the weights",
-              "return weights = torch.softmax(scaled scores, dim=-1)", lambda: masked(scaled), "scores"),
-        Known("scores returned as weights", "you returned the scores from before the softmax as the weights",
-              "return weights = torch.softmax(scaled scores, dim=-1)", lambda: masked(scaled, 0.0), "scores0"),
-        Known(*_NAIVE, lambda: _naive_softmax(masked(scaled)), "naive"),
-        Known("log-softmax instead of softmax", "you returned log-weights (log_softmax), which are ≤ 0, not weights",
-              "use torch.softmax", lambda: torch.log_softmax(masked(scaled), -1), "log"),
-        Known("row maximum subtracted without keepdim", "you subtracted scores.max(-1).values without keepdim=True: "
-              "shape (..., n_q) lines up with the keys' axis, so each column, not each row, was shifted",
-              "keep the axis: scores.amax(dim=-1, keepdim=True)",
-              lambda: _naive_softmax(masked(scaled) - masked(scaled).amax(-1).unsqueeze(-2)), "nokeepdim-max"),
-        Known("row sum taken without keepdim", "you divided by e.sum(-1) without keepdim=True: shape (..., n_q) lines "
-              "up with the keys' axis, so entry (i, j) was divided by row j's sum", "keep the axis: "
-              "e.sum(dim=-1, keepdim=True)", lambda: _nokeepdim_sum(masked(scaled)), "nokeepdim-sum"),
-        Known("normalised by the sum of every entry", "you divided by e.sum() over the whole tensor, not by each row's sum",
-              "divide by e.sum(dim=-1, keepdim=True)", lambda: torch.exp(masked(scaled)) / torch.exp(masked(scaled)).sum(),
-              "sum-all"),
-        Known("scaled after the softmax", "you divided the weights by √d_k after the softmax instead of the scores "
-              "before it", "divide the scores Q Kᵀ by math.sqrt(d_k), then take the softmax",
-              lambda: torch.softmax(masked(scores), -1) / math.sqrt(Q.shape[-1]), "scale-after"),
-        Known("maximum over the whole tensor", "you subtracted the maximum of the whole tensor, not of each row: "
-              "a row far below it underflows to 0 and 0/0 is NaN",
+              lambda Q, K, V, m: _right(Q, K, m).mT),
+        Known("reshape", "K reshaped instead of transposed", "you turned K (…, n_k, d_k) into (…, d_k, n_k) with "
+              "reshape or view, which keeps the numbers in memory order: it does not swap rows and columns",
+              "transpose: K.transpose(-2, -1) (or K.mT)", lambda Q, K, V, m: _soft(_fill(
+                  Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]) / math.sqrt(Q.shape[-1]), m))),
+        Known("sigmoid", "sigmoid instead of softmax", "you applied torch.sigmoid to each score on its own, so the "
+              "weights of a row do not share one total", "use torch.softmax(scores, dim=-1): each row sums to 1",
+              lambda Q, K, V, m: torch.sigmoid(_fill(_scaled(Q, K), m))),
+        *[Known(f"scores{fill}", "scores returned as weights", "you returned the scores from before the softmax as "
+                "the weights", "return weights = torch.softmax(scaled scores, dim=-1)",
+                lambda Q, K, V, m, fill=fill: _fill(_scaled(Q, K), m, fill)) for fill in (-math.inf, 0.0)],
+        Known("naive", *_NAIVE, lambda Q, K, V, m: _naive(_fill(_scaled(Q, K), m))),
+        Known("log", "log-softmax instead of softmax", "you returned log-weights (log_softmax), which are ≤ 0, not "
+              "weights", "use torch.softmax", lambda Q, K, V, m: torch.log_softmax(_fill(_scaled(Q, K), m), -1)),
+        Known("nokeepdim-max", "row maximum subtracted without keepdim", "you subtracted scores.max(-1).values "
+              "without keepdim=True: shape (..., n_q) lines up with the keys' axis, so each column, not each row, "
+              "was shifted", "keep the axis: scores.amax(dim=-1, keepdim=True)",
+              lambda Q, K, V, m: _naive((s := _fill(_scaled(Q, K), m)) - s.amax(-1).unsqueeze(-2))),
+        Known("nokeepdim-sum", "row sum taken without keepdim", "you divided by e.sum(-1) without keepdim=True: shape "
+              "(..., n_q) lines up with the keys' axis, so entry (i, j) was divided by row j's sum",
+              "keep the axis: e.sum(dim=-1, keepdim=True)", lambda Q, K, V, m: (e := torch.exp(
+                  (s := _fill(_scaled(Q, K), m)) - s.amax(-1, keepdim=True))) / e.sum(-1).unsqueeze(-2)),
+        Known("sum-all", "normalised by the sum of every entry", "you divided by e.sum() over the whole tensor, not "
+              "by each row's sum", "divide by e.sum(dim=-1, keepdim=True)",
+              lambda Q, K, V, m: (e := torch.exp(_fill(_scaled(Q, K), m))) / e.sum()),
+        Known("scale-after", "scaled after the softmax", "you divided the weights by √d_k after the softmax instead of "
+              "the scores before it", "divide the scores Q Kᵀ by math.sqrt(d_k), then take the softmax",
+              lambda Q, K, V, m: _soft(_fill(Q @ K.mT, m)) / math.sqrt(Q.shape[-1])),
+        Known("globalmax", "maximum over the whole tensor", "you subtracted the maximum of the whole tensor, not of each "
+              "row: a row far below it underflows to 0 and 0/0 is NaN",
               "subtract each row's maximum: scores.amax(dim=-1, keepdim=True)",
-              lambda: _naive_softmax(masked(scaled) - masked(scaled).max()), "globalmax"),
-    ]
-    if mask is None:
-        n_q, n_k = scaled.shape[-2:]
-        causal = torch.ones(n_q, n_k, dtype=torch.bool).tril()
-        out.append(Known("a causal mask although none was given", "with mask=None your function still blocked the "
-                         "later keys (j > i): a causal mask built into it", "block keys only where the mask argument "
-                         "says so; with mask=None every query sees every key",
-                         lambda: torch.softmax(scaled.masked_fill(~causal, float("-inf")), -1), "causal-always"))
-        return out
-    soft = torch.softmax(scaled, -1)
-    m = mask.to(scaled.dtype)
-    out += [
-        Known("mask transposed", "you applied the mask with its last two axes swapped (mask.T or "
+              lambda Q, K, V, m: _naive((s := _fill(_scaled(Q, K), m)) - s.max())),
+        Known("causal-always", "a causal mask although none was given", "with mask=None your function still blocked "
+              "the later keys (j > i): a causal mask built into it", "block keys only where the mask argument says "
+              "so; with mask=None every query sees every key", lambda Q, K, V, m: None if m is not None else _soft(
+                  (s := _scaled(Q, K)).masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf))),
+        # -------- the mask (each make raises, so is no suspect, where mask is None)
+        Known("mask-T", "mask transposed", "you applied the mask with its last two axes swapped (mask.T or "
               "mask.transpose(-2, -1)): mask[..., i, j] says whether query i may attend to key j",
               "use the mask as it is: scores.masked_fill(~mask, float('-inf'))",
-              lambda: torch.softmax(scaled.masked_fill(~mask.transpose(-2, -1), float("-inf")), -1)
-              if mask.dim() >= 2 else None, "mask-T"),
-        Known(f"mask of shape {tuple(mask.shape)} ignored", "you used the masks of the earlier cases but not this "
-              "one: your code applies the mask only for some shapes (an `if` on mask.dim() or mask.shape, or a "
-              "reshape that fits only some masks)", "apply any mask that broadcasts to the scores: "
-              "scores.masked_fill(~mask, float('-inf')) broadcasts by itself", lambda: soft, f"ignored-{mask.dim()}"),
-        Known("bool mask added to the scores", "you added a 0/1 version of the mask to the scores: adding 1 to some "
-              "scores shifts them a little and blocks nothing", "fill the blocked scores with -inf: "
-              "scores.masked_fill(~mask, float('-inf'))", lambda: torch.softmax(scaled + (1 - m), -1), "plus-inverted"),
-        Known(*_AFTER, lambda: soft * m, "after*"),
-        Known(*_AFTER, lambda: soft.masked_fill(~mask, float("-inf")), "after-inf"),
-        Known(*_RENORM, lambda: (soft * m) / (soft * m).sum(-1, keepdim=True), "renorm"),
-        Known(*_POLARITY, lambda: torch.softmax(scaled.masked_fill(mask, float("-inf")), -1), "polarity"),
-        Known(*_POLARITY, lambda: torch.softmax(scaled.masked_fill(mask, -1e9), -1), "polarity9"),
-        Known("mask ignored", "you did not use the mask, so blocked keys still get weight",
-              "fill the scores where the mask is False with float('-inf') before the softmax", lambda: soft, "ignored"),
-        Known("bool mask added to the scores", "you added the boolean mask to the scores: True counts as +1, "
-              "which blocks nothing", "fill the blocked scores with -inf: scores.masked_fill(~mask, float('-inf'))",
-              lambda: torch.softmax(scaled + m, -1), "plus"),
-        Known("mask multiplied into the scores", "you multiplied the scores by the mask: a blocked score becomes 0, "
-              "not -inf, and e^0 = 1 still gives it weight",
+              lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m.mT)) if m.dim() >= 2 else None),
+        Known("ignored", "mask ignored", "you did not use the mask, so blocked keys still get weight", _INF_FIX,
+              lambda Q, K, V, m: _soft(_scaled(Q, K)) if m is not None else None),
+        *[Known(f"ignored-{shape}", f"mask of shape {shape} ignored", "you used the masks of the earlier cases but "
+                "not this one: your code applies the mask only for some shapes (an `if` on mask.dim() or mask.shape, "
+                "or a reshape that fits only some masks)", "apply any mask that broadcasts to the scores: "
+                "scores.masked_fill(~mask, float('-inf')) broadcasts by itself",
+                lambda Q, K, V, m, shape=shape: _soft(_scaled(Q, K)) if tuple(m.shape) == shape else _right(Q, K, m))
+          for shape in dict.fromkeys(tuple(c.mask.shape) for c in cases if c.mask is not None)],
+        Known("plus-inverted", _ADDED[0], "you added a 0/1 version of the mask to the scores: adding 1 to some scores "
+              "shifts them a little and blocks nothing", _ADDED[1],
+              lambda Q, K, V, m: _soft(_scaled(Q, K) + (~m).to(Q.dtype))),
+        Known("plus", _ADDED[0], "you added the boolean mask to the scores: True counts as +1, which blocks nothing",
+              _ADDED[1], lambda Q, K, V, m: _soft(_scaled(Q, K) + m.to(Q.dtype))),
+        Known("after*", *_AFTER, lambda Q, K, V, m: _soft(_scaled(Q, K)) * m),
+        Known("after-inf", *_AFTER, lambda Q, K, V, m: _soft(_scaled(Q, K)).masked_fill(~m, -math.inf)),
+        Known("renorm", "mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a "
+              "softmax over all keys and divided each row by its sum: right on paper, but when blocked scores are far "
+              "larger than the allowed ones, the allowed weights underflow to 0 and the division is 0/0 = NaN",
+              _INF_FIX, lambda Q, K, V, m: (w := _soft(_scaled(Q, K)) * m) / w.sum(-1, keepdim=True)),
+        *[Known(f"polarity{fill}", *_POLARITY, lambda Q, K, V, m, fill=fill: _soft(_scaled(Q, K).masked_fill(m, fill)))
+          for fill in (-math.inf, -1e9)],
+        Known("times-mask", "mask multiplied into the scores", "you multiplied the scores by the mask: a blocked score "
+              "becomes 0, not -inf, and e^0 = 1 still gives it weight",
               "fill the blocked scores with -inf (masked_fill or torch.where) instead of multiplying",
-              lambda: torch.softmax(scaled * m, -1), "times-mask"),
-        Known("0 × (-inf) = NaN in an additive mask", "you built the additive mask as (~mask) * float('-inf'), and "
-              "0 × (-inf) is NaN, so every row with an allowed key became NaN",
+              lambda Q, K, V, m: _soft(_scaled(Q, K) * m)),
+        Known("nan-additive", "0 × (-inf) = NaN in an additive mask", "you built the additive mask as (~mask) * "
+              "float('-inf'), and 0 × (-inf) is NaN, so every row with an allowed key became NaN",
               "build it with masked_fill or torch.where: torch.zeros_like(scores).masked_fill(~mask, float('-inf'))",
-              lambda: torch.softmax(scaled + (~mask).to(scaled.dtype) * float("-inf"), -1), "nan-additive"),
+              lambda Q, K, V, m: _soft(_scaled(Q, K) + (~m).to(Q.dtype) * -math.inf)),
     ]
-    weak = []
-    for fill in (-1e4, -1e3, -1e5, -1e2):
-        weak += [
-            Known(*_WEAK, lambda fill=fill: torch.softmax(scaled.masked_fill(~mask, fill), -1), f"weak{fill}"),
-            Known(*_WEAK, lambda fill=fill: torch.softmax(scores.masked_fill(~mask, fill) / math.sqrt(Q.shape[-1]), -1),
-                  f"weak-pre{fill}"),
-            Known(*_WEAK, lambda fill=fill: torch.softmax(scaled + (~mask).to(scaled.dtype) * fill, -1), f"weak+{fill}"),
-        ]
-    return out + weak
+    for fill in (-1e4, -1e3, -1e5, -1e2):  # a finite fill: on the scaled scores, before the scaling, or added
+        table += [Known(f"weak{fill}", *_WEAK, lambda Q, K, V, m, f=fill: _soft(_fill(_scaled(Q, K), m, f))),
+                  Known(f"weak-pre{fill}", *_WEAK, lambda Q, K, V, m, f=fill: _soft(_fill(Q @ K.mT, m, f)
+                                                                                   / math.sqrt(Q.shape[-1]))),
+                  Known(f"weak+{fill}", *_WEAK, lambda Q, K, V, m, f=fill: _soft(_scaled(Q, K) + (~m).to(Q.dtype) * f))]
+    return table
 
 
-def _naive_softmax(x: torch.Tensor) -> torch.Tensor:
-    e = torch.exp(x)
-    return e / e.sum(-1, keepdim=True)
-
-
-def _nokeepdim_sum(x: torch.Tensor) -> torch.Tensor:
-    e = torch.exp(x - x.amax(-1, keepdim=True))
-    return e / e.sum(-1).unsqueeze(-2)
-
-
-def _index_fill(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    out = scores.clone()
-    out[~mask] = float("-inf")
-    return out
-
-
-def _output_mistakes(case: Case) -> list[Known]:
-    Q, K, V, mask = case.Q, case.K, case.V, case.mask
-    scaled = case.scaled
-    masked = scaled if mask is None else scaled.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(masked, -1)
-    before = ("V multiplied before the softmax", "you multiplied by V before taking the softmax, so the output is "
-              "a softmax over features", "take the softmax of the scaled scores first; then output = weights @ V")
-    out = [
-        Known(*before, lambda: torch.softmax(scaled @ V, dim=-1), "before"),
-        Known(*before, lambda: torch.softmax(masked @ V, dim=-1), "before-masked"),
-        Known("output from the raw scores", "you multiplied V by the scores, not by the weights",
-              "output = weights @ V, with weights = softmax(…)", lambda: scaled @ V, "scores@V"),
-        Known("output from transposed weights", "you multiplied V by the transposed weights",
-              "output = weights @ V", lambda: weights.transpose(-2, -1) @ V, "wT@V"),
-        Known("output from K instead of V", "you multiplied the weights by K, not by V", "output = weights @ V",
-              lambda: weights @ K, "w@K"),
-        Known("V returned as the output", "you returned V itself, not the weighted sum of the values",
-              "output = weights @ V", lambda: V, "V"),
-    ]
-    if mask is not None:
-        out.append(Known("output from the unmasked weights", "you returned masked weights, but computed the output "
-                         "from weights taken before the mask was applied", "compute the output from the same "
-                         "(masked) weights you return: output = weights @ V",
-                         lambda: torch.softmax(scaled, -1) @ V, "unmasked@V"))
-    return out
-
-
-class Elimination:
-    """Known mistakes that the cases an answer passed rule out: a mistake whose output differed from the
-    right one on a passed case is not what the learner did, so it is never blamed later.
-
-    ``build(case)`` lists the mistakes of a case (each with a stable ``key``); ``group`` says which cases
-    may rule out which (here the number of axes: ``softmax(dim=1)`` or ``Q.shape[1]`` is right on 2-D
-    input and wrong on 3-D input). Mistakes are evaluated lazily, only when an answer fails."""
-
-    def __init__(self, build: Callable[[object], list[Known]]):
-        self.build = build
-        self.history: list[tuple[object, torch.Tensor, float, object]] = []  # (case, expected, atol, group)
-
-    def passed(self, case: object, expected: torch.Tensor, atol: float, group: object = None) -> None:
-        self.history.append((case, expected, atol, group))
-
-    def candidates(self, actual: torch.Tensor, case: object, *, atol: float, rtol: float = 1e-5,
-                   group: object = None) -> list[Known]:
-        """The mistakes of ``case`` whose output ``actual`` reproduces and that no passed case ruled out."""
-        found = [m for m in self.build(case) if (v := m.value()) is not None and same(actual, v, atol=atol, rtol=rtol)]
-        found = [m for m in found if not self._ruled_out(m.key, group, rtol, m.any_group)]
-        keys = {m.key for m in found}
-        return [m for m in found if m.shadowed_by not in keys]
-
-    def _ruled_out(self, key: str, group: object, rtol: float, any_group: bool = False) -> bool:
-        for case, expected, atol, g in self.history:
-            if g != group and not any_group:
-                continue
-            for m in self.build(case):
-                if m.key == key:
-                    v = m.value()
-                    if v is not None and not same(v, expected, atol=atol, rtol=rtol):
-                        return True
-        return False
+_OUT_FIX = "output = weights @ V"
+_BEFORE = ("V multiplied before the softmax", "you multiplied by V before taking the softmax, so the output is a "
+           "softmax over features", "take the softmax of the scaled scores first; then output = weights @ V")
+_MISTAKES_OF_OUTPUT = [
+    Known("before", *_BEFORE, lambda Q, K, V, m: _soft(_scaled(Q, K) @ V)),
+    Known("before-masked", *_BEFORE, lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m) @ V)),
+    Known("scores@V", "output from the raw scores", "you multiplied V by the scores, not by the weights",
+          "output = weights @ V, with weights = softmax(…)", lambda Q, K, V, m: _scaled(Q, K) @ V),
+    Known("wT@V", "output from transposed weights", "you multiplied V by the transposed weights", _OUT_FIX,
+          lambda Q, K, V, m: _right(Q, K, m).mT @ V),
+    Known("w@K", "output from K instead of V", "you multiplied the weights by K, not by V", _OUT_FIX,
+          lambda Q, K, V, m: _right(Q, K, m) @ K),
+    Known("V", "V returned as the output", "you returned V itself, not the weighted sum of the values", _OUT_FIX,
+          lambda Q, K, V, m: V),
+    Known("w", "weights returned as the output", "you returned the weights where the output belongs", _OUT_FIX,
+          lambda Q, K, V, m: _right(Q, K, m)),
+    Known("unmasked@V", "output from the unmasked weights", "you returned masked weights, but computed the output "
+          "from weights taken before the mask was applied", "compute the output from the same (masked) weights you "
+          "return: output = weights @ V", lambda Q, K, V, m: _soft(_scaled(Q, K)) @ V if m is not None else None),
+]
 
 
 # ============================================================================ exceptions
-def explain_raise(exc: LearnerRaised, case: Case) -> dict[str, str]:
-    """A cause and fix for the learner's exception, only when the check can reproduce its very message
-    with the construct it blames (or the message itself names the cause)."""
-    Q, K, V, mask = case.Q, case.K, case.V, case.mask
-    message = exc.message
-    if mask is not None and exc.type_name == "TypeError" and "positional argument" in message:
-        return dict(cause="your function does not take the mask as its fourth argument",
-                    fix="keep the signature attention(Q, K, V, mask=None)")
-    if "Boolean value of Tensor" in message:
-        return dict(cause="you tested the mask with `if mask:`, which asks a whole tensor for one truth value",
-                    fix="test `if mask is not None:`")
-    Kt = K.transpose(-2, -1)
-    w = torch.softmax(case.scaled, -1)
-    def reversed_axes(t: torch.Tensor) -> torch.Tensor:
-        return t.permute(*reversed(range(t.dim())))
-
-    # K.T on the whole input, or on one slice of it inside a loop over the first axes (Q[b] @ K[b].T).
-    slices = [(0,) * i for i in range(max(Q.dim(), K.dim()) - 1)]
-    constructs = [
-        ("on batched input, K.T reverses every axis (the batch axes too)",
-         "transpose only the last two axes: K.transpose(-2, -1) (or K.mT)",
-         [lambda i=i: Q[i] @ reversed_axes(K[i]) for i in slices if len(i) <= min(Q.dim(), K.dim()) - 2]
-         + [lambda: torch.matmul(Q, reversed_axes(K))]),
-        ("K.t() works on 2-D matrices only", "transpose only the last two axes: K.transpose(-2, -1)", [lambda: K.t()]),
-        ("torch.mm multiplies 2-D matrices only", "use the @ operator (torch.matmul), which handles leading batch axes",
-         [lambda: torch.mm(Q, Kt), lambda: torch.mm(w, V)]),
-        ("torch.bmm needs exactly 3-D tensors", "use the @ operator (torch.matmul), which handles any number of "
-         "leading axes", [lambda: torch.bmm(Q, Kt), lambda: torch.bmm(w, V)]),
-        ("K.transpose(1, 2) counts axes from the front: on input with fewer axes there is no axis 2",
-         "count from the end: K.transpose(-2, -1)", [lambda: K.transpose(1, 2), lambda: K.permute(0, 2, 1)]),
-        ("K.transpose(0, 1) swaps the first two axes, which on batched input are not the keys and features",
-         "transpose the last two axes: K.transpose(-2, -1)", [lambda: Q @ K.transpose(0, 1)]),
-        ("you multiplied the weights by Vᵀ instead of V", "output = weights @ V: (…, n_q, n_k) @ (…, n_k, d_v)",
-         [lambda: w @ V.transpose(-2, -1)]),
-        ("you subtracted scores.max(-1).values without keepdim=True, so its shape (…, n_q) does not line up with "
-         "the rows", "keep the axis: scores.amax(dim=-1, keepdim=True)",
-         [lambda: case.scaled - case.scaled.max(-1).values]),
-        ("you divided by e.sum(-1) without keepdim=True, so its shape (…, n_q) does not line up with the rows",
-         "keep the axis: e.sum(dim=-1, keepdim=True)", [lambda: w / w.sum(-1)]),
-    ]
+def _constructs(case: Case) -> list[tuple[str, str, Callable[[], object]]]:
+    """Wrong constructs, run on ``case``: (cause, fix, attempt)."""
+    Q, K, V, mask = case.args
+    Kt, s, w = K.mT, case.scaled, _soft(case.scaled)
+    rev = lambda t: t.permute(*reversed(range(t.dim())))  # noqa: E731 - what .T does
+    mm, bmm = "use the @ operator (torch.matmul), which handles", "leading batch axes"
+    out = [("on batched input, K.T reverses every axis (the batch axes too)", "transpose only the last two axes: "
+            "K.transpose(-2, -1) (or K.mT)", a) for a in [lambda: torch.matmul(Q, rev(K))] + [
+               lambda i=(0,) * i: Q[i] @ rev(K[i]) for i in range(min(Q.dim(), K.dim()) - 1)]]
+    out += [("K.t() works on 2-D matrices only", "transpose only the last two axes: K.transpose(-2, -1)", lambda: K.t()),
+            ("torch.mm multiplies 2-D matrices only", f"{mm} {bmm}", lambda: torch.mm(Q, Kt)),
+            ("torch.mm multiplies 2-D matrices only", f"{mm} {bmm}", lambda: torch.mm(w, V)),
+            ("torch.bmm needs exactly 3-D tensors", f"{mm} any number of {bmm}", lambda: torch.bmm(Q, Kt)),
+            ("torch.bmm needs exactly 3-D tensors", f"{mm} any number of {bmm}", lambda: torch.bmm(w, V))]
+    front = ("K.transpose(1, 2) counts axes from the front: on input with fewer axes there is no axis 2",
+             "count from the end: K.transpose(-2, -1)")
+    out += [(*front, lambda: K.transpose(1, 2)), (*front, lambda: K.permute(0, 2, 1)),
+            ("K.transpose(0, 1) swaps the first two axes, which on batched input are not the keys and features",
+             "transpose the last two axes: K.transpose(-2, -1)", lambda: Q @ K.transpose(0, 1)),
+            ("you multiplied the weights by Vᵀ instead of V", "output = weights @ V: (…, n_q, n_k) @ (…, n_k, d_v)",
+             lambda: w @ V.mT),
+            ("you subtracted scores.max(-1).values without keepdim=True, so its shape (…, n_q) does not line up with "
+             "the rows", "keep the axis: scores.amax(dim=-1, keepdim=True)", lambda: s - s.max(-1).values),
+            ("you divided by e.sum(-1) without keepdim=True, so its shape (…, n_q) does not line up with the rows",
+             "keep the axis: e.sum(dim=-1, keepdim=True)", lambda: w / w.sum(-1))]
     if mask is not None:
-        constructs.append(("you added an axis at the end of the mask (mask[..., None] or mask.unsqueeze(-1)), which "
-                           "lines the mask's keys up with the queries' axis of the scores",
-                           "use the mask as it is: it already broadcasts to (…, n_q, n_k)",
-                           [lambda: case.scaled.masked_fill(~mask[..., None], float("-inf")),
-                            lambda: torch.where(mask[..., None], case.scaled, float("-inf"))]))
-        constructs.append(("indexing with a boolean mask (scores[~mask] = …) needs a mask of the scores' full shape: "
-                           "it does not broadcast", "use scores.masked_fill(~mask, float('-inf')) or torch.where, "
-                           "which broadcast", [lambda: _index_fill(case.scaled, mask)]))
-    found = [(cause, fix) for cause, fix, attempts in constructs if any(_reproduce(a) == message for a in attempts)]
-    if len(found) == 1:  # a message two constructs share (a generic broadcasting error) names neither
-        return dict(cause=found[0][0], fix=found[0][1])
-    return {}
+        last = ("you added an axis at the end of the mask (mask[..., None] or mask.unsqueeze(-1)), which lines the "
+                "mask's keys up with the queries' axis of the scores", "use the mask as it is: it already broadcasts "
+                "to (…, n_q, n_k)")
+        out += [(*last, lambda: s.masked_fill(~mask[..., None], -math.inf)),
+                (*last, lambda: torch.where(mask[..., None], s, -math.inf)),
+                ("indexing with a boolean mask (scores[~mask] = …) needs a mask of the scores' full shape: it does not "
+                 "broadcast", "use scores.masked_fill(~mask, float('-inf')) or torch.where, which broadcast",
+                 lambda: s.clone().__setitem__(~mask, -math.inf))]
+    return out
 
 
+_PATTERNS = [("RuntimeError", "Boolean value of Tensor", BOOL_HINT["cause"], BOOL_HINT["fix"]),
+             ("TypeError", r"bad operand type for unary ~: 'NoneType'", "you applied ~ to None: the name you negated "
+              "holds None, not the mask", "negate the mask argument itself, inside `if mask is not None:`: ~mask")]
+_NO_MASK_ARGUMENT = ("TypeError", "positional argument", "your function does not take the mask as its fourth argument",
+                     "keep the signature attention(Q, K, V, mask=None)")
+
+
+def _explain(exc: LearnerRaised, case: Case) -> dict[str, str]:
+    """A cause and fix for the learner's exception on ``case``: a construct is named only when it alone
+    reproduces the very message (a generic broadcasting error that two constructs share names neither)."""
+    constructs = [c for c in _constructs(case) if reproduce(c[2]) == exc.message]
+    patterns = _PATTERNS + ([_NO_MASK_ARGUMENT] if case.mask is not None else [])
+    return explain_raise(exc, constructs if len({c[0] for c in constructs}) == 1 else (), patterns)
+
+
+# ============================================================================ check_attention
 _ARG_NAMES = ("Q", "K", "V", "mask")
 
 
-def _call_attention(fn: Learner, case: Case, tried: str) -> tuple[object, list[str]]:
+def _call(fn: Learner, case: Case, tried: str) -> tuple[object, list[str]]:
     """The learner's result on ``case`` and the names of the arguments it changed in place."""
-    Q, K, V, mask = case.Q, case.K, case.V, case.mask
-    args = (Q, K, V) if mask is None else (Q, K, V, mask)
+    args = case.args if case.mask is not None else case.args[:3]
     try:
-        result = fn.observe(CALL_PROBE, *args)  # runs attention(*args) in the learner's process, watching the inputs
+        result = fn.observe(CALL_PROBE, *args)
     except LearnerRaised as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **explain_raise(exc, case))) from None
+        raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **_explain(exc, case))) from None
     value, changed = result if isinstance(result, tuple) and len(result) == 2 else (result, [])
     return value, [_ARG_NAMES[int(i)] for i in changed if 0 <= int(i) < len(args)]
 
 
-# ============================================================================ what the weights are, when no mistake matches
-def _effective_scale(w: torch.Tensor, case: Case) -> float | None:
-    """The c for which the weights equal softmax(Q Kᵀ / c) on the allowed keys, if one c fits every row."""
-    scores = (case.Q @ case.K.transpose(-2, -1)).to(torch.float64)
-    allowed = torch.ones_like(scores, dtype=torch.bool) if case.mask is None else torch.broadcast_to(case.mask, scores.shape)
-    if tuple(w.shape) != tuple(scores.shape) or not (w[allowed] > 0).all():
-        return None
-    logw = torch.where(allowed, torch.log(w.clamp_min(1e-300)), torch.zeros_like(w))
-    # Centre log-weights and scores over each row's allowed keys; then logw = scores / c on every row.
-    count = allowed.sum(-1, keepdim=True).clamp_min(1)
-    x = torch.where(allowed, scores - (scores * allowed).sum(-1, keepdim=True) / count, torch.zeros_like(scores))
-    y = torch.where(allowed, logw - (logw * allowed).sum(-1, keepdim=True) / count, torch.zeros_like(logw))
-    if float((x * x).sum()) < 1e-12:
-        return None
-    slope = float((x * y).sum() / (x * x).sum())
-    if abs(slope) < 1e-9 or not torch.allclose(y, slope * x, atol=1e-4, rtol=1e-3):
-        return None
-    return 1 / slope
+def _again(fn: Learner, which: int) -> Callable[..., torch.Tensor]:
+    """The learner's function as the engine calls it on another case: the output (0) or the weights (1)."""
+    def call(Q, K, V, mask):
+        result = fn(Q, K, V) if mask is None else fn(Q, K, V, mask)
+        return as_tensor(result[which], tried="", what="")
+    return call
 
 
-def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int] = frozenset()) -> None:
-    """When no known mistake reproduces the weights, say which property of them is off."""
-    w = w.to(torch.float64)
-    scaled = case.scaled
-    allowed = torch.ones_like(scaled, dtype=torch.bool) if case.mask is None else torch.broadcast_to(case.mask, scaled.shape)
-    if torch.isnan(w).any() and tuple(w.shape) == tuple(scaled.shape):
-        nan_rows = torch.isnan(w).any(-1)  # (..., n_q)
-        where = f"{int(nan_rows.sum())} of {nan_rows.numel()} rows"
-        overflow = torch.isinf(torch.exp(scaled.masked_fill(~allowed, float("-inf")))).any(-1)
-        underflow = (torch.softmax(scaled, -1) * allowed).sum(-1) == 0
-        if torch.equal(nan_rows, overflow):
-            limit = fmt(math.log(torch.finfo(scaled.dtype).max))
-            fail("NaN where exp overflowed", tried=tried, got=f"NaN in {where}: exactly the rows with an allowed score "
-                 f"above {limit}, where e^score is inf", expected="finite weights, every row summing to 1",
-                 cause=_NAIVE[1], fix=_NAIVE[2])
-        if torch.equal(nan_rows, underflow):
-            fail("NaN where the allowed weights underflow", tried=tried, got=f"NaN in {where}: exactly the rows "
-                 "where a softmax over all keys gives every allowed key weight 0",
-                 expected="finite weights, every row summing to 1",
-                 cause="the blocked keys took part in a softmax (or a sum) before being removed, so the allowed "
-                       "weights underflowed to 0 and a division gave 0/0",
-                 fix="fill the blocked scores with float('-inf') before the softmax")
-        fail("NaN in the weights", tried=tried, got=f"NaN in {where}", expected="finite weights, every row summing to 1",
-             fix="print your intermediate tensors on this input: which step first holds NaN?")
-    if tuple(w.shape) != tuple(scaled.shape):
-        return
-    if (w < -1e-12).any() or (w > 1 + 1e-9).any():
-        fail("weights outside [0, 1]", tried=tried, got=f"weights from {fmt(float(w.min()))} to {fmt(float(w.max()))}",
-             expected="weights between 0 and 1 (a softmax)", fix="the weights are torch.softmax(scaled scores, dim=-1)")
-    decimals = _rounded_to(w)
-    if decimals is not None and _rounded_to(_oracle(case)[1].to(torch.float64)) is None:
-        fail(f"weights rounded to {decimals} decimal{'s' if decimals > 1 else ''}", tried=tried,
-             got=f"every weight is a multiple of {10.0 ** -decimals:g}", expected="the weights at full precision",
-             cause=f"you rounded the weights (round, or a conversion through printed text) to {decimals} decimals",
-             fix="round only what you print, never the values you return")
-    if case.mask is not None:
-        leak = float(w[~allowed].abs().max()) if (~allowed).any() else 0.0
-        on_blocked = (w * ~allowed).sum(-1)  # (..., n_q): each row's weight on blocked keys
-        has_blocked = (~allowed).any(-1)  # (..., n_q)
-        if leak > 1e-6 and torch.allclose(on_blocked[has_blocked], torch.ones_like(on_blocked[has_blocked]), atol=1e-6):
-            fail("all the weight on blocked keys", tried=tried,
-                 got="every row with a blocked key puts all its weight on blocked keys, and none on the allowed ones",
-                 expected="weight 0 on every blocked key",
-                 cause="the mask acts the wrong way round: blocked scores were raised (a + sign, or a fill of +inf "
-                       "or +1e9) or the allowed ones lowered",
-                 fix="lower the blocked scores: scores.masked_fill(~mask, float('-inf'))")
-        if leak > 1e-6:
-            weak = case.large  # earlier mask cases passed: only a finite fill explains a leak at these sizes
-            fail(_WEAK[0] if weak else "weight on blocked keys", tried=tried,
-                 got=f"blocked keys receive weight (up to {fmt(leak)})", expected="weight 0 on every key the mask blocks",
-                 cause=_WEAK[1] if weak else "", fix=_WEAK[2] if weak else "fill the blocked scores with float('-inf') "
-                 "before the softmax")
-    exp_w = _oracle(case)[1].to(torch.float64)
-    kept = w.abs() > 1e-12
-    if kept.any() and (~kept & (exp_w > 1e-6)).any():
-        ratio = w[kept] / exp_w[kept].clamp_min(1e-300)
-        c = float(ratio.mean())
-        if c > 1 + 1e-6 and torch.allclose(ratio, torch.full_like(ratio, c), rtol=1e-4):
-            fail("weights randomly zeroed (dropout)", tried=tried, got=f"some weights are 0, the others {fmt(c)} × "
-                 "the right ones", expected="the weights themselves",
-                 cause=f"dropout in training mode: it zeroes entries at random and multiplies the rest by {fmt(c)}",
-                 fix="leave dropout out of this function (or pass training=False)")
-    sums = w.sum(-1)
-    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
-        c = float(sums.mean())
-        if torch.allclose(sums, torch.full_like(sums, c), atol=1e-6) and c > 1e-9:
-            p = 1 - 1 / c  # dropout with probability p scales the weights it keeps by 1 / (1 - p)
-            dropout = c > 1 and abs(p * 20 - round(p * 20)) < 1e-3
-            fail(f"every row sums to {fmt(c)}", tried=tried, got=f"every row of weights sums to {fmt(c)}",
-                 expected="every row summing to 1", cause="the weights were multiplied by a constant after the softmax"
-                 + (f" (dropout with p = {p:.2g} in training mode does that to the weights it keeps)" if dropout else ""),
-                 fix="return the softmax itself as the weights" + (", without dropout" if dropout else ""))
-        fail("rows of weights do not sum to 1", tried=tried,
-             got=f"rows summing to {fmt(float(sums.min()))} … {fmt(float(sums.max()))}",
-             expected="every row (one query) summing to 1 over the keys",
-             fix="print the row sums after each step on this input: torch.softmax(scaled scores, dim=-1) gives "
-                 "rows that sum to 1")
-    c = _effective_scale(w, case)
-    d_k = case.Q.shape[-1]
-    if c is not None and abs(c - math.sqrt(d_k)) > 1e-3 * math.sqrt(d_k):
-        k = round(c * c)
-        fixed = c > 0 and abs(c * c - k) < 1e-3 * max(1, k) and k in passed_dks  # right earlier, where d_k was k
-        cause = f"you divided the scores by {fmt(c)}" + (": a negative factor flips the scores' sign, so the "
-                                                         "least similar key gets the most weight" if c < 0 else "")
-        if fixed:
-            cause = (f"you divided the scores by √{k}, which was right for an earlier input with d_k = {k} but not "
-                     f"for this one (d_k = {d_k}): a fixed number sits in your code, or a variable from outside the "
-                     "function" + (" (the notebook's worked example sets d_k = 8)" if k == 8 else ""))
-        fail(f"scores divided by {f'√{k}' if fixed else fmt(c)} instead of √d_k = {fmt(math.sqrt(d_k))}", tried=tried,
-             got=f"the weights of softmax(Q Kᵀ / {fmt(c)})", expected=f"softmax(Q Kᵀ / √d_k) with d_k = {d_k}",
-             cause=cause, fix="divide Q Kᵀ by math.sqrt(Q.shape[-1]), computed inside the function")
+@check("attention", expects="a function attention(Q, K, V, mask=None) returning (output, weights)")
+def check_attention(fn: Learner) -> str:
+    cases = _cases()
+    weights = Suspects(_mistakes_of_weights(cases), atol=2e-5, rtol=1e-5)
+    outputs = Suspects(_MISTAKES_OF_OUTPUT, atol=2e-5, rtol=1e-5)
+    every, passed_dks = [c.args for c in cases], set()
+    for case in cases:
+        tried = f"attention(Q, K, V{', mask' if case.mask is not None else ''}) on {case.name}"
+        result, changed = _call(fn, case, tried)
+        out, w = _unpack(result, tried)
+        exp_out, exp_w = _oracle(case)
+        if out.shape == exp_w.shape and w.shape == exp_out.shape and exp_w.shape != exp_out.shape:
+            fail("output and weights swapped", tried=tried, got="(weights, output)", expected="(output, weights)",
+                 fix="return output first, then weights")
+        _squeezed(w, exp_w.shape, tried, "the weights")
+        _mask_axis_added(w, case, tried)
+        try:
+            weights.expect(w, exp_w, case.args, tried=tried, again=_again(fn, 1), distinguish=every, what="the weights",
+                           atol=case.atol, fix="the weights have one row per query, one column per key: (..., n_q, n_k)")
+        except Failure as failure:
+            if not failure.diagnosis.cause:
+                _random(fn, case, tried, w)
+                _lower_precision(w, case.Q.dtype, tried=tried, what="the weights")
+                _structure(w, case, tried, passed_dks)
+            raise
+        _squeezed(out, exp_out.shape, tried, "the output")
+        d_k = case.Q.shape[-1]
+        try:
+            outputs.expect(out, exp_out, case.args, tried=tried, again=_again(fn, 0), distinguish=every,
+                           what="the output", atol=case.atol, factors={"√d_k": math.sqrt(d_k), "d_k": float(d_k)},
+                           fix="the output is weights @ V: (..., n_q, d_v)")
+        except Failure as failure:
+            if not failure.diagnosis.cause:
+                _lower_precision(out, case.Q.dtype, tried=tried, what="the output")
+            raise
+        if changed:
+            names = " and ".join(changed)
+            fail(f"changed {names} in place", tried=tried, got=f"right results, but after the call {names} held "
+                 "different values than before", expected="the arguments left as they were",
+                 cause=f"an in-place operation on {names} (/=, *=, +=, a method ending in _ such as masked_fill_, or "
+                       "an assignment into it) changes the caller's tensor too",
+                 fix="compute new tensors instead: scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k); "
+                     "mask.logical_not() or ~mask, not mask.logical_not_()")
+        passed_dks.add(d_k)
+    shapes = {tuple(c.mask.shape) for c in cases if c.mask is not None}
+    return (f"matches F.scaled_dot_product_attention on {len(cases)} cases (batched, n_q ≠ n_k, d_k ≠ d_v, "
+            f"masks of {len(shapes)} shapes, large scores)")
 
 
-#: Significant bits of each floating-point dtype.
-_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
-
-
-def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str) -> None:
-    """Fail, naming the dtype, when a wrong ``got`` went through a dtype narrower than the inputs': its own dtype
-    is narrower, or every entry lies exactly on that dtype's grid (a float64 computation lands there by chance
-    with probability about 2⁻²⁹ per entry)."""
-    bits = _BITS.get(input_dtype)
-    if bits is None or not got.is_floating_point():
-        return
-    low = got.dtype if _BITS.get(got.dtype, 99) < bits else None
-    if low is None:
-        values = got[torch.isfinite(got)]
-        telling = values[(values != 0) & (values.abs() != 1) & (values.abs() != 0.5)]
-        for candidate in (torch.bfloat16, torch.float16, torch.float32):
-            if _BITS[candidate] < bits and telling.numel() >= 4 and torch.equal(telling.to(candidate).to(got.dtype), telling):
-                low = candidate
-                break
-    if low is None:
-        return
-    name, inputs = str(low).replace("torch.", ""), str(input_dtype).replace("torch.", "")
-    digits = {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}[low]
-    fail(f"computed in {name}, not {inputs}", tried=tried,
-         got=f"{what}: {name} values" + ("" if got.dtype == low else f" (every entry exactly representable in {name})")
-         + f", although the inputs are {inputs}",
-         expected=f"the results at {inputs} precision",
-         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} (.float(), "
-               f".half(), .to({name}) or dtype={name}), which keeps about {digits} significant digits: too few for "
-               "these inputs",
-         fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one is not)")
-
-
-def _rounded_to(t: torch.Tensor) -> int | None:
-    """The number of decimals (1 to 4) every entry of ``t`` is rounded to, or None."""
-    values = t[torch.isfinite(t)].to(torch.float64)
-    if values.numel() < 4:
-        return None
-    for decimals in range(1, 5):
-        scaled = values * 10**decimals
-        if torch.allclose(scaled, scaled.round(), atol=1e-6, rtol=0):
-            return decimals
-    return None
-
-
-# ============================================================================ results
+# ============================================================================ shapes and randomness
 def _squeezed(t: torch.Tensor, shape: torch.Size, tried: str, what: str) -> None:
     """Fail, naming squeeze, when ``t`` is the expected shape with its size-1 axes dropped."""
     shape = tuple(shape)
@@ -626,17 +439,18 @@ def _squeezed(t: torch.Tensor, shape: torch.Size, tried: str, what: str) -> None
 
 
 def _unpack(result, tried: str) -> tuple[torch.Tensor, torch.Tensor]:
+    fix = "end the function with `return output, weights`"
     if isinstance(result, torch.Tensor):
         fail("returned one tensor, not (output, weights)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
-             expected="a tuple (output, weights)", fix="end the function with `return output, weights`")
+             expected="a tuple (output, weights)", fix=fix)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
-        got = f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list)) else type(result).__name__
-        fail("did not return (output, weights)", tried=tried, got=got, expected="a tuple of two tensors (output, weights)",
-             fix="end the function with `return output, weights`")
+        fail("did not return (output, weights)", tried=tried, got=f"a {type(result).__name__}" + (
+            f" of {len(result)} items" if isinstance(result, (tuple, list)) else ""),
+             expected="a tuple of two tensors (output, weights)", fix=fix)
     if any(isinstance(r, np.ndarray) for r in result):
-        fail("returned NumPy arrays, not tensors", tried=tried,
-             got=", ".join(f"{what}: {'a NumPy array' if isinstance(r, np.ndarray) else type(r).__name__}"
-                           for what, r in zip(("output", "weights"), result)),
+        fail("returned NumPy arrays, not tensors", tried=tried, got=", ".join(
+            f"{what}: {'a NumPy array' if isinstance(r, np.ndarray) else type(r).__name__}"
+            for what, r in zip(("output", "weights"), result)),
              expected="two torch tensors (output, weights), as the docstring says",
              cause="part of your computation went through NumPy (.numpy(), np.exp, np.matmul…), which returns arrays",
              fix="stay with torch operations on the tensors (@, torch.softmax, masked_fill)")
@@ -644,136 +458,181 @@ def _unpack(result, tried: str) -> tuple[torch.Tensor, torch.Tensor]:
             as_tensor(result[1], tried=tried, what="the weights (second element)"))
 
 
-@check("attention", expects="a function attention(Q, K, V, mask=None) returning (output, weights)")
-def check_attention(fn: Learner) -> str:
-    cases = _cases()
-    known = (Elimination(_weight_mistakes), Elimination(_output_mistakes))
-    pending: Failure | None = None  # a failure blamed on two mistakes at once: later cases may tell them apart
-    for case in cases:
-        tried = f"attention(Q, K, V{', mask' if case.mask is not None else ''}) on {case.name}"
-        try:
-            _check_case(fn, case, tried, known)
-        except Failure as failure:
-            if _ambiguous(failure):
-                pending = pending or failure
-                continue
-            if pending is not None and not failure.diagnosis.cause:
-                raise pending from None  # a later failure that names no cause says less than the first one
-            raise
-    if pending is not None:
-        raise pending
-    shapes = {tuple(c.mask.shape) for c in cases if c.mask is not None}
-    return (f"matches F.scaled_dot_product_attention on {len(cases)} cases (batched, n_q ≠ n_k, d_k ≠ d_v, "
-            f"masks of {len(shapes)} shapes, large scores)")
-
-
-def _ambiguous(failure: Failure) -> bool:
-    return failure.diagnosis.cause.startswith("on this input two mistakes give the same numbers")
-
-
-def _check_case(fn: Learner, case: Case, tried: str, known: tuple[Elimination, Elimination]) -> None:
-    """Fail unless the learner's attention is right on ``case``; afterwards the case rules mistakes out."""
-    weights_known, output_known = known
-    result, changed = _call_attention(fn, case, tried)
-    out, w = _unpack(result, tried)
-    exp_out, exp_w = _oracle(case)
-    if tuple(out.shape) == tuple(exp_w.shape) and tuple(w.shape) == tuple(exp_out.shape) and exp_w.shape != exp_out.shape:
-        fail("output and weights swapped", tried=tried, got="(weights, output)", expected="(output, weights)",
-             fix="return output first, then weights")
-    ndim = max(case.Q.dim(), case.K.dim(), case.V.dim())
-    d_k = case.Q.shape[-1]
-    _squeezed(w, exp_w.shape, tried, "the weights")
-    if not same(w, exp_w, atol=case.atol, rtol=1e-5):
-        w_mistakes = weights_known.candidates(w, case, atol=case.atol, group=ndim)
-        if any(m.key == "ignored" for m in w_mistakes):  # a mask ignored always, not only for some shapes
-            w_mistakes = [m for m in w_mistakes if not m.key.startswith("ignored-")]
-        _mask_axis_added(w, case, tried)
-        expect_shape(w, exp_w.shape, tried=tried, what="the weights", mistakes=w_mistakes,
-                     fix="the weights have one row per query and one column per key: (..., n_q, n_k)")
-        try:
-            expect_close(w, exp_w, tried=tried, what="the weights", atol=case.atol, rtol=1e-5, mistakes=w_mistakes)
-        except Failure as failure:
-            if failure.diagnosis.cause:
-                raise
-            _random(fn, case, tried, w)
-            lower_precision(w, case.Q.dtype, tried=tried, what="the weights")
-            _structure(w, case, tried, {c.Q.shape[-1] for c, *_ in weights_known.history})
-            raise
-    _squeezed(out, exp_out.shape, tried, "the output")
-    if not same(out, exp_out, atol=case.atol, rtol=1e-5):
-        out_mistakes = output_known.candidates(out, case, atol=case.atol, group=ndim)
-        expect_shape(out, exp_out.shape, tried=tried, what="the output", mistakes=out_mistakes,
-                     fix="the output is weights @ V: (..., n_q, d_v)")
-        try:
-            expect_close(out, exp_out, tried=tried, what="the output", atol=case.atol, rtol=1e-5,
-                         mistakes=out_mistakes, factors={"√d_k": math.sqrt(d_k), "d_k": float(d_k)})
-        except Failure as failure:
-            if not failure.diagnosis.cause:
-                lower_precision(out, case.Q.dtype, tried=tried, what="the output")
-            raise
-    if changed:
-        names = " and ".join(changed)
-        fail(f"changed {names} in place", tried=tried, got=f"right results, but after the call {names} "
-             f"held different values than before", expected="the arguments left as they were",
-             cause=f"an in-place operation on {names} (/=, *=, +=, a method ending in _ such as masked_fill_, or an "
-                   "assignment into it) changes the caller's tensor too",
-             fix="compute new tensors instead: scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k); "
-                 "mask.logical_not() or ~mask, not mask.logical_not_()")
-    weights_known.passed(case, exp_w, case.atol, ndim)
-    output_known.passed(case, exp_out, case.atol, ndim)
-
-
 def _mask_axis_added(w: torch.Tensor, case: Case, tried: str) -> None:
     """Fail, naming it, when the weights have the shape the scores broadcast to with an axis added to the mask."""
-    if case.mask is None or tuple(w.shape) == tuple(case.scaled.shape):
-        return
-    for i in range(case.mask.dim() + 1):
+    want = tuple(case.scaled.shape)
+    for i in range(case.mask.dim() + 1) if case.mask is not None and tuple(w.shape) != want else ():
         try:
-            shape = torch.broadcast_shapes(case.scaled.shape, case.mask.unsqueeze(i).shape)
+            shape = tuple(torch.broadcast_shapes(want, case.mask.unsqueeze(i).shape))
         except RuntimeError:
             continue
-        if tuple(shape) == tuple(w.shape):
-            fail(f"weights of shape {tuple(w.shape)}: the mask got an extra axis", tried=tried,
-                 got=f"the weights of shape {tuple(w.shape)}", expected=f"shape {tuple(case.scaled.shape)}",
-                 cause=f"you added an axis to the mask (mask.unsqueeze({i}) or a None index): broadcast against the "
-                       f"scores {tuple(case.scaled.shape)}, the mask {tuple(case.mask.shape)} made them bigger",
-                 fix="use the mask as it is: any mask that broadcasts to (…, n_q, n_k) works unchanged")
+        if shape == tuple(w.shape):
+            fail(f"weights of shape {shape}: the mask got an extra axis", tried=tried, got=f"the weights of shape "
+                 f"{shape}", expected=f"shape {want}", cause=f"you added an axis to the mask (mask.unsqueeze({i}) or "
+                 f"a None index): broadcast against the scores {want}, the mask {tuple(case.mask.shape)} made them "
+                 "bigger", fix="use the mask as it is: any mask that broadcasts to (…, n_q, n_k) works unchanged")
 
 
 def _random(fn: Learner, case: Case, tried: str, first: torch.Tensor, calls: int = 3) -> None:
     """Fail, naming randomness, when one of ``calls`` more calls on the same input gives other weights (several:
     dropout with a small p may leave every weight of a small matrix in place once, rarely three times more)."""
     for _ in range(calls):
-        again, _ = _call_attention(fn, case, tried)
-        _, w = _unpack(again, tried)
+        w = _unpack(_call(fn, case, tried)[0], tried)[1]
         if tuple(w.shape) == tuple(first.shape) and not same(w, first, atol=0.0, rtol=0.0):
-            break
-    else:
+            fail("different results for the same input", tried=tried + ", more than once",
+                 got="calls with the same Q, K, V and mask gave different weights",
+                 expected="the same weights every time (attention is deterministic)",
+                 cause="randomness in your function: dropout in training mode (F.dropout's default training=True, or "
+                       "an nn.Dropout module) zeroes random weights and scales the rest up", fix=_NO_DROPOUT)
+
+
+# ============================================================================ what the weights are, when no mistake matches
+_NO_DROPOUT = "leave dropout out of this function (or pass training=False)"
+_FINITE = "finite weights, every row summing to 1"
+
+
+def _effective_scale(w: torch.Tensor, case: Case) -> float | None:
+    """The c for which the weights equal softmax(Q Kᵀ / c) on the allowed keys, if one c fits every row."""
+    scores = (case.Q @ case.K.mT).to(torch.float64)
+    allowed = torch.ones_like(scores, dtype=torch.bool) if case.mask is None else torch.broadcast_to(case.mask, scores.shape)
+    if tuple(w.shape) != tuple(scores.shape) or not (w[allowed] > 0).all():
+        return None
+    logw = torch.where(allowed, torch.log(w.clamp_min(1e-300)), 0.0)
+    # Centre log-weights and scores over each row's allowed keys; then logw = scores / c on every row.
+    count = allowed.sum(-1, keepdim=True).clamp_min(1)
+    x = torch.where(allowed, scores - (scores * allowed).sum(-1, keepdim=True) / count, 0.0)
+    y = torch.where(allowed, logw - (logw * allowed).sum(-1, keepdim=True) / count, 0.0)
+    slope = float((x * y).sum() / (x * x).sum()) if float((x * x).sum()) >= 1e-12 else 0.0
+    return 1 / slope if abs(slope) >= 1e-9 and torch.allclose(y, slope * x, atol=1e-4, rtol=1e-3) else None
+
+
+def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) -> None:
+    """When no known mistake reproduces the weights, say which property of them is off."""
+    w, scaled = w.to(torch.float64), case.scaled
+    allowed = torch.ones_like(scaled, dtype=torch.bool) if case.mask is None else torch.broadcast_to(case.mask, scaled.shape)
+    if torch.isnan(w).any() and w.shape == scaled.shape:
+        nan_rows = torch.isnan(w).any(-1)  # (..., n_q)
+        where = f"NaN in {int(nan_rows.sum())} of {nan_rows.numel()} rows"
+        if torch.equal(nan_rows, torch.isinf(torch.exp(scaled.masked_fill(~allowed, -math.inf))).any(-1)):
+            fail("NaN where exp overflowed", tried=tried, got=f"{where}: exactly the rows with an allowed score above "
+                 f"{fmt(math.log(torch.finfo(scaled.dtype).max))}, where e^score is inf", expected=_FINITE,
+                 cause=_NAIVE[1], fix=_NAIVE[2])
+        if torch.equal(nan_rows, (_soft(scaled) * allowed).sum(-1) == 0):
+            fail("NaN where the allowed weights underflow", tried=tried, got=f"{where}: exactly the rows where a "
+                 "softmax over all keys gives every allowed key weight 0", expected=_FINITE, cause="the blocked keys "
+                 "took part in a softmax (or a sum) before being removed, so the allowed weights underflowed to 0 and "
+                 "a division gave 0/0", fix=_INF_FIX)
+        fail("NaN in the weights", tried=tried, got=where, expected=_FINITE,
+             fix="print your intermediate tensors on this input: which step first holds NaN?")
+    if w.shape != scaled.shape:
         return
-    fail("different results for the same input", tried=tried + ", more than once",
-         got="calls with the same Q, K, V and mask gave different weights",
-         expected="the same weights every time (attention is deterministic)",
-         cause="randomness in your function: dropout in training mode (F.dropout's default training=True, or an "
-               "nn.Dropout module) zeroes random weights and scales the rest up",
-         fix="leave dropout out of this function (or pass training=False)")
+    if (w < -1e-12).any() or (w > 1 + 1e-9).any():
+        fail("weights outside [0, 1]", tried=tried, got=f"weights from {fmt(float(w.min()))} to {fmt(float(w.max()))}",
+             expected="weights between 0 and 1 (a softmax)", fix="the weights are torch.softmax(scaled scores, dim=-1)")
+    exp_w = _oracle(case)[1].to(torch.float64)
+    if (decimals := _rounded_to(w)) is not None and _rounded_to(exp_w) is None:
+        fail(f"weights rounded to {decimals} decimal{'s' if decimals > 1 else ''}", tried=tried,
+             got=f"every weight is a multiple of {10.0 ** -decimals:g}", expected="the weights at full precision",
+             cause=f"you rounded the weights (round, or a conversion through printed text) to {decimals} decimals",
+             fix="round only what you print, never the values you return")
+    leak = float(w[~allowed].abs().max()) if (~allowed).any() else 0.0
+    if leak > 1e-6:
+        has_blocked = (~allowed).any(-1)  # (..., n_q)
+        if torch.allclose((w * ~allowed).sum(-1)[has_blocked], torch.tensor(1.0, dtype=w.dtype), atol=1e-6):
+            fail("all the weight on blocked keys", tried=tried, got="every row with a blocked key puts all its "
+                 "weight on blocked keys, and none on the allowed ones", expected="weight 0 on every blocked key",
+                 cause="the mask acts the wrong way round: blocked scores were raised (a + sign, or a fill of +inf "
+                       "or +1e9) or the allowed ones lowered",
+                 fix="lower the blocked scores: scores.masked_fill(~mask, float('-inf'))")
+        # earlier mask cases passed: at these sizes only a finite fill explains a leak
+        fail(_WEAK[0] if case.large else "weight on blocked keys", tried=tried, got=f"blocked keys receive weight "
+             f"(up to {fmt(leak)})", expected="weight 0 on every key the mask blocks",
+             cause=_WEAK[1] if case.large else "", fix=_WEAK[2] if case.large else _INF_FIX)
+    kept = w.abs() > 1e-12
+    if kept.any() and (~kept & (exp_w > 1e-6)).any():
+        ratio = w[kept] / exp_w[kept].clamp_min(1e-300)
+        if (c := float(ratio.mean())) > 1 + 1e-6 and torch.allclose(ratio, torch.full_like(ratio, c), rtol=1e-4):
+            fail("weights randomly zeroed (dropout)", tried=tried, got=f"some weights are 0, the others {fmt(c)} × the "
+                 "right ones", expected="the weights themselves", cause=f"dropout in training mode: it zeroes entries "
+                 f"at random and multiplies the rest by {fmt(c)}", fix=_NO_DROPOUT)
+    sums = w.sum(-1)
+    if not torch.allclose(sums, torch.ones_like(sums), atol=1e-5):
+        if torch.allclose(sums, torch.full_like(sums, c := float(sums.mean())), atol=1e-6) and c > 1e-9:
+            p = 1 - 1 / c  # dropout with probability p scales the weights it keeps by 1 / (1 - p)
+            dropout = c > 1 and abs(p * 20 - round(p * 20)) < 1e-3
+            fail(f"every row sums to {fmt(c)}", tried=tried, got=f"every row of weights sums to {fmt(c)}",
+                 expected="every row summing to 1", cause="the weights were multiplied by a constant after the softmax"
+                 + (f" (dropout with p = {p:.2g} in training mode does that to the weights it keeps)" if dropout else ""),
+                 fix="return the softmax itself as the weights" + (", without dropout" if dropout else ""))
+        fail("rows of weights do not sum to 1", tried=tried, got=f"rows summing to {fmt(float(sums.min()))} … "
+             f"{fmt(float(sums.max()))}", expected="every row (one query) summing to 1 over the keys",
+             fix="print the row sums after each step on this input: torch.softmax(scaled scores, dim=-1) gives rows "
+                 "that sum to 1")
+    c, d_k = _effective_scale(w, case), case.Q.shape[-1]
+    if c is not None and abs(c - math.sqrt(d_k)) > 1e-3 * math.sqrt(d_k):
+        k = round(c * c)
+        fixed = c > 0 and abs(c * c - k) < 1e-3 * max(1, k) and k in passed_dks  # right earlier, where d_k was k
+        cause = f"you divided the scores by {fmt(c)}" + (": a negative factor flips the scores' sign, so the least "
+                                                         "similar key gets the most weight" if c < 0 else "")
+        if fixed:
+            cause = (f"you divided the scores by √{k}, which was right for an earlier input with d_k = {k} but not for "
+                     f"this one (d_k = {d_k}): a fixed number sits in your code, or a variable from outside the "
+                     "function" + (" (the notebook's worked example sets d_k = 8)" if k == 8 else ""))
+        fail(f"scores divided by {f'√{k}' if fixed else fmt(c)} instead of √d_k = {fmt(math.sqrt(d_k))}", tried=tried,
+             got=f"the weights of softmax(Q Kᵀ / {fmt(c)})", expected=f"softmax(Q Kᵀ / √d_k) with d_k = {d_k}",
+             cause=cause, fix="divide Q Kᵀ by math.sqrt(Q.shape[-1]), computed inside the function")
+
+
+# ---------------------------------------------------------------------------- precision (could move to the kit:
+# notebooks 11 and 12's checks keep a smaller copy of the same test)
+_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}  # significant bits
+
+
+def _lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str) -> None:
+    """Fail, naming the dtype, when a wrong ``got`` went through a dtype narrower than the inputs': its own dtype
+    is narrower, or every entry lies exactly on that dtype's grid (a float64 computation lands there by chance
+    with probability about 2⁻²⁹ per entry)."""
+    bits = _BITS.get(input_dtype)
+    if bits is None or not got.is_floating_point():
+        return
+    low = got.dtype if _BITS.get(got.dtype, 99) < bits else None
+    values = got[torch.isfinite(got)]
+    telling = values[(values != 0) & (values.abs() != 1) & (values.abs() != 0.5)]
+    for candidate in (torch.bfloat16, torch.float16, torch.float32) if low is None and telling.numel() >= 4 else ():
+        if _BITS[candidate] < bits and torch.equal(telling.to(candidate).to(got.dtype), telling):
+            low = candidate
+            break
+    if low is None:
+        return
+    name, inputs = str(low).replace("torch.", ""), str(input_dtype).replace("torch.", "")
+    fail(f"computed in {name}, not {inputs}", tried=tried, got=f"{what}: {name} values" + (
+        "" if got.dtype == low else f" (every entry exactly representable in {name})") + f", although the inputs are "
+         f"{inputs}", expected=f"the results at {inputs} precision",
+         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} (.float(), "
+               f".half(), .to({name}) or dtype={name}), which keeps about "
+               f"{ {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}[low]} significant digits: too few for these "
+               "inputs", fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one "
+                             "is not)")
+
+
+def _rounded_to(t: torch.Tensor) -> int | None:
+    """The number of decimals (1 to 4) every entry of ``t`` is rounded to, or None."""
+    values = t[torch.isfinite(t)].to(torch.float64)
+    for decimals in range(1, 5) if values.numel() >= 4 else ():
+        if torch.allclose(values * 10**decimals, (values * 10**decimals).round(), atol=1e-6, rtol=0):
+            return decimals
+    return None
 
 
 # ============================================================================ score matrix bytes
-_BYTE_CASES = [
-    dict(n=6, batch=1, heads=1, dtype=torch.float32),
-    dict(n=10, batch=3, heads=5, dtype=torch.float16),
-    dict(n=7, batch=3, heads=1, dtype=torch.float64),
-    dict(n=5, batch=1, heads=2, dtype=torch.bfloat16),
-    dict(n=4096, batch=1, heads=12, dtype=torch.float16),
-    dict(n=1, batch=1, heads=1, dtype=torch.float32),
-    dict(n=9, batch=6, heads=7, dtype=torch.float64),
-    dict(n=11),  # the defaults: batch 1, heads 1, float32
-]
-
+#: (n, batch, heads, dtype); None: the call leaves batch, heads and dtype at their defaults (1, 1, float32).
+_BYTE_CASES = [(6, 1, 1, torch.float32), (10, 3, 5, torch.float16), (7, 3, 1, torch.float64), (5, 1, 2, torch.bfloat16),
+               (4096, 1, 12, torch.float16), (1, 1, 1, torch.float32), (9, 6, 7, torch.float64), (11, None, None, None)]
 _ELEMENT_FIX = "take the bytes per entry from the dtype: torch.empty((), dtype=dtype).element_size()"
-#: Wrong formulas, each a function of (n, batch, heads, bytes per entry): (summary, cause, fix, formula).
+_PLAIN, _E = "return the plain number of bytes", "the bytes per entry"
+#: Wrong formulas of (n, batch, heads, bytes per entry e): (summary, cause, fix, formula).
 _BYTE_MISTAKES = [
-    ("bits, not bytes", "you counted bits: the bytes per entry times 8", "leave out the factor 8",
+    ("bits, not bytes", f"you counted bits: {_E} times 8", "leave out the factor 8",
      lambda n, b, h, e: 8 * b * h * n * n * e),
     ("batch size missing", "you left out the batch size", "multiply by batch", lambda n, b, h, e: h * n * n * e),
     ("number of heads missing", "you left out the number of heads", "multiply by heads", lambda n, b, h, e: b * n * n * e),
@@ -781,103 +640,85 @@ _BYTE_MISTAKES = [
      lambda n, b, h, e: b * h * n * e),
     ("n³ instead of n²", "you multiplied by n once too often", "the score matrix has n × n entries",
      lambda n, b, h, e: b * h * n ** 3 * e),
-    ("entries, not bytes", "you returned the number of entries", "multiply by the bytes per entry",
-     lambda n, b, h, e: b * h * n * n),
+    ("entries, not bytes", "you returned the number of entries", f"multiply by {_E}", lambda n, b, h, e: b * h * n * n),
     ("batch counted twice", "you multiplied by the batch size twice", "multiply by batch once",
      lambda n, b, h, e: b * b * h * n * n * e),
     ("heads counted twice", "you multiplied by the number of heads twice", "multiply by heads once",
      lambda n, b, h, e: b * h * h * n * n * e),
-    ("2 bytes per entry assumed", "you used 2 bytes per entry whatever the dtype", _ELEMENT_FIX,
-     lambda n, b, h, e: b * h * n * n * 2),
-    ("4 bytes per entry assumed", "you used 4 bytes per entry whatever the dtype", _ELEMENT_FIX,
-     lambda n, b, h, e: b * h * n * n * 4),
-    ("8 bytes per entry assumed", "you used 8 bytes per entry whatever the dtype", _ELEMENT_FIX,
-     lambda n, b, h, e: b * h * n * n * 8),
-    ("divided by the bytes per entry", "you divided by the bytes per entry instead of multiplying",
-     "multiply by the bytes per entry", lambda n, b, h, e: b * h * n * n / e),
-    ("n × n missing", "you left out the n × n entries of each matrix", "multiply by n * n",
-     lambda n, b, h, e: b * h * e),
+    *[(f"{k} bytes per entry assumed", f"you used {k} bytes per entry whatever the dtype", _ELEMENT_FIX,
+       lambda n, b, h, e, k=k: b * h * n * n * k) for k in (2, 4, 8)],
+    (f"divided by {_E}", f"you divided by {_E} instead of multiplying", f"multiply by {_E}",
+     lambda n, b, h, e: b * h * n * n / e),
+    ("n × n missing", "you left out the n × n entries of each matrix", "multiply by n * n", lambda n, b, h, e: b * h * e),
     ("batch and heads missing", "you counted one (n, n) matrix, not batch × heads of them",
      "multiply by batch and by heads", lambda n, b, h, e: n * n * e),
-    ("bytes in GB, not bytes", "you converted to gigabytes (÷ 10⁹)", "return the plain number of bytes",
-     lambda n, b, h, e: b * h * n * n * e / 1e9),
-    ("bytes in GiB, not bytes", "you converted to gibibytes (÷ 2³⁰)", "return the plain number of bytes",
-     lambda n, b, h, e: b * h * n * n * e / 2**30),
-    ("bytes in MiB, not bytes", "you converted to mebibytes (÷ 2²⁰)", "return the plain number of bytes",
-     lambda n, b, h, e: b * h * n * n * e / 2**20),
     ("2 × n instead of n × n", "you doubled n (n * 2) where the matrix has n × n entries (n ** 2)",
      "the score matrix is n × n: n * n or n ** 2", lambda n, b, h, e: b * h * 2 * n * e),
-    ("bytes in KiB, not bytes", "you converted to kibibytes (÷ 1024)", "return the plain number of bytes",
-     lambda n, b, h, e: b * h * n * n * e / 1024),
-    ("bytes in KiB, not bytes", "you converted to kibibytes with //, which also rounds down",
-     "return the plain number of bytes", lambda n, b, h, e: b * h * n * n * e // 1024),
-    ("bytes in MiB, not bytes", "you converted to mebibytes with //, which also rounds down",
-     "return the plain number of bytes", lambda n, b, h, e: b * h * n * n * e // 2**20),
     ("only one triangle counted", "you counted n(n + 1)/2 entries, one triangle with its diagonal; the score tensor "
      "holds all n × n entries, masked or not", "count every entry: n * n", lambda n, b, h, e: b * h * (n * (n + 1) // 2) * e),
+    *[(f"bytes in {unit}, not bytes", f"you converted to {long} (÷ {shown})", _PLAIN,
+       lambda n, b, h, e, d=d: b * h * n * n * e / d) for unit, long, shown, d in (
+        ("GB", "gigabytes", "10⁹", 1e9), ("GiB", "gibibytes", "2³⁰", 2**30), ("MiB", "mebibytes", "2²⁰", 2**20),
+        ("KiB", "kibibytes", "1024", 1024))],
+    *[(f"bytes in {unit}, not bytes", f"you converted to {long} with //, which also rounds down", _PLAIN,
+       lambda n, b, h, e, d=d: b * h * n * n * e // d) for unit, long, d in (("KiB", "kibibytes", 1024),
+                                                                                ("MiB", "mebibytes", 2**20))],
 ]
 
 
-def _call_bytes(fn: Learner, tried: str, *args, **kwargs):
+def _bytes_of(fn: Learner, n: int, b: int | None, h: int | None, dtype: torch.dtype | None) -> tuple[str, Any, float]:
+    """(tried, the learner's raw answer, as a float) for one case; a Failure for an exception or a non-number."""
+    tried = (f"score_matrix_bytes({n}) with the defaults batch=1, heads=1, dtype=torch.float32" if dtype is None
+             else f"score_matrix_bytes({n}, batch={b}, heads={h}, dtype={dtype})")
     try:
-        return fn(*args, **kwargs)
+        raw = fn(n) if dtype is None else fn(n, batch=b, heads=h, dtype=dtype)
     except LearnerRaised as exc:
-        extra = {}
-        if exc.type_name == "KeyError" and "torch." in exc.message:
-            extra = dict(cause=f"a table of bytes per dtype that has no entry for {exc.message.strip(chr(39))}",
-                         fix=_ELEMENT_FIX + " (it knows every dtype)")
+        extra = dict(cause=f"a table of bytes per dtype that has no entry for {exc.message.strip(chr(39))}",
+                     fix=_ELEMENT_FIX + " (it knows every dtype)") if exc.type_name == "KeyError" and "torch." in \
+            exc.message else {}
         raise Failure(learner_error(exc, tried=tried, expected="a number of bytes (an int)", **extra)) from None
+    got = as_tensor(raw, tried=tried, expected="a number of bytes (an int)")
+    if got.numel() != 1:
+        fail("returned a tensor, not one number", tried=tried, got=f"a tensor of shape {tuple(got.shape)}",
+             expected="one number of bytes (an int)", fix="return an int, e.g. with .item() or plain arithmetic")
+    return tried, raw, got.to(torch.float64).item()
 
 
 @check("score_matrix_bytes",
        expects="a function score_matrix_bytes(n, batch=1, heads=1, dtype=torch.float32) returning a number of bytes")
 def check_score_matrix_bytes(fn: Learner) -> str:
-    # Every case first: a wrong formula is named only when it reproduces the answer on every case.
-    runs = []  # (case, tried, raw result, expected bytes, bytes per entry)
-    for case in _BYTE_CASES:
-        n = case["n"]
-        b, h, dtype = case.get("batch", 1), case.get("heads", 1), case.get("dtype", torch.float32)
+    runs = []  # (n, batch, heads, dtype, expected bytes, bytes per entry, (tried, raw, got) or the Failure)
+    for n, b, h, dtype in _BYTE_CASES:  # every case first: a formula is named only when it fits them all
+        bb, hh, dd = b or 1, h or 1, dtype or torch.float32
         # Oracle: the nbytes of a real (batch, heads, n, n) tensor on the meta device (nothing is allocated).
-        expected = torch.empty(b, h, n, n, dtype=dtype, device="meta").nbytes
-        element = torch.empty((), dtype=dtype).element_size()
+        row = (n, bb, hh, dd, torch.empty(bb, hh, n, n, dtype=dd, device="meta").nbytes, dd.itemsize, dtype)
         try:
-            if "dtype" in case:
-                tried = f"score_matrix_bytes({n}, batch={b}, heads={h}, dtype={dtype})"
-                raw = _call_bytes(fn, tried, n, batch=b, heads=h, dtype=dtype)
-            else:
-                tried = f"score_matrix_bytes({n}) with the defaults batch=1, heads=1, dtype=torch.float32"
-                raw = _call_bytes(fn, tried, n)
-            got_t = as_tensor(raw, tried=tried, expected="a number of bytes (an int)")
-            if got_t.numel() != 1:
-                fail("returned a tensor, not one number", tried=tried, got=f"a tensor of shape {tuple(got_t.shape)}",
-                     expected="one number of bytes (an int)", fix="return an int, e.g. with .item() or plain arithmetic")
+            runs.append((*row, _bytes_of(fn, n, b, h, dtype)))
         except Failure as failure:  # reported after any wrong count on an earlier case
-            runs.append((case, tried, failure, math.nan, expected, element))
+            runs.append((*row, failure))
             break
-        runs.append((case, tried, raw, got_t.to(torch.float64).item(), expected, element))
-    every = [m for m in _BYTE_MISTAKES
-             if all(math.isclose(got, m[3](c["n"], c.get("batch", 1), c.get("heads", 1), e), rel_tol=1e-9)
-                    for c, _, raw, got, _, e in runs if "dtype" in c and not isinstance(raw, Failure))]
-    for case, tried, raw, got, expected, element in runs:
-        if isinstance(raw, Failure):
-            raise raw
-        n = case["n"]
-        b, h, dtype = case.get("batch", 1), case.get("heads", 1), case.get("dtype", torch.float32)
+    counted = [r for r in runs if not isinstance(r[-1], Failure)]
+    every = [m for m in _BYTE_MISTAKES if all(math.isclose(r[-1][2], m[3](*r[:3], r[5]), rel_tol=1e-9)
+                                               for r in counted if r[6] is not None)]
+    ratios = {round(r[-1][2] / r[4], 9) for r in counted}
+    for n, b, h, dtype, expected, element, given, answer in runs:
+        if isinstance(answer, Failure):
+            raise answer
+        tried, raw, got = answer
         if got == expected:
             _expect_int(raw, tried, expected)
             continue
         found = [m for m in every if m[3](n, b, h, element) != expected]
         summary, cause, fix = found[0][:3] if len(found) == 1 else (f"{got:.10g} bytes, expected {expected}", "", "")
         if not found:
-            ratios = {round(r[3] / r[4], 9) for r in runs if not isinstance(r[2], Failure) and r[4]}
             summary, cause, fix = (_bytes_ratio(got / expected) if len(ratios) == 1 else None) or \
                 _bytes_measured(got, expected, n, b, h, dtype, element) or (summary, cause, fix)
-        if "dtype" not in case and not found:  # every case with explicit arguments passed: only the defaults differ
+        if given is None and not found:  # every case with explicit arguments passed: only the defaults differ
             summary, cause, fix = ("wrong default arguments", "with only n given, your function does not count "
                                    "batch=1, heads=1, dtype=torch.float32", "keep the defaults of the signature: "
                                    "score_matrix_bytes(n, batch=1, heads=1, dtype=torch.float32)")
-        fail(summary, tried=tried, got=f"{got:.10g}", expected=f"{expected} bytes (batch × heads × n × n × bytes per entry)",
-             cause=cause, fix=fix or "multiply batch × heads × n × n × the bytes of one entry")
+        fail(summary, tried=tried, got=f"{got:.10g}", expected=f"{expected} bytes (batch × heads × n × n × bytes per "
+             "entry)", cause=cause, fix=fix or "multiply batch × heads × n × n × the bytes of one entry")
     return f"exact on {len(_BYTE_CASES)} cases (float16, bfloat16, float32, float64; batch, heads, defaults)"
 
 
@@ -885,7 +726,11 @@ def _expect_int(raw, tried: str, expected: int) -> None:
     """The docstring asks for an int: a float (even a whole one) or a tensor is named as such."""
     if isinstance(raw, (int, np.integer)) and not isinstance(raw, (bool, np.bool_)):
         return
-    kind = "a float" if isinstance(raw, (float, np.floating)) else _describe_kind(raw)
+    kind = ("a float" if isinstance(raw, (float, np.floating)) else "a NumPy array" if isinstance(raw, np.ndarray)
+            else f"a {type(raw).__name__}")
+    if isinstance(raw, torch.Tensor):
+        kind = str(raw.dtype).replace("torch.", "")
+        kind = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} tensor"
     fail(f"returned {kind}, not an int", tried=tried, got=f"{kind} equal to {expected}", expected=f"the int {expected}",
          cause="a / division, math.pow, math.sqrt or a float factor makes a float; a tensor stays a tensor"
          if kind == "a float" else "the count was computed with tensor operations, which return a tensor",
@@ -893,20 +738,10 @@ def _expect_int(raw, tried: str, expected: int) -> None:
              "tensor into an int")
 
 
-def _describe_kind(raw) -> str:
-    if isinstance(raw, torch.Tensor):
-        kind = str(raw.dtype).replace("torch.", "")
-        return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} tensor"
-    if isinstance(raw, np.ndarray):
-        return "a NumPy array"
-    return f"a {type(raw).__name__}"
-
-
 def _bytes_measured(got: float, expected: int, n: int, b: int, h: int, dtype: torch.dtype,
                     element: int) -> tuple[str, str, str] | None:
     """What a wrong byte count is, measured: a wrong size per entry, or a whole-number factor off."""
-    name = str(dtype).replace("torch.", "")
-    per_entry = got / (b * h * n * n)
+    name, per_entry = str(dtype).replace("torch.", ""), got / (b * h * n * n)
     if per_entry in (1, 2, 4, 8, 16) and per_entry != element:
         return (f"{per_entry:g} bytes per {name} entry, not {element}", f"you counted {per_entry:g} bytes per entry "
                 f"for {name}, which takes {element}", _ELEMENT_FIX)
@@ -917,10 +752,7 @@ def _bytes_ratio(ratio: float) -> tuple[str, str, str] | None:
     """A count off by the same whole-number factor on every case."""
     for r, many in ((ratio, True), (1 / ratio if ratio else 0, False)):
         if r > 1 and abs(r - round(r)) < 1e-9:
-            k = round(r)
-            return (f"{k} times {'too many' if many else 'too few'} bytes",
-                    f"your count is {k} times {'the right one' if many else 'smaller than the right one'}: "
-                    f"your formula has a factor {k} {'too many' if many else 'missing'}", "")
+            k, whose = round(r), "the right one" if many else "smaller than the right one"
+            return (f"{k} times {'too many' if many else 'too few'} bytes", f"your count is {k} times {whose}: your "
+                    f"formula has a factor {k} {'too many' if many else 'missing'}", "")
     return None
-
-

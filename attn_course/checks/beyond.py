@@ -7,33 +7,38 @@ A v / rowsum(A)) — itself equal to ``F.scaled_dot_product_attention`` with the
 layout's boolean mask. Randomness is the check's: the projection Ω is an argument, so a right answer
 never fails by chance.
 
-Each check reads as a specification: its cases, the oracle, its table of known mistakes (each a
-:class:`~.compare.Mistake` whose output is what that mistake returns on the case — blamed only when the
-answer reproduces it), and what the docstring says about *how* the result is computed, verified on the
-learner's side by one probe (:func:`work`: the shapes of the tensors built, the matrix-multiply FLOPs, the
-torch functions called): no (n, n) matrix for the linear forms, (c, c) blocks for the chunkwise one, and
-no work on the tiles a layout skips.
+Each check reads as a specification: its cases, the oracle, its table of known mistakes (:class:`~.kit.Known`,
+judged by one :class:`~.kit.Suspects` per run: blamed only when the answer reproduces it), what a measurement
+shows when none does (which rows, chunks or query blocks are wrong; the same call with one chunk, or one key
+block per query block), and what the docstring says about *how* the result is computed, verified on the
+learner's side by one probe (:func:`work`, a :func:`~.kit.watch`: the shapes of the tensors built, the
+matrix-multiply FLOPs, the torch functions called): no (n, n) matrix for the linear forms, (c, c) blocks for the
+chunkwise one, and no work on the tiles a layout skips.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from .boundary import probe
-from .compare import Failure, same
-from .core import Learner, Mistake, as_tensor, check, expect_close, fail
-from .kit import einsum_flops
+from .compare import Failure, as_tensor, call_or_skip, fail, same
+from .core import Learner, check
+from .kit import Known, Suspects, watch
 
 __all__ = ["check_linear_attention", "check_causal_linear_attention", "check_chunked_linear_attention",
            "check_positive_random_features", "check_block_sparse_attention", "work"]
 
 Tensor = torch.Tensor
 _NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _table(variant: Callable[..., Tensor], rows: list[tuple[str, str, str, str]]) -> list[Known]:
+    """Known mistakes (key, summary, cause, fix) whose output is ``variant(*case, key)``."""
+    return [Known(key, s, c, f, lambda *case, key=key: variant(*case, key)) for key, s, c, f in rows]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -62,64 +67,32 @@ def _expect_dtype(out: Tensor, wanted: torch.dtype, tried: str) -> None:
                    "conversion", fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
 
 
-def _expect_close(out: Tensor, expected: Tensor, *, tried: str, dtype: torch.dtype, **kwargs: Any) -> None:
-    """expect_close at the input dtype's tolerance; a float64 answer right only to float32's precision is named."""
+def _expect_close(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str, dtype: torch.dtype,
+                  measured: Callable[[Failure], None] | None = None, **kwargs: Any) -> None:
+    """The engine's verdict at the input dtype's tolerance; a float64 answer right only to float32's precision is
+    named; then ``measured`` may name what a measurement of the answer shows."""
     try:
-        expect_close(out, expected, tried=tried, **_tol(dtype), **kwargs)
+        suspects.expect(out, expected, case, tried=tried, **_tol(dtype), **kwargs)
     except Failure as failure:
-        if failure.diagnosis.cause or dtype != torch.float64 or not same(out, expected, **_tol(torch.float32)):
-            raise
         d = failure.diagnosis
-        fail("computed in float32, not the input's float64", tried=tried, got=d.got,
-             expected="the values to float64's precision (the inputs are float64)",
-             cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "
-                   "and torch.empty make float32 by default), or a conversion, made part of the work float32",
-             fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
+        if not d.cause and dtype == torch.float64 and same(out, expected, **_tol(torch.float32)):
+            fail("computed in float32, not the input's float64", tried=tried, got=d.got,
+                 expected="the values to float64's precision (the inputs are float64)",
+                 cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "
+                       "and torch.empty make float32 by default), or a conversion, made part of the work float32",
+                 fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
+        if measured is not None and not d.cause:
+            measured(failure)
+        raise
 
 
 # ============================================================================ the probe: what the code builds
-
-_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "inner", "linear", "addmm", "baddbmm"}
-
-
-class _Watch(TorchFunctionMode):
-    """The torch functions called, the shapes of the floating-point tensors (≥ 2-D) returned, how many matrix
-    products returned each shape, and their FLOPs (2 per multiply–add)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[str] = set()
-        self.shapes: set[tuple[int, ...]] = set()
-        self.products: dict[tuple[int, ...], int] = {}
-        self.flops = 0.0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = getattr(func, "__name__", str(func))
-        self.ops.add(name)
-        if isinstance(out, torch.Tensor) and (name == "einsum" or name in _PRODUCTS):
-            self.products[tuple(out.shape)] = self.products.get(tuple(out.shape), 0) + 1
-            if name == "einsum":
-                self.flops += einsum_flops(args, out)
-            else:
-                operand = args[1] if name in ("addmm", "baddbmm", "__rmatmul__") else args[0]
-                if isinstance(operand, torch.Tensor) and operand.dim():
-                    self.flops += 2.0 * out.numel() * operand.shape[-1]
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2 and len(self.shapes) < 2000:
-                self.shapes.add(tuple(t.shape))
-        return out
-
-
 @probe("beyond.work")
 def work(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
-    """Learner-side: run ``fn(*args)`` and report the torch functions it called, the shapes of the
-    floating-point tensors it built, the shapes its matrix products returned (with counts) and their FLOPs."""
-    watch = _Watch()
-    with watch:
-        fn(*args)
-    return {"ops": sorted(watch.ops), "shapes": [list(s) for s in sorted(watch.shapes)][:2000],
-            "products": [[list(s), c] for s, c in sorted(watch.products.items())][:2000], "flops": watch.flops}
+    """Learner-side: run ``fn(*args)`` under :class:`~.kit.Watch` and report the torch functions it called
+    (``ops``), the shapes of the floating-point tensors it built (``shapes``), the shapes its matrix products
+    returned with counts (``products``) and their FLOPs (``flops``)."""
+    return watch(fn, *args)
 
 
 def _observe(fn: Learner, tried: str, *args: Any) -> dict[str, Any]:
@@ -177,24 +150,24 @@ _MAPS: list[tuple[str, str, Callable[[Tensor], Tensor]]] = [
 ]
 
 
-def _phi_mistakes(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> list[Mistake]:
+def _phi_table(causal: bool) -> list[Known]:
     """Kernel attention with a wrong feature map on the queries, on the keys, or on both; and with q (and k)
     scaled by 1/√d_k as softmax attention would."""
     found = []
-    fq, fk = _elu1(q), _elu1(k)
     for what, why, phi in _MAPS:
         positive = not what.startswith(("elu(x) without", "no feature", "elu(x) −", "x + 1"))
         head = "φ = " + what if positive else "φ not positive: " + what
-        for side, (a, b) in (("q and k", (phi(q), phi(k))), ("q", (phi(q), fk)), ("k", (fq, phi(k)))):
+        for side, on_q, on_k in (("q and k", phi, phi), ("q", phi, _elu1), ("k", _elu1, phi)):
             summary = head + ("" if side == "q and k" else f" on {side} only")
             cause = f"you applied {what} to {side}" + ("" if side == "q and k" else f" (and {_ELU1} to the other)") + \
                 f": {why}"
-            found.append(Mistake(summary, cause, _PHI_FIX, lambda a=a, b=b: _kernel(a, b, v, causal=causal)))
-    s = q.shape[-1] ** -0.5
-    for summary, make in (("q scaled by 1/√d_k", lambda: _kernel(_elu1(q * s), fk, v, causal=causal)),
-                          ("q and k scaled by 1/√d_k", lambda: _kernel(_elu1(q * s), _elu1(k * s), v, causal=causal))):
-        found.append(Mistake(summary, "you divided by √d_k as softmax attention does; the docstring's φ(q)·φ(k) "
-                             "has no scale", _PHI_FIX, make))
+            found.append(Known(summary, summary, cause, _PHI_FIX, lambda q, k, v, *_, a=on_q, b=on_k:
+                               _kernel(a(q), b(k), v, causal=causal)))
+    for summary, both in (("q scaled by 1/√d_k", False), ("q and k scaled by 1/√d_k", True)):
+        found.append(Known(summary, summary, "you divided by √d_k as softmax attention does; the docstring's "
+                           "φ(q)·φ(k) has no scale", _PHI_FIX, lambda q, k, v, *_, both=both: _kernel(
+                               _elu1(q / q.shape[-1] ** 0.5), _elu1(k / k.shape[-1] ** 0.5 if both else k), v,
+                               causal=causal)))
     return found
 
 
@@ -217,24 +190,22 @@ _LINEAR_FIX = ("kv = φ(k)ᵀ v (d_k × d_v) and u = Σ_j φ(k_j) (d_k) over the
                "a matrix product and a row-wise division")
 
 
-def _linear_mistakes(q: Tensor, k: Tensor, v: Tensor) -> list[Mistake]:
-    fq, fk = _elu1(q), _elu1(k)
-    return [
-        Mistake("normaliser missing", _NORM_CAUSE, "divide by φ(q_i)ᵀ Σ_j φ(k_j), one number per query row",
-                lambda: _kernel(fq, fk, v, normalise=False)),
-        Mistake("multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
-                lambda: _kernel(fq, fk, v, normalise=False) * (fq @ fk.sum(-2)[..., None])),
-        *_phi_mistakes(q, k, v, causal=False),
-        Mistake("softmax attention instead of linear", "you computed softmax(q kᵀ/√d_k) v: right for softmax "
-                "attention, but this exercise replaces exp(q·k/√d_k) by φ(q)·φ(k)", _LINEAR_FIX,
-                lambda: F.scaled_dot_product_attention(q.double(), k.double(), v.double())),
-        Mistake("normaliser summed over the queries", "you summed φ(q) (the queries' features) for the normaliser "
-                "instead of φ(k)", "u = φ(k).sum(dim=-2): a sum over the keys",
-                lambda: (fq @ (fk.transpose(-2, -1) @ v.double())) / (fq @ fq.sum(-2)[..., None])),
-        Mistake("k and v swapped in the sum", "you built vᵀ φ(k) (d_v × d_k) instead of φ(k)ᵀ v (d_k × d_v); with "
-                "d_k = d_v the shapes still fit", "kv = φ(k).transpose(-2, -1) @ v",
-                lambda: (fq @ (v.double().transpose(-2, -1) @ fk)) / (fq @ fk.sum(-2)[..., None])),
-    ]
+_LINEAR_TABLE = [
+    Known("normaliser_missing", "normaliser missing", _NORM_CAUSE, "divide by φ(q_i)ᵀ Σ_j φ(k_j), one number per "
+          "query row", lambda q, k, v: _kernel(_elu1(q), _elu1(k), v, normalise=False)),
+    Known("multiplied_by_the_normaliser", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
+          lambda q, k, v: _kernel(_elu1(q), _elu1(k), v, normalise=False) * (_elu1(q) @ _elu1(k).sum(-2)[..., None])),
+    *_phi_table(False),
+    Known("softmax_attention_instead_of", "softmax attention instead of linear", "you computed softmax(q kᵀ/√d_k) v: "
+          "right for softmax attention, but this exercise replaces exp(q·k/√d_k) by φ(q)·φ(k)", _LINEAR_FIX,
+          lambda q, k, v: F.scaled_dot_product_attention(q.double(), k.double(), v.double())),
+    Known("normaliser_summed_over_the", "normaliser summed over the queries", "you summed φ(q) (the queries' "
+          "features) for the normaliser instead of φ(k)", "u = φ(k).sum(dim=-2): a sum over the keys",
+          lambda q, k, v: (_elu1(q) @ (_elu1(k).transpose(-2, -1) @ v.double())) / (_elu1(q) @ _elu1(q).sum(-2)[..., None])),
+    Known("k_and_v_swapped", "k and v swapped in the sum", "you built vᵀ φ(k) (d_v × d_k) instead of φ(k)ᵀ v (d_k × "
+          "d_v); with d_k = d_v the shapes still fit", "kv = φ(k).transpose(-2, -1) @ v",
+          lambda q, k, v: (_elu1(q) @ (v.double().transpose(-2, -1) @ _elu1(k))) / (_elu1(q) @ _elu1(k).sum(-2)[..., None])),
+]
 
 
 _LINEAR_CASES = [
@@ -248,12 +219,13 @@ _LINEAR_CASES = [
 
 @check("linear_attention", expects="a function linear_attention(q, k, v) returning a tensor (..., n_q, d_v)")
 def check_linear_attention(fn: Learner) -> str:
+    suspects = Suspects(_LINEAR_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), scale) in enumerate(_LINEAR_CASES):
         dtype = torch.float32 if "float32" in label else torch.float64
         q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=dtype)
         tried = f"linear_attention(q, k, v) on {label}"
         out = as_tensor(fn(q, k, v), tried=tried)
-        _expect_close(out, _kernel(_elu1(q), _elu1(k), v), tried=tried, dtype=dtype, mistakes=_linear_mistakes(q, k, v),
+        _expect_close(suspects, out, _kernel(_elu1(q), _elu1(k), v), (q, k, v), tried=tried, dtype=dtype, again=fn,
                      oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64", fix=_LINEAR_FIX,
                      factors={"n_k": float(n_k)})
         _expect_dtype(out, dtype, tried)
@@ -296,55 +268,44 @@ def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
     return torch.stack(rows, dim=-2)
 
 
-def _causal_mistakes(q: Tensor, k: Tensor, v: Tensor) -> list[Mistake]:
-    fq, fk = _elu1(q), _elu1(k)
-    late_cause = ("you computed out_t from the state before adding token t (C_{t−1} instead of C_t): every "
-                  "position misses its own key and value")
-    return [
-        Mistake("state update off by one: token t not in its own output", late_cause + ", and position 0 sees "
-                "nothing at all (0 / 0 = NaN)", _RECUR_FIX, lambda: _recurrence(q, k, v, "late")),
-        Mistake("state update off by one: token t not in its own output", late_cause, _RECUR_FIX,
-                lambda: _recurrence(q, k, v, "late_guarded")),
-        Mistake("normaliser missing", _NORM_CAUSE, "divide by φ(q_t)ᵀ u_t, with u_t = Σ_{j ≤ t} φ(k_j)",
-                lambda: _recurrence(q, k, v, "no_norm")),
-        Mistake("state not accumulated", "you set the state to φ(k_t) v_tᵀ at every step instead of adding it to "
-                "C_{t−1}, so position t only sees itself (its output is v_t)", _RECUR_FIX,
-                lambda: _recurrence(q, k, v, "reset")),
-        Mistake("state C not accumulated", "you set C to φ(k_t) v_tᵀ at every step instead of adding it to C_{t−1} "
-                "(u is accumulated), so the numerator of position t only sees key t", _RECUR_FIX,
-                lambda: _recurrence(q, k, v, "reset_C")),
-        Mistake("normaliser state u not accumulated", "you set u to φ(k_t) at every step instead of adding it to "
-                "u_{t−1} (C is accumulated), so the normaliser of position t only counts key t", _RECUR_FIX,
-                lambda: _recurrence(q, k, v, "reset_u")),
-        Mistake("state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)",
-                lambda: _recurrence(q, k, v, "ones_C")),
-        Mistake("normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
-                "start from u = torch.zeros(…)", lambda: _recurrence(q, k, v, "ones_u")),
-        Mistake("φ(k_t) missing from the state update", "you added v_t to every row of C instead of φ(k_t) v_tᵀ, so "
-                "the numerator weighs every earlier value by the sum of φ(q_t), not by φ(q_t)·φ(k_j)", _RECUR_FIX,
-                lambda: _recurrence(q, k, v, "no_phik")),
-        Mistake("multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
-                lambda: _recurrence(q, k, v, "mul")),
-        Mistake("normaliser without φ(q_t)", "you divided by the sum of u_t's entries (Σ_{j ≤ t} of every feature of "
-                "φ(k_j)) instead of the dot product φ(q_t)ᵀ u_t", "divide by (φ(q_t) * u).sum(dim=-1, keepdim=True)",
-                lambda: _recurrence(q, k, v, "no_phiq")),
-        Mistake("normaliser without u_t", "you divided by the sum of φ(q_t)'s entries instead of the dot product "
-                "φ(q_t)ᵀ u_t with the running sum of the keys' features", "divide by (φ(q_t) * u).sum(dim=-1, "
-                "keepdim=True)", lambda: _recurrence(q, k, v, "no_u")),
-        Mistake("normaliser summed over axis 0", "you summed φ(q_t) * u over dim=0, which is the feature axis only "
-                "for a single sequence: with batch (and head) axes in front it sums over the batch instead",
-                "sum over the features, the last axis: .sum(dim=-1, keepdim=True)", lambda: _recurrence(q, k, v, "axis0")),
-        Mistake("not causal: every position sees the whole sequence", "you summed over all the keys (the "
-                "non-causal form), so position t also sees the keys after it", _RECUR_FIX,
-                lambda: _kernel(fq, fk, v)),
-        Mistake("sums over the future instead of the past", "your sums run over j ≥ t (the sequence read backwards)",
-                "loop forwards, t = 0, 1, …, and add token t before computing out_t",
-                lambda: _kernel(fq, fk, v, causal=True, mask="future")),
-        Mistake("state transposed", "you built v_t φ(k_t)ᵀ (d_v × d_k) instead of φ(k_t) v_tᵀ (d_k × d_v); with "
-                "d_k = d_v the shapes still fit", "state = state + φ(k_t)[:, None] * v_t[None, :]: rows are features",
-                lambda: _transposed_state(q, k, v)),
-        *_phi_mistakes(q, k, v, causal=True),
-    ]
+_LATE_CAUSE = ("you computed out_t from the state before adding token t (C_{t−1} instead of C_t): every "
+               "position misses its own key and value")
+_CAUSAL_TABLE = _table(_recurrence, [
+    ("late", "state update off by one: token t not in its own output",
+     _LATE_CAUSE + ", and position 0 sees nothing at all (0 / 0 = NaN)", _RECUR_FIX),
+    ("late_guarded", "state update off by one: token t not in its own output", _LATE_CAUSE, _RECUR_FIX),
+    ("no_norm", "normaliser missing", _NORM_CAUSE, "divide by φ(q_t)ᵀ u_t, with u_t = Σ_{j ≤ t} φ(k_j)"),
+    ("reset", "state not accumulated", "you set the state to φ(k_t) v_tᵀ at every step instead of adding it to "
+     "C_{t−1}, so position t only sees itself (its output is v_t)", _RECUR_FIX),
+    ("reset_C", "state C not accumulated", "you set C to φ(k_t) v_tᵀ at every step instead of adding it to C_{t−1} "
+     "(u is accumulated), so the numerator of position t only sees key t", _RECUR_FIX),
+    ("reset_u", "normaliser state u not accumulated", "you set u to φ(k_t) at every step instead of adding it to "
+     "u_{t−1} (C is accumulated), so the normaliser of position t only counts key t", _RECUR_FIX),
+    ("ones_C", "state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)"),
+    ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
+     "start from u = torch.zeros(…)"),
+    ("no_phik", "φ(k_t) missing from the state update", "you added v_t to every row of C instead of φ(k_t) v_tᵀ, so "
+     "the numerator weighs every earlier value by the sum of φ(q_t), not by φ(q_t)·φ(k_j)", _RECUR_FIX),
+    ("mul", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX),
+    ("no_phiq", "normaliser without φ(q_t)", "you divided by the sum of u_t's entries (Σ_{j ≤ t} of every feature of "
+     "φ(k_j)) instead of the dot product φ(q_t)ᵀ u_t", "divide by (φ(q_t) * u).sum(dim=-1, keepdim=True)"),
+    ("no_u", "normaliser without u_t", "you divided by the sum of φ(q_t)'s entries instead of the dot product "
+     "φ(q_t)ᵀ u_t with the running sum of the keys' features", "divide by (φ(q_t) * u).sum(dim=-1, keepdim=True)"),
+    ("axis0", "normaliser summed over axis 0", "you summed φ(q_t) * u over dim=0, which is the feature axis only for "
+     "a single sequence: with batch (and head) axes in front it sums over the batch instead",
+     "sum over the features, the last axis: .sum(dim=-1, keepdim=True)"),
+]) + [
+    Known("not_causal_every_position", "not causal: every position sees the whole sequence",
+          "you summed over all the keys (the non-causal form), so position t also sees the keys after it", _RECUR_FIX,
+          lambda q, k, v: _kernel(_elu1(q), _elu1(k), v)),
+    Known("sums_over_the_future", "sums over the future instead of the past", "your sums run over j ≥ t (the "
+          "sequence read backwards)", "loop forwards, t = 0, 1, …, and add token t before computing out_t",
+          lambda q, k, v: _kernel(_elu1(q), _elu1(k), v, causal=True, mask="future")),
+    Known("state_transposed", "state transposed", "you built v_t φ(k_t)ᵀ (d_v × d_k) instead of φ(k_t) v_tᵀ (d_k × "
+          "d_v); with d_k = d_v the shapes still fit", "state = state + φ(k_t)[:, None] * v_t[None, :]: rows are "
+          "features", lambda q, k, v: _transposed_state(q, k, v)),
+    *_phi_table(True),
+]
 
 
 def _transposed_state(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -370,8 +331,9 @@ def _causal_oracle(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return _kernel(_elu1(q), _elu1(k), v, causal=True)
 
 
-def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[..., list[Mistake]],
+def _run_causal(fn: Learner, name: str, extra: tuple, table: list[Known],
                 fix: str, describe: Callable[..., None] | None = None) -> None:
+    suspects = Suspects(table)
     for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
         dtype = torch.float32 if "float32" in label else torch.float64
         q, k, v = _qkv(lead, n, n, d_k, d_v, 200 + i, scale=scale, dtype=dtype)
@@ -380,7 +342,7 @@ def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[...,
         out = as_tensor(fn(*args), tried=tried)
         expected = _causal_oracle(q, k, v)
         try:
-            _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=mistakes_of(q, k, v, *extra),
+            _expect_close(suspects, out, expected, args, tried=tried, dtype=dtype, again=fn,
                          oracle="causal kernel attention computed densely in float64", fix=fix, axes=None,
                          factors={"d_k": float(d_k)})
         except Failure as failure:
@@ -393,7 +355,7 @@ def _run_causal(fn: Learner, name: str, extra: tuple, mistakes_of: Callable[...,
 @check("causal_linear_attention",
        expects="a function causal_linear_attention(q, k, v) returning a tensor (..., n, d_v)")
 def check_causal_linear_attention(fn: Learner) -> str:
-    _run_causal(fn, "causal_linear_attention", (), _causal_mistakes, _RECUR_FIX,
+    _run_causal(fn, "causal_linear_attention", (), _CAUSAL_TABLE, _RECUR_FIX,
                 describe=_loop_bound)
     q, k, v = _qkv((), 40, 40, 3, 2, 220)
     tried = "causal_linear_attention(q, k, v) on q, k (40, 3), v (40, 2), watching the shapes it builds"
@@ -441,72 +403,61 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tens
     return out
 
 
-def _chunk_mistakes(q: Tensor, k: Tensor, v: Tensor, c: int) -> list[Mistake]:
-    return [
-        Mistake("chunk counted twice: state updated before it is read", "you added the chunk's own φ(k)ᵀ v to the "
-                "state before reading it, so each chunk's keys count twice (once through A, once through C) and "
-                "later keys of the chunk leak to earlier queries", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "early")),
-        Mistake("chunk boundary: the diagonal left out inside a chunk", "your mask inside a chunk keeps j < i "
-                "(tril(-1)), so each position misses its own key", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "strict")),
-        Mistake("no causal mask inside a chunk", "you used the whole chunk's φ(q) φ(k)ᵀ, so a position sees the later "
-                "keys of its own chunk", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "full")),
-        Mistake("mask inside a chunk is the upper triangle", "you kept j ≥ i inside each chunk (triu): the future "
-                "instead of the past", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "upper")),
-        Mistake("state not carried across chunks", "each chunk only attends to itself: the state C, u of the "
-                "earlier chunks is never added", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_state")),
-        Mistake("state C not carried across chunks: earlier chunks missing from the numerator", "the numerator "
-                "lacks φ(q_c) C (C is never updated, or never read) while the normaliser counts the earlier keys",
-                _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_C")),
-        Mistake("normaliser state u not carried across chunks: earlier chunks missing from the normaliser",
-                "the normaliser lacks φ(q_c) u (u is never updated, or never read) while the numerator counts the "
-                "earlier keys", _CHUNK_FIX, lambda: _chunked(q, k, v, c, "no_u")),
-        Mistake("state not accumulated: only the previous chunk carried", "you set C and u to the last chunk's "
-                "φ(k_c)ᵀ v_c and Σ φ(k_c) instead of adding them, so a chunk sees only the chunk before it",
-                _CHUNK_FIX, lambda: _chunked(q, k, v, c, "reset")),
-        Mistake("state C not accumulated: only the previous chunk carried", "you set C to the last chunk's "
-                "φ(k_c)ᵀ v_c instead of adding it (u is accumulated)", _CHUNK_FIX,
-                lambda: _chunked(q, k, v, c, "reset_C")),
-        Mistake("normaliser state u not accumulated: only the previous chunk carried", "you set u to the last "
-                "chunk's Σ φ(k_c) instead of adding it (C is accumulated)", _CHUNK_FIX,
-                lambda: _chunked(q, k, v, c, "reset_u")),
-        Mistake("state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)",
-                lambda: _chunked(q, k, v, c, "ones_C")),
-        Mistake("the chunk's own keys missing from the numerator", "the numerator is only φ(q_c) C (the earlier "
-                "chunks): A v_c, the chunk's own masked part, is left out while the normaliser counts it", _CHUNK_FIX,
-                lambda: _chunked(q, k, v, c, "no_own")),
-        Mistake("A * v_c instead of A @ v_c", "you multiplied A and v_c entry by entry (*) where the chunk's own "
-                "part is a matrix product (@); the shapes fit only because d_v = chunk_size here", "a @ v_c",
-                lambda: _chunked(q, k, v, c, "elementwise")),
-        Mistake("normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
-                "start from u = torch.zeros(…)", lambda: _chunked(q, k, v, c, "ones_u")),
-        Mistake("row sums of A taken over the queries", "you summed A = φ(q_c) φ(k_c)ᵀ over dim=-2 (down its "
-                "columns, over the queries) instead of over the keys (along its rows); the (1, c) result + φ(q_c) u "
-                "(c, 1) even broadcasts to a (c, c) matrix", "a.sum(dim=-1, keepdim=True)",
-                lambda: _chunked(q, k, v, c, "colsum")),
-        Mistake("keepdim missing in the row sum: the normaliser broadcast to (c, c)", "a.sum(dim=-1) without "
-                "keepdim=True has shape (c,), which + φ(q_c) u (c, 1) broadcasts to a (c, c) matrix, so each row is "
-                "divided by other rows' sums (the shapes fit only because d_v = chunk_size here)",
-                "a.sum(dim=-1, keepdim=True)", lambda: _chunked(q, k, v, c, "no_keepdim")),
-        Mistake("multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX,
-                lambda: _chunked(q, k, v, c, "mul")),
-        Mistake("row sums of A as a mean", "you took the mean of each row of A (.mean) instead of its sum, so the "
-                "chunk's own keys count 1/c as much in the normaliser", "a.sum(dim=-1, keepdim=True)",
-                lambda: _chunked(q, k, v, c, "rowmean")),
-        Mistake("u grows by the mean of φ(k_c), not the sum", "you added the mean of the chunk's key features "
-                "(.mean(dim=-2)) to u instead of their sum, so earlier keys count too little in the normaliser",
-                "u = u + φ(k_c).sum(dim=-2) (as a column)", lambda: _chunked(q, k, v, c, "u_mean")),
-        Mistake("u grows by the sum of every entry of φ(k_c)", "you summed φ(k_c) without dim= (over every axis, "
-                "one number) instead of over the chunk's keys (dim=-2, one sum per feature)",
-                "u = u + φ(k_c).sum(dim=-2) (as a column)", lambda: _chunked(q, k, v, c, "u_all")),
-        Mistake("normaliser missing", _NORM_CAUSE, "divide by rowsum(A) + φ(q_c) u for each chunk",
-                lambda: _chunked(q, k, v, c, "no_norm")),
-        Mistake("last, shorter chunk never computed", "your loop stops before the last chunk when n is not a "
-                "multiple of chunk_size, so those rows stay 0", "loop with range(0, n, chunk_size): slicing stops "
-                "at the end by itself", lambda: _chunked(q, k, v, c, "tail")),
-        Mistake("not causal: every position sees the whole sequence", "you summed over all the keys",
-                _CHUNK_FIX, lambda: _kernel(_elu1(q), _elu1(k), v)),
-        *_phi_mistakes(q, k, v, causal=True),
-    ]
+_CHUNK_TABLE = _table(_chunked, [
+    ("early", "chunk counted twice: state updated before it is read", "you added the chunk's own φ(k)ᵀ v to the "
+     "state before reading it, so each chunk's keys count twice (once through A, once through C) and later keys of "
+     "the chunk leak to earlier queries", _CHUNK_FIX),
+    ("strict", "chunk boundary: the diagonal left out inside a chunk", "your mask inside a chunk keeps j < i "
+     "(tril(-1)), so each position misses its own key", _CHUNK_FIX),
+    ("full", "no causal mask inside a chunk", "you used the whole chunk's φ(q) φ(k)ᵀ, so a position sees the later "
+     "keys of its own chunk", _CHUNK_FIX),
+    ("upper", "mask inside a chunk is the upper triangle", "you kept j ≥ i inside each chunk (triu): the future "
+     "instead of the past", _CHUNK_FIX),
+    ("no_state", "state not carried across chunks", "each chunk only attends to itself: the state C, u of the "
+     "earlier chunks is never added", _CHUNK_FIX),
+    ("no_C", "state C not carried across chunks: earlier chunks missing from the numerator",
+     "the numerator lacks φ(q_c) C (C is never updated, or never read) while the normaliser counts the earlier keys",
+     _CHUNK_FIX),
+    ("no_u", "normaliser state u not carried across chunks: earlier chunks missing from the normaliser",
+     "the normaliser lacks φ(q_c) u (u is never updated, or never read) while the numerator counts the earlier keys",
+     _CHUNK_FIX),
+    ("reset", "state not accumulated: only the previous chunk carried", "you set C and u to the last chunk's φ(k_c)ᵀ "
+     "v_c and Σ φ(k_c) instead of adding them, so a chunk sees only the chunk before it", _CHUNK_FIX),
+    ("reset_C", "state C not accumulated: only the previous chunk carried", "you set C to the last chunk's φ(k_c)ᵀ "
+     "v_c instead of adding it (u is accumulated)", _CHUNK_FIX),
+    ("reset_u", "normaliser state u not accumulated: only the previous chunk carried", "you set u to the last "
+     "chunk's Σ φ(k_c) instead of adding it (C is accumulated)", _CHUNK_FIX),
+    ("ones_C", "state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)"),
+    ("no_own", "the chunk's own keys missing from the numerator", "the numerator is only φ(q_c) C (the earlier "
+     "chunks): A v_c, the chunk's own masked part, is left out while the normaliser counts it", _CHUNK_FIX),
+    ("elementwise", "A * v_c instead of A @ v_c", "you multiplied A and v_c entry by entry (*) where the chunk's own "
+     "part is a matrix product (@); the shapes fit only because d_v = chunk_size here", "a @ v_c"),
+    ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
+     "start from u = torch.zeros(…)"),
+    ("colsum", "row sums of A taken over the queries", "you summed A = φ(q_c) φ(k_c)ᵀ over dim=-2 (down its columns, "
+     "over the queries) instead of over the keys (along its rows); the (1, c) result + φ(q_c) u (c, 1) even "
+     "broadcasts to a (c, c) matrix", "a.sum(dim=-1, keepdim=True)"),
+    ("no_keepdim", "keepdim missing in the row sum: the normaliser broadcast to (c, c)",
+     "a.sum(dim=-1) without keepdim=True has shape (c,), which + φ(q_c) u (c, 1) broadcasts to a (c, c) matrix, so "
+     "each row is divided by other rows' sums (the shapes fit only because d_v = chunk_size here)",
+     "a.sum(dim=-1, keepdim=True)"),
+    ("mul", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX),
+    ("rowmean", "row sums of A as a mean", "you took the mean of each row of A (.mean) instead of its sum, so the "
+     "chunk's own keys count 1/c as much in the normaliser", "a.sum(dim=-1, keepdim=True)"),
+    ("u_mean", "u grows by the mean of φ(k_c), not the sum", "you added the mean of the chunk's key features "
+     "(.mean(dim=-2)) to u instead of their sum, so earlier keys count too little in the normaliser",
+     "u = u + φ(k_c).sum(dim=-2) (as a column)"),
+    ("u_all", "u grows by the sum of every entry of φ(k_c)", "you summed φ(k_c) without dim= (over every axis, one "
+     "number) instead of over the chunk's keys (dim=-2, one sum per feature)", "u = u + φ(k_c).sum(dim=-2) (as a "
+     "column)"),
+    ("no_norm", "normaliser missing", _NORM_CAUSE, "divide by rowsum(A) + φ(q_c) u for each chunk"),
+    ("tail", "last, shorter chunk never computed", "your loop stops before the last chunk when n is not a multiple "
+     "of chunk_size, so those rows stay 0", "loop with range(0, n, chunk_size): slicing stops at the end by itself"),
+]) + [
+    Known("not_causal_every_position", "not causal: every position sees the whole sequence",
+          "you summed over all the keys", _CHUNK_FIX, lambda q, k, v, c: _kernel(_elu1(q), _elu1(k), v)),
+    *_phi_table(True),
+]
 
 
 def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, n: int, d_k: int, c: int = 1) -> None:
@@ -521,14 +472,15 @@ def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, n: int, d_k: in
         fail(f"only the first {done} rows computed: loop bound d_k instead of n", tried=d.tried, got=d.got,
              expected=d.expected, cause=f"rows 0 … {done - 1} are right and every later row is wrong: your loop "
              f"stops at d_k = {d_k}" + ("" if c == 1 else " (after the chunks that start before it)") + ", as a range "
-             f"over q.shape[-1] (the features) does, where the positions are q.shape[-2] (n = {n})", fix="loop over the positions: range(q.shape[-2])" +
+             f"over q.shape[-1] (the features) does, where the positions are q.shape[-2] (n = {n})",
+             fix="loop over the positions: range(q.shape[-2])" +
              ("" if c == 1 else " in steps of chunk_size"))
 
 
 def _last_chunk(failure: Failure, out: Tensor, expected: Tensor, n: int, c: int) -> None:
-    """Re-raise with a cause when only the rows of the last, shorter chunk are wrong."""
+    """Fail with a cause when only the rows of the last, shorter chunk are wrong."""
     if failure.diagnosis.cause or n % c == 0 or n <= c or tuple(out.shape) != tuple(expected.shape):
-        raise failure
+        return
     tail = n - n % c
     close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True)
     if bool(close[..., :tail, :].all()) and not bool(close[..., tail:, :].all()):
@@ -537,7 +489,41 @@ def _last_chunk(failure: Failure, out: Tensor, expected: Tensor, n: int, c: int)
              expected=d.expected, cause=f"n = {n} is not a multiple of chunk_size = {c}, and your loop mishandles "
              f"the last {n % c} positions (a range that stops before them, or a chunk length taken as chunk_size)",
              fix="loop with range(0, n, chunk_size) and use each chunk's own length for its mask")
-    raise failure
+
+
+def _blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
+    """For each block of ``size`` rows (the last may be shorter): are all its rows right? None if shapes differ."""
+    if tuple(out.shape) != tuple(expected.shape):
+        return None
+    close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True)
+    close = close.reshape(-1, *close.shape[-2:]).all(0).all(-1)  # (n,): rows right in every batch entry
+    return [bool(close[s:s + size].all()) for s in range(0, close.shape[0], size)]
+
+
+def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
+    """Re-raise with a cause when the first chunk is right and every later one wrong; else with what the learner's
+    function gives on the whole sequence as one chunk."""
+    q, k, v, c = case
+    right, d = _blocks_right(out, expected, c), failure.diagnosis
+    if d.cause or right is None or len(right) < 2:
+        raise failure
+    if not right[0] or any(right[1:]):
+        whole = call_or_skip(lambda: as_tensor(fn(q, k, v, q.shape[-2]), tried=d.tried))
+        if whole is None or tuple(whole.shape) != tuple(out.shape):
+            raise failure
+        if same(whole, expected, **_tol(torch.float32)):
+            fail("right as one chunk, wrong with several", tried=d.tried, got=d.got, expected=d.expected,
+                 cause=f"with chunk_size = n (one chunk) your function is right, with chunks of {c} it is not: what "
+                       "goes wrong is what passes from chunk to chunk (the state C and u: how they are updated, or "
+                       "how φ(q_c) C and φ(q_c) u are added)", fix=_CHUNK_FIX)
+        fail("wrong even as one chunk", tried=d.tried, got=d.got, expected=d.expected,
+             cause="with chunk_size = n (the whole sequence as one chunk, no state carried) your result is wrong as "
+                   "well: the error is in the work inside a chunk (A = φ(q_c) φ(k_c)ᵀ with its causal mask, A v_c, "
+                   "the row sums of A, or the division)", fix=_CHUNK_FIX)
+    fail("only the first chunk right", tried=d.tried, got=d.got, expected=d.expected,
+         cause=f"rows 0 … {c - 1} (the first chunk, which sees no earlier chunk) are right and every later chunk is "
+               "wrong: what a chunk takes from the chunks before it, φ(q_c) C and φ(q_c) u with the carried "
+               "state, goes wrong (how C and u are updated, or how they are read)", fix=_CHUNK_FIX)
 
 
 _CHUNKS = (2, 4, 1, 3, 5)  # one per _CAUSAL_CASES entry: not dividing n, dividing it, 1, …
@@ -546,6 +532,7 @@ _CHUNKS = (2, 4, 1, 3, 5)  # one per _CAUSAL_CASES entry: not dividing n, dividi
 @check("chunked_linear_attention",
        expects="a function chunked_linear_attention(q, k, v, chunk_size) returning a tensor (..., n, d_v)")
 def check_chunked_linear_attention(fn: Learner) -> str:
+    suspects = Suspects(_CHUNK_TABLE)
     for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
         c = _CHUNKS[i]
         dtype = torch.float32 if "float32" in label else torch.float64
@@ -554,11 +541,12 @@ def check_chunked_linear_attention(fn: Learner) -> str:
         out = as_tensor(fn(q, k, v, c), tried=tried)
         expected = _causal_oracle(q, k, v)
         try:
-            _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=_chunk_mistakes(q, k, v, c),
+            _expect_close(suspects, out, expected, (q, k, v, c), tried=tried, dtype=dtype, again=fn,
                          oracle="causal kernel attention computed densely in float64", fix=_CHUNK_FIX)
         except Failure as failure:
             _loop_bound(failure, out, expected, n, d_k, c)
             _last_chunk(failure, out, expected, n, c)
+            _chunks_measured(fn, failure, out, expected, (q, k, v, c))
         _expect_dtype(out, dtype, tried)
     n, d_k, d_v = 48, 3, 2
     counts = {}
@@ -600,43 +588,34 @@ def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
     return torch.exp(proj - half) * scale
 
 
-def _rf_mistakes(x: Tensor, omega: Tensor) -> list[Mistake]:
-    r = omega.shape[0]
-    return [
-        Mistake("features not rescaled: 1/√n_f missing", f"you left out the division by √n_f (√{r} here), so φ(x)·φ(y) "
-                f"sums n_f terms instead of averaging them", "divide by math.sqrt(omega.shape[0])",
-                lambda: _features(x, omega, "no_scale")),
-        Mistake("features divided by n_f instead of √n_f", "you divided each feature by n_f; φ(x)·φ(y) multiplies two "
-                "features, so each gets 1/√n_f", "divide by math.sqrt(omega.shape[0])", lambda: _features(x, omega, "r")),
-        Mistake("features divided by √d instead of √n_f", "you divided by the square root of the input width d, not "
-                "of the number of features n_f = omega.shape[0]", "divide by math.sqrt(omega.shape[0])",
-                lambda: _features(x, omega, "sqrt_d")),
-        Mistake("features not rescaled: exp(−|x|²/2) missing", "you computed exp(ω·x) without the factor "
-                "exp(−|x|²/2), so φ(x)·φ(y) estimates exp(x·y + |x|²/2 + |y|²/2), not exp(x·y)",
-                _RF_FIX, lambda: _features(x, omega, "none")),
-        Mistake("|x|² not halved", "you subtracted |x|² instead of |x|²/2", _RF_FIX, lambda: _features(x, omega, "no_half")),
-        Mistake("|x| instead of |x|²", "you subtracted the norm |x| (halved), not the squared norm |x|²/2", _RF_FIX,
-                lambda: _features(x, omega, "norm")),
-        Mistake("sign of |x|²/2 reversed", "you added |x|²/2 instead of subtracting it", _RF_FIX,
-                lambda: _features(x, omega, "plus")),
-        Mistake("random projection missing: x instead of ω·x", "you used x itself in the exponent instead of its "
-                "projections x Ωᵀ; with n_f = d the shapes still fit", _RF_FIX, lambda: _features(x, omega, "no_proj")),
-        Mistake("|x|² as a mean", "you took the mean of the squares (.mean) instead of their sum, which is |x|²/d",
-                "(x * x).sum(dim=-1, keepdim=True)", lambda: _features(x, omega, "mean")),
-        Mistake("|x|² summed over the rows", "you summed x * x over dim=-2 (over the n vectors) instead of over "
-                "each vector's d entries (dim=-1)", "(x * x).sum(dim=-1, keepdim=True)",
-                lambda: _features(x, omega, "col")),
-        Mistake("|x|² without the squares", "you summed the entries of x, not their squares: Σ x_i instead of "
-                "|x|² = Σ x_i²", "(x * x).sum(dim=-1, keepdim=True)", lambda: _features(x, omega, "unsquared")),
-        Mistake("projection transposed", "you multiplied by omega instead of omega.T; with n_f = d the shapes still "
-                "fit, but feature i must be ω_i·x, the dot product with row i of omega", "x @ omega.T",
-                lambda: _features(x, omega, "transposed")),
-        Mistake("exp missing: features not positive", "you returned the exponent ω·x − |x|²/2 (divided by √n_f) "
-                "without taking exp, so features are negative", _RF_FIX, lambda: _features(x, omega, "no_exp")),
-        Mistake("trigonometric features instead of positive ones", "you returned sin and cos features (the random "
-                "Fourier features of the Gaussian kernel): they take negative values, and the docstring asks for "
-                "n_f positive features", _RF_FIX, lambda: _features(x, omega, "trig")),
-    ]
+_RF_TABLE = _table(_features, [
+    ("no_scale", "features not rescaled: 1/√n_f missing", "you left out the division by √n_f, so φ(x)·φ(y) sums n_f "
+     "terms instead of averaging them", "divide by math.sqrt(omega.shape[0])"),
+    ("r", "features divided by n_f instead of √n_f", "you divided each feature by n_f; φ(x)·φ(y) multiplies two "
+     "features, so each gets 1/√n_f", "divide by math.sqrt(omega.shape[0])"),
+    ("sqrt_d", "features divided by √d instead of √n_f", "you divided by the square root of the input width d, not "
+     "of the number of features n_f = omega.shape[0]", "divide by math.sqrt(omega.shape[0])"),
+    ("none", "features not rescaled: exp(−|x|²/2) missing", "you computed exp(ω·x) without the factor exp(−|x|²/2), "
+     "so φ(x)·φ(y) estimates exp(x·y + |x|²/2 + |y|²/2), not exp(x·y)", _RF_FIX),
+    ("no_half", "|x|² not halved", "you subtracted |x|² instead of |x|²/2", _RF_FIX),
+    ("norm", "|x| instead of |x|²", "you subtracted the norm |x| (halved), not the squared norm |x|²/2", _RF_FIX),
+    ("plus", "sign of |x|²/2 reversed", "you added |x|²/2 instead of subtracting it", _RF_FIX),
+    ("no_proj", "random projection missing: x instead of ω·x", "you used x itself in the exponent instead of its "
+     "projections x Ωᵀ; with n_f = d the shapes still fit", _RF_FIX),
+    ("mean", "|x|² as a mean", "you took the mean of the squares (.mean) instead of their sum, which is |x|²/d",
+     "(x * x).sum(dim=-1, keepdim=True)"),
+    ("col", "|x|² summed over the rows", "you summed x * x over dim=-2 (over the n vectors) instead of over each "
+     "vector's d entries (dim=-1)", "(x * x).sum(dim=-1, keepdim=True)"),
+    ("unsquared", "|x|² without the squares", "you summed the entries of x, not their squares: Σ x_i instead of |x|² "
+     "= Σ x_i²", "(x * x).sum(dim=-1, keepdim=True)"),
+    ("transposed", "projection transposed", "you multiplied by omega instead of omega.T; with n_f = d the shapes "
+     "still fit, but feature i must be ω_i·x, the dot product with row i of omega", "x @ omega.T"),
+    ("no_exp", "exp missing: features not positive", "you returned the exponent ω·x − |x|²/2 (divided by √n_f) "
+     "without taking exp, so features are negative", _RF_FIX),
+    ("trig", "trigonometric features instead of positive ones", "you returned sin and cos features (the random "
+     "Fourier features of the Gaussian kernel): they take negative values, and the docstring asks for n_f positive "
+     "features", _RF_FIX),
+])
 
 
 def _aligned(seed: int) -> tuple[Tensor, Tensor]:
@@ -661,6 +640,7 @@ _RF_CASES = [("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1
 @check("positive_random_features",
        expects="a function positive_random_features(x, omega) returning a tensor (..., n, n_f)")
 def check_positive_random_features(fn: Learner) -> str:
+    suspects = Suspects(_RF_TABLE)
     cases = []
     for i, (label, (shape, r), scale) in enumerate(_RF_CASES):
         g = _gen(400 + i)
@@ -673,7 +653,6 @@ def check_positive_random_features(fn: Learner) -> str:
         tried = f"positive_random_features(x, omega) on {label}"
         out = as_tensor(fn(x, omega), tried=tried)
         expected = _features(x, omega)
-        mistakes = _rf_mistakes(x, omega)
         if "98" in label:
             split = (torch.exp(x @ omega.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(omega.shape[0])
             if not same(out, expected, **_tol(x.dtype)) and same(out, split, atol=0, rtol=0):
@@ -683,7 +662,7 @@ def check_positive_random_features(fn: Learner) -> str:
                      cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
                            "underflows to 0) separately before multiplying, so inf · 0 = NaN",
                      fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
-        _expect_close(out, expected, tried=tried, dtype=x.dtype, mistakes=mistakes,
+        _expect_close(suspects, out, expected, (x, omega), tried=tried, dtype=x.dtype, again=fn,
                      oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64", fix=_RF_FIX,
                      factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
         _expect_dtype(out, x.dtype, tried)
@@ -730,61 +709,105 @@ def _sparse_tiles(q, k, v, layout, b, mistake: str) -> Tensor:
     return out
 
 
-def _sparse_mistakes(q, k, v, layout, b) -> list[Mistake]:
-    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    mask = _layout_mask(layout, b, n_q, n_k)
-    return [
-        Mistake("block layout transposed", "you read layout[j, i] (key block, query block) instead of layout[i, j]: "
-                "rows of the layout are query blocks, columns key blocks", "query block i visits the key blocks j "
-                "with layout[i, j] True: layout[i].nonzero()",
-                lambda: _sdpa(q, k, v, _layout_mask(layout.T, b, n_q, n_k))),
-        Mistake("layout ignored: dense attention", "every query sees every key: the layout's skipped tiles are "
-                "not left out", _SPARSE_FIX, lambda: _sdpa(q, k, v, None)),
-        Mistake("skipped tiles kept with weight", "the skipped tiles' scores were set to 0 instead of being left "
-                "out, so their keys still get weight exp(0 − m)", "leave the skipped tiles out of the softmax "
-                "entirely (or mask them with −inf)", lambda: _zero_filled(q, k, v, mask)),
-        Mistake("one running maximum for all rows", "you took the maximum over the whole tile (amax without dim=-1), "
-                "so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
-                "row: s.amax(dim=-1, keepdim=True)", lambda: _sparse_tiles(q, k, v, layout, b, "tile_max")),
-        Mistake("scores not scaled", "you did not multiply q kᵀ by 1/√d_k", "scale the scores by 1 / math.sqrt(d_k)",
-                lambda: _sdpa(q, k, v, mask, scale=1.0)),
-        Mistake("divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)",
-                lambda: _sdpa(q, k, v, mask, scale=1 / d)),
-        Mistake("scores multiplied by √d_k instead of divided", "you multiplied q kᵀ by √d_k (or divided q by "
-                "1/√d_k)", "scale the scores by 1 / math.sqrt(d_k)", lambda: _sdpa(q, k, v, mask, scale=math.sqrt(d))),
-        Mistake("scaled by 1/√n_q instead of 1/√d_k", "you took the size of the wrong axis: q.shape[-2] (the number "
-                "of queries) instead of q.shape[-1] (d_k)", "scale by 1 / math.sqrt(q.shape[-1])",
-                lambda: _sdpa(q, k, v, mask, scale=1 / math.sqrt(n_q))),
-        Mistake("running sum not rescaled", "when the maximum grows you add to ℓ and acc without multiplying them by "
-                "exp(m_old − m_new)", "rescale ℓ and acc by exp(m_old − m_new) before adding the tile",
-                lambda: _sparse_tiles(q, k, v, layout, b, "sum")),
-        Mistake("final division missing", "you returned the accumulator without dividing by the running sum ℓ",
-                "after the last tile, divide: acc / ℓ", lambda: _sparse_tiles(q, k, v, layout, b, "division")),
-        Mistake("multiplied by the running sum instead of dividing", "you returned acc × ℓ instead of acc / ℓ",
-                "after the last tile, divide: acc / ℓ", lambda: _sparse_tiles(q, k, v, layout, b, "mul")),
-        Mistake("only the last tile counted", "ℓ and acc hold only the last kept tile's part: the running maximum "
-                "is never updated (m = m_new missing, so m stays −inf and exp(m − m_new) = 0 wipes ℓ and acc at every "
-                "tile), or ℓ and acc are overwritten instead of updated", "rescale and add: ℓ = ℓ·exp(m − m_new) + "
-                "rowsum(p), acc likewise, then m = m_new", lambda: _sparse_tiles(q, k, v, layout, b, "last")),
-        Mistake("running sum ℓ overwritten at each tile", "you set ℓ to the tile's rowsum(p) instead of adding it to "
-                "the rescaled ℓ, so only the last tile is in the denominator", "ℓ = ℓ·exp(m − m_new) + rowsum(p)",
-                lambda: _sparse_tiles(q, k, v, layout, b, "l_last")),
-        Mistake("accumulator overwritten at each tile", "you set acc to the tile's p @ v instead of adding it to the "
-                "rescaled acc, so only the last tile is in the numerator", "acc = acc·exp(m − m_new) + p @ v_tile",
-                lambda: _sparse_tiles(q, k, v, layout, b, "acc_last")),
-        Mistake("running sum ℓ not rescaled", "when the maximum grows you rescale acc but add to ℓ without "
-                "multiplying it by exp(m_old − m_new)", "ℓ = ℓ·exp(m − m_new) + rowsum(p)",
-                lambda: _sparse_tiles(q, k, v, layout, b, "l_plain")),
-        Mistake("accumulator not rescaled", "when the maximum grows you rescale ℓ but add to acc without "
-                "multiplying it by exp(m_old − m_new)", "acc = acc·exp(m − m_new) + p @ v_tile",
-                lambda: _sparse_tiles(q, k, v, layout, b, "acc_plain")),
-        Mistake("maximum not subtracted inside exp", "you computed p = exp(s) instead of exp(s − m_new) while still "
-                "rescaling ℓ and acc by exp(m − m_new), so the tiles are weighed inconsistently", "p = torch.exp(s − "
-                "m_new)", lambda: _sparse_tiles(q, k, v, layout, b, "no_max")),
-        Mistake("each tile normalised on its own", "you normalised each tile's probabilities by their own sum",
-                "add the unnormalised p @ v_block to acc and divide by ℓ once, at the end",
-                lambda: _sparse_tiles(q, k, v, layout, b, "tile_softmax")),
-    ]
+_mask = lambda q, k, layout, b: _layout_mask(layout, b, q.shape[-2], k.shape[-2])  # noqa: E731
+_SPARSE_TABLE = _table(_sparse_tiles, [
+    ("tile_max", "one running maximum for all rows", "you took the maximum over the whole tile (amax without "
+     "dim=-1), so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
+     "row: s.amax(dim=-1, keepdim=True)"),
+    ("sum", "running sum not rescaled", "when the maximum grows you add to ℓ and acc without multiplying them by "
+     "exp(m_old − m_new)", "rescale ℓ and acc by exp(m_old − m_new) before adding the tile"),
+    ("division", "final division missing", "you returned the accumulator without dividing by the running sum ℓ",
+     "after the last tile, divide: acc / ℓ"),
+    ("mul", "multiplied by the running sum instead of dividing", "you returned acc × ℓ instead of acc / ℓ",
+     "after the last tile, divide: acc / ℓ"),
+    ("last", "only the last tile counted", "ℓ and acc hold only the last kept tile's part: the running maximum is "
+     "never updated (m = m_new missing, so m stays −inf and exp(m − m_new) = 0 wipes ℓ and acc at every tile), or ℓ "
+     "and acc are overwritten instead of updated", "rescale and add: ℓ = ℓ·exp(m − m_new) + rowsum(p), acc likewise, "
+     "then m = m_new"),
+    ("l_last", "running sum ℓ overwritten at each tile", "you set ℓ to the tile's rowsum(p) instead of adding it to "
+     "the rescaled ℓ, so only the last tile is in the denominator", "ℓ = ℓ·exp(m − m_new) + rowsum(p)"),
+    ("acc_last", "accumulator overwritten at each tile", "you set acc to the tile's p @ v instead of adding it to "
+     "the rescaled acc, so only the last tile is in the numerator", "acc = acc·exp(m − m_new) + p @ v_tile"),
+    ("l_plain", "running sum ℓ not rescaled", "when the maximum grows you rescale acc but add to ℓ without "
+     "multiplying it by exp(m_old − m_new)", "ℓ = ℓ·exp(m − m_new) + rowsum(p)"),
+    ("acc_plain", "accumulator not rescaled", "when the maximum grows you rescale ℓ but add to acc without "
+     "multiplying it by exp(m_old − m_new)", "acc = acc·exp(m − m_new) + p @ v_tile"),
+    ("no_max", "maximum not subtracted inside exp", "you computed p = exp(s) instead of exp(s − m_new) while still "
+     "rescaling ℓ and acc by exp(m − m_new), so the tiles are weighed inconsistently", "p = torch.exp(s − m_new)"),
+    ("tile_softmax", "each tile normalised on its own", "you normalised each tile's probabilities by their own sum",
+     "add the unnormalised p @ v_block to acc and divide by ℓ once, at the end"),
+]) + [
+    Known("block_layout_transposed", "block layout transposed", "you read layout[j, i] (key block, query block) "
+          "instead of layout[i, j]: rows of the layout are query blocks, columns key blocks",
+          "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()",
+          lambda q, k, v, layout, b: _sdpa(q, k, v, _layout_mask(layout.T, b, q.shape[-2], k.shape[-2]))),
+    Known("layout_ignored_dense_attention", "layout ignored: dense attention", "every query sees every key: the "
+          "layout's skipped tiles are not left out", _SPARSE_FIX, lambda q, k, v, layout, b: _sdpa(q, k, v, None)),
+    Known("skipped_tiles_kept_with", "skipped tiles kept with weight", "the skipped tiles' scores were set to 0 "
+          "instead of being left out, so their keys still get weight exp(0 − m)", "leave the skipped tiles out of "
+          "the softmax entirely (or mask them with −inf)",
+          lambda q, k, v, layout, b: _zero_filled(q, k, v, _mask(q, k, layout, b))),
+    Known("scores_not_scaled", "scores not scaled", "you did not multiply q kᵀ by 1/√d_k",
+          "scale the scores by 1 / math.sqrt(d_k)",
+          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=1.0)),
+    Known("divided_by_d_k", "divided by d_k instead of √d_k", "you divided the scores by d_k",
+          "scale by 1 / math.sqrt(d_k)",
+          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=1 / q.shape[-1])),
+    Known("scores_multiplied_by_d", "scores multiplied by √d_k instead of divided", "you multiplied q kᵀ by √d_k (or "
+          "divided q by 1/√d_k)", "scale the scores by 1 / math.sqrt(d_k)",
+          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=math.sqrt(q.shape[-1]))),
+    Known("scaled_by_1_n", "scaled by 1/√n_q instead of 1/√d_k", "you took the size of the wrong axis: q.shape[-2] "
+          "(the number of queries) instead of q.shape[-1] (d_k)", "scale by 1 / math.sqrt(q.shape[-1])",
+          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=1 / math.sqrt(q.shape[-2]))),
+]
+
+
+def _one_tile(fn: Learner, failure: Failure, out: Tensor, case: tuple) -> None:
+    """Re-raise with what the learner's function gives when each query block keeps one key block only (its first):
+    right there means the tiles are combined wrongly; wrong there means one tile's own work is wrong."""
+    q, k, v, layout, b = case
+    one = torch.zeros_like(layout)
+    one[torch.arange(layout.shape[0]), layout.float().argmax(-1)] = True  # each row's first kept key block
+    mine = call_or_skip(lambda: as_tensor(fn(q, k, v, one, b), tried=failure.diagnosis.tried))
+    if mine is None or tuple(mine.shape) != tuple(out.shape) or bool((layout.sum(-1) == 1).all()):
+        raise failure
+    d, right = failure.diagnosis, same(mine, _sdpa(q, k, v, _mask(q, k, one, b)), **_tol(torch.float32))
+    nan = " (NaN)" if bool(torch.isnan(mine).any()) else ""
+    if right:
+        fail("right with one tile per query block, wrong with several", tried=d.tried, got=d.got,
+             expected=d.expected, cause="with a layout that keeps one key block per query block your function is "
+             "right, with several it is not: what goes wrong is how the tiles of a query block are combined (the "
+             "running maximum m, and the rescaling of ℓ and acc by exp(m_old − m_new))", fix=_SPARSE_FIX)
+    fail("wrong even with one tile per query block", tried=d.tried, got=d.got, expected=d.expected,
+         cause=f"with a layout that keeps one key block per query block your result is wrong as well{nan}: the "
+               "error is in what one tile computes (its scores q kᵀ/√d_k, p = exp(s − m), ℓ, acc, or the final "
+               "acc / ℓ), not only in how tiles are combined", fix=_SPARSE_FIX)
+
+
+def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
+    """Re-raise with what the query blocks show: right exactly where one key block is kept, or only some wrong;
+    else what one tile per query block gives."""
+    layout, b = case[3], case[4]
+    right = _blocks_right(out, expected, b)
+    if failure.diagnosis.cause or right is None:
+        raise failure
+    if all(right) or not any(right):
+        _one_tile(fn, failure, out, case)
+    d, kept = failure.diagnosis, [int(t) for t in layout.sum(-1)]
+    wrong = [i for i, r in enumerate(right) if not r]
+    if all(r == (t == 1) for r, t in zip(right, kept)):
+        fail("wrong where a query block keeps several key blocks", tried=d.tried, got=d.got, expected=d.expected,
+             cause=f"the query blocks that keep one key block are right and those that keep several "
+                   f"({', '.join(map(str, wrong[:8]))}) "
+                   "are wrong: one tile alone is right, so what goes wrong is how the tiles of a query block are "
+                   "combined (the running maximum m, and the rescaling of ℓ and acc by exp(m_old − m_new))",
+             fix=_SPARSE_FIX)
+    rows = ", ".join(f"{i * b}–{min((i + 1) * b, out.shape[-2]) - 1}" for i in wrong[:6])
+    fail(f"wrong only in query blocks {', '.join(map(str, wrong[:8]))}", tried=d.tried, got=d.got, expected=d.expected,
+         cause=f"query blocks {', '.join(map(str, wrong[:8]))} (rows {rows}) are wrong and the other "
+               f"{len(right) - len(wrong)} right: compare what your loop does for those blocks (their key blocks: "
+               + "; ".join(f"{i}: {layout[i].nonzero().flatten().tolist()}" for i in wrong[:4]) + ")",
+         fix=_SPARSE_FIX)
 
 
 def _zero_filled(q, k, v, mask) -> Tensor:
@@ -814,6 +837,7 @@ _SPARSE_CASES = [
 @check("block_sparse_attention",
        expects="a function block_sparse_attention(q, k, v, layout, block_size) returning a tensor (..., n_q, d_v)")
 def check_block_sparse_attention(fn: Learner) -> str:
+    suspects = Suspects(_SPARSE_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), b) in enumerate(_SPARSE_CASES):
         dtype = torch.float32 if "float32" in label else torch.float64
         q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if "hundreds" in label else 1.0, dtype=dtype)
@@ -823,9 +847,10 @@ def check_block_sparse_attention(fn: Learner) -> str:
         tried = f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
         out = as_tensor(fn(q, k, v, layout, b), tried=tried)
         expected = _sdpa(q, k, v, _layout_mask(layout, b, n_q, n_k))
-        _expect_close(out, expected, tried=tried, dtype=dtype, mistakes=_sparse_mistakes(q, k, v, layout, b),
+        _expect_close(suspects, out, expected, (q, k, v, layout, b), tried=tried, dtype=dtype, again=fn,
                      oracle="F.scaled_dot_product_attention with the layout's mask", fix=_SPARSE_FIX,
-                     factors={"√d_k": math.sqrt(d_k), "block_size": float(b)})
+                     factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
+                     measured=lambda failure: _sparse_measured(fn, failure, out, expected, (q, k, v, layout, b)))
         _expect_dtype(out, dtype, tried)
     n, d_k, d_v, b = 48, 6, 2, 8
     q, k, v = _qkv((), n, n, d_k, d_v, 520)

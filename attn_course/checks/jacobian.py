@@ -1,162 +1,640 @@
 """Checks for notebook 04 (the softmax Jacobian): softmax_jacobian, softmax_vjp, SoftmaxFunction.
 
-Oracle: PyTorch's autograd — ``torch.autograd.functional.jacobian`` of ``torch.softmax`` for J, the
-gradient of ``torch.softmax`` for the vector–Jacobian product and for the Function's backward, and
-``torch.autograd.gradcheck`` for the Function.
+Oracle: PyTorch's autograd — ``torch.autograd.functional.jacobian`` of ``torch.softmax`` for J, the gradient of
+``torch.softmax`` for the vector–Jacobian product and for the Function's backward, ``torch.autograd.gradcheck`` for
+the Function. The cases cover one vector (n,), batches (B, n) — square and not — and (B, A, n), size-1 axes, n = 1,
+float32 and float64, a saturated softmax, exact zeros in p (scores of -inf) and upstream gradients of ±1000. Each
+part is one body (:func:`_judge_cases`) with a table of known mistakes (``kit.Known``) judged by ``kit.Suspects``;
+what no mistake reproduces is measured (the diagonal, symmetry, rows that must sum to 0…). The Function's backward is
+also compared with backwards that use the wrong saved tensor (z, or the exponentials before normalising), a gradcheck
+failure says which pass lost float64 precision (measured on the float64 cases before it), and every check asks once,
+through the probe ``softmax_input_unchanged``, whether the learner's code leaves its input (p or z) as it was.
 
-The cases cover one vector (n,), batches (B, n) — square and not — and (B, A, n), size-1 axes, n = 1,
-float32 and float64, a saturated softmax, exact zeros in p (scores of -inf), and upstream gradients
-of ±1000: so a sign or transposition slip, pᵀp for p pᵀ, a missing term, a reduction over the whole
-tensor or without keepdim, and code for one vector only each fail, and are named.
-
-**O(n) memory and work** (the docstrings' promise for the VJP and the Function's backward) are
-measured where the learner's code runs, by the learner-side probes :func:`vjp_cost` and
-:func:`function_cost` (registered with :func:`~.boundary.probe`, asked for with
-``learner.observe(...)``): they run the code once at n = 2048 while one
-``torch.overrides.TorchFunctionMode`` records every tensor that a torch function called from
-Python returns, and ``tracemalloc`` records NumPy's peak. Only those numbers cross back; the
-verdict is the check's. The O(n) route holds a few vectors of n numbers (about 10⁴ in all); building
-J or its outer product holds n² = 4,194,304 at once, and recomputing ⟨g, p⟩ for every entry creates
-n² in total. The line is drawn at n²/8: 8× below the wrong answers and over 50× above the right
-ones. The mode is imported inside the probe, with a fallback (memory then reported as not measured),
-so a change in PyTorch can never break these checks at import.
-
-The Function's backward is also compared with what a backward using the wrong saved tensor (z, or the
-exponentials before normalising) would give, and a gradcheck failure says which pass lost float64
-precision, measured on the float64 cases before it. Every check also asks, once, whether the learner's
-code leaves its input (p or z) as it was.
-
-Shared pieces come from notebook 03's checks, where they are public and documented
-(:mod:`attn_course.checks.softmax`).
+**O(n) memory and work** (the docstrings' promise for the VJP and the Function's backward) are measured where the
+learner's code runs, by the probes :func:`vjp_cost` and :func:`function_cost`: they run the code once at n = 2048
+under ``kit.Watch`` (every tensor a torch function called from Python returns) and ``tracemalloc`` (NumPy's peak).
+The O(n) route holds a few vectors of n numbers (about 10⁴ in all); building J or its outer product holds
+n² = 4,194,304 at once, and recomputing ⟨g, p⟩ for every entry creates n² in total. The line is drawn at n²/8: 8×
+below the wrong answers and over 50× above the right ones.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import tracemalloc
+import warnings
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from . import kit
 from .boundary import probe
-from .compare import Failure
-from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, fail, fmt, learner_error)
-from .softmax import (RuledOut, TensorOrArray, compare, describe_input, expect_floating, expect_input_unchanged,
-                      explain_weights, probe_worth, raised_hint, same_as, softmax_mistakes, works_elsewhere)
+from .compare import Failure, describe_mismatch, same
+from .core import (Learner, LearnerNotAttempted, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt,
+                   learner_error)
 
 __all__ = ["check_softmax_jacobian", "check_softmax_vjp", "check_SoftmaxFunction", "vjp_cost", "function_cost",
-           "BIG_N"]
+           "BIG_N", "QUADRATIC"]
 
 #: The size at which O(n) is checked: n² = 4,194,304 numbers, 16 MiB in float32.
 BIG_N = 2048
 #: At least this many numbers in one tensor, or created in all, mean O(n²): n²/8.
 QUADRATIC = BIG_N * BIG_N // 8
 INF = float("inf")
+_HALF = (torch.float16, torch.bfloat16)
+_J = "J = diag(p) − p pᵀ: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)"
+_VJP = "p * (grad - (grad * p).sum(-1, keepdim=True))"
+_OUTER = "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)"
 
 
-# ============================================================================ oracles
+# ============================================================================ oracles and cases
 def _oracle_jacobian(p: torch.Tensor) -> torch.Tensor:
     """∂softmax/∂z by autograd at z = log p (softmax(log p) = p), one row at a time: (..., n, n)."""
     z = torch.log(p.double())
-    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), row) for row in z.reshape(-1, z.shape[-1])]
+    rows = [torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), r) for r in z.reshape(-1, z.shape[-1])]
     return torch.stack(rows).reshape(*p.shape, p.shape[-1])
 
 
 def _oracle_vjp(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """gᵀJ by autograd through torch.softmax at z = log p."""
     z = torch.log(p.double()).requires_grad_(True)
-    (grad,) = torch.autograd.grad(torch.softmax(z, -1), z, g.double())
-    return grad
+    return torch.autograd.grad(torch.softmax(z, -1), z, g.double())[0]
 
 
-def _probs(g: torch.Generator, *shape: int, dtype=torch.float64, scale: float = 1.5) -> torch.Tensor:
-    return torch.softmax(scale * torch.randn(*shape, generator=g, dtype=dtype), -1)
+def _probs(g: torch.Generator, *shape: int, dtype=torch.float64) -> torch.Tensor:
+    return torch.softmax(1.5 * torch.randn(*shape, generator=g, dtype=dtype), -1)
 
 
-def _fixed(scores: list, dtype=torch.float64) -> torch.Tensor:
-    return torch.softmax(torch.tensor(scores, dtype=dtype), -1)
+def _fixed(scores: list) -> torch.Tensor:
+    return torch.softmax(torch.tensor(scores, dtype=torch.float64), -1)
 
 
-# ============================================================================ learner-side cost probes
-def _tensors(value: Any, depth: int = 0):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)) and depth < 3:
-        for item in value:
-            yield from _tensors(item, depth + 1)
+def _jacobian_cases() -> list[tuple]:
+    g, f32 = torch.Generator().manual_seed(7), torch.float32
+    return [(p,) for p in (
+        _fixed([1.0, 2.0, 3.0]), _probs(g, 5, dtype=f32), _fixed([12.0, 0.0, -3.0, 1.0]),  # saturated
+        _fixed([2.0, -INF, 0.0, -INF]), torch.ones(1, dtype=torch.float64),  # exact zeros; n = 1: J = [[0]]
+        _probs(g, 2, 5), _probs(g, 4, 4, dtype=f32), _probs(g, 3, 5), _probs(g, 1, 5, dtype=f32),  # a square batch
+        _probs(g, 2, 3, 4), _probs(g, 3, 1, 4, dtype=f32))]  # batch and heads; a size-1 axis in the middle
 
 
-def _storage_elements(t: torch.Tensor) -> int:
+def _vjp_cases() -> list[tuple]:
+    g, f32 = torch.Generator().manual_seed(8), torch.float32
+
+    def grad(*shape, dtype=torch.float64):
+        return torch.randn(*shape, generator=g, dtype=dtype)
+
+    s5 = _probs(g, 5)
+    return [
+        (s5, grad(5)), (s5, torch.ones(5, dtype=torch.float64)),  # the gradient of Σ p = 1 is 0
+        (_probs(g, 6, dtype=f32), grad(6, dtype=f32)),
+        (_probs(g, 4, 4), grad(4, 4)),  # square: a keepdim slip broadcasts instead of failing
+        (_probs(g, 3, 5, dtype=f32), grad(3, 5, dtype=f32)), (_probs(g, 2, 3, 6), grad(2, 3, 6)),
+        (_probs(g, 1, 5), grad(1, 5)), (_probs(g, 3, 1, 4, dtype=f32), grad(3, 1, 4, dtype=f32)),
+        (torch.ones(2, 1, dtype=torch.float64), grad(2, 1)),  # n = 1: the gradient is 0
+        # saturated rows with large upstream gradients, and exact zeros in p
+        (_fixed([[20.0, 0.0, -5.0, 3.0], [2.0, -INF, 0.0, -INF]]),
+         torch.tensor([[1000.0, -1000.0, 500.0, 0.001], [-1000.0, 7.0, 1000.0, 3.0]], dtype=torch.float64)),
+    ]
+
+
+def _forward_cases() -> list[tuple]:
+    g, t = torch.Generator().manual_seed(9), torch.tensor
+    return [(z,) for z in (
+        2 * torch.randn(2, 5, generator=g), torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+        torch.randn(6, generator=g), torch.randn(1, 5, generator=g, dtype=torch.float64),
+        torch.randn(3, 1, 4, generator=g),
+        t([[50.0, 48.0, 49.0], [-3.0, 0.0, 1.0]]),  # e^z finite in float32, e^(z + max) not
+        t([[1000.0, 1001.0, 1002.0], [2.0, 1.0, 0.0]]),
+        t([[-1000.0, -998.0, -999.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
+        t([[0.0, -INF, 1.0], [-INF, 3.0, -INF]]))]
+
+
+def _backward_cases() -> list[tuple]:
+    g = torch.Generator().manual_seed(10)
+
+    def rand(*shape, dtype=torch.float64, scale=1.0):
+        return scale * torch.randn(*shape, generator=g, dtype=dtype)
+
+    return [
+        (rand(5), rand(5)), (rand(4, 4, dtype=torch.float32, scale=2.0), rand(4, 4, dtype=torch.float32)),
+        (rand(3, 5), rand(3, 5)), (rand(2, 3, 6), rand(2, 3, 6)),
+        (rand(1, 5, dtype=torch.float32), rand(1, 5, dtype=torch.float32)), (rand(3, 1, 4), rand(3, 1, 4)),
+        (torch.tensor([[1000.0, 1001.0, 1002.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
+         torch.tensor([[1000.0, -1000.0, 5.0], [-1000.0, 1000.0, 3.0]], dtype=torch.float64)),
+        (torch.tensor([[0.0, -INF, 1.0], [2.0, 2.0, -INF]]), rand(2, 3, dtype=torch.float32)),
+    ]
+
+
+# ==================================================================== the learner's code (could move to the kit)
+def _arrays(args: tuple) -> tuple:
+    return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+class _TensorOrArray:
+    """Calls a learner's function with tensors, or with NumPy arrays when it only handles those (the same rule as
+    notebook 03's checks: after one success, every call keeps to the kind that worked)."""
+
+    def __init__(self, fn: Learner):
+        self.fn, self.mode = fn, ""
+
+    def __call__(self, *args: Any) -> Any:
+        if self.mode == "numpy":
+            return self.fn(*_arrays(args))
+        try:
+            with warnings.catch_warnings():  # NumPy functions handed tensors warn about __array_wrap__
+                warnings.simplefilter("ignore", DeprecationWarning)
+                out = self.fn(*args)
+        except LearnerRaised as t_err:
+            if self.mode:
+                raise
+            try:
+                out = self.fn(*_arrays(args))
+            except LearnerRaised as a_err:
+                further = t_err.line is not None and a_err.line is not None and a_err.line > t_err.line
+                telling = (t_err.type_name in ("TypeError", "AttributeError") and a_err.line == t_err.line
+                           and a_err.type_name not in ("TypeError", "AttributeError"))
+                raise (a_err if further or telling else t_err) from None
+            except (LearnerTimedOut, LearnerNotAttempted):
+                raise t_err from None
+            self.mode = "numpy"
+            return out
+        self.mode = "torch"
+        return out
+
+    def tensor(self, *args: Any) -> Any:
+        out = self(*args)
+        return torch.from_numpy(np.asarray(out)) if isinstance(out, np.ndarray) else out
+
+
+def _describe(x: torch.Tensor, name: str) -> str:
+    return f"{name} of shape {tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}"
+
+
+@probe("softmax_input_unchanged")
+def input_unchanged(fn: Callable, x: torch.Tensor, *rest: Any, numpy: bool = False, apply: bool = False) -> bool:
+    """Learner side: whether ``fn(x, *rest)`` (``fn.apply(x)`` for an autograd Function; ``numpy``: with arrays) leaves
+    x as it was. Only this yes or no crosses back. (Notebook 03's checks register the same probe.)"""
+    arg = x.numpy().copy() if numpy else x.clone()
+    before = arg.copy() if numpy else arg.clone()
+    (fn.apply if apply else fn)(arg, *(_arrays(rest) if numpy else rest))
+    return bool(np.array_equal(arg, before, equal_nan=True)) if numpy else bool(torch.equal(arg, before))
+
+
+def _expect_input_unchanged(fn: Learner, case: tuple, *, call: str, name: str, numpy: bool = False,
+                            apply: bool = False) -> None:
     try:
-        return t.untyped_storage().nbytes() // max(t.element_size(), 1)
-    except Exception:  # noqa: BLE001 - tensors without a storage (sparse, meta…): count their elements
-        return t.numel()
+        unchanged = fn.observe("softmax_input_unchanged", *case, numpy=numpy, apply=apply)
+    except (LearnerRaised, LearnerTimedOut):
+        return  # the cases already ran this code without trouble: nothing to say about its input
+    if unchanged is False:
+        fail(f"{name} changed in place", tried=f"{call} on {_describe(case[0], name)}, comparing {name} with a copy "
+             "taken before the call", got=f"after the call, {name} no longer holds the values it was given",
+             expected=f"{name} left as it was: the function only reads it",
+             cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites the "
+                   "caller's tensor",
+             fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
 
 
-def _measure(work: Callable[[], Any]) -> dict[str, Any]:
-    """Run ``work()`` once while watching what it creates: the largest tensor storage (elements) and its
-    shape, the elements of every tensor a torch function returned, summed, and NumPy's peak (bytes)."""
-    try:  # imported here, not at the top: a PyTorch without it costs this measurement, never the module
-        from torch.overrides import TorchFunctionMode
-    except ImportError:  # pragma: no cover - every PyTorch the course supports has it
-        TorchFunctionMode = None
-    stats: dict[str, Any] = {"measured": TorchFunctionMode is not None, "largest": 0, "shape": [], "total": 0}
-    tracing = tracemalloc.is_tracing()
+def _hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str, reductions: bool = True,
+          others: Callable[[tuple], bool] | None = None, cases: list[tuple] = ()) -> dict[str, str]:
+    """``cause``/``fix`` for an exception the learner's code raised on ``case`` after passing ``passed``: a wrong
+    signature, n = 1 or a new n where earlier ones worked, code for fewer axes, a reduction that lost its axis, an axis
+    that does not exist; else (``others``: whether the answer on another case is right) an input with another number
+    of axes on which the code works."""
+    msg, x = exc.message, case[0]
+    ndim, ns = max((c[0].ndim for c in passed), default=0), {c[0].shape[-1] for c in passed}
+    batched, n = x.ndim > ndim >= 1, x.shape[-1]
+    broadcast = "must match the size" in msg or "could not be broadcast" in msg
+    hint: dict[str, str] = {}
+    if exc.type_name == "TypeError" and exc.line is None and \
+            re.match(r"\S+\(\) (takes|got an unexpected keyword|missing \d+ required)", msg):  # before the body ran
+        return dict(cause="your function does not take the arguments the docstring lists",
+                    fix=f"keep the signature {signature}")
+    if n == 1 and ns and 1 not in ns:
+        return dict(cause=f"your code fails when n = 1, though it worked for n = {', '.join(map(str, sorted(ns)))}: "
+                          "something in it treats an axis of size 1 differently (.squeeze() without an axis removes it, "
+                          "for example)",
+                    fix="keep every axis: no .squeeze() without an axis, and take n from p.shape[-1]")
+    if batched and (not reductions or "outer" in msg + exc.code or "diag" in msg + exc.code):
+        hint = dict(cause="your function worked on inputs with fewer axes and fails once there are batch axes in front",
+                    fix="write every step for any number of leading axes: torch.diag_embed rather than torch.diag, "
+                        "s.unsqueeze(-1) * s.unsqueeze(-2) rather than torch.outer or np.outer")
+    elif reductions and broadcast:
+        hint = dict(cause="a maximum or sum reduced without keepdim=True lost the reduced axis, so it no longer lines up "
+                          "with the input's axes", fix="keep the reduced axis: .amax(dim, keepdim=True) and "
+                          ".sum(dim, keepdim=True) (NumPy: keepdims=True)")
+    elif ns and n not in ns and (broadcast or "shape" in msg):
+        hint = dict(cause=f"a size written into your code: your function fails for n = {n}, though it worked for n = "
+                          f"{', '.join(map(str, sorted(ns)))}", fix="take every size from the input (s.shape[-1]), never "
+                          "write a number for it")
+    elif ("out of range" in msg and "imension" in msg) or "out of bounds for array" in msg:
+        hint = dict(cause="your code uses an axis number that this input does not have", fix="count axes from the end "
+                    "(-1 for the last) rather than with a fixed axis number, and keep every axis the input has (no "
+                    ".squeeze() without an axis)")
+    elif batched:
+        hint = dict(cause="your function worked on inputs with fewer axes and fails once there are batch axes in front",
+                    fix="write every step for any number of leading axes: index and reduce along negative axes (-1), "
+                        "never loop over or index a fixed axis")
+    seen = {c[0].ndim for c in passed}
+    if others is None or x.ndim in seen or (hint and not hint["cause"].startswith("your code uses an axis number")):
+        return hint
+    for other in (c for c in cases if c[0].ndim not in seen and c[0].ndim != x.ndim):
+        try:
+            ok = others(other)
+        except (LearnerRaised, LearnerTimedOut, Failure):
+            ok = False
+        if ok:
+            text = lambda s: f"({s[0]},)" if len(s) == 1 else str(tuple(s))  # noqa: E731
+            return dict(cause=f"your code works on input of shape {text(other[0].shape)} but raises on {text(x.shape)}: "
+                              "it handles one number of axes only (torch.bmm, torch.dot, torch.diag, torch.outer, math "
+                              "functions or a loop over the first axis fix that number), and the docstring allows any "
+                              "number of axes", fix="write every step for shape (..., n): torch.diag_embed, "
+                              "p.unsqueeze(-1) * p.unsqueeze(-2), sums along -1 with keepdim=True")
+    return hint
+
+
+def _right(out: Any, expected: torch.Tensor, atol: float) -> bool:
+    try:
+        t = as_tensor(out, tried="")
+    except Failure:
+        return False
+    return tuple(t.shape) == tuple(expected.shape) and same(t, expected, atol=atol, rtol=1e-4)
+
+
+# ============================================================================ one body for every part
+def _judge_cases(cases: list[tuple], answer: Callable[[tuple, str], torch.Tensor], *, oracle: Callable,
+                 table: list[kit.Known], tried: Callable[[tuple], str], expected: str, hint: Callable, explain: Callable,
+                 what: str = "your result", shape_fix: str | Callable[[tuple, list], str],
+                 atol: Callable[[tuple], float] = lambda c: 1e-6, again: Callable | None = None, reduced: bool = False,
+                 factors: bool = False) -> list[tuple[tuple, torch.Tensor]]:
+    """Judge ``answer(case, tried)`` against ``oracle(*case)`` on every case: a known mistake of ``table`` that
+    reproduces it, else what :func:`_measure` and ``explain(out, case, tried)`` find, else the plain comparison.
+    Returns each case with its answer."""
+    suspects, passed = kit.Suspects(table, atol=1e-5, rtol=1e-4), []
+    for case in cases:
+        said = tried(case)
+        try:
+            out = answer(case, said)
+        except LearnerRaised as exc:
+            raise Failure(learner_error(exc, tried=said, expected=expected, **hint(exc, case, [c for c, _ in passed])))
+        right, a = oracle(*case), atol(case)
+        fix = shape_fix(case, [c for c, _ in passed]) if callable(shape_fix) else shape_fix
+        if out.is_floating_point() and out.dtype not in _HALF and not (
+                tuple(out.shape) == tuple(right.shape) and same(out, right, atol=a, rtol=1e-4)) and \
+                not suspects.suspects(out, case, right):
+            _measure(out, right, tried=said, what=what, atol=a, fix=fix, reduced=reduced,
+                     explain=lambda o, case=case: explain(o, case, said))
+        suspects.expect(out, right, case, tried=said, again=again, what=what, atol=a, rtol=1e-4,
+                        fix=fix if out.shape != right.shape else "",
+                        factors={"n": float(case[0].shape[-1])} if factors else None)
+        passed.append((case, out))
+    return passed
+
+
+def _measure(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, atol: float, fix: str, reduced: bool,
+             explain: Callable[[torch.Tensor], None]) -> None:
+    """What is off in an answer no known mistake reproduces, where the plain comparison names no cause: a reduction
+    along the last axis, size-1 axes dropped, a property of the answer (``explain``), half precision."""
+    got, want = tuple(out.shape), tuple(expected.shape)
+    if got != want:
+        if reduced and want[-1] > 1 and got == want[:-1] + (1,):
+            fail("one value per slice", tried=tried, got=f"{what} of shape {got}: one number for each slice along dim",
+                 expected=f"shape {want}, one value for each entry of x", fix=fix,
+                 cause="you returned a reduction along dim (the maximum, or the sum) instead of the entry-wise result")
+        kept = tuple(s for s in want if s != 1)
+        if got == kept and len(kept) < len(want) and same(out, expected.reshape(kept), atol=atol, rtol=1e-4):
+            fail("size-1 axes dropped", tried=tried, got=f"{what} of shape {got}, with the right values",
+                 expected=f"shape {want}",
+                 fix="keep every axis: squeeze nothing, or only the axis you added (.squeeze(-1))",
+                 cause="your code removes the axes of size 1: .squeeze() without an axis drops every one of them")
+        return
+    if not torch.isfinite(out).all():
+        explain(out)
+    mismatch = describe_mismatch(out, expected, what=what, atol=atol, rtol=1e-4)
+    if mismatch[2] or mismatch[3].startswith(("off by a factor", "shifted by")):
+        return
+    a, e = out.detach().double(), expected.detach().double()
+    scale, err = float(e.abs().max()), (a - e).abs()
+    digits = bool(torch.isfinite(a).all()) and float(err.max()) > 2.0 ** -14 * scale and \
+        bool((err <= 4 * torch.clamp(e.abs(), min=scale) * 2.0 ** -10).all())  # a few float16 rounding steps off
+    got = f"{what} agree with the expected values to about 3 significant digits only (largest difference " \
+          f"{fmt(float(err.max()))})"
+    if digits and (half := next((n for n, dt in (("float16", torch.float16), ("bfloat16", torch.bfloat16))
+                                 if torch.equal(a, a.to(dt).double())), "")):  # only a result that went through half
+        fail(f"{half} precision", tried=tried, expected="the input's precision", got=got + f"; every value is a {half} "
+             "number", cause=f"your result went through {half}, which keeps about 3 significant digits, and was "
+             "converted back afterwards", fix="compute in the input's dtype: leave out .half() or .to(torch.float16)")
+    explain(out)
+    _batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=1e-4)
+    if digits:
+        fail("about 3 digits right", tried=tried, got=got, expected="the input's precision",
+             fix="look for a step that rounds: round(…), a conversion to a smaller dtype, or values printed and read back")
+
+
+def _batch_entries(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, atol: float, rtol: float) -> None:
+    """For 3-D and larger results: which entries along the first (batch) axis are wrong (some right, some not)."""
+    if out.ndim < 3 or out.shape[0] < 2:
+        return
+    right = [same(out[i], expected[i], atol=atol, rtol=rtol) for i in range(out.shape[0])]
+    if all(right) or not any(right):
+        return
+    wrong, first = [i for i, r in enumerate(right) if not r], right.index(True)
+    if all(same(out[i], out[first], atol=atol, rtol=rtol) for i in wrong):
+        fail(f"batch entry {first} repeated", tried=tried, expected="each batch entry computed from its own input",
+             got=f"{what} repeat batch entry {first}'s values in entries {', '.join(map(str, wrong))}",
+             cause=f"your code computes batch entry {first} and reuses it for the others",
+             fix="compute every step for all batch entries at once (reduce along -1, not over [0])")
+    fail("wrong for some batch entries", tried=tried, expected="every batch entry right",
+         got=f"{what} are right for batch entr{'y' if right.count(True) == 1 else 'ies'} "
+             f"{', '.join(str(i) for i, r in enumerate(right) if r)} and wrong for {', '.join(map(str, wrong))}",
+         fix="make every step treat all batch entries alike: no loop over a fixed range, no indexing with a fixed number")
+
+
+# ============================================================================ softmax_jacobian
+def _jac(p: torch.Tensor) -> torch.Tensor:
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+
+
+def _batch_moved(p: torch.Tensor, where: Callable[[list[int], int], list[int]]) -> torch.Tensor | None:
+    batch = list(range(p.ndim - 1))
+    return _jac(p).movedim(batch, where(batch, p.ndim + 1)) if p.ndim >= 2 else None
+
+
+_INNER = ("pᵀp for p pᵀ", "you subtracted the inner product pᵀp = Σ p_i² (one number) where J needs the outer product "
+          "p pᵀ (an n×n matrix with entries p_i p_j)", _OUTER)
+_FACTOR = "outer product missing a factor"
+_BATCH = "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂p_i/∂z_j"
+K = kit.Known
+JACOBIAN = [
+    K("sign", "sign flipped", "your J is p pᵀ − diag(p), the negative of diag(p) − p pᵀ (its diagonal p_i(1 − p_i) must "
+      "be positive)", _J, lambda p: -_jac(p)),
+    K("inner", *_INNER, lambda p: torch.diag_embed(p) - (p * p).sum(-1)[..., None, None]),
+    K("inner-all", *_INNER, lambda p: torch.diag_embed(p) - (p * p).sum()),
+    K("no-outer", "− p pᵀ term missing", "you returned diag(p) alone: off the diagonal, ∂p_i/∂z_j = −p_i p_j, not 0", _J,
+      lambda p: torch.diag_embed(p)),
+    K("no-diag", "diag(p) term missing", "you returned −p pᵀ alone: the diagonal entries are p_i − p_i², not −p_i²", _J,
+      lambda p: -p.unsqueeze(-1) * p.unsqueeze(-2)),
+    K("diagonal", "only the diagonal", "you returned only the diagonal entries p_i(1 − p_i): the off-diagonal entries "
+      "−p_i p_j are missing", _J, lambda p: torch.diag_embed(p * (1 - p))),
+    K("pi2", "p_i² for p_i p_j", "you subtracted p_i² in row i (p ⊙ p broadcast along the rows), not the outer product "
+      "p_i p_j", _OUTER, lambda p: torch.diag_embed(p) - (p * p).unsqueeze(-1)),
+    K("pj2", "p_j² for p_i p_j", "you subtracted p_j² in column j, not the outer product p_i p_j", _OUTER,
+      lambda p: torch.diag_embed(p) - (p * p).unsqueeze(-2)),
+    K("ratio", "p_i / p_j for p_i p_j", "you divided where the outer product multiplies: p_i / p_j", _J,
+      lambda p: torch.diag_embed(p) - p.unsqueeze(-1) / p.unsqueeze(-2)),
+    K("pi", _FACTOR, "you subtracted p_i (p broadcast along one axis), not the outer product p_i p_j", _OUTER,
+      lambda p: torch.diag_embed(p) - p.unsqueeze(-1)),
+    K("pj", _FACTOR, "you subtracted p_j (p broadcast along one axis), not the outer product p_i p_j", _OUTER,
+      lambda p: torch.diag_embed(p) - p.unsqueeze(-2)),
+    K("p-for-diag", "p for diag(p)", "you subtracted the outer product from the vector p, which broadcasts along the "
+      "rows, where J needs the diagonal matrix diag(p)", "torch.diag_embed(p) builds diag(p) for any leading axes",
+      lambda p: p.unsqueeze(-2) - p.unsqueeze(-1) * p.unsqueeze(-2)),
+    K("added", "outer product added", "you added p pᵀ to diag(p); J subtracts it", _J,
+      lambda p: torch.diag_embed(p) + p.unsqueeze(-1) * p.unsqueeze(-2)),
+    K("outer", "outer product alone", "you returned p pᵀ alone", _J, lambda p: p.unsqueeze(-1) * p.unsqueeze(-2)),
+    K("identity", "identity for diag(p)", "you used the identity matrix where J has diag(p)", _J,
+      lambda p: torch.eye(p.shape[-1], dtype=p.dtype) - p.unsqueeze(-1) * p.unsqueeze(-2)),
+    K("log-softmax", "Jacobian of log-softmax", "you returned I − 1 pᵀ, the Jacobian of log-softmax; softmax's is "
+      "diag(p) − p pᵀ", _J,
+      lambda p: torch.eye(p.shape[-1], dtype=p.dtype) - p.unsqueeze(-2).expand(*p.shape, p.shape[-1])),
+    K("softmax-again", "softmax applied to p", "you took the softmax of p again: p is already the softmax output, and J "
+      "is written in terms of it", "use p as it is: " + _J, lambda p: _jac(torch.softmax(p, -1))),
+    K("batch-summed", "outer product over the batch", "you multiplied pᵀ @ p over a (B, n) tensor, which sums the outer "
+      "products of all rows into one n×n matrix", "one matrix per row: p.unsqueeze(-1) * p.unsqueeze(-2)",
+      lambda p: torch.diag_embed(p).sum(0) - p.T @ p if p.ndim == 2 else None),
+    K("flattened", "one Jacobian for the whole batch, flattened", "torch.outer and np.outer flatten their inputs, so your "
+      "J treats the whole batch as one long vector: one (B·n)×(B·n) matrix", "one n×n matrix per row: " + _J,
+      lambda p: _jac(p.reshape(-1)) if p.ndim >= 2 else None),
+    K("batch-last", "batch axes last", "your J has the batch axes after the two Jacobian axes", _BATCH,
+      lambda p: _batch_moved(p, lambda b, nd: [nd - len(b) + k for k in b])),
+    K("batch-middle", "batch axes in the wrong place", "your J has a batch axis between the two Jacobian axes", _BATCH,
+      lambda p: _batch_moved(p, lambda b, nd: [k + 1 for k in b])),
+    K("across-batch", "Jacobian across the batch", "you differentiated the whole (B, n) batch at once: that is a "
+      "(B, n, B, n) array, most of it zeros between different rows", "one n×n matrix per row: " + _J,
+      lambda p: torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1), torch.log(p.double()))
+      if p.ndim == 2 else None),
+]
+
+
+def _explain_jacobian(out: torch.Tensor, case: tuple, tried: str) -> None:
+    """Which property of J = diag(p) − p pᵀ the answer breaks (same shape, no known mistake)."""
+    (p,), a = case, out.detach().double()
+    if not torch.isfinite(a).all():
+        return
+    e, eye, n = _jac(p.double()), torch.eye(p.shape[-1], dtype=torch.bool), p.shape[-1]
+    close = torch.isclose(a, e, atol=1e-6, rtol=1e-4)
+    diag_ok, off_ok = bool(close[..., eye].all()), bool(close[..., ~eye].all())
+    if diag_ok and not off_ok:
+        fail("off-diagonal entries wrong", tried=tried, got="the diagonal of your J is right, the entries off it are not",
+             expected="J[i, j] = −p_i p_j for i ≠ j", fix=_J)
+    if off_ok and not diag_ok:
+        fail("diagonal wrong", tried=tried, got="the entries off the diagonal are right, the diagonal is not",
+             expected="J[i, i] = p_i (1 − p_i)", fix=_J)
+    for axis, index, other in ((-2, "j", "column"), (-1, "i", "row")):  # off the diagonal, one index only
+        spread = lambda m: m.masked_fill(eye, -INF).amax(axis) - m.masked_fill(eye, INF).amin(axis)  # noqa: E731
+        if n >= 3 and float(spread(a).abs().max()) <= 1e-9 and float(spread(e).abs().max()) > 1e-6:
+            fail("off-diagonal entries depend on one index only", tried=tried, expected="J[i, j] = −p_i p_j for i ≠ j",
+                 got=f"off the diagonal, your J[i, j] changes with {index} only: each {other} holds one value",
+                 cause="the term you subtract from diag(p) holds one factor of p_i p_j (p broadcast along one axis, "
+                       "perhaps times a constant), not the outer product", fix=_J)
+    if not torch.allclose(a, a.transpose(-1, -2), atol=1e-6):
+        fail("J not symmetric", tried=tried, expected="a symmetric J: J[i, j] = J[j, i] = −p_i p_j off the diagonal",
+             got=f"your J differs from its transpose (by up to {fmt(float((a - a.mT).abs().max()))})", fix=_J)
+    if not torch.allclose(rows := a.sum(-1), torch.zeros_like(rows), atol=1e-6):
+        fail("rows of J do not sum to 0", tried=tried, got=f"rows of your J sum to {fmt(float(rows.min()))} … "
+             f"{fmt(float(rows.max()))}", expected="every row summing to 0 (Σ_i p_i = 1 whatever z is)", fix=_J)
+
+
+@check("softmax_jacobian", expects="a function softmax_jacobian(p) returning J of shape (..., n, n)")
+def check_softmax_jacobian(fn: Learner) -> str:
+    run, cases = _TensorOrArray(fn), _jacobian_cases()
+    _judge_cases(cases, lambda case, said: as_tensor(run(*case), tried=said), oracle=_oracle_jacobian, table=JACOBIAN,
+                 tried=lambda c: f"softmax_jacobian(p) on {_describe(c[0], 'p')}", expected="J of shape (..., n, n)",
+                 hint=lambda exc, case, passed: _hint(
+                     exc, case, passed, signature="softmax_jacobian(p)", reductions=False, cases=cases,
+                     others=lambda c: _right(run(*c), _oracle_jacobian(*c), 1e-6)),
+                 explain=_explain_jacobian, what="your J", again=run.tensor, factors=True,
+                 shape_fix=lambda case, passed: "one n×n matrix per row of p: J has shape (*p.shape, n)" + (
+                     "; use operations that work for any leading axes: torch.diag_embed(p) (torch.diag on a 2-D tensor "
+                     "extracts a diagonal instead of building one) and p.unsqueeze(-1) * p.unsqueeze(-2) (torch.outer "
+                     "and np.outer flatten their inputs)" if case[0].ndim > max((c[0].ndim for c in passed), default=0)
+                     >= 1 else ""))
+    _expect_input_unchanged(fn, cases[0], call="softmax_jacobian(p)", name="p", numpy=run.mode == "numpy")
+    return (f"matches torch.autograd.functional.jacobian on {len(cases)} cases "
+            f"({'NumPy arrays' if run.mode == 'numpy' else 'tensors'}): (n,), (B, n), (B, A, n), n = 1, saturated")
+
+
+# ============================================================================ softmax_vjp
+def _dot(p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    return (g * p).sum(-1, keepdim=True)
+
+
+_VJP_FIX = f"∂ℒ/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP}"
+_PER_ROW = "sum along the last axis only: (grad * p).sum(-1, keepdim=True)"
+_UNUSED = "upstream gradient not used"
+VJP = [
+    K("unchanged", "grad returned unchanged", "you returned the upstream gradient as it is: the gradient with respect to "
+      "the scores is grad multiplied by the softmax Jacobian", _VJP_FIX, lambda p, g: g.clone()),
+    K("no-dot", "⟨g, p⟩ term missing", "you returned p ⊙ g, only the diagonal part of the product: the − p ⟨g, p⟩ term "
+      "is missing", _VJP_FIX, lambda p, g: p * g),
+    K("sign", "sign flipped", "you returned p ⊙ (⟨g, p⟩ − g), the negative of the gradient", _VJP_FIX,
+      lambda p, g: p * (_dot(p, g) - g)),
+    K("no-p", "final multiplication by p missing", "you returned g − ⟨g, p⟩ without multiplying by p", _VJP_FIX,
+      lambda p, g: g - _dot(p, g)),
+    K("plain-sum", "plain sum of g", "you subtracted the plain sum Σ_j g_j; the term is the p-weighted sum ⟨g, p⟩ = "
+      "Σ_j g_j p_j", _VJP_FIX, lambda p, g: p * (g - g.sum(-1, keepdim=True))),
+    K("mean-g", "mean of g", "you subtracted the mean of g; the term is the p-weighted sum ⟨g, p⟩ = Σ_j g_j p_j", _VJP_FIX,
+      lambda p, g: p * (g - g.mean(-1, keepdim=True))),
+    K("whole-sum", "⟨g, p⟩ summed over the whole tensor", "you summed g ⊙ p over the whole tensor, not per row, so every "
+      "row gets the same ⟨g, p⟩", _PER_ROW, lambda p, g: p * (g - (g * p).sum())),
+    K("keepdim", "keepdim missing", "you reduced ⟨g, p⟩ without keepdim=True, so it broadcast along the wrong axis (each "
+      "row got another row's sum)", "(grad * p).sum(-1, keepdim=True)", lambda p, g: p * (g - (g * p).sum(-1))),
+    K("diagonal", "only the diagonal of J", "you multiplied g by the diagonal of J, p ⊙ (1 − p), leaving out the "
+      "off-diagonal −p_i p_j", _VJP_FIX, lambda p, g: p * (1 - p) * g),
+    K("swapped", "p and grad swapped", "you used grad where the formula has p and p where it has grad", _VJP_FIX,
+      lambda p, g: g * (p - _dot(p, g))),
+    K("mean-dot", "mean instead of sum for ⟨g, p⟩", "you took the mean of g ⊙ p; ⟨g, p⟩ is its sum", _VJP_FIX,
+      lambda p, g: p * (g - (g * p).mean(-1, keepdim=True))),
+    K("g-over-p", "g / p for g ⊙ p", "you divided grad by p inside ⟨g, p⟩; it is the sum of the products g_j p_j",
+      _VJP_FIX, lambda p, g: p * (g - (g / p).sum(-1, keepdim=True))),
+    K("sum-p", "⟨g, p⟩ replaced by Σ p", "you summed p alone (which is 1) where ⟨g, p⟩ sums g ⊙ p", _VJP_FIX,
+      lambda p, g: p * (g - p.sum(-1, keepdim=True))),
+    K("divided", "divided by (g − ⟨g, p⟩)", "you divided p by (g − ⟨g, p⟩); the two are multiplied", _VJP_FIX,
+      lambda p, g: p / (g - _dot(p, g))),
+    K("p", "returned p", "you returned p itself", _VJP_FIX, lambda p, g: p.clone()),
+    K("plus-dot", "sign of the ⟨g, p⟩ term", "you added ⟨g, p⟩; the formula subtracts it", _VJP_FIX,
+      lambda p, g: p * (g + _dot(p, g))),
+    K("only-dot", "only the − p ⟨g, p⟩ part", "you returned p ⊙ ⟨g, p⟩: the p ⊙ g part is missing", _VJP_FIX,
+      lambda p, g: p * _dot(p, g)),
+    K("zeros", _UNUSED, "your result is J·1, the product with a vector of ones (which is 0), not with grad", _VJP_FIX,
+      lambda p, g: torch.zeros_like(p)),
+    K("diag-of-J", _UNUSED, "your result is the diagonal of J, p ⊙ (1 − p): grad does not enter it", _VJP_FIX,
+      lambda p, g: p * (1 - p)),
+    K("softmax-again", "softmax applied to p", "you took the softmax of p again: p is already the softmax output",
+      "use p as it is: " + _VJP, lambda p, g: torch.softmax(p, -1) * (g - _dot(torch.softmax(p, -1), g))),
+    K("inner", "pᵀp for p pᵀ", "you used J = diag(p) − pᵀp (one number) in place of the outer product p pᵀ", _VJP_FIX,
+      lambda p, g: p * g - (p * p).sum(-1, keepdim=True) * g),
+    K("dot-not-times-p", "⟨g, p⟩ not multiplied by p", "you returned p ⊙ g − ⟨g, p⟩: the ⟨g, p⟩ term must be multiplied "
+      "by p too, p ⊙ g − p ⟨g, p⟩", _VJP_FIX, lambda p, g: p * g - _dot(p, g)),
+    K("pp", "⟨p, p⟩ for ⟨g, p⟩", "you subtracted ⟨p, p⟩ = Σ p_j² where the formula has ⟨g, p⟩ = Σ g_j p_j", _VJP_FIX,
+      lambda p, g: p * (g - (p * p).sum(-1, keepdim=True))),
+    K("gg", "⟨g, g⟩ for ⟨g, p⟩", "you subtracted ⟨g, g⟩ = Σ g_j² where the formula has ⟨g, p⟩ = Σ g_j p_j", _VJP_FIX,
+      lambda p, g: p * (g - (g * g).sum(-1, keepdim=True))),
+    K("per-entry", "⟨g, p⟩ summed over a whole batch entry", "you summed g ⊙ p over each batch entry (a loop over the "
+      "first axis?), not over each row", _PER_ROW,
+      lambda p, g: p * (g - (g * p).flatten(1).sum(1).reshape(-1, *[1] * (p.ndim - 1))) if p.ndim >= 3 else None),
+] + [K(f"axis-{o}", f"⟨g, p⟩ summed along axis {o}", f"you summed g ⊙ p along axis {o}; ⟨g, p⟩ is the sum along the last "
+       "axis, one number per row", "(grad * p).sum(-1, keepdim=True)",
+       lambda p, g, o=o: p * (g - (g * p).sum(o, keepdim=True)) if o < p.ndim - 1 else None) for o in range(3)]
+
+
+def _explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | None = None) -> None:
+    """What is wrong with a gradient no known mistake reproduces. ``z``: the scores, when the answer is a Function's
+    backward (whose forward has already passed every case, ±1000 included)."""
+    a, g = out.detach().double(), case[1]
+    if not torch.isfinite(a).all():
+        cause = ""
+        if z is not None:
+            top, limit = z.double().masked_fill(~torch.isfinite(z), -INF).amax(-1), math.log(torch.finfo(z.dtype).max)
+            if bool((top[(~torch.isfinite(a)).any(-1)] > limit).all()):
+                cause = (f"those rows hold scores above {limit:.2f}, where e^z overflows in "
+                         f"{str(z.dtype).replace('torch.', '')}; your forward handles them (it passed the cases at "
+                         "±1000), so your backward must be exponentiating z again without subtracting the maximum")
+        fail("NaN or inf in the gradient", tried=tried, got=f"{int((~torch.isfinite(a)).sum())} entries are NaN or inf",
+             expected="finite gradients (p and grad are finite)", cause=cause,
+             fix="save p in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
+             if cause else f"compute {_VJP}: no division, no log")
+    if not torch.allclose(sums := a.sum(-1), torch.zeros_like(sums), atol=1e-6 * max(1.0, float(g.abs().max()))):
+        fail("rows do not sum to 0", tried=tried, got=f"rows of your result sum to {fmt(float(sums.min()))} … "
+             f"{fmt(float(sums.max()))}",
+             expected="every row summing to 0 (Σ_i p_i (g_i − ⟨g, p⟩) = ⟨g, p⟩ − ⟨g, p⟩ = 0)",
+             fix=_VJP_FIX)
+
+
+def _grad_atol(case: tuple) -> float:
+    return 1e-6 * max(1.0, float(case[1].abs().max()))
+
+
+@check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂ℒ/∂z shaped like p")
+def check_softmax_vjp(fn: Learner) -> str:
+    run, cases = _TensorOrArray(fn), _vjp_cases()
+    _judge_cases(cases, lambda case, said: as_tensor(run(*case), tried=said), oracle=_oracle_vjp, table=VJP,
+                 tried=lambda c: f"softmax_vjp(p, grad) on {_describe(c[0], 'p')} and {_describe(c[1], 'grad')}",
+                 expected="∂ℒ/∂z shaped like p", explain=_explain_vjp, atol=_grad_atol, again=run.tensor,
+                 hint=lambda exc, case, passed: _hint(exc, case, passed, signature="softmax_vjp(p, grad)", cases=cases,
+                                                      others=lambda c: _right(run(*c), _oracle_vjp(*c), 1e-5)),
+                 shape_fix="∂ℒ/∂z has the shape of p")
+    _expect_input_unchanged(fn, cases[0], call="softmax_vjp(p, grad)", name="p", numpy=run.mode == "numpy")
+    gen = torch.Generator().manual_seed(80)
+    big = (_probs(gen, 1, BIG_N, dtype=torch.float32), torch.randn(1, BIG_N, generator=gen))
+    tried = f"softmax_vjp(p, grad) on p and grad of shape (1, {BIG_N}), float32, watching what it creates"
+    cost = _observe(fn, tried, "∂ℒ/∂z in O(n)", "your function", "softmax_vjp_cost", *big, run.mode == "numpy")
+    _quadratic(cost, "your softmax_vjp", tried, fix=f"do not form J: {_VJP}")
+    memory = f"O(n) at n = {BIG_N}" if cost.get("measured") else "memory not measured (no TorchFunctionMode)"
+    kind = "NumPy arrays" if run.mode == "numpy" else "tensors"
+    return f"matches autograd on {len(cases)} cases ({kind}): (n,) to (B, A, n), n = 1, grads of ±1000; {memory}"
+
+
+# ============================================================================ the O(n) probes (learner side)
+def _cost(work: Callable[[], Any]) -> dict[str, Any]:
+    """Run ``work()`` once under ``kit.Watch`` and tracemalloc: the largest tensor storage (elements) and its shape,
+    the elements of every tensor a torch function returned ("total"), and NumPy's peak (bytes). Memory is not
+    measured in a PyTorch without torch-function modes."""
+    measured = hasattr(torch.overrides, "TorchFunctionMode")
+    tracing, seen = tracemalloc.is_tracing(), {}
     if not tracing:
         tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
     try:
-        if TorchFunctionMode is None:
-            work()
+        if measured:
+            seen = kit.watch(work)
         else:
-            class Watch(TorchFunctionMode):
-                def __torch_function__(self, func, types, args=(), kwargs=None):
-                    out = func(*args, **(kwargs or {}))
-                    for t in _tensors(out):
-                        size = _storage_elements(t)
-                        stats["total"] += t.numel()
-                        if size > stats["largest"]:
-                            stats["largest"], stats["shape"] = size, list(t.shape)
-                    return out
-
-            with Watch():
-                work()
-        stats["numpy_peak"] = max(0, tracemalloc.get_traced_memory()[1] - base)
+            work()
+        peak = max(0, tracemalloc.get_traced_memory()[1] - base)
     finally:
         if not tracing:
             tracemalloc.stop()
-    return stats
+    return {"measured": measured, "largest": seen.get("largest", 0), "shape": seen.get("shape", []),
+            "total": seen.get("elements", 0), "numpy_peak": peak}
 
 
 @probe("softmax_vjp_cost")
 def vjp_cost(fn: Callable, p: torch.Tensor, g: torch.Tensor, numpy: bool = False) -> dict[str, Any]:
-    """Learner side: what one call ``fn(p, g)`` creates (see :func:`_measure`), after one unwatched
-    call (so that one-off costs are not counted). ``numpy``: call with arrays."""
+    """Learner side: what one call ``fn(p, g)`` creates (:func:`_cost`), after one unwatched call (so that one-off
+    costs are not counted). ``numpy``: call with arrays."""
     args = (p.numpy(), g.numpy()) if numpy else (p, g)
     fn(*args)
-    return _measure(lambda: fn(*args))
+    return _cost(lambda: fn(*args))
 
 
 @probe("softmax_function_cost")
 def function_cost(cls: type, z: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
-    """Learner side: what ``cls.apply(z)`` creates, and what its backward creates for upstream ``g``.
-
-    The backward is run by calling the output's ``grad_fn.apply(g)`` from Python: that is the learner's
-    own ``backward`` with its real ctx, and torch functions it calls are seen (the autograd engine's
-    own calls are not seen by a TorchFunctionMode)."""
+    """Learner side: what ``cls.apply(z)`` creates, and what its backward creates for upstream ``g``: the output's
+    ``grad_fn.apply(g)``, the learner's own backward with its real ctx, called from Python so its torch calls are
+    seen (the autograd engine's own calls are not)."""
     z = z.detach().requires_grad_(True)
     cls.apply(z)  # one unwatched forward
     holder: dict[str, Any] = {}
-    forward = _measure(lambda: holder.setdefault("y", cls.apply(z)))
+    forward = _cost(lambda: holder.setdefault("y", cls.apply(z)))
     node = getattr(holder["y"], "grad_fn", None)
     if node is None or not callable(getattr(node, "apply", None)):
         return {"forward": forward, "backward": {"measured": False}}
     with torch.no_grad():
         node.apply(g)  # one unwatched backward
-        backward = _measure(lambda: node.apply(g))
-    return {"forward": forward, "backward": backward}
+        return {"forward": forward, "backward": _cost(lambda: node.apply(g))}
+
+
+def _observe(fn: Learner, tried: str, expected: str, what: str, name: str, *args: Any) -> dict:
+    try:
+        cost = fn.observe(name, *args)
+    except (LearnerRaised, LearnerTimedOut) as exc:
+        raise Failure(learner_error(exc, tried=tried, expected=expected, cause="" if isinstance(exc, LearnerRaised)
+                                    else f"at n = {BIG_N} {what} needs far more than O(n) work")) from None
+    return cost if isinstance(cost, dict) else {}
 
 
 def _quadratic(cost: dict, what: str, tried: str, fix: str) -> None:
@@ -167,384 +645,33 @@ def _quadratic(cost: dict, what: str, tried: str, fix: str) -> None:
     total, peak = int(cost.get("total", 0)), int(cost.get("numpy_peak", 0))
     expected = f"O(n) memory and work: a few vectors of {BIG_N} numbers (a full n×n matrix holds {BIG_N * BIG_N:,})"
     if largest >= QUADRATIC:
-        fail(f"O(n²) memory in {what}", tried=tried,
-             got=f"at n = {BIG_N}, {what} built a tensor of shape {shape} ({largest:,} numbers)", expected=expected,
-             cause=f"{what} forms an n×n matrix (the Jacobian, or the outer product p pᵀ)", fix=fix)
+        fail(f"O(n²) memory in {what}", tried=tried, expected=expected, fix=fix,
+             got=f"at n = {BIG_N}, {what} built a tensor of shape {shape} ({largest:,} numbers)",
+             cause=f"{what} forms an n×n matrix (the Jacobian, or the outer product p pᵀ)")
     if peak >= 4 * QUADRATIC:
-        fail(f"O(n²) memory in {what}", tried=tried,
-             got=f"at n = {BIG_N}, {what} held {peak / 2**20:.0f} MiB of NumPy arrays at once", expected=expected,
-             cause=f"{what} forms an n×n NumPy matrix (the Jacobian, or an outer product)", fix=fix)
+        fail(f"O(n²) memory in {what}", tried=tried, expected=expected, fix=fix,
+             got=f"at n = {BIG_N}, {what} held {peak / 2**20:.0f} MiB of NumPy arrays at once",
+             cause=f"{what} forms an n×n NumPy matrix (the Jacobian, or an outer product)")
     if total >= QUADRATIC:
-        fail(f"O(n²) work in {what}", tried=tried,
-             got=f"at n = {BIG_N}, {what} created {total:,} numbers in all, about n²/{max(1, round(BIG_N ** 2 / total))}",
-             expected=expected, cause=f"{what} recomputes a whole row's worth of numbers for every entry (a Python "
-             "loop over the entries, each computing ⟨g, p⟩ or a row of J again)", fix=fix)
-
-
-# ============================================================================ after an exception
-_ANY_AXES_FIX = "write every step for shape (..., n): torch.diag_embed, p.unsqueeze(-1) * p.unsqueeze(-2), sums " \
-                "along -1 with keepdim=True"
-
-
-def _works_elsewhere(failed: tuple[int, ...], others: list) -> dict[str, str]:
-    return works_elsewhere(failed, others, fix=_ANY_AXES_FIX)
-
-
-def _size_one(n: int, passed: set[int]) -> dict[str, str]:
-    """``cause``/``fix`` for code that raised at n = 1 after working for longer rows."""
-    if n != 1 or not passed or 1 in passed:
-        return {}
-    return dict(cause=f"your code fails when n = 1, though it worked for n = {', '.join(map(str, sorted(passed)))}: "
-                      "something in it treats an axis of size 1 differently (.squeeze() without an axis removes "
-                      "it, for example)",
-                fix="keep every axis: no .squeeze() without an axis, and take n from p.shape[-1]")
-
-
-# ============================================================================ softmax_jacobian
-_BATCH_FIX = ("use operations that work for any leading axes: torch.diag_embed(p) (torch.diag on a 2-D tensor "
-              "extracts a diagonal instead of building one) and p.unsqueeze(-1) * p.unsqueeze(-2) (torch.outer and "
-              "np.outer flatten their inputs)")
-
-
-def _new_size(p: torch.Tensor, passed: set[int]) -> str:
-    """``"n = 5, though it worked for n = 3"`` when no earlier case had this row length, else ``""``."""
-    n = p.shape[-1]
-    if not passed or n in passed:
-        return ""
-    return f"n = {n}, though it worked for n = {', '.join(map(str, sorted(passed)))}"
-
-
-def _jacobian_cases() -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    return [
-        _fixed([1.0, 2.0, 3.0]),
-        _probs(g, 5, dtype=torch.float32),
-        _fixed([12.0, 0.0, -3.0, 1.0]),  # saturated
-        _fixed([2.0, -INF, 0.0, -INF]),  # exact zeros
-        torch.ones(1, dtype=torch.float64),  # n = 1: J = [[0]]
-        _probs(g, 2, 5),
-        _probs(g, 4, 4, dtype=torch.float32),  # a square batch
-        _probs(g, 3, 5),
-        _probs(g, 1, 5, dtype=torch.float32),  # batch of one
-        _probs(g, 2, 3, 4),  # batch and heads
-        _probs(g, 3, 1, 4, dtype=torch.float32),  # a size-1 axis in the middle
-    ]
-
-
-def _jacobian_mistakes(p: torch.Tensor, expected: torch.Tensor) -> list[Mistake]:
-    outer = p.unsqueeze(-1) * p.unsqueeze(-2)  # (..., n, n)
-    diag = torch.diag_embed(p)
-    n = p.shape[-1]
-    eye = torch.eye(n, dtype=p.dtype)
-    formula = "J = diag(p) − p pᵀ: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)"
-    inner = ("pᵀp for p pᵀ", "you subtracted the inner product pᵀp = Σ p_i² (one number) where J needs the outer "
-             "product p pᵀ (an n×n matrix with entries p_i p_j)", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)")
-    out = [
-        Mistake("sign flipped", "your J is p pᵀ − diag(p), the negative of diag(p) − p pᵀ (its diagonal p_i(1 − p_i) "
-                "must be positive)", formula, lambda: outer - diag),
-        Mistake(*inner, lambda: diag - (p * p).sum(-1)[..., None, None]),
-        Mistake(*inner, lambda: diag - (p * p).sum()),
-        Mistake("− p pᵀ term missing", "you returned diag(p) alone: off the diagonal, ∂p_i/∂z_j = −p_i p_j, not 0",
-                formula, lambda: diag),
-        Mistake("diag(p) term missing", "you returned −p pᵀ alone: the diagonal entries are p_i − p_i², not −p_i²",
-                formula, lambda: -outer),
-        Mistake("only the diagonal", "you returned only the diagonal entries p_i(1 − p_i): the off-diagonal entries "
-                "−p_i p_j are missing", formula, lambda: torch.diag_embed(p * (1 - p))),
-        Mistake("p_i² for p_i p_j", "you subtracted p_i² in row i (p ⊙ p broadcast along the rows), not the outer "
-                "product p_i p_j", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)",
-                lambda: diag - (p * p).unsqueeze(-1)),
-        Mistake("p_j² for p_i p_j", "you subtracted p_j² in column j, not the outer product p_i p_j",
-                "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)", lambda: diag - (p * p).unsqueeze(-2)),
-        Mistake("p_i / p_j for p_i p_j", "you divided where the outer product multiplies: p_i / p_j", formula,
-                lambda: diag - p.unsqueeze(-1) / p.unsqueeze(-2)),
-        Mistake("outer product missing a factor", "you subtracted p_i (p broadcast along one axis), not the outer "
-                "product p_i p_j", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)",
-                lambda: diag - p.unsqueeze(-1)),
-        Mistake("outer product missing a factor", "you subtracted p_j (p broadcast along one axis), not the outer "
-                "product p_i p_j", "the outer product: p.unsqueeze(-1) * p.unsqueeze(-2)",
-                lambda: diag - p.unsqueeze(-2)),
-        Mistake("p for diag(p)", "you subtracted the outer product from the vector p, which broadcasts along the "
-                "rows, where J needs the diagonal matrix diag(p)", "torch.diag_embed(p) builds diag(p) for any leading "
-                "axes", lambda: p.unsqueeze(-2) - outer),
-        Mistake("outer product added", "you added p pᵀ to diag(p); J subtracts it", formula, lambda: diag + outer),
-        Mistake("outer product alone", "you returned p pᵀ alone", formula, lambda: outer),
-        Mistake("identity for diag(p)", "you used the identity matrix where J has diag(p)", formula,
-                lambda: eye - outer),
-        Mistake("Jacobian of log-softmax", "you returned I − 1 pᵀ, the Jacobian of log-softmax; softmax's is "
-                "diag(p) − p pᵀ", formula, lambda: eye - p.unsqueeze(-2).expand(*p.shape[:-1], n, n)),
-        Mistake("softmax applied to p", "you took the softmax of p again: p is already the softmax output, and J is "
-                "written in terms of it", "use p as it is: " + formula,
-                lambda: torch.diag_embed(torch.softmax(p, -1)) - torch.softmax(p, -1).unsqueeze(-1) *
-                torch.softmax(p, -1).unsqueeze(-2)),
-        Mistake("outer product over the batch", "you multiplied pᵀ @ p over a (B, n) tensor, which sums the outer "
-                "products of all rows into one n×n matrix", "one matrix per row: p.unsqueeze(-1) * p.unsqueeze(-2)",
-                lambda: torch.diag_embed(p).sum(0) - p.T @ p if p.ndim == 2 else None),
-    ]
-    if p.ndim >= 2:
-        flat = p.reshape(-1)
-        out.append(Mistake("one Jacobian for the whole batch, flattened", "torch.outer and np.outer flatten their "
-                           "inputs, so your J treats the whole batch as one long vector: one (B·n)×(B·n) matrix",
-                           "one n×n matrix per row: " + formula, lambda: torch.diag(flat) - torch.outer(flat, flat)))
-        batch = list(range(p.ndim - 1))
-        out += [
-            Mistake("batch axes last", "your J has the batch axes after the two Jacobian axes",
-                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂p_i/∂z_j",
-                    lambda: expected.movedim(batch, [expected.ndim - len(batch) + k for k in batch])),
-            Mistake("batch axes in the wrong place", "your J has a batch axis between the two Jacobian axes",
-                    "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂p_i/∂z_j",
-                    lambda: expected.movedim(batch, [k + 1 for k in batch])),
-        ]
-    if p.ndim == 2:
-        out.append(Mistake("Jacobian across the batch", "you differentiated the whole (B, n) batch at once: that is "
-                           "a (B, n, B, n) array, most of it zeros between different rows",
-                           "one n×n matrix per row: " + formula,
-                           lambda: torch.autograd.functional.jacobian(lambda v: torch.softmax(v, -1),
-                                                                      torch.log(p.double()))))
-    return out
-
-
-def _explain_jacobian(out: torch.Tensor, p: torch.Tensor, expected: torch.Tensor, tried: str) -> None:
-    """Which property of J = diag(p) − p pᵀ the answer breaks (same shape, no known mistake)."""
-    a, e = out.detach().double(), expected
-    if not torch.isfinite(a).all():
-        return
-    eye = torch.eye(p.shape[-1], dtype=torch.bool)
-    close = torch.isclose(a, e, atol=1e-6, rtol=1e-4)
-    diag_ok, off_ok = bool(close[..., eye].all()), bool(close[..., ~eye].all())
-    formula = "J = diag(p) − p pᵀ: torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)"
-    if diag_ok and not off_ok:
-        fail("off-diagonal entries wrong", tried=tried, got="the diagonal of your J is right, the entries off it are not",
-             expected="J[i, j] = −p_i p_j for i ≠ j", fix=formula)
-    if off_ok and not diag_ok:
-        fail("diagonal wrong", tried=tried, got="the entries off the diagonal are right, the diagonal is not",
-             expected="J[i, i] = p_i (1 − p_i)", fix=formula)
-    if not torch.allclose(a, a.transpose(-1, -2), atol=1e-6):
-        fail("J not symmetric", tried=tried,
-             got=f"your J differs from its transpose (by up to {fmt(float((a - a.transpose(-1, -2)).abs().max()))})",
-             expected="a symmetric J: J[i, j] = J[j, i] = −p_i p_j off the diagonal", fix=formula)
-    rows = a.sum(-1)
-    if not torch.allclose(rows, torch.zeros_like(rows), atol=1e-6):
-        fail("rows of J do not sum to 0", tried=tried,
-             got=f"rows of your J sum to {fmt(float(rows.min()))} … {fmt(float(rows.max()))}",
-             expected="every row summing to 0 (Σ_i p_i = 1 whatever z is)", fix=formula)
-
-
-@check("softmax_jacobian", expects="a function softmax_jacobian(p) returning J of shape (..., n, n)")
-def check_softmax_jacobian(fn: Learner) -> str:
-    run, ruled = TensorOrArray(fn), RuledOut()
-    cases = _jacobian_cases()
-    passed_ndim, passed_n, passed_ndims = 0, set(), set()
-    for p in cases:
-        tried = f"softmax_jacobian(p) on {describe_input(p, 'p')}"
-        try:
-            result = run(p)
-        except LearnerRaised as exc:
-            hint = raised_hint(exc, signature="softmax_jacobian(p)", batched=p.ndim > passed_ndim >= 1,
-                               reductions=False, new_size=_new_size(p, passed_n))
-            hint = _size_one(p.shape[-1], passed_n) or hint
-            if p.ndim not in passed_ndims and probe_worth(hint):
-                hint = _works_elsewhere(tuple(p.shape), [
-                    (tuple(c.shape), lambda c=c: same_as(run(c), _oracle_jacobian(c), atol=1e-6))
-                    for c in cases if c.ndim not in passed_ndims]) or hint
-            raise Failure(learner_error(exc, tried=tried, expected="J of shape (..., n, n)", **hint)) from None
-        out = as_tensor(result, tried=tried)
-        expect_floating(out, p.dtype, tried=tried, what="your J")
-        expected = _oracle_jacobian(p)
-        compare(out, expected, tried=tried, what="your J", mistakes=_jacobian_mistakes(p, expected), atol=1e-6,
-                rtol=1e-4, ruled_out=ruled, explain=lambda o, p=p, e=expected: _explain_jacobian(o, p, e, tried),
-                shape_fix="one n×n matrix per row of p: J has shape (*p.shape, n)" + (
-                    "; " + _BATCH_FIX if p.ndim > passed_ndim >= 1 else ""), factors={"n": float(p.shape[-1])})
-        passed_ndim = max(passed_ndim, p.ndim)
-        passed_ndims.add(p.ndim)
-        passed_n.add(p.shape[-1])
-    expect_input_unchanged(fn, cases[0], call="softmax_jacobian(p)", numpy=run.mode == "numpy", name="p")
-    return (f"matches torch.autograd.functional.jacobian on {len(cases)} cases ({run.kind}): (n,), (B, n), "
-            "(B, A, n), n = 1, saturated")
-
-
-# ============================================================================ softmax_vjp
-_VJP_FORMULA = "p * (grad - (grad * p).sum(-1, keepdim=True))"
-
-
-def _vjp_mistakes(p: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
-    dot = (g * p).sum(-1, keepdim=True)
-    fix = f"∂ℒ/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}"
-    return [
-        Mistake("grad returned unchanged", "you returned the upstream gradient as it is: the gradient with respect to "
-                "the scores is grad multiplied by the softmax Jacobian", fix, lambda: g.clone()),
-        Mistake("⟨g, p⟩ term missing", "you returned p ⊙ g, only the diagonal part of the product: the − p ⟨g, p⟩ "
-                "term is missing", fix, lambda: p * g),
-        Mistake("sign flipped", "you returned p ⊙ (⟨g, p⟩ − g), the negative of the gradient", fix,
-                lambda: p * (dot - g)),
-        Mistake("final multiplication by p missing", "you returned g − ⟨g, p⟩ without multiplying by p", fix,
-                lambda: g - dot),
-        Mistake("plain sum of g", "you subtracted the plain sum Σ_j g_j; the term is the p-weighted sum ⟨g, p⟩ = "
-                "Σ_j g_j p_j", fix, lambda: p * (g - g.sum(-1, keepdim=True))),
-        Mistake("mean of g", "you subtracted the mean of g; the term is the p-weighted sum ⟨g, p⟩ = Σ_j g_j p_j", fix,
-                lambda: p * (g - g.mean(-1, keepdim=True))),
-        Mistake("⟨g, p⟩ summed over the whole tensor", "you summed g ⊙ p over the whole tensor, not per row, so every "
-                "row gets the same ⟨g, p⟩", "sum along the last axis only: (grad * p).sum(-1, keepdim=True)",
-                lambda: p * (g - (g * p).sum())),
-        Mistake("keepdim missing", "you reduced ⟨g, p⟩ without keepdim=True, so it broadcast along the wrong axis "
-                "(each row got another row's sum)", "(grad * p).sum(-1, keepdim=True)",
-                lambda: p * (g - (g * p).sum(-1))),
-        Mistake("only the diagonal of J", "you multiplied g by the diagonal of J, p ⊙ (1 − p), leaving out the "
-                "off-diagonal −p_i p_j", fix, lambda: p * (1 - p) * g),
-        Mistake("p and grad swapped", "you used grad where the formula has p and p where it has grad", fix,
-                lambda: g * (p - dot)),
-        Mistake("mean instead of sum for ⟨g, p⟩", "you took the mean of g ⊙ p; ⟨g, p⟩ is its sum", fix,
-                lambda: p * (g - (g * p).mean(-1, keepdim=True))),
-        Mistake("g / p for g ⊙ p", "you divided grad by p inside ⟨g, p⟩; it is the sum of the products g_j p_j", fix,
-                lambda: p * (g - (g / p).sum(-1, keepdim=True))),
-        Mistake("⟨g, p⟩ replaced by Σ p", "you summed p alone (which is 1) where ⟨g, p⟩ sums g ⊙ p", fix,
-                lambda: p * (g - p.sum(-1, keepdim=True))),
-        Mistake("divided by (g − ⟨g, p⟩)", "you divided p by (g − ⟨g, p⟩); the two are multiplied", fix,
-                lambda: p / (g - dot)),
-        Mistake("returned p", "you returned p itself", fix, lambda: p.clone()),
-        Mistake("sign of the ⟨g, p⟩ term", "you added ⟨g, p⟩; the formula subtracts it", fix, lambda: p * (g + dot)),
-        Mistake("only the − p ⟨g, p⟩ part", "you returned p ⊙ ⟨g, p⟩: the p ⊙ g part is missing", fix,
-                lambda: p * dot),
-        Mistake("upstream gradient not used", "your result is J·1, the product with a vector of ones (which is 0), "
-                "not with grad", fix, lambda: torch.zeros_like(p)),
-        Mistake("upstream gradient not used", "your result is the diagonal of J, p ⊙ (1 − p): grad does not enter it",
-                fix, lambda: p * (1 - p)),
-        Mistake("softmax applied to p", "you took the softmax of p again: p is already the softmax output",
-                "use p as it is: " + _VJP_FORMULA, lambda: torch.softmax(p, -1) * (
-                    g - (g * torch.softmax(p, -1)).sum(-1, keepdim=True))),
-        Mistake("pᵀp for p pᵀ", "you used J = diag(p) − pᵀp (one number) in place of the outer product p pᵀ",
-                fix, lambda: p * g - (p * p).sum(-1, keepdim=True) * g),
-        Mistake("⟨g, p⟩ not multiplied by p", "you returned p ⊙ g − ⟨g, p⟩: the ⟨g, p⟩ term must be multiplied by "
-                "p too, p ⊙ g − p ⟨g, p⟩", fix, lambda: p * g - dot),
-        Mistake("⟨p, p⟩ for ⟨g, p⟩", "you subtracted ⟨p, p⟩ = Σ p_j² where the formula has ⟨g, p⟩ = Σ g_j p_j", fix,
-                lambda: p * (g - (p * p).sum(-1, keepdim=True))),
-        Mistake("⟨g, g⟩ for ⟨g, p⟩", "you subtracted ⟨g, g⟩ = Σ g_j² where the formula has ⟨g, p⟩ = Σ g_j p_j", fix,
-                lambda: p * (g - (g * g).sum(-1, keepdim=True))),
-    ] + [
-        Mistake(f"⟨g, p⟩ summed along axis {o}", f"you summed g ⊙ p along axis {o}; ⟨g, p⟩ is the sum along the "
-                "last axis, one number per row", "(grad * p).sum(-1, keepdim=True)",
-                lambda o=o: p * (g - (g * p).sum(o, keepdim=True))) for o in range(p.ndim - 1)
-    ] + [
-        Mistake("⟨g, p⟩ summed over a whole batch entry", "you summed g ⊙ p over each batch entry (a loop over the "
-                "first axis?), not over each row", "sum along the last axis only: (grad * p).sum(-1, keepdim=True)",
-                lambda: p * (g - (g * p).flatten(1).sum(1).reshape(-1, *[1] * (p.ndim - 1))) if p.ndim >= 3 else None),
-    ]
-
-
-def _vjp_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(8)
-
-    def grad(*shape, dtype=torch.float64, scale=1.0):
-        return scale * torch.randn(*shape, generator=g, dtype=dtype)
-
-    s5 = _probs(g, 5)
-    return [
-        (s5, grad(5)),
-        (s5, torch.ones(5, dtype=torch.float64)),  # the gradient of Σ p = 1 is 0
-        (_probs(g, 6, dtype=torch.float32), grad(6, dtype=torch.float32)),
-        (_probs(g, 4, 4), grad(4, 4)),  # square: a keepdim slip broadcasts instead of failing
-        (_probs(g, 3, 5, dtype=torch.float32), grad(3, 5, dtype=torch.float32)),
-        (_probs(g, 2, 3, 6), grad(2, 3, 6)),
-        (_probs(g, 1, 5), grad(1, 5)),
-        (_probs(g, 3, 1, 4, dtype=torch.float32), grad(3, 1, 4, dtype=torch.float32)),
-        (torch.ones(2, 1, dtype=torch.float64), grad(2, 1)),  # n = 1: the gradient is 0
-        # saturated rows with large upstream gradients, and exact zeros in p
-        (_fixed([[20.0, 0.0, -5.0, 3.0], [2.0, -INF, 0.0, -INF]]),
-         torch.tensor([[1000.0, -1000.0, 500.0, 0.001], [-1000.0, 7.0, 1000.0, 3.0]], dtype=torch.float64)),
-    ]
-
-
-def _explain_vjp(out: torch.Tensor, p: torch.Tensor, g: torch.Tensor, tried: str,
-                 z: torch.Tensor | None = None) -> None:
-    """What is wrong with a gradient that matches no known mistake. ``z``: the scores, when the answer is a
-    Function's backward (whose forward has already passed every case, ±1000 included)."""
-    a = out.detach().double()
-    if not torch.isfinite(a).all():
-        rows = (~torch.isfinite(a)).any(-1)  # (...,) the rows holding NaN or inf
-        cause = ""
-        if z is not None:
-            xs = z.double()
-            top = xs.masked_fill(~torch.isfinite(xs), -INF).amax(-1)
-            limit = math.log(torch.finfo(z.dtype).max)
-            if bool((top[rows] > limit).all()):
-                cause = (f"those rows hold scores above {limit:.2f}, where e^z overflows in "
-                         f"{str(z.dtype).replace('torch.', '')}; your forward handles them (it passed the cases at "
-                         "±1000), so your backward must be exponentiating z again without subtracting the maximum")
-        fail("NaN or inf in the gradient", tried=tried, got=f"{int((~torch.isfinite(a)).sum())} entries are NaN or inf",
-             expected="finite gradients (p and grad are finite)", cause=cause,
-             fix="save p in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
-             if cause else f"compute {_VJP_FORMULA}: no division, no log")
-    sums = a.sum(-1)
-    if not torch.allclose(sums, torch.zeros_like(sums), atol=1e-6 * max(1.0, float(g.abs().max()))):
-        fail("rows do not sum to 0", tried=tried,
-             got=f"rows of your result sum to {fmt(float(sums.min()))} … {fmt(float(sums.max()))}",
-             expected="every row summing to 0 (Σ_i p_i (g_i − ⟨g, p⟩) = ⟨g, p⟩ − ⟨g, p⟩ = 0)",
-             fix=f"∂ℒ/∂z = p ⊙ (g − ⟨g, p⟩): {_VJP_FORMULA}")
-
-
-def _vjp_tried(name: str, p: torch.Tensor, g: torch.Tensor) -> str:
-    return f"{name} on {describe_input(p, 'p')} and {describe_input(g, 'grad')}"
-
-
-@check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂ℒ/∂z shaped like p")
-def check_softmax_vjp(fn: Learner) -> str:
-    run, ruled = TensorOrArray(fn), RuledOut()
-    cases = _vjp_cases()
-    passed_ndim, passed_n, passed_ndims = 0, set(), set()
-    for p, g in cases:
-        tried = _vjp_tried("softmax_vjp(p, grad)", p, g)
-        try:
-            result = run(p, g)
-        except LearnerRaised as exc:
-            hint = raised_hint(exc, signature="softmax_vjp(p, grad)", batched=p.ndim > passed_ndim >= 1,
-                               new_size=_new_size(p, passed_n))
-            hint = _size_one(p.shape[-1], passed_n) or hint
-            if p.ndim not in passed_ndims and probe_worth(hint):
-                hint = _works_elsewhere(tuple(p.shape), [
-                    (tuple(c.shape), lambda c=c, h=h: same_as(run(c, h), _oracle_vjp(c, h), atol=1e-5))
-                    for c, h in cases if c.ndim not in passed_ndims]) or hint
-            raise Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z shaped like p", **hint)) from None
-        out = as_tensor(result, tried=tried)
-        expect_floating(out, p.dtype, tried=tried)
-        atol = 1e-6 * max(1.0, float(g.abs().max()))
-        compare(out, _oracle_vjp(p, g), tried=tried, what="your result", mistakes=_vjp_mistakes(p, g), atol=atol,
-                rtol=1e-4, ruled_out=ruled, explain=lambda o, p=p, g=g: _explain_vjp(o, p, g, tried),
-                shape_fix="∂ℒ/∂z has the shape of p")
-        passed_ndim = max(passed_ndim, p.ndim)
-        passed_ndims.add(p.ndim)
-        passed_n.add(p.shape[-1])
-    expect_input_unchanged(fn, cases[0][0], cases[0][1], call="softmax_vjp(p, grad)", numpy=run.mode == "numpy",
-                           name="p")
-    # O(n): measured in the learner's process
-    gen = torch.Generator().manual_seed(80)
-    big_s, big_g = _probs(gen, 1, BIG_N, dtype=torch.float32), torch.randn(1, BIG_N, generator=gen)
-    tried = f"softmax_vjp(p, grad) on p and grad of shape (1, {BIG_N}), float32, watching what it creates"
-    try:
-        cost = fn.observe("softmax_vjp_cost", big_s, big_g, run.mode == "numpy")
-    except (LearnerRaised, LearnerTimedOut) as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z in O(n)",
-                                    cause="" if isinstance(exc, LearnerRaised) else
-                                    f"at n = {BIG_N} your function needs far more than O(n) work")) from None
-    _quadratic(cost, "your softmax_vjp", tried, fix=f"do not form J: {_VJP_FORMULA}")
-    memory = f"O(n) at n = {BIG_N}" if cost.get("measured") else "memory not measured (no TorchFunctionMode)"
-    return f"matches autograd on {len(cases)} cases ({run.kind}): (n,) to (B, A, n), n = 1, grads of ±1000; {memory}"
+        fail(f"O(n²) work in {what}", tried=tried, expected=expected, fix=fix,
+             got=f"at n = {BIG_N}, {what} created {total:,} numbers in all, "
+                 f"about n²/{max(1, round(BIG_N ** 2 / total))}",
+             cause=f"{what} recomputes a whole row's worth of numbers for every entry (a Python loop over the "
+                   "entries, each computing ⟨g, p⟩ or a row of J again)")
 
 
 # ============================================================================ SoftmaxFunction
 class _ThroughLearner(torch.autograd.Function):
-    """A Function whose forward and backward are the learner's, reached through Learner operations.
-
-    ``torch.autograd.gradcheck`` runs on it in the check's own process: every forward it asks for is a
-    ``learner.method("apply")(z)`` operation and every backward a ``learner.method("apply").vjp(...)``,
-    so the grader, replaying the log, feeds gradcheck exactly the same numbers (gradcheck's inputs
-    are deterministic) without running the learner's code. A probe would instead have to trust a
-    verdict computed in the learner's process."""
+    """A Function whose forward and backward are the learner's, reached through Learner operations, so that
+    ``gradcheck`` runs in the check's own process: every forward it asks for is a ``learner.method("apply")(z)``
+    operation and every backward an ``apply.vjp(...)``, and the grader, replaying the log, feeds gradcheck exactly
+    the same numbers without running the learner's code."""
 
     @staticmethod
     def forward(ctx, z: torch.Tensor, apply: Learner) -> torch.Tensor:
         ctx.learner = apply  # (not ctx.apply: that name is the backward node's own method)
         ctx.save_for_backward(z)
-        out = as_tensor(apply(z.detach()), tried="gradcheck's forward")
-        return out.to(z.dtype).reshape(z.shape)
+        return as_tensor(apply(z.detach()), tried="gradcheck's forward").to(z.dtype).reshape(z.shape)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -556,96 +683,136 @@ class _ThroughLearner(torch.autograd.Function):
         return as_tensor(grads[0], tried="gradcheck's backward").to(z.dtype).reshape(z.shape), None
 
 
-#: Relative errors above this, on float64 inputs, are not float64 rounding (which stays near 1e-16).
-_FLOAT64_ROUNDING = 1e-10
+def _norm(e: torch.Tensor, d: int = -1) -> torch.Tensor:
+    return e / e.sum(d, keepdim=True)
 
 
-def _relative_error(out: torch.Tensor, expected: torch.Tensor) -> float:
-    a, e = out.detach().double(), expected.detach().double()
-    ok = torch.isfinite(a) & torch.isfinite(e)
-    if not ok.any():
-        return 0.0
-    return float((a[ok] - e[ok]).abs().max() / e[ok].abs().max().clamp(min=1e-300))
+def _e(z: torch.Tensor) -> torch.Tensor:
+    return torch.exp(z - z.amax(-1, keepdim=True))
 
 
-def _saved_mistakes(z: torch.Tensor, g: torch.Tensor) -> list[Mistake]:
-    """Backwards that use another tensor than p = softmax(z) as p: what forward saved was not the output."""
-    z = z.double()
-    e = torch.exp(z - z.amax(-1, keepdim=True))  # the exponentials before normalising
-    fix = "save the output of forward: ctx.save_for_backward(p) with p = e / e.sum(-1, keepdim=True) (or save z " \
-          "and recompute p from it, stably)"
+_SHIFT = "subtract the maximum of each slice along `dim` before exp: x - x.amax(dim, keepdim=True)"
+_AXIS = "use `dim` in both the maximum and the sum: x.amax(dim, keepdim=True), e.sum(dim, keepdim=True)"
+_NORMALISE = "divide by the sum along dim: e / e.sum(dim, keepdim=True)"
+#: Known wrong forwards (a softmax along the last axis), as notebook 03's checks know them.
+FORWARD = [
+    K("naive", "maximum not subtracted", "you exponentiated the scores as they are: e^x overflows to inf for scores near "
+      "1000 (and underflows to 0 near -1000), and inf/inf or 0/0 is NaN", _SHIFT, lambda z: _norm(torch.exp(z))),
+    K("whole-max", "maximum taken over the whole tensor", "you subtracted the maximum of the whole tensor, not of each "
+      "slice: a slice whose scores lie far below that maximum underflows to 0 (0/0 = NaN, or zeros behind an epsilon)",
+      _SHIFT, lambda z: _norm(torch.exp(z - z.max()))),
+    K("min", "minimum subtracted instead of the maximum", "you subtracted each slice's minimum: the largest score minus "
+      "the smallest can exceed what e^x can hold, so e^x overflows", _SHIFT,
+      lambda z: _norm(torch.exp(z - z.amin(-1, keepdim=True)))),
+    K("max-added", "maximum added instead of subtracted", "you exponentiated x + max where the shift is x − max: the "
+      "largest score doubles, so e^(x + max) overflows as soon as 2·max passes e^x's range", _SHIFT,
+      lambda z: _norm(torch.exp(z + z.amax(-1, keepdim=True)))),
+    K("mean-sum", "divided by the mean, not the sum", "you divided e^(x − max) by its mean along dim where softmax "
+      "divides by its sum, so every weight is n times too large (n = the slice's length)", _NORMALISE,
+      lambda z: _e(z) / _e(z).mean(-1, keepdim=True)),
+    K("whole-sum", "divided by the sum of the whole tensor", "you divided by the sum of e^(x − max) over every entry of "
+      "the tensor, not over each slice along dim", _NORMALISE, lambda z: _e(z) / _e(z).sum()),
+    K("unnormalised", "not normalised", "you returned e^(x - max) without dividing by the sum", _NORMALISE, _e),
+    K("times-sum", "multiplied by the sum", "you multiplied e^(x − max) by its sum where softmax divides by it",
+      "divide: e / e.sum(dim, keepdim=True)", lambda z: _e(z) * _e(z).sum(-1, keepdim=True)),
+    K("exp-missing", "exponential missing", "you normalised x − max without exponentiating it", "exponentiate before "
+      "normalising: e = exp(x - max)", lambda z: _norm(z - z.amax(-1, keepdim=True))),
+    K("log-for-exp", "log instead of exp", "you took the log of x − max where softmax exponentiates it",
+      "e = torch.exp(x - max), then e / e.sum(dim, keepdim=True)",
+      lambda z: _norm(torch.log(z - z.amax(-1, keepdim=True)))),
+    K("sign", "sign flipped", "you exponentiated -x, so the smallest score gets the largest weight",
+      "exponentiate x - max, not max - x", lambda z: torch.softmax(-z, -1)),
+] + [row for o in range(3) for row in (
+    K(f"axis-{o}", f"softmax along axis {o}, not dim=-1", f"you normalised along axis {o}, so the slices along axis {o} "
+      "sum to 1, not those along dim=-1", _AXIS, lambda z, o=o: torch.softmax(z, o) if o < z.ndim - 1 else None),
+    K(f"max-axis-{o}", "maximum taken along the wrong axis", f"you took the maximum along axis {o}, not along dim=-1: that "
+      "shift changes from entry to entry of a slice, so it does not cancel", _AXIS,
+      lambda z, o=o: _norm(torch.exp(z - z.amax(o, keepdim=True))) if o < z.ndim - 1 else None),
+    K(f"sum-axis-{o}", "sum taken along the wrong axis", f"you divided by the sum along axis {o}, not along dim=-1", _AXIS,
+      lambda z, o=o: _e(z) / _e(z).sum(o, keepdim=True) if o < z.ndim - 1 else None))]
 
-    def product(t: torch.Tensor) -> torch.Tensor:
-        return t * (g - (g * t).sum(-1, keepdim=True))
-
-    return [
-        Mistake("z used as p in backward", "your backward uses z, the scores, where the formula needs p = softmax(z): "
-                "forward saved its input, not its output", fix, lambda: product(z)),
-        Mistake("unnormalised e used as p in backward", "your backward uses e = exp(z − max) before it is divided "
-                "by its sum: forward saved e, not p = e / Σ e", fix, lambda: product(e)),
-        Mistake("e^z used as p in backward", "your backward uses exp(z), not p = softmax(z): forward saved the "
-                "exponentials before normalising", fix, lambda: product(torch.exp(z))),
-    ]
-
-
-def _forward_cases() -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(9)
-    return [
-        2 * torch.randn(2, 5, generator=g),
-        torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
-        torch.randn(6, generator=g),
-        torch.randn(1, 5, generator=g, dtype=torch.float64),
-        torch.randn(3, 1, 4, generator=g),
-        torch.tensor([[50.0, 48.0, 49.0], [-3.0, 0.0, 1.0]]),  # e^z finite in float32, e^(z + max) not
-        torch.tensor([[1000.0, 1001.0, 1002.0], [2.0, 1.0, 0.0]]),
-        torch.tensor([[-1000.0, -998.0, -999.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
-        torch.tensor([[0.0, -INF, 1.0], [-INF, 3.0, -INF]]),
-    ]
-
-
-def _backward_cases() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(10)
-
-    def rand(*shape, dtype=torch.float64, scale=1.0):
-        return scale * torch.randn(*shape, generator=g, dtype=dtype)
-
-    return [
-        (rand(5), rand(5)),
-        (rand(4, 4, dtype=torch.float32, scale=2.0), rand(4, 4, dtype=torch.float32)),
-        (rand(3, 5), rand(3, 5)),
-        (rand(2, 3, 6), rand(2, 3, 6)),
-        (rand(1, 5, dtype=torch.float32), rand(1, 5, dtype=torch.float32)),
-        (rand(3, 1, 4), rand(3, 1, 4)),
-        (torch.tensor([[1000.0, 1001.0, 1002.0], [0.0, -1000.0, 5.0]], dtype=torch.float64),
-         torch.tensor([[1000.0, -1000.0, 5.0], [-1000.0, 1000.0, 3.0]], dtype=torch.float64)),
-        (torch.tensor([[0.0, -INF, 1.0], [2.0, 2.0, -INF]]), rand(2, 3, dtype=torch.float32)),
-    ]
-
-
-def _backward_right(apply: Learner, z: torch.Tensor, g: torch.Tensor) -> bool:
-    """Whether the learner's Function gives the right gradient on (z, g) (an attempt on another shape)."""
-    _, grads = apply.vjp((z,), g)
-    return bool(grads) and grads[0] is not None and \
-        same_as(grads[0], _oracle_vjp(torch.softmax(z.double(), -1), g.double()), atol=1e-5 * max(1.0, float(g.abs().max())))
+_SAVE_FIX = ("save the output of forward: ctx.save_for_backward(p) with p = e / e.sum(-1, keepdim=True) (or save z and "
+             "recompute p from it, stably)")
+#: Backwards that use another tensor than p = softmax(z) as p (what forward saved was not its output), then the VJP's.
+BACKWARD = [K(key, summary, cause, _SAVE_FIX,
+              lambda z, g, t=t: t(z.double()) * (g.double() - _dot(t(z.double()), g.double())))
+            for key, summary, cause, t in (
+    ("saved-z", "z used as p in backward", "your backward uses z, the scores, where the formula needs p = softmax(z): "
+     "forward saved its input, not its output", lambda z: z),
+    ("saved-e", "unnormalised e used as p in backward", "your backward uses e = exp(z − max) before it is divided by its "
+     "sum: forward saved e, not p = e / Σ e", _e),
+    ("saved-exp", "e^z used as p in backward", "your backward uses exp(z), not p = softmax(z): forward saved the "
+     "exponentials before normalising", torch.exp))] + [
+    K(k.key, k.summary, k.cause, k.fix, lambda z, g, k=k: k.make(torch.softmax(z.double(), -1), g.double()))
+    for k in VJP]
 
 
-def _backward_error(exc: LearnerRaised, tried: str, z: torch.Tensor, passed_ndim: int,
-                    others: list | None = None) -> Failure:
-    hint: dict[str, str] = {}
+def _backward_hint(exc: LearnerRaised, case: tuple, passed: list, apply: Learner, probe: bool = True) -> dict[str, str]:
     if "invalid gradient" in exc.message or "expected shape" in exc.message:
-        hint = dict(cause="backward returned a gradient whose shape is not the shape of z",
+        return dict(cause="backward returned a gradient whose shape is not the shape of z",
                     fix="return ∂ℒ/∂z shaped like z: p * (grad - (grad * p).sum(-1, keepdim=True))")
-    elif "saved_tensors" in exc.code and "unpack" in exc.message:
-        hint = dict(cause="ctx.saved_tensors holds nothing: your forward did not save p",
+    if "saved_tensors" in exc.code and "unpack" in exc.message:
+        return dict(cause="ctx.saved_tensors holds nothing: your forward did not save p",
                     fix="in forward, call ctx.save_for_backward(p) before returning p")
-    elif "saved" in exc.message and ("freed" in exc.message or "saved_tensors" in exc.message):
-        hint = dict(cause="backward could not read what forward saved", fix="save with ctx.save_for_backward(p) "
-                    "in forward and read it back with (p,) = ctx.saved_tensors in backward")
-    else:
-        hint = raised_hint(exc, signature="forward(ctx, z) and backward(ctx, grad)", batched=z.ndim > passed_ndim >= 1)
-        if probe_worth(hint):
-            hint = _works_elsewhere(tuple(z.shape), others or []) or hint
-    return Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z shaped like z", **hint))
+    if "saved" in exc.message and ("freed" in exc.message or "saved_tensors" in exc.message):
+        return dict(cause="backward could not read what forward saved", fix="save with ctx.save_for_backward(p) in "
+                    "forward and read it back with (p,) = ctx.saved_tensors in backward")
+    def others(c: tuple) -> bool:  # is the gradient right on another case?
+        grads = apply.vjp((c[0],), c[1])[1] or [None]
+        return _right(grads[0], _oracle_vjp(torch.softmax(c[0].double(), -1), c[1]), _grad_atol(c) * 10)
+
+    return _hint(exc, case, passed, signature="forward(ctx, z) and backward(ctx, grad)",
+                 others=others if probe else None, cases=_backward_cases())
+
+
+def _backward(apply: Learner, case: tuple, tried: str) -> torch.Tensor:
+    _, grads = apply.vjp((case[0],), case[1])
+    if grads is None:
+        fail("no gradient reaches z", tried=tried, got="the output of apply(z) does not depend on z through autograd",
+             expected="∂ℒ/∂z from your backward", fix="return p from forward as computed from z (no .detach(), no "
+             "torch.no_grad())")
+    if grads[0] is None:
+        fail("backward returned None", tried=tried, got="None as the gradient for z", expected="∂ℒ/∂z, a tensor shaped "
+             f"like z", fix=f"end backward with return {_VJP}")
+    return as_tensor(grads[0], tried=tried, what="backward's gradient")
+
+
+def _forward(apply: Learner, case: tuple, tried: str) -> torch.Tensor:
+    result = apply(case[0])
+    if isinstance(result, np.ndarray):
+        fail("forward returned a NumPy array", tried=tried, got=f"a NumPy array of shape {result.shape}",
+             expected="a torch.Tensor p shaped like z", fix="compute p with torch operations and return the tensor",
+             cause="autograd follows tensors only: a NumPy result leaves the graph, so backward can never run")
+    return as_tensor(result, tried=tried, what="forward")
+
+
+def _explain_forward(out: torch.Tensor, case: tuple, tried: str) -> None:
+    """NaN or inf in forward's output: in rows whose scores pass e^z's range (an overflow), or that hold -inf."""
+    (z,), o = case, out.detach().double()
+    rows, limit = (~torch.isfinite(o)).any(-1), math.log(torch.finfo(z.dtype).max)
+    top, kinds = z.double().masked_fill(~torch.isfinite(z), -INF).amax(-1), "NaN" if torch.isnan(o).any() else "inf"
+    got = f"forward's output holds {kinds} in {int(rows.sum())} row(s)"
+    if rows.any() and bool((top[rows] > limit).all()):
+        fail(f"{kinds} from an overflow", tried=tried, fix=_SHIFT, got=got, expected="finite weights",
+             cause=f"in those rows z reaches {fmt(float(top[rows].max()))}, and in {str(z.dtype).replace('torch.', '')} "
+                   f"e^z is inf for z > {limit:.2f}: you exponentiated without subtracting the slice's own maximum")
+    if rows.any() and bool(torch.isneginf(z)[rows].any(-1).all()):
+        fail(f"{kinds} where scores are -inf", tried=tried, got=got + ", all of them holding -inf scores",
+             expected="finite weights (a -inf score contributes e^-inf = 0)",
+             cause="an operation on -inf gave NaN: -inf - (-inf), -inf · 0, or inf / inf",
+             fix="let exp turn -inf into 0: subtract the slice maximum (finite here), then exponentiate")
+
+
+def _float64_error(judged: list[tuple[tuple, torch.Tensor]], oracle: Callable) -> float:
+    """The largest error of the answers on float64 cases, relative to the largest expected value."""
+    errors = [0.0]
+    for case, out in judged:
+        if case[0].dtype == torch.float64:
+            a, e = out.detach().double(), oracle(*case).double()
+            ok = torch.isfinite(a) & torch.isfinite(e)
+            if ok.any():
+                errors.append(float((a[ok] - e[ok]).abs().max() / e[ok].abs().max().clamp(min=1e-300)))
+    return max(errors)
 
 
 @check("SoftmaxFunction", kind="class",
@@ -659,111 +826,56 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
              fix="keep `class SoftmaxFunction(torch.autograd.Function):` and define forward(ctx, z) and "
                  "backward(ctx, grad) as @staticmethod")
     apply = fn.method("apply")
-
     # 1. forward: a stable softmax along the last axis, any leading axes
-    ruled = RuledOut()
-    passed_ndim, passed_ndims = 0, set()
-    forward_error = 0.0  # the largest error of forward on float64 input, relative to the largest weight
-    for z in _forward_cases():
-        tried = f"SoftmaxFunction.apply(z) on {describe_input(z, 'z')}"
-        try:
-            result = apply(z)
-        except LearnerRaised as exc:
-            hint = raised_hint(exc, signature="forward(ctx, z)", batched=z.ndim > passed_ndim >= 1)
-            if z.ndim not in passed_ndims and probe_worth(hint):
-                hint = _works_elsewhere(tuple(z.shape), [
-                    (tuple(c.shape), lambda c=c: same_as(apply(c), torch.softmax(c.double(), -1)))
-                    for c in _forward_cases() if c.ndim not in passed_ndims]) or hint
-            raise Failure(learner_error(exc, tried=tried, expected="p = softmax(z) along the last axis, shaped like z",
-                                        **hint)) from None
-        if isinstance(result, np.ndarray):
-            fail("forward returned a NumPy array", tried=tried, got=f"a NumPy array of shape {result.shape}",
-                 expected="a torch.Tensor p shaped like z",
-                 cause="autograd follows tensors only: a NumPy result leaves the graph, so backward can never run",
-                 fix="compute p with torch operations and return the tensor")
-        out = as_tensor(result, tried=tried, what="forward")
-        expect_floating(out, z.dtype, tried=tried, what="forward's output")
-        atol, rtol = (1e-5, 1e-4)
-        compare(out, torch.softmax(z.double(), -1), tried=tried, what="forward's output",
-                mistakes=softmax_mistakes(z, -1), atol=atol, rtol=rtol, ruled_out=ruled,
-                explain=lambda o, z=z: explain_weights(o, z, -1, tried=tried, what="forward's output"),
-                shape_fix="forward returns p shaped like z", reduced=z.ndim - 1)
-        passed_ndim = max(passed_ndim, z.ndim)
-        passed_ndims.add(z.ndim)
-        if z.dtype == torch.float64:
-            forward_error = max(forward_error, _relative_error(out, torch.softmax(z, -1)))
-
-    expect_input_unchanged(fn, _forward_cases()[0], call="SoftmaxFunction.apply(z)", apply=True, name="z")
-
+    forward_oracle = lambda z: torch.softmax(z.double(), -1)  # noqa: E731
+    forward = _judge_cases(
+        _forward_cases(), lambda case, said: _forward(apply, case, said), oracle=forward_oracle, table=FORWARD,
+        tried=lambda c: f"SoftmaxFunction.apply(z) on {_describe(c[0], 'z')}", reduced=True, again=apply,
+        expected="p = softmax(z) along the last axis, shaped like z", what="forward's output", atol=lambda c: 1e-5,
+        hint=lambda exc, case, passed: _hint(exc, case, passed, signature="forward(ctx, z)", cases=_forward_cases(),
+                                             others=lambda c: _right(apply(*c), forward_oracle(*c), 1e-4)),
+        explain=_explain_forward, shape_fix="forward returns p shaped like z")
+    _expect_input_unchanged(fn, _forward_cases()[0], call="SoftmaxFunction.apply(z)", apply=True, name="z")
     # 2. backward: the gradient autograd gets through torch.softmax, for any upstream gradient
-    ruled = RuledOut()
-    passed_ndim, passed_ndims = 0, set()
-    backward_error = 0.0  # the same for backward's gradient
-    for z, g in _backward_cases():
-        tried = f"SoftmaxFunction.apply(z), then backward, on {describe_input(z, 'z')} and upstream {describe_input(g, 'grad')}"
-        try:
-            _, grads = apply.vjp((z,), g)
-        except LearnerRaised as exc:
-            others = [] if z.ndim in passed_ndims else [
-                (tuple(c.shape), lambda c=c, h=h: _backward_right(apply, c, h))
-                for c, h in _backward_cases() if c.ndim not in passed_ndims]
-            raise _backward_error(exc, tried, z, passed_ndim, others) from None
-        if grads is None:
-            fail("no gradient reaches z", tried=tried, got="the output of apply(z) does not depend on z through autograd",
-                 expected="∂ℒ/∂z from your backward",
-                 fix="return p from forward as computed from z (no .detach(), no torch.no_grad())")
-        if grads[0] is None:
-            fail("backward returned None", tried=tried, got="None as the gradient for z",
-                 expected="∂ℒ/∂z, a tensor shaped like z", fix=f"end backward with return {_VJP_FORMULA}")
-        grad = as_tensor(grads[0], tried=tried, what="backward's gradient")
-        p = torch.softmax(z.double(), -1)
-        g64 = g.double()
-        atol = 1e-5 * max(1.0, float(g.abs().max()))
-        compare(grad, _oracle_vjp(p, g64), tried=tried, what="backward's gradient",
-                mistakes=_saved_mistakes(z, g64) + _vjp_mistakes(p, g64), atol=atol, rtol=1e-4, ruled_out=ruled,
-                explain=lambda o, p=p, g64=g64, z=z: _explain_vjp(o, p, g64, tried, z=z),
-                shape_fix="backward returns ∂ℒ/∂z shaped like z")
-        passed_ndim = max(passed_ndim, z.ndim)
-        passed_ndims.add(z.ndim)
-        if z.dtype == torch.float64:
-            backward_error = max(backward_error, _relative_error(grad, _oracle_vjp(p, g64)))
-
+    backward_oracle = lambda z, g: _oracle_vjp(torch.softmax(z.double(), -1), g)  # noqa: E731
+    backward = _judge_cases(
+        _backward_cases(), lambda case, said: _backward(apply, case, said), oracle=backward_oracle, table=BACKWARD,
+        tried=lambda c: f"SoftmaxFunction.apply(z), then backward, on {_describe(c[0], 'z')} and upstream "
+                        f"{_describe(c[1], 'grad')}", expected="∂ℒ/∂z shaped like z", what="backward's gradient",
+        atol=lambda c: 10 * _grad_atol(c), hint=lambda exc, case, passed: _backward_hint(exc, case, passed, apply),
+        explain=lambda o, case, said: _explain_vjp(o, case, said, z=case[0]),
+        shape_fix="backward returns ∂ℒ/∂z shaped like z")
     # 3. gradcheck: backward agrees with finite differences of the learner's own forward (float64)
     z = torch.randn(3, 4, generator=torch.Generator().manual_seed(11), dtype=torch.float64).requires_grad_(True)
     tried = "torch.autograd.gradcheck(SoftmaxFunction.apply, z) with z of shape (3, 4), float64"
     try:
         ok = torch.autograd.gradcheck(lambda v: _ThroughLearner.apply(v, apply), (z,), raise_exception=False)
     except LearnerRaised as exc:
-        raise _backward_error(exc, tried, z, 2) from None
-    if not ok:
-        # A forward that loses precision hands its backward a rounded p too: blame the forward first.
-        where, error = ("forward", forward_error) if forward_error > _FLOAT64_ROUNDING else ("backward", backward_error)
-        lossy = error > _FLOAT64_ROUNDING
+        raise Failure(learner_error(exc, tried=tried, expected="∂ℒ/∂z shaped like z",
+                                    **_backward_hint(exc, (z.detach(),), [], apply, probe=False))) from None
+    if not ok:  # a forward that loses precision hands its backward a rounded p too: blame the forward first
+        where, error = ("forward", _float64_error(forward, forward_oracle))
+        if error <= 1e-10:  # float64 rounding stays near 1e-16
+            where, error = ("backward", _float64_error(backward, backward_oracle))
+        lossy = error > 1e-10
         fail(f"gradcheck fails: {where} not in float64 precision" if lossy else "gradcheck fails", tried=tried,
              got="your backward disagrees with finite differences of your forward" + (
-                 f"; on the float64 cases above, your {where} was off by up to {error:.1e} of the largest value" if lossy
-                 else ""),
+                 f"; on the float64 cases above, your {where} was off by up to {error:.1e} of the largest value"
+                 if lossy else ""),
              expected="backward = the derivative of forward, both accurate to float64's ~16 digits",
              cause=f"your {where} loses precision (about {-math.log10(error):.0f} correct digits, as in float32 where "
-                   "float64 keeps ~16): finite differences divide that error by gradcheck's step of 1e-6" if lossy
-             else "",
+                   "float64 keeps ~16): finite differences divide that error by gradcheck's step of 1e-6"
+             if lossy else "",
              fix="compute in x's dtype: leave out .float(), .to(torch.float32) or float32 constants" if lossy
-             else f"backward returns {_VJP_FORMULA}")
-
+             else f"backward returns {_VJP}")
     # 4. O(n): measured in the learner's process, forward and backward apart
     gen = torch.Generator().manual_seed(12)
-    big_x, big_g = torch.randn(1, BIG_N, generator=gen), torch.randn(1, BIG_N, generator=gen)
     tried = f"SoftmaxFunction.apply(z) and its backward on z of shape (1, {BIG_N}), float32, watching what they create"
-    try:
-        cost = fn.observe("softmax_function_cost", big_x, big_g)
-    except (LearnerRaised, LearnerTimedOut) as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="softmax and its gradient in O(n)",
-                                    cause="" if isinstance(exc, LearnerRaised) else
-                                    f"at n = {BIG_N} your Function needs far more than O(n) work")) from None
-    fix = f"save p in forward; in backward compute {_VJP_FORMULA}, never J"
-    _quadratic(cost.get("forward", {}) if isinstance(cost, dict) else {}, "your forward", tried, fix)
-    backward = cost.get("backward", {}) if isinstance(cost, dict) else {}
-    _quadratic(backward, "your backward", tried, fix)
-    memory = f"O(n) at n = {BIG_N}" if backward.get("measured") else "memory not measured"
+    cost = _observe(fn, tried, "softmax and its gradient in O(n)", "your Function", "softmax_function_cost",
+                    torch.randn(1, BIG_N, generator=gen), torch.randn(1, BIG_N, generator=gen))
+    fix = f"save p in forward; in backward compute {_VJP}, never J"
+    _quadratic(cost.get("forward", {}), "your forward", tried, fix)
+    _quadratic(cost.get("backward", {}), "your backward", tried, fix)
+    memory = f"O(n) at n = {BIG_N}" if cost.get("backward", {}).get("measured") else "memory not measured"
     return (f"forward stable on {len(_forward_cases())} cases, backward matches autograd on "
             f"{len(_backward_cases())} (grads of ±1000), gradcheck passes, {memory}")

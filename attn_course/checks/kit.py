@@ -73,6 +73,9 @@ class Suspects:
 
     def __init__(self, table: Iterable[Known], *, atol: float = 1e-5, rtol: float = 1e-4):
         self.table = list(table)
+        keys = [k.key for k in self.table]
+        if len(set(keys)) != len(keys):  # ruled-out mistakes are remembered by key
+            raise ValueError(f"mistake keys repeat in one table: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
         self.atol, self.rtol = atol, rtol
         self._passed: list[tuple[Case, torch.Tensor]] = []
         self._seen: list[Case] = []
@@ -91,14 +94,22 @@ class Suspects:
         given, those whose output on this case is the right one (they change nothing here, so they cannot
         explain a wrong answer; an answer merely near both is a precision problem, not that mistake)."""
         found = []
-        for k in self.table:
-            out = None if self.ruled_out(k) else _output(k, case)
+        for k in self.table:  # reproduction first: ruling out replays earlier cases, and few rows reproduce
+            out = _output(k, case)
             if out is None or not same(actual, out, atol=self.atol, rtol=self.rtol):
                 continue
             if expected is not None and same(out, expected, atol=self.atol, rtol=self.rtol):
                 continue
-            found.append(k)
+            if not self.ruled_out(k):
+                found.append(k)
         return found
+
+    def passed(self, case: Case, expected: torch.Tensor) -> None:
+        """Record a case the learner got right (what :meth:`expect` does on a match), for checks that compare
+        by other means (a bool mask, several outputs at once)."""
+        self._passed.append((case, expected))
+        self._ruled = {k: v for k, v in self._ruled.items() if v}  # a new right case can only rule out more
+        self._seen.append(case)
 
     def narrow(self, found: list[Known], again: Callable[..., Any], distinguish: Sequence[Case] = ()) -> list[Known]:
         """Of several suspects, those that the learner's function still agrees with on cases that tell them apart."""
@@ -126,9 +137,7 @@ class Suspects:
         (``what``, ``factors``, ``oracle``, ``axes``, ``fix``)."""
         atol, rtol = compare.pop("atol", self.atol), compare.pop("rtol", self.rtol)
         if tuple(actual.shape) == tuple(expected.shape) and same(actual, expected, atol=atol, rtol=rtol):
-            self._passed.append((case, expected))
-            self._ruled = {k: v for k, v in self._ruled.items() if v}  # a new right case can only rule out more
-            self._seen.append(case)
+            self.passed(case, expected)
             return
         found = self.suspects(actual, case, expected)
         if len(found) > 1 and again is not None:

@@ -6,11 +6,13 @@ array, an additive float mask or a shape that merely broadcasts is named as such
 blocks <pad> keys only (a <pad> query keeps its row); the additive mask holds 0 and -inf (no finite
 fill); ``masked_softmax`` leaves its arguments unchanged (a learner-side probe watches them).
 
-How a wrong mask is named: a known mistake when the answer equals its mask (and no earlier, passed
-case ruled that mistake out); otherwise by *where* it differs — the allowed and blocked pairs that
-are wrong are described by the region that holds them all ("later keys", "<pad> keys", "the
-diagonal", "rows of <pad> queries"…). Oracles: ``torch.tril``, comparisons with the ids, and
-``F.scaled_dot_product_attention`` for the additive mask and the masked softmax.
+How a wrong mask is named: each check runs one :class:`~.kit.Suspects` over its table of known
+mistakes (a function of the case: key, summary, cause, fix and the mask that mistake gives), so a
+mistake is named when the answer equals its mask and no earlier, passed case ruled it out; otherwise
+by *where* it differs — the allowed and blocked pairs that are wrong are described by the region that
+holds them all ("later keys", "<pad> keys", "the diagonal", "rows of <pad> queries"…). Oracles:
+``torch.tril``, comparisons with the ids, and ``F.scaled_dot_product_attention`` for the additive
+mask and the masked softmax.
 """
 
 from __future__ import annotations
@@ -23,11 +25,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import Elimination, Known, lower_precision
+from .boundary import probe
 from .compare import Failure, same
-from .core import Learner, LearnerRaised, as_tensor, check, expect_close, fail, fmt, learner_error
-from .dot import CALL_PROBE
-from .kit import reproduce as _reproduce
+from .core import Learner, LearnerRaised, as_tensor, check, fail, fmt, learner_error
+from .kit import Known, Suspects, explain_raise, reproduce
 
 __all__ = [
     "check_causal_mask",
@@ -45,6 +46,19 @@ _POLARITY = ("mask polarity inverted", "your mask is True where attention is blo
              "'may attend' (the convention of F.scaled_dot_product_attention; nn.MultiheadAttention uses the opposite)")
 
 
+# ============================================================================ probe (could move to the kit)
+CALL_PROBE = "attn_course.checks.masks.call"
+
+
+@probe(CALL_PROBE)
+def _call_watching_inputs(fn: Callable, *args: Any) -> tuple[Any, list[int]]:
+    """In the learner's process: ``fn(*args)`` and the positions of the tensor arguments it changed in place."""
+    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+    result = fn(*args)
+    return result, [i for i, (a, b) in enumerate(zip(args, before)) if b is not None
+                    and (a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b))]
+
+
 # ============================================================================ answers as bool masks
 def _as_bool_mask(value: Any, *, tried: str, what: str) -> torch.Tensor:
     """The answer as a bool tensor, or a diagnosis of what it is instead (an array, floats, integers…)."""
@@ -55,6 +69,11 @@ def _as_bool_mask(value: Any, *, tried: str, what: str) -> torch.Tensor:
                    "F.scaled_dot_product_attention need a torch tensor",
              fix="build it with torch (torch.ones(…, dtype=torch.bool).tril(), torch.arange), or wrap the array in "
                  "torch.from_numpy(…)")
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
+        fail(f"returned the number {value}, not a mask", tried=tried, got=f"the Python number {value!r}",
+             expected="a bool tensor (True = may attend)", cause=f"your function returns a plain number ({value!r}), "
+             "not a tensor: the return line gives back a number where the mask belongs",
+             fix="return the mask tensor you built (print(type(mask), mask.shape) before returning)")
     t = as_tensor(value, tried=tried, what="your function", expected="a bool tensor (True = may attend)")
     if t.dtype == torch.bool:
         return t
@@ -88,32 +107,27 @@ def _as_bool_mask(value: Any, *, tried: str, what: str) -> torch.Tensor:
          fix="make it bool: .bool(), dtype=torch.bool, or a comparison")
 
 
-class _Ambiguity:
-    """Runs a check's cases so that a failure blamed on two mistakes at once waits for a later case that
-    tells them apart: ``with pending.case(): …`` for each case, then ``pending.finish()``."""
+def _table(rows: Callable[..., list[tuple]], cases: list[tuple], shape_of: Callable[..., tuple]) -> list[Known]:
+    """A check's table of known mistakes: ``rows(*case)`` lists (key, summary, cause, fix, mask) — the mask that
+    mistake gives on that case (a tensor, a function making it, or None where it cannot happen), broadcast to
+    ``shape_of(*case)``. Keys and texts do not depend on the case; each case's rows are built once."""
+    memo: dict[tuple, dict] = {}
+    assert len({row[0] for row in rows(*cases[0])}) == len(rows(*cases[0])), "every key once"
 
-    def __init__(self) -> None:
-        self.pending: Failure | None = None
+    def value(key: str, *case: Any) -> torch.Tensor | None:
+        ids = tuple(map(id, case))
+        if ids not in memo:
+            memo[ids] = {"case": case, **{row[0]: row[4] for row in rows(*case)}}
+        v = memo[ids].get(key)
+        v = v() if callable(v) else v
+        return None if v is None else _broadcast(v, shape_of(*case))
 
-    def case(self) -> "_Ambiguity":
-        return self
+    return [Known(k, summary, cause, fix, lambda *case, k=k: value(k, *case))
+            for k, summary, cause, fix, _ in rows(*cases[0])]
 
-    def __enter__(self) -> None:
-        return None
 
-    def __exit__(self, kind, exc, tb) -> bool:
-        if not isinstance(exc, Failure):
-            return False
-        if exc.diagnosis.cause.startswith("on this input two mistakes give the same"):
-            self.pending = self.pending or exc
-            return True  # go on to the next case
-        if self.pending is not None and not exc.diagnosis.cause:
-            raise self.pending  # a later failure that names no cause says less than the first one
-        return False
-
-    def finish(self) -> None:
-        if self.pending is not None:
-            raise self.pending
+def _row(summary: str, cause: str, fix: str, value: Any, key: str) -> tuple:
+    return key, summary, cause, fix, value
 
 
 @dataclass
@@ -124,38 +138,43 @@ class Region:
     where: torch.Tensor  # bool, broadcastable to the compared shape
 
 
-def _describe(wrong: torch.Tensor, regions: list[Region]) -> str:
-    """'all of them later keys (j > i)' when one region holds every wrong pair."""
-    for region in regions:
-        inside = torch.broadcast_to(region.where, wrong.shape)
-        if not (wrong & ~inside).any():
-            return f"{'exactly' if not (inside & ~wrong).any() else 'all of them'} {region.name}"
-    return ""
-
-
 def _first(wrong: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(i) for i in wrong.nonzero()[0])
 
 
-def _compare(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, mistakes: list[Known],
-             ruled: set[str], regions: list[Region], hints: list[tuple] = (), index_names: str = "",
-             unit: str = "pair") -> None:
-    """Fail unless ``got`` equals ``expected``, shape included (the docstring states the shape).
-    ``ruled`` holds the mistakes earlier cases ruled out, and is updated."""
+class _Judge:
+    """One check run: a :class:`~.kit.Suspects` over the table ``rows``, every case (where two suspects may be
+    told apart), and the learner's ``fn`` as the engine calls it on another case (as ``call(fn, *case)`` when a
+    case holds keyword arguments), its mask broadcast to ``shape_of(*case)``."""
+
+    def __init__(self, fn: Learner, rows: Callable[..., list[tuple]], cases: list[tuple],
+                 shape_of: Callable[..., tuple], call: Callable[..., Any] | None = None):
+        self.suspects, self.cases = Suspects(_table(rows, cases, shape_of)), cases
+        self.again = lambda *case: torch.broadcast_to(_as_bool_mask(call(fn, *case) if call else fn(*case), tried="",
+                                                                    what=""), shape_of(*case))
+
+    def found(self, got: torch.Tensor, case: tuple) -> list[Known]:
+        """The known mistakes (not ruled out, told apart on other cases where they can be) whose mask is ``got``."""
+        found = self.suspects.suspects(got, case)
+        found = self.suspects.narrow(found, self.again, self.cases) if len(found) > 1 else found
+        return list({m.summary: m for m in found}.values())
+
+
+def _compare(got: torch.Tensor, expected: torch.Tensor, judge: _Judge, case: tuple, *, tried: str, what: str,
+             regions: list[Region], hints: list[tuple] = (), index_names: str = "", unit: str = "pair") -> None:
+    """Fail unless ``got`` equals ``expected``, shape included (the docstring states the shape); a right answer
+    is recorded, so that it rules out the mistakes whose mask differs here."""
     target = tuple(expected.shape)
     shape_note = ""
     if tuple(got.shape) != target:
-        _wrong_shape(got, expected, tried=tried, what=what, mistakes=mistakes, ruled=ruled, hints=hints)
+        _wrong_shape(got, expected, judge, case, tried=tried, what=what, hints=hints)
         shape_note = f"{what} has shape {tuple(got.shape)}, not {target}; broadcast to {target}, it "
         got = torch.broadcast_to(got, target)  # _wrong_shape returns only for a mask that broadcasts, with wrong values
     g, e = got, expected
     if torch.equal(g, e):
-        for m in mistakes:
-            value = m.value()
-            if value is not None and not _equal(value, e, target):
-                ruled.add(m.key)
+        judge.suspects.expect(g, e, case, tried=tried)
         return
-    found = _found(g, e, mistakes, ruled)
+    found = judge.found(g, case)
     if found:
         summary = " or ".join(m.summary for m in found)
         cause = found[0].cause if len(found) == 1 else ("on this input two mistakes give the same mask: "
@@ -166,16 +185,20 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str
         fail(_POLARITY[0], tried=tried, got=f"{what} is True exactly where it should be False",
              expected="True = may attend", cause=_POLARITY[1], fix="negate it (~mask), or flip the comparison")
     extra, missing = g & ~e, ~g & e
-    parts = []
-    if extra.any():
-        parts.append(f"allows {int(extra.sum())} {unit}{'s' if int(extra.sum()) > 1 else ''} it must block"
-                     + (f" ({_describe(extra, regions)})" if _describe(extra, regions) else ""))
-    if missing.any():
-        parts.append(f"blocks {int(missing.sum())} {unit}{'s' if int(missing.sum()) > 1 else ''} it must allow"
-                     + (f" ({_describe(missing, regions)})" if _describe(missing, regions) else ""))
+    parts, summary_bits = [], []
+    for wrong, does, verb in ((extra, "allows {} it must block", "allowed"),
+                              (missing, "blocks {} it must allow", "blocked")):
+        if not wrong.any():
+            continue
+        count = int(wrong.sum())
+        # the first region that holds every wrong pair, and whether it holds nothing else
+        region = next((r for r in regions if not (wrong & ~torch.broadcast_to(r.where, wrong.shape)).any()), None)
+        exact = region is not None and not (torch.broadcast_to(region.where, wrong.shape) & ~wrong).any()
+        parts.append(does.format(f"{count} {unit}{'s' if count > 1 else ''}")
+                     + (f" ({'exactly' if exact else 'all of them'} {region.name})" if region else ""))
+        summary_bits += [f"{region.name} {verb}"] if region else []
     wrong = extra | missing
     first = _first(wrong)
-    summary_bits = [r for r in (_region_of(extra, regions, "allowed"), _region_of(missing, regions, "blocked")) if r]
     if not summary_bits and not extra.any() and g.dim() >= 2:
         rows = missing.any(-1)  # (..., n_q): rows with an allowed pair blocked
         if not (g & rows[..., None]).any():  # each such row is blocked entirely
@@ -190,21 +213,13 @@ def _compare(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str
          fix="print your mask next to the one the docstring describes on this input (.int() shows it as 0/1)")
 
 
-def _found(g: torch.Tensor, e: torch.Tensor, mistakes: list[Known], ruled: set[str]) -> list[Known]:
-    """The known mistakes (not ruled out) whose mask, broadcast to ``e``'s shape, is ``g``."""
-    target = tuple(e.shape)
-    found = [m for m in mistakes if m.key not in ruled and (v := m.value()) is not None and _equal(v, g, target)
-             and not _equal(v, e, target)]
-    return list({m.summary: m for m in found}.values())
-
-
-def _wrong_shape(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, mistakes: list[Known],
-                 ruled: set[str], hints: list[tuple]) -> None:
+def _wrong_shape(got: torch.Tensor, expected: torch.Tensor, judge: _Judge, case: tuple, *, tried: str, what: str,
+                 hints: list[tuple]) -> None:
     """Fail on a mask whose shape differs from the docstring's, naming the likeliest reason."""
     want, shape = tuple(expected.shape), tuple(got.shape)
     g = _broadcast(got, want)
-    if g is not None:  # the values can be compared: a known mistake in them says more than the shape
-        found = _found(g, expected, mistakes, ruled)
+    if g is not None and not torch.equal(g, expected):  # a known mistake in the values says more than the shape
+        found = judge.found(g, case)
         if len(found) == 1:
             m = found[0]
             fail(m.summary, tried=tried, got=f"{what} of shape {shape}; broadcast to {want}, it is exactly this "
@@ -234,8 +249,11 @@ def _wrong_shape(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what:
              cause="your mask only broadcasts to the asked-for shape", fix=f"expand it: mask.expand({', '.join(map(str, want))})")
     if g is not None:
         return  # broadcastable, wrong values: the caller says where they are wrong
+    empty = 0 in shape and 0 not in want
     fail(f"shape {shape} does not fit {want}", tried=tried, got=f"{what} of shape {shape}",
-         expected=f"shape {want}, as the docstring says",
+         expected=f"shape {want}, as the docstring says", cause=f"your mask has an axis of size 0 (axis "
+         f"{shape.index(0)}), so it holds no entries at all: a 0 where a size belongs (in expand, view, zeros or a "
+         "slice that stops at once)" if empty else "",
          fix="follow the shapes in the docstring; print(mask.shape) after each step")
 
 
@@ -246,82 +264,50 @@ def _broadcast(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
         return None
 
 
-def _region_of(wrong: torch.Tensor, regions: list[Region], verb: str) -> str:
-    if not wrong.any():
-        return ""
-    for region in regions:
-        if not (wrong & ~torch.broadcast_to(region.where, wrong.shape)).any():
-            return f"{region.name} {verb}"
-    return ""
-
-
 def _count(g: torch.Tensor, e: torch.Tensor, index_names: str) -> str:
     wrong = g != e
     return f"differs at {int(wrong.sum())} of {wrong.numel()} positions (the first at index {_first(wrong)}{index_names})"
 
 
-def _equal(value: torch.Tensor, other: torch.Tensor, target: tuple[int, ...]) -> bool:
-    try:
-        return torch.equal(torch.broadcast_to(value, target), torch.broadcast_to(other, target))
-    except RuntimeError:
-        return False
+_PATTERNS = [
+    *[("RuntimeError", f"value cannot be converted to type .*{kind} without overflow", "you filled with a finite number "
+       f"too large for the tensor's dtype: {where}", "fill with float('-inf'), which every floating-point dtype holds")
+      for kind, where in (("Half", "float16 holds at most 65504 in magnitude, so a fill such as -1e9 or "
+                                   "torch.finfo(torch.float32).min cannot be stored"),
+                          ("BFloat16", "bfloat16 holds at most about 3.39·10³⁸ in magnitude, less than "
+                                       "torch.finfo(torch.float32).min"), ("", "this dtype cannot store it"))],
+    ("RuntimeError", "Boolean value of Tensor", "an `if` or `and`/`or` asked a whole tensor for one truth value",
+     "combine masks with & and |, and test for None with `is not None`"),
+    *[(kind, pattern, "a mask made of numbers (floats) where a bool mask is needed: ~ and masked_fill work on bool "
+       "masks only", "make the mask bool: dtype=torch.bool, .bool(), or a comparison")
+      for kind, pattern in (("TypeError", r"\(operator.invert\) is only implemented"),
+                            ("RuntimeError", "only supports boolean masks"))],
+    ("RuntimeError", "If you are trying to invert a mask", "- does not negate a bool mask",
+     "negate it with ~mask (or mask.logical_not())"),
+    ("RuntimeError", r"The expanded size of the tensor \((-\d+)\) must match", "you gave expand the size {1}: "
+     "expand takes the new size of each axis, or -1 to keep one as it is; no other negative number",
+     "write -1 for each axis that keeps its size, and the size itself (e.g. T) for the axis you expand"),
+    ("AttributeError", r"'torch.Size' object has no attribute '(\w+)'", "you called .{1} on a shape (a torch.Size, "
+     "such as mask.shape), which is a tuple of sizes, not a tensor",
+     "make a tensor of that shape first: torch.zeros(mask.shape, dtype=dtype).{1}(…)"),
+]
 
 
-def _call(fn: Learner, args: tuple, kwargs: dict, tried: str, expected: str,
-          constructs: list[tuple[str, str, list[Callable[[], object]]]] = ()) -> Any:
-    """The learner's result; an exception is explained when its message names the cause, or when one of
-    ``constructs`` (cause, fix, attempts) reproduces the very same message."""
+def _call(fn: Learner, args: tuple, kwargs: dict, tried: str, expected: str, constructs: list[tuple] = (),
+          probe_names: tuple[str, ...] = ()) -> Any:
+    """The learner's result (and, with ``probe_names``, the names of the arguments it changed in place). An
+    exception is explained by a construct (cause, fix, attempt[, confirm]) that raises the very same message
+    and, where it has ``confirm`` (a broadcasting message alone is shared by many mistakes), is confirmed by
+    another call of the learner's code; else by a pattern of this topic or of the course."""
     try:
-        return fn(*args, **kwargs)
+        if not probe_names:
+            return fn(*args, **kwargs)
+        value, changed = fn.observe(CALL_PROBE, *args)
+        return value, [probe_names[int(i)] for i in changed if 0 <= int(i) < len(probe_names)]
     except LearnerRaised as exc:
-        extra = _explain_raise(exc) or _construct(exc, constructs)
-        raise Failure(learner_error(exc, tried=tried, expected=expected, **extra)) from None
-
-
-def _watched(fn: Learner, args: tuple, tried: str, expected: str, names: tuple[str, ...],
-             constructs: list[tuple[str, str, list[Callable[[], object]]]] = ()) -> tuple[Any, list[str]]:
-    """The learner's result and the names of the arguments it changed in place (a learner-side probe)."""
-    try:
-        result = fn.observe(CALL_PROBE, *args)
-    except LearnerRaised as exc:
-        extra = _explain_raise(exc) or _construct(exc, constructs)
-        raise Failure(learner_error(exc, tried=tried, expected=expected, **extra)) from None
-    value, changed = result if isinstance(result, tuple) and len(result) == 2 else (result, [])
-    return value, [names[int(i)] for i in changed if 0 <= int(i) < len(names)]
-
-
-def _construct(exc: LearnerRaised, constructs) -> dict[str, str]:
-    """The cause of the first construct that reproduces the learner's very message and, where it has a
-    ``confirm`` (a fourth element: a function returning True when another call of the learner's code
-    behaves as the construct does), is confirmed by it: a broadcasting error's message alone is shared by
-    many mistakes."""
-    for cause, fix, attempts, *confirm in constructs:
-        if any(_reproduce(a) == exc.message for a in attempts) and (not confirm or confirm[0]()):
-            return dict(cause=cause, fix=fix)
-    return {}
-
-
-def _explain_raise(exc: LearnerRaised) -> dict[str, str]:
-    message = exc.message
-    if message.startswith("value cannot be converted to type") and "without overflow" in message:
-        if "Half" in message:
-            where = ("float16 holds at most 65504 in magnitude, so a fill such as -1e9 or "
-                     "torch.finfo(torch.float32).min cannot be stored")
-        elif "BFloat16" in message:
-            where = "bfloat16 holds at most about 3.39·10³⁸ in magnitude, less than torch.finfo(torch.float32).min"
-        else:
-            where = "this dtype cannot store it"
-        return dict(cause=f"you filled with a finite number too large for the tensor's dtype: {where}",
-                    fix="fill with float('-inf'), which every floating-point dtype holds")
-    if "Boolean value of Tensor" in message:
-        return dict(cause="an `if` or `and`/`or` asked a whole tensor for one truth value",
-                    fix="combine masks with & and |, and test for None with `is not None`")
-    if "(operator.invert) is only implemented" in message or "only supports boolean masks" in message:
-        return dict(cause="a mask made of numbers (floats) where a bool mask is needed: ~ and masked_fill work on "
-                          "bool masks only", fix="make the mask bool: dtype=torch.bool, .bool(), or a comparison")
-    if "If you are trying to invert a mask" in message:
-        return dict(cause="- does not negate a bool mask", fix="negate it with ~mask (or mask.logical_not())")
-    return {}
+        same_message = [c[:3] for c in constructs if reproduce(c[2]) == exc.message and (len(c) < 4 or c[3]())]
+        raise Failure(learner_error(exc, tried=tried, expected=expected,
+                                    **explain_raise(exc, same_message, _PATTERNS))) from None
 
 
 # ============================================================================ causal
@@ -335,32 +321,31 @@ def _causal_regions(n_q: int, n_k: int) -> list[Region]:
             Region("earlier keys (j < i)", j < i), Region("keys up to the diagonal (j ≤ i)", j <= i)]
 
 
-def _causal_mistakes(n: int) -> list[Known]:
+def _causal_mistakes(n: int) -> list[tuple]:
     ones = torch.ones(n, n, dtype=torch.bool)
     return [
-        Known("upper triangle instead of lower", "torch.triu keeps j ≥ i: each query sees itself and the future",
-              "keep j ≤ i: torch.tril", ones.triu(), "triu"),
-        Known("diagonal excluded (off by one)", "a token must be allowed to attend to itself; with the diagonal "
-              "blocked, the first row has no key at all", "torch.tril with diagonal=0 (the default)", ones.tril(-1), "tril-1"),
-        Known("one diagonal too many (off by one)", "query i also sees key i + 1, the next token",
-              "torch.tril with diagonal=0 (the default)", ones.tril(1), "tril+1"),
-        Known(_POLARITY[0], _POLARITY[1] + "; True marks the future here", "use torch.tril for the allowed pairs",
+        _row("upper triangle instead of lower", "torch.triu keeps j ≥ i: each query sees itself and the future",
+             "keep j ≤ i: torch.tril", ones.triu(), "triu"),
+        _row("diagonal excluded (off by one)", "a token must be allowed to attend to itself; with the diagonal "
+             "blocked, the first row has no key at all", "torch.tril with diagonal=0 (the default)", ones.tril(-1), "tril-1"),
+        _row("one diagonal too many (off by one)", "query i also sees key i + 1, the next token",
+             "torch.tril with diagonal=0 (the default)", ones.tril(1), "tril+1"),
+        _row(_POLARITY[0], _POLARITY[1] + "; True marks the future here", "use torch.tril for the allowed pairs",
               ones.triu(1), "polarity"),
-        Known("nothing is masked", "every query sees every key", "keep j ≤ i: torch.tril", ones, "ones"),
-        Known("only the diagonal is allowed", "each token sees only itself (torch.eye)", "keep every j ≤ i: torch.tril",
-              torch.eye(n, dtype=torch.bool), "eye"),
-        Known("everything is masked", "no query may attend to any key", "keep j ≤ i: torch.tril",
-              torch.zeros(n, n, dtype=torch.bool), "zeros"),
-        Known("anti-diagonal triangle (flipped)", "you flipped the matrix left to right: the mask follows the "
-              "anti-diagonal", "keep j ≤ i: torch.tril, without flipping", ones.tril().flip(-1), "flip"),
+        _row("nothing is masked", "every query sees every key", "keep j ≤ i: torch.tril", ones, "ones"),
+        _row("only the diagonal is allowed", "each token sees only itself (torch.eye)", "keep every j ≤ i: torch.tril",
+             torch.eye(n, dtype=torch.bool), "eye"),
+        _row("everything is masked", "no query may attend to any key", "keep j ≤ i: torch.tril",
+             torch.zeros(n, n, dtype=torch.bool), "zeros"),
+        _row("anti-diagonal triangle (flipped)", "you flipped the matrix left to right: the mask follows the "
+             "anti-diagonal", "keep j ≤ i: torch.tril, without flipping", ones.tril().flip(-1), "flip"),
     ]
 
 
 @check("causal_mask", expects="a function causal_mask(n) returning an (n, n) bool tensor")
 def check_causal_mask(fn: Learner) -> str:
     sizes = [5, 8, 1, 2]
-    ruled: set[str] = set()
-    amb = _Ambiguity()
+    judge = _Judge(fn, _causal_mistakes, [(n,) for n in sizes], lambda n: (n, n))
     shapes: dict[tuple, int] = {}
     for n in sizes:
         tried = f"causal_mask({n})"
@@ -381,10 +366,8 @@ def check_causal_mask(fn: Learner) -> str:
                   "torch.ones(n, n, dtype=torch.bool): n, not n + 1"),
                  ((n - 1, n - 1), f"size n - 1 = {n - 1}, not n", "your mask has one row and one column too few "
                   "(a range that stops one early)", "make it n × n")] if n > 1 else []
-        with amb.case():
-            _compare(got, torch.ones(n, n, dtype=torch.bool).tril(), tried=tried, what="your mask", hints=hints,
-                     mistakes=_causal_mistakes(n), ruled=ruled, regions=_causal_regions(n, n), index_names=" (query, key)")
-    amb.finish()
+        _compare(got, torch.ones(n, n, dtype=torch.bool).tril(), judge, judge.cases[sizes.index(n)], tried=tried,
+                 what="your mask", hints=hints, regions=_causal_regions(n, n), index_names=" (query, key)")
     return f"lower-triangular with the diagonal, for n in {sizes}"
 
 
@@ -402,10 +385,11 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
     # Defaults: [2, 5, 3] has a largest length (5), a first length (2) and a batch size (3) that all differ.
     cases = [([3, 1, 4], 6, torch.int64), ([2, 5, 3], None, torch.int64), ([0, 2], 3, torch.int64),
              ([4, 2, 1], None, torch.int32), ([1], 1, torch.int64), ([3, 3], None, torch.int64), ([1, 2], 5, torch.int64)]
-    ruled: set[str] = set()
-    amb = _Ambiguity()
-    for values, max_len, dtype in cases:
-        lengths = torch.tensor(values, dtype=dtype)
+    args = [(torch.tensor(values, dtype=dtype), max_len) for values, max_len, dtype in cases]
+    judge = _Judge(fn, _lengths_mistakes, args, lambda lengths, max_len: (len(lengths), max_len or int(lengths.max())),
+                   lambda f, lengths, max_len: f(lengths) if max_len is None else f(lengths, max_len=max_len))
+    for (values, max_len, dtype), case in zip(cases, args):
+        lengths = case[0]
         B, S = len(values), max(values) if max_len is None else max_len
         tried = f"padding_mask_from_lengths(torch.tensor({values})" + ("" if max_len is None else f", max_len={max_len}") + ")"
         raw = _call(fn, (lengths,), {} if max_len is None else {"max_len": max_len}, tried, f"a ({B}, {S}) bool tensor")
@@ -432,26 +416,29 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
                 if width != S and width > 0:
                     hints.append(((B, width), "default max_len wrong", f"with max_len=None your mask has {why}, not the "
                                   f"largest length {S}", "max_len = int(lengths.max()) when max_len is None"))
-        mistakes = [
-            Known("off by one (<= instead of <)", "position `length` is already padding: positions 0 … length−1 are "
-                  "the real tokens", "compare with <: torch.arange(max_len) < lengths[:, None]",
-                  positions <= column, "le"),
-            Known("last real token marked as padding", "you compared with length − 1", "compare with the length itself: "
-                  "torch.arange(max_len) < lengths[:, None]", positions < column - 1, "lt-1"),
-            Known(_POLARITY[0], _POLARITY[1] + "; real tokens should be True, padding False",
-                  "flip the comparison: torch.arange(max_len) < lengths[:, None]", positions >= column, "polarity"),
-            Known(_POLARITY[0], _POLARITY[1] + "; real tokens should be True, padding False",
-                  "torch.arange(max_len) < lengths[:, None]", positions > column, "polarity+1"),
-            Known("padding on the left", "you marked the last `length` positions as real; the course pads on the right "
-                  "(the first lengths[b] positions are real)", "torch.arange(max_len) < lengths[:, None]",
-                  positions >= S - column, "left"),
-        ]
-        with amb.case():
-            _compare(got, expected, tried=tried, what="your mask", mistakes=mistakes, ruled=ruled, hints=hints,
-                     regions=_padding_regions(expected), index_names=" (sequence, position)", unit="position")
-    amb.finish()
+        _compare(got, expected, judge, case, tried=tried, what="your mask", hints=hints,
+                 regions=_padding_regions(expected), index_names=" (sequence, position)", unit="position")
     return (f"correct on {len(cases)} batches (a zero length, no padding, one sequence, max_len given and "
             "default, int32 and int64 lengths)")
+
+
+def _lengths_mistakes(lengths: torch.Tensor, max_len: int | None) -> list[tuple]:
+    S = int(lengths.max()) if max_len is None else max_len
+    positions, column = torch.arange(S)[None, :], lengths[:, None].long()
+    return [
+        _row("off by one (<= instead of <)", "position `length` is already padding: positions 0 … length−1 are "
+             "the real tokens", "compare with <: torch.arange(max_len) < lengths[:, None]",
+             positions <= column, "le"),
+        _row("last real token marked as padding", "you compared with length − 1", "compare with the length itself: "
+             "torch.arange(max_len) < lengths[:, None]", positions < column - 1, "lt-1"),
+        _row(_POLARITY[0], _POLARITY[1] + "; real tokens should be True, padding False",
+             "flip the comparison: torch.arange(max_len) < lengths[:, None]", positions >= column, "polarity"),
+        _row(_POLARITY[0], _POLARITY[1] + "; real tokens should be True, padding False",
+             "torch.arange(max_len) < lengths[:, None]", positions > column, "polarity+1"),
+        _row("padding on the left", "you marked the last `length` positions as real; the course pads on the right "
+             "(the first lengths[b] positions are real)", "torch.arange(max_len) < lengths[:, None]",
+             positions >= S - column, "left"),
+    ]
 
 
 def _fixed_width(fn: Learner, width: int, tried: str) -> None:
@@ -467,6 +454,30 @@ def _fixed_width(fn: Learner, width: int, tried: str) -> None:
                    "outside the function", fix="build the mask from the arguments: torch.arange(max_len) < lengths[:, None]")
 
 
+def _ids_mistakes(ids: torch.Tensor, pad_id: int) -> list[tuple]:
+    real, S = ids != pad_id, ids.shape[1]
+    count = real.sum(-1, keepdim=True)
+    return [
+        _row("pad_id ignored (compared with 0)", "you compared the ids with 0, not with the pad_id argument",
+             "compare with the argument: ids != pad_id", ids != 0, "zero"),
+        _row("pad_id ignored (compared with 0)", "you treated id 0 as padding instead of the pad_id argument",
+             "compare with the argument: ids != pad_id", ids > 0, "positive"),
+        _row(_POLARITY[0], _POLARITY[1] + "; real tokens should be True, <pad> False", "ids != pad_id",
+             ids == pad_id, "polarity"),
+        _row("padding assumed at the end", "you counted the real tokens and marked that many positions from the "
+             "start; with padding on the left (or in the middle) the real tokens are elsewhere",
+             "compare every id with pad_id: ids != pad_id", torch.arange(S)[None, :] < count, "count"),
+        _row("padding assumed after the first <pad>", "you marked everything after the first <pad> as padding; "
+             "with padding on the left the real tokens come after it", "compare every id with pad_id: ids != pad_id",
+             torch.cumprod(real.long(), -1).bool(), "cumprod"),
+        _row("ids below pad_id blocked (ids > pad_id)", "you kept only the ids greater than pad_id, as if <pad> "
+             "had the smallest id; a real token may have a smaller id than pad_id", "compare for inequality: "
+             "ids != pad_id", ids > pad_id, "greater"),
+        _row("id 0 treated as padding too", "you blocked id 0 as well as pad_id; here id 0 is a real token",
+             "compare with the argument only: ids != pad_id", real & (ids != 0), "zero-too"),
+    ]
+
+
 @check("padding_mask_from_ids", expects="a function padding_mask_from_ids(ids, pad_id) returning a (B, S) bool tensor")
 def check_padding_mask_from_ids(fn: Learner) -> str:
     cases = [
@@ -476,43 +487,20 @@ def check_padding_mask_from_ids(fn: Learner) -> str:
         (torch.tensor([[9, 12, 9], [4, 9, 9]], dtype=torch.int32), 9),
         (torch.tensor([[0]]), 0),  # one sequence of one <pad>
     ]
-    ruled: set[str] = set()
-    amb = _Ambiguity()
-    for ids, pad_id in cases:
-        B, S = ids.shape
+    judge = _Judge(fn, _ids_mistakes, cases, lambda ids, pad_id: tuple(ids.shape))
+    for case in cases:
+        (B, S), (ids, pad_id) = case[0].shape, case
         tried = f"padding_mask_from_ids(ids {tuple(ids.shape)} {str(ids.dtype).replace('torch.', '')}, pad_id={pad_id})"
         got = _as_bool_mask(_call(fn, (ids, pad_id), {}, tried, f"a ({B}, {S}) bool tensor"), tried=tried,
                             what="your mask")
         real = ids != pad_id
-        count = real.sum(-1, keepdim=True)
-        mistakes = [
-            Known("pad_id ignored (compared with 0)", "you compared the ids with 0, not with the pad_id argument",
-                  "compare with the argument: ids != pad_id", ids != 0, "zero"),
-            Known("pad_id ignored (compared with 0)", "you treated id 0 as padding instead of the pad_id argument",
-                  "compare with the argument: ids != pad_id", ids > 0, "positive"),
-            Known(_POLARITY[0], _POLARITY[1] + "; real tokens should be True, <pad> False", "ids != pad_id",
-                  ids == pad_id, "polarity"),
-            Known("padding assumed at the end", "you counted the real tokens and marked that many positions from the "
-                  "start; with padding on the left (or in the middle) the real tokens are elsewhere",
-                  "compare every id with pad_id: ids != pad_id", torch.arange(S)[None, :] < count, "count"),
-            Known("padding assumed after the first <pad>", "you marked everything after the first <pad> as padding; "
-                  "with padding on the left the real tokens come after it", "compare every id with pad_id: ids != pad_id",
-                  torch.cumprod(real.long(), -1).bool(), "cumprod"),
-            Known("ids below pad_id blocked (ids > pad_id)", "you kept only the ids greater than pad_id, as if <pad> "
-                  "had the smallest id; a real token may have a smaller id than pad_id", "compare for inequality: "
-                  "ids != pad_id", ids > pad_id, "greater"),
-            Known("id 0 treated as padding too", "you blocked id 0 as well as pad_id; here id 0 is a real token",
-                  "compare with the argument only: ids != pad_id", real & (ids != 0), "zero-too"),
-        ]
         hints = [((S, B), "transposed: one row per position", "you put the positions on the rows",
                   "return (B, S), one row per sequence")] if S != B else []
         hints.append(((B, 1, 1, S), "shape (B, 1, 1, S), not (B, S)", "you added the heads and queries axes that "
                       "attention needs; this function returns the plain (B, S) mask", "return ids != pad_id as it is, "
                       "(B, S); add axes where the mask is used"))
-        with amb.case():
-            _compare(got, real, tried=tried, what="your mask", mistakes=mistakes, ruled=ruled, hints=hints,
-                     regions=_padding_regions(real), index_names=" (sequence, position)", unit="position")
-    amb.finish()
+        _compare(got, real, judge, case, tried=tried, what="your mask", hints=hints, regions=_padding_regions(real),
+                 index_names=" (sequence, position)", unit="position")
     return f"correct on {len(cases)} batches (pad ids 0, 1, 3 and 9; left and right padding; an all-<pad> sequence)"
 
 
@@ -551,71 +539,78 @@ def _pair_regions(n_q: int, n_k: int, real_q: torch.Tensor, real_k: torch.Tensor
     return regions
 
 
+def _decoder_mistakes(ids: torch.Tensor, pad_id: int) -> list[tuple]:
+    B, T = ids.shape
+    ones = torch.ones(T, T, dtype=torch.bool)
+    causal, real = ones.tril(), ids != pad_id
+    keys, queries = real[:, None, None, :], real[:, None, :, None]  # (B, 1, 1, T), (B, 1, T, 1)
+    key_only = causal & keys  # (B, 1, T, T)
+    both = key_only & queries  # rows of <pad> queries blocked too: not what the docstring asks for
+    counted = torch.arange(T)[None, :] < real.sum(-1, keepdim=True)  # padding assumed at the end
+    mistakes = []
+    for q_too, tag in ((False, ""), (True, "+q")):
+        rows = queries if q_too else torch.ones_like(queries)
+        mistakes += [
+            _row("padding blocked on the queries instead of the keys", "you blocked the rows of <pad> queries "
+                 "but not the <pad> keys, so real tokens still read <pad> (visible with left padding)",
+                 "block the columns of <pad> tokens: (tgt_ids != pad_id)[:, None, None, :]",
+                 causal & queries, "queries" + tag),
+            _row("the padding part is missing", "you used the causal mask alone", "AND it with the key-padding "
+                 "mask: causal & (tgt_ids != pad_id)[:, None, None, :]", None if q_too else causal, "nopad" + tag),
+            _row("the causal part is missing", "you used the padding mask alone, so tokens see later tokens",
+                 "AND it with torch.tril(torch.ones(T, T, dtype=torch.bool))", keys & rows, "nocausal" + tag),
+            _row("causal OR padding instead of AND", "you combined the two masks with | (OR)",
+                 "both must hold: combine with & (AND)", (causal | keys) & rows, "or" + tag),
+            _row("upper triangle instead of lower", "the causal part lets queries see the future (torch.triu)",
+                 "use torch.tril", ones.triu() & keys & rows, "triu" + tag),
+            _row("diagonal excluded (off by one)", "a token must be allowed to attend to itself",
+                 "torch.tril with diagonal=0 (the default)", ones.tril(-1) & keys & rows, "tril-1" + tag),
+            _row("one diagonal too many (off by one)", "query i also sees key i + 1, the next token",
+                 "torch.tril with diagonal=0 (the default)", ones.tril(1) & keys & rows, "tril+1" + tag),
+            _row("pad_id ignored (compared with 0)", "you compared the ids with 0, not with the pad_id argument",
+                 "compare with the argument: tgt_ids != pad_id",
+                 causal & (ids != 0)[:, None, None, :] & (rows if not q_too else (ids != 0)[:, None, :, None]),
+                 "zero" + tag),
+            _row("padding assumed at the end", "you built the padding mask from the number of real tokens, "
+                 "so with left padding the <pad> keys are allowed and real ones blocked",
+                 "compare the ids themselves: tgt_ids != pad_id",
+                 causal & counted[:, None, None, :] & (rows if not q_too else counted[:, None, :, None]), "count" + tag),
+        ]
+    mistakes.append(_row("everything is masked", "no query may attend to any key", "causal & (tgt_ids != pad_id)"
+                         "[:, None, None, :], with causal = torch.ones(T, T, dtype=torch.bool).tril()",
+                         torch.zeros(B, 1, T, T, dtype=torch.bool), "zeros"))
+    mistakes.append(_row("transposed: rows and columns swapped", "your rows are the keys and your columns the "
+                         "queries", "rows are queries, columns keys: mask[..., i, j] says whether query i may "
+                         "attend to key j", key_only.transpose(-2, -1), "transposed"))
+    mistakes.append(_row(_POLARITY[0], _POLARITY[1], "negate it: ~mask", ~key_only, "polarity"))
+    mistakes.append(_row("padding part inverted (== pad_id)", "your padding part is True at the <pad> tokens "
+                         "(tgt_ids == pad_id): it allows only <pad> keys and blocks the real ones",
+                         "compare with !=: causal & (tgt_ids != pad_id)[:, None, None, :]",
+                         causal & (ids == pad_id)[:, None, None, :], "pad-polarity"))
+    mistakes.append(_row(_POLARITY[0], _POLARITY[1], "negate it: ~mask", ~both, "polarity+q"))
+    mistakes.append(_row("<pad> query rows blocked as well", "you blocked the rows of <pad> queries too; the "
+                         "docstring blocks only <pad> keys (a <pad> query still reads the real tokens before it, "
+                         "and its output is simply never used), so every <pad> row of yours is fully masked",
+                         "drop the query part: causal & (tgt_ids != pad_id)[:, None, None, :]", both, "rows-too"))
+    return mistakes
+
+
 @check("decoder_mask", expects="a function decoder_mask(tgt_ids, pad_id) returning a (B, 1, T, T) bool tensor")
 def check_decoder_mask(fn: Learner) -> str:
-    ruled: set[str] = set()
-    amb = _Ambiguity()
-    for ids, pad_id in _DECODER_CASES:
-        B, T = ids.shape
+    judge = _Judge(fn, _decoder_mistakes, _DECODER_CASES, lambda ids, pad: (ids.shape[0], 1, ids.shape[1], ids.shape[1]))
+    for case in _DECODER_CASES:
+        (B, T), (ids, pad_id) = case[0].shape, case
         tried = f"decoder_mask(tgt_ids {(B, T)}, pad_id={pad_id})"
         keys_ = (ids != pad_id)[:, None, None, :]
         constructs = [("you built the causal part with tgt_ids.shape[0] (the batch size B) where T = tgt_ids.shape[1] "
                        "(the sequence length) belongs", "T = tgt_ids.shape[-1]; causal = torch.ones(T, T, "
-                       "dtype=torch.bool).tril()", [lambda: torch.ones(B, B, dtype=torch.bool).tril() & keys_])]
+                       "dtype=torch.bool).tril()", lambda: torch.ones(B, B, dtype=torch.bool).tril() & keys_)]
         got = _as_bool_mask(_call(fn, (ids, pad_id), {}, tried, f"a ({B}, 1, {T}, {T}) bool tensor", constructs),
                             tried=tried, what="your mask")
-        ones = torch.ones(T, T, dtype=torch.bool)
-        causal, real = ones.tril(), ids != pad_id
-        keys, queries = real[:, None, None, :], real[:, None, :, None]  # (B, 1, 1, T), (B, 1, T, 1)
-        key_only = causal & keys  # (B, 1, T, T)
-        both = key_only & queries  # rows of <pad> queries blocked too: not what the docstring asks for
-        counted = torch.arange(T)[None, :] < real.sum(-1, keepdim=True)  # padding assumed at the end
-        mistakes = []
-        for q_too, tag in ((False, ""), (True, "+q")):
-            rows = queries if q_too else torch.ones_like(queries)
-            mistakes += [
-                Known("padding blocked on the queries instead of the keys", "you blocked the rows of <pad> queries "
-                      "but not the <pad> keys, so real tokens still read <pad> (visible with left padding)",
-                      "block the columns of <pad> tokens: (tgt_ids != pad_id)[:, None, None, :]",
-                      causal & queries, "queries" + tag),
-                Known("the padding part is missing", "you used the causal mask alone", "AND it with the key-padding "
-                      "mask: causal & (tgt_ids != pad_id)[:, None, None, :]", None if q_too else causal, "nopad"),
-                Known("the causal part is missing", "you used the padding mask alone, so tokens see later tokens",
-                      "AND it with torch.tril(torch.ones(T, T, dtype=torch.bool))", keys & rows, "nocausal" + tag),
-                Known("causal OR padding instead of AND", "you combined the two masks with | (OR)",
-                      "both must hold: combine with & (AND)", (causal | keys) & rows, "or" + tag),
-                Known("upper triangle instead of lower", "the causal part lets queries see the future (torch.triu)",
-                      "use torch.tril", ones.triu() & keys & rows, "triu" + tag),
-                Known("diagonal excluded (off by one)", "a token must be allowed to attend to itself",
-                      "torch.tril with diagonal=0 (the default)", ones.tril(-1) & keys & rows, "tril-1" + tag),
-                Known("one diagonal too many (off by one)", "query i also sees key i + 1, the next token",
-                      "torch.tril with diagonal=0 (the default)", ones.tril(1) & keys & rows, "tril+1" + tag),
-                Known("pad_id ignored (compared with 0)", "you compared the ids with 0, not with the pad_id argument",
-                      "compare with the argument: tgt_ids != pad_id",
-                      causal & (ids != 0)[:, None, None, :] & (rows if not q_too else (ids != 0)[:, None, :, None]),
-                      "zero" + tag),
-                Known("padding assumed at the end", "you built the padding mask from the number of real tokens, "
-                      "so with left padding the <pad> keys are allowed and real ones blocked",
-                      "compare the ids themselves: tgt_ids != pad_id",
-                      causal & counted[:, None, None, :] & (rows if not q_too else counted[:, None, :, None]), "count" + tag),
-            ]
-        mistakes.append(Known("everything is masked", "no query may attend to any key", "causal & (tgt_ids != pad_id)"
-                              "[:, None, None, :], with causal = torch.ones(T, T, dtype=torch.bool).tril()",
-                              torch.zeros(B, 1, T, T, dtype=torch.bool), "zeros"))
-        mistakes.append(Known("transposed: rows and columns swapped", "your rows are the keys and your columns the "
-                              "queries", "rows are queries, columns keys: mask[..., i, j] says whether query i may "
-                              "attend to key j", key_only.transpose(-2, -1), "transposed"))
-        mistakes.append(Known(_POLARITY[0], _POLARITY[1], "negate it: ~mask", ~key_only, "polarity"))
-        mistakes.append(Known(_POLARITY[0], _POLARITY[1], "negate it: ~mask", ~both, "polarity+q"))
-        mistakes.append(Known("<pad> query rows blocked as well", "you blocked the rows of <pad> queries too; the "
-                              "docstring blocks only <pad> keys (a <pad> query still reads the real tokens before it, "
-                              "and its output is simply never used), so every <pad> row of yours is fully masked",
-                              "drop the query part: causal & (tgt_ids != pad_id)[:, None, None, :]", both, "rows-too"))
-        with amb.case():
-            _compare(got, key_only, tried=tried, what="your mask", mistakes=mistakes, ruled=ruled,
-                     hints=_heads_hints(B, T, T), index_names=" (batch, head, query, key)",
-                     regions=_pair_regions(T, T, real, real, causal=True))
-    amb.finish()
+        causal, real = torch.ones(T, T, dtype=torch.bool).tril(), ids != pad_id
+        key_only = causal & real[:, None, None, :]  # (B, 1, T, T)
+        _compare(got, key_only, judge, case, tried=tried, what="your mask", hints=_heads_hints(B, T, T),
+                 index_names=" (batch, head, query, key)", regions=_pair_regions(T, T, real, real, causal=True))
     return "causal AND key padding (right and left padding, an all-<pad> sequence), with a heads axis of size 1"
 
 
@@ -629,12 +624,39 @@ _CROSS_CASES = [
 ]
 
 
+def _cross_mistakes(tgt: torch.Tensor, src: torch.Tensor, pad_id: int) -> list[tuple]:
+    (B, T), S = tgt.shape, src.shape[1]
+    src_real, tgt_real = src != pad_id, tgt != pad_id
+    queries, expected = tgt_real[:, None, :, None], src_real[:, None, None, :].expand(B, 1, T, S)
+    rect = torch.ones(T, S, dtype=torch.bool).tril()
+    return [
+        _row("target padding blocked instead of source padding", "you blocked the rows of target <pad> queries "
+             "and let every query read the source <pad> keys", "block the columns of source <pad> tokens: "
+             "(src_ids != pad_id)[:, None, None, :]", queries.expand(B, 1, T, S), "tgt"),
+        _row("target padding rows blocked as well", "in cross-attention only the source padding (the columns) "
+             "is blocked; every target query keeps the real source tokens",
+             "drop the target part: (src_ids != pad_id)[:, None, None, :]", expected & queries, "tgt-too"),
+        _row("a causal part in cross-attention", "cross-attention has no causal constraint: the whole source "
+             "sentence is known before the decoder starts", "block only the source padding", expected & rect, "causal"),
+        _row(_POLARITY[0], _POLARITY[1] + "; real source tokens should be True", "negate it: ~mask",
+             ~expected, "polarity"),
+        _row("pad_id ignored (compared with 0)", "you compared the ids with 0, not with the pad_id argument",
+             "compare with the argument: src_ids != pad_id", (src != 0)[:, None, None, :], "zero"),
+        _row("padding assumed at the end", "you built the source mask from the number of real tokens, so with "
+             "left padding the <pad> keys are allowed and real ones blocked", "compare the ids: src_ids != pad_id",
+             (torch.arange(S)[None, :] < src_real.sum(-1, keepdim=True))[:, None, None, :], "count"),
+        _row("nothing is masked", "every target query sees every source key, <pad> included",
+             "block the source <pad> keys: (src_ids != pad_id)[:, None, None, :]",
+             torch.ones(B, 1, T, S, dtype=torch.bool), "ones"),
+    ]
+
+
 @check("cross_attention_mask",
        expects="a function cross_attention_mask(tgt_ids, src_ids, pad_id) returning a (B, 1, T, S) bool tensor")
 def check_cross_attention_mask(fn: Learner) -> str:
-    ruled: set[str] = set()
-    amb = _Ambiguity()
-    for tgt, src, pad_id in _CROSS_CASES:
+    judge = _Judge(fn, _cross_mistakes, _CROSS_CASES, lambda tgt, src, pad: (len(tgt), 1, tgt.shape[1], src.shape[1]))
+    for case in _CROSS_CASES:
+        tgt, src, pad_id = case
         (B, T), S = tgt.shape, src.shape[1]
         tried = f"cross_attention_mask(tgt_ids {(B, T)}, src_ids {(B, S)}, pad_id={pad_id})"
         got = _as_bool_mask(_call(fn, (tgt, src, pad_id), {}, tried, f"a ({B}, 1, {T}, {S}) bool tensor"), tried=tried,
@@ -657,32 +679,8 @@ def check_cross_attention_mask(fn: Learner) -> str:
                   "there is one column per source token", "build the columns from src_ids: (src_ids != pad_id)"),
                  ((B, 1, 1, T), "columns are target tokens", "the keys are the source tokens",
                   "build the columns from src_ids")]
-        rect = torch.ones(T, S, dtype=torch.bool).tril()
-        mistakes = [
-            Known("target padding blocked instead of source padding", "you blocked the rows of target <pad> queries "
-                  "and let every query read the source <pad> keys", "block the columns of source <pad> tokens: "
-                  "(src_ids != pad_id)[:, None, None, :]", queries.expand(B, 1, T, S), "tgt"),
-            Known("target padding rows blocked as well", "in cross-attention only the source padding (the columns) "
-                  "is blocked; every target query keeps the real source tokens",
-                  "drop the target part: (src_ids != pad_id)[:, None, None, :]", expected & queries, "tgt-too"),
-            Known("a causal part in cross-attention", "cross-attention has no causal constraint: the whole source "
-                  "sentence is known before the decoder starts", "block only the source padding", expected & rect, "causal"),
-            Known(_POLARITY[0], _POLARITY[1] + "; real source tokens should be True", "negate it: ~mask",
-                  ~expected, "polarity"),
-            Known("pad_id ignored (compared with 0)", "you compared the ids with 0, not with the pad_id argument",
-                  "compare with the argument: src_ids != pad_id", (src != 0)[:, None, None, :], "zero"),
-            Known("padding assumed at the end", "you built the source mask from the number of real tokens, so with "
-                  "left padding the <pad> keys are allowed and real ones blocked", "compare the ids: src_ids != pad_id",
-                  (torch.arange(S)[None, :] < src_real.sum(-1, keepdim=True))[:, None, None, :], "count"),
-            Known("nothing is masked", "every target query sees every source key, <pad> included",
-                  "block the source <pad> keys: (src_ids != pad_id)[:, None, None, :]",
-                  torch.ones(B, 1, T, S, dtype=torch.bool), "ones"),
-        ]
-        with amb.case():
-            _compare(got, expected, tried=tried, what="your mask", mistakes=mistakes, ruled=ruled,
-                     hints=hints, regions=_pair_regions(T, S, tgt_real, src_real, causal=False),
-                     index_names=" (batch, head, query, key)")
-    amb.finish()
+        _compare(got, expected, judge, case, tried=tried, what="your mask", hints=hints,
+                 regions=_pair_regions(T, S, tgt_real, src_real, causal=False), index_names=" (batch, head, query, key)")
     return ("rows = target, columns = source, only source padding blocked (right and left padding, an all-<pad> "
             "source), with a heads axis of size 1")
 
@@ -715,13 +713,22 @@ def check_additive_mask(fn: Learner) -> str:
         got = as_tensor(raw, tried=shown, what="your function", expected=f"a {name} tensor")
         kind = str(got.dtype).replace("torch.", "")
         if got.dtype == torch.bool:
+            negated = got.shape == mask.shape and torch.equal(got, ~mask)
             fail("returned a bool mask, not the additive form", tried=shown, got=f"a bool tensor {tuple(got.shape)}",
                  expected=f"a {name} tensor: 0 where the mask is True, -inf where it is False",
+                 cause=("you returned ~mask, the negated mask: still" if negated else "you returned") + " True/False "
+                 "values, not the numbers 0 and -inf that are added to the scores",
                  fix="start from zeros in the dtype asked for and fill the blocked places with float('-inf')")
         if got.dtype != want:
             fail(f"dtype {kind}, not {name}", tried=shown, got=f"a {kind} tensor", expected=f"dtype {name}, the one asked for",
                  cause="the dtype argument is ignored (torch.zeros and torch.where default to float32)" if kind == "float32"
                  else "", fix="create the result with dtype=dtype, or convert it with .to(dtype)")
+        right = torch.zeros(mask.shape, dtype=want).masked_fill(~mask, float("-inf"))
+        if mask.dim() >= 2 and got.shape == right.mT.shape != mask.shape and torch.equal(got, right.mT):
+            fail("last two axes swapped", tried=shown, got=f"a tensor of shape {tuple(got.shape)}: the right additive "
+                 "mask, transposed", expected=f"the mask's shape {tuple(mask.shape)}", cause="your result is the right "
+                 "additive mask with its last two axes swapped (a transpose, .T or .mT)", fix="leave the axes as the "
+                 "mask has them: torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float('-inf'))")
         if tuple(got.shape) != tuple(mask.shape):
             fail(f"shape {tuple(got.shape)}, not the mask's {tuple(mask.shape)}", tried=shown,
                  got=f"a tensor of shape {tuple(got.shape)}", expected=f"the mask's shape {tuple(mask.shape)}",
@@ -741,8 +748,12 @@ def check_additive_mask(fn: Learner) -> str:
                 fail(_POLARITY[0], tried=shown, got="-inf (or a large negative) where the mask is True, 0 where False",
                      expected="0 where True, -inf where False", cause="you filled where the mask is True",
                      fix="fill where it is False: masked_fill(~mask, float('-inf'))")
-            fail("kept positions are not 0", tried=shown, got=f"{fmt(float(g[mask][g[mask] != 0][0]))} where the mask is True",
-                 expected="0 where the mask is True", fix="start from zeros: torch.zeros(mask.shape, dtype=dtype)")
+            kept = g[mask].to(torch.float64)
+            c = fmt(float(kept[0])) if bool((kept == kept[0]).all()) else ""  # one value in every kept place
+            fail("kept positions are not 0", tried=shown, got=f"{fmt(float(kept[kept != 0][0]))} where the mask is True",
+                 expected="0 where the mask is True", cause=f"every kept position of your result holds {c}, so it "
+                 f"adds {c} to every kept score (a start from torch.ones or torch.full rather than torch.zeros does "
+                 "that)" if c else "", fix="start from zeros: torch.zeros(mask.shape, dtype=dtype)")
         if (~mask).any():
             blocked = g[~mask].to(torch.float64)
             if (blocked >= 0).any():
@@ -836,8 +847,7 @@ def _naive(s: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     return e / e.sum(-1, keepdim=True)
 
 
-def _softmax_mistakes(case: _SoftCase) -> list[Known]:
-    s, mask = case.scores, case.mask
+def _softmax_mistakes(s: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
     full = torch.broadcast_to(mask, s.shape)
     empty = ~full.any(-1, keepdim=True)
     inf = float("-inf")
@@ -850,54 +860,68 @@ def _softmax_mistakes(case: _SoftCase) -> list[Known]:
                "finite fill such as -1e9 gives): it averages exactly the keys it must not see",
                "set the weights of rows with no allowed key to 0 (~mask.any(dim=-1, keepdim=True))")
     out = [
-        Known(*nan_rows, plain, "nan"),
-        Known(*uniform, lambda: torch.softmax(s.masked_fill(~full, -1e9), -1), "uniform9"),
-        Known(*uniform, lambda: torch.softmax(s.masked_fill(~full, torch.finfo(s.dtype).min), -1), "uniformmin"),
-        Known("fully masked rows not masked", "in a row with no allowed key you kept the softmax of the unmasked scores",
-              "give such rows all-zero weights", torch.where(empty, soft, plain), "unmasked-rows"),
-        Known("softmax over axis -2 (the queries)", "you normalised each column instead of each row",
-              "softmax over the last axis, dim=-1", lambda: torch.nan_to_num(torch.softmax(s.masked_fill(~full, inf), -2)),
-              "dim-2"),
-        Known(_POLARITY[0], _POLARITY[1], "fill the scores where the mask is False: scores.masked_fill(~mask, "
-              "float('-inf'))", lambda: torch.nan_to_num(torch.softmax(s.masked_fill(full, inf), -1)), "polarity"),
-        Known("mask ignored", "you did not use the mask, so blocked keys get weight", "fill the blocked scores with "
-              "float('-inf') before the softmax", soft, "ignored"),
-        Known("bool mask added to the scores", "you added the mask to the scores: True counts as +1, which shifts the "
-              "allowed scores a little and blocks nothing", "fill the blocked scores with float('-inf'): "
-              "scores.masked_fill(~mask, float('-inf'))", lambda: torch.softmax(s + full.to(s.dtype), -1), "plus"),
-        Known("mask applied after the softmax", "you zeroed the blocked weights after a softmax over all keys, so "
-              "rows no longer sum to 1", "fill the blocked *scores* with float('-inf') before the softmax",
-              soft * full, "after"),
-        Known("mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a softmax "
-              "over all keys and divided by the row sum: 0/0 = NaN in fully masked rows and where the allowed weights "
-              "underflow", "fill the blocked scores with float('-inf') before the softmax",
-              (soft * full) / (soft * full).sum(-1, keepdim=True), "renorm"),
-        Known("mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a softmax "
-              "over all keys and divided by the row sum: where the allowed weights underflow, that is 0/0",
-              "fill the blocked scores with float('-inf') before the softmax",
-              torch.nan_to_num((soft * full) / (soft * full).sum(-1, keepdim=True)), "renorm-nan0"),
-        Known("rows with any blocked key set to 0", "you zeroed every row that has a blocked key (all instead of any)",
-              "zero only the rows with no allowed key: ~mask.any(dim=-1, keepdim=True)",
-              plain.masked_fill(~full.all(-1, keepdim=True), 0.0), "all"),
-        Known("log-softmax instead of softmax", "you returned log-weights (log_softmax), not weights",
-              "use torch.softmax", lambda: torch.log_softmax(s.masked_fill(~full, inf).masked_fill(empty, 0.0), -1)
+        _row(*nan_rows, plain, "nan"),
+        _row(*uniform, lambda: torch.softmax(s.masked_fill(~full, -1e9), -1), "uniform9"),
+        _row(*uniform, lambda: torch.softmax(s.masked_fill(~full, torch.finfo(s.dtype).min), -1), "uniformmin"),
+        _row("fully masked rows not masked", "in a row with no allowed key you kept the softmax of the unmasked scores",
+             "give such rows all-zero weights", torch.where(empty, soft, plain), "unmasked-rows"),
+        _row("softmax over axis -2 (the queries)", "you normalised each column instead of each row",
+             "softmax over the last axis, dim=-1", lambda: torch.nan_to_num(torch.softmax(s.masked_fill(~full, inf), -2)),
+             "dim-2"),
+        _row(_POLARITY[0], _POLARITY[1], "fill the scores where the mask is False: scores.masked_fill(~mask, "
+             "float('-inf'))", lambda: torch.nan_to_num(torch.softmax(s.masked_fill(full, inf), -1)), "polarity"),
+        _row("mask ignored", "you did not use the mask, so blocked keys get weight", "fill the blocked scores with "
+             "float('-inf') before the softmax", soft, "ignored"),
+        _row("bool mask added to the scores", "you added the mask to the scores: True counts as +1, which shifts the "
+             "allowed scores a little and blocks nothing", "fill the blocked scores with float('-inf'): "
+             "scores.masked_fill(~mask, float('-inf'))", lambda: torch.softmax(s + full.to(s.dtype), -1), "plus"),
+        _row("mask applied after the softmax", "you zeroed the blocked weights after a softmax over all keys, so "
+             "rows no longer sum to 1", "fill the blocked *scores* with float('-inf') before the softmax",
+             soft * full, "after"),
+        _row("mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a softmax "
+             "over all keys and divided by the row sum: 0/0 = NaN in fully masked rows and where the allowed weights "
+             "underflow", "fill the blocked scores with float('-inf') before the softmax",
+             (soft * full) / (soft * full).sum(-1, keepdim=True), "renorm"),
+        _row("mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a softmax "
+             "over all keys and divided by the row sum: where the allowed weights underflow, that is 0/0",
+             "fill the blocked scores with float('-inf') before the softmax",
+             torch.nan_to_num((soft * full) / (soft * full).sum(-1, keepdim=True)), "renorm-nan0"),
+        _row("rows with any blocked key set to 0", "you zeroed every row that has a blocked key (all instead of any)",
+             "zero only the rows with no allowed key: ~mask.any(dim=-1, keepdim=True)",
+             plain.masked_fill(~full.all(-1, keepdim=True), 0.0), "all"),
+        _row("log-softmax instead of softmax", "you returned log-weights (log_softmax), not weights",
+             "use torch.softmax", lambda: torch.log_softmax(s.masked_fill(~full, inf).masked_fill(empty, 0.0), -1)
               .masked_fill(empty, 0.0), "log"),
-        Known("scores returned as weights", "you returned the masked scores, not their softmax",
-              "return torch.softmax(masked scores, dim=-1), with fully masked rows set to 0",
-              lambda: s.masked_fill(~full, inf).masked_fill(empty, 0.0), "scores"),
-        Known("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to "
-              "inf, and inf/inf (or inf × 0) is NaN", "subtract each row's maximum over the allowed keys before exp, or "
-              "use torch.softmax", lambda: _naive(s, full), "naive"),
-        Known("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to "
-              "inf, and inf/inf (or inf × 0) is NaN, which your code then set to 0", "subtract each row's maximum "
-              "over the allowed keys before exp, or use torch.softmax", lambda: torch.nan_to_num(_naive(s, full)),
-              "naive-nan0"),
-        Known("fully masked rows filled with 1", "a row with no allowed key must get weights 0, not 1",
-              "use 0 for such rows", torch.where(empty, torch.ones_like(plain), plain), "ones"),
+        _row("scores returned as weights", "you returned the masked scores, not their softmax",
+             "return torch.softmax(masked scores, dim=-1), with fully masked rows set to 0",
+             lambda: s.masked_fill(~full, inf).masked_fill(empty, 0.0), "scores"),
+        _row("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to "
+             "inf, and inf/inf (or inf × 0) is NaN", "subtract each row's maximum over the allowed keys before exp, or "
+             "use torch.softmax", lambda: _naive(s, full), "naive"),
+        _row("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to "
+             "inf, and inf/inf (or inf × 0) is NaN, which your code then set to 0", "subtract each row's maximum "
+             "over the allowed keys before exp, or use torch.softmax", lambda: torch.nan_to_num(_naive(s, full)),
+             "naive-nan0"),
+        _row("fully masked rows filled with 1", "a row with no allowed key must get weights 0, not 1",
+             "use 0 for such rows", torch.where(empty, torch.ones_like(plain), plain), "ones"),
     ]
+    empty_q = ~mask.any(-2, keepdim=True)  # blocked columns: "fully masked rows" looked for over the queries
+    out.append(_row("fully masked rows looked for over axis -2", "you looked for the rows with no allowed key with "
+                    "mask.any(dim=-2), which looks down each column (over the queries), not along each row",
+                    "~mask.any(dim=-1, keepdim=True): one True/False per query row",
+                    lambda: torch.softmax(s.masked_fill(~mask, inf).masked_fill(empty_q, 0.0), -1)
+                    .masked_fill(empty_q, 0.0),
+                    "any-2"))
+    for low in (torch.float32, torch.float16):  # the right weights, computed in a narrower dtype than the scores'
+        name = str(low).replace("torch.", "")
+        out.append(_row(f"computed in {name}, not float64", f"part of your computation ran in {name} (.float(), "
+                        f".half() or dtype=torch.{name}), which keeps too few significant digits for these inputs",
+                        "keep the scores' dtype from start to end (a wider dtype inside is fine, a narrower one is not)",
+                        lambda low=low: _softmax_oracle(_SoftCase("", s.to(low), mask, 0)).to(s.dtype)
+                        if s.dtype == torch.float64 else None, f"in-{name}"))
     weak = []
     for fill in (-1e4, -1e3, -1e5):
-        weak.append(Known("a fill value too weak for these scores", "you filled blocked scores with a finite negative "
+        weak.append(_row("a fill value too weak for these scores", "you filled blocked scores with a finite negative "
                           "number, but next to scores of ±3·10⁴ blocked keys still get weight", "fill with float('-inf')",
                           lambda fill=fill: torch.softmax(s.masked_fill(~full, fill), -1).masked_fill(empty, 0.0),
                           f"weak{fill}"))
@@ -919,41 +943,40 @@ def _confirm_no_keepdim(fn: Learner) -> bool:
 
 @check("masked_softmax", expects="a function masked_softmax(scores, mask) returning weights shaped like scores")
 def check_masked_softmax(fn: Learner) -> str:
-    known = Elimination(_softmax_mistakes)
-    amb = _Ambiguity()
-    for case in _softmax_cases():
-        s, mask = case.scores, case.mask
+    cases = _softmax_cases()
+    suspects = Suspects(_table(_softmax_mistakes, [(c.scores, c.mask) for c in cases], lambda s, m: tuple(s.shape)))
+    every = [(c.scores, c.mask) for c in cases]
+    for case, args in zip(cases, every):
+        s, mask = args
         tried = f"masked_softmax(scores {tuple(s.shape)} {str(s.dtype).replace('torch.', '')}, mask {tuple(mask.shape)}) on {case.name}"
-        full = torch.broadcast_to(mask, s.shape)
-        plain = torch.softmax(s.masked_fill(~full, float("-inf")), -1)
-        constructs = [("you found the fully masked rows with mask.any(dim=-1) without keepdim=True: its shape (…, n_q) "
-                       "lines up with the keys' axis of the weights, not with the rows",
-                       "keep the axis: ~mask.any(dim=-1, keepdim=True) has shape (…, n_q, 1)",
-                       [lambda: plain.masked_fill(~mask.any(-1), 0.0), lambda: plain.masked_fill(~full.any(-1), 0.0),
-                        lambda: torch.where(mask.any(-1), plain, 0.0), lambda: torch.where(full.any(-1), plain, 0.0)],
-                       lambda: _confirm_no_keepdim(fn))]
-        raw, changed = _watched(fn, (s, mask), tried, f"weights of shape {tuple(s.shape)}", ("scores", "mask"),
-                                constructs)
+        plain = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+        cause = ("you found the fully masked rows with mask.any(dim=-1) without keepdim=True: its shape (…, n_q) lines "
+                 "up with the keys' axis of the weights, not with the rows")
+        fix = "keep the axis: ~mask.any(dim=-1, keepdim=True) has shape (…, n_q, 1)"
+        constructs = [(cause, fix, attempt, lambda: _confirm_no_keepdim(fn)) for attempt in (
+            lambda: plain.masked_fill(~mask.any(-1), 0.0), lambda: torch.where(mask.any(-1), plain, 0.0),
+            lambda: plain.masked_fill(~torch.broadcast_to(mask, s.shape).any(-1), 0.0))]
+        raw, changed = _call(fn, args, {}, tried, f"weights of shape {tuple(s.shape)}", constructs, ("scores", "mask"))
         if isinstance(raw, np.ndarray):
             fail("returned a NumPy array, not a tensor", tried=tried, got=f"a NumPy array {raw.shape} {raw.dtype}",
                  expected="a torch tensor of weights, as the docstring says",
                  cause="part of your computation went through NumPy (.numpy(), np.exp…), which returns an array",
                  fix="stay with torch operations: masked_fill, torch.softmax, torch.where")
         got = as_tensor(raw, tried=tried, what="your function")
-        expected = _softmax_oracle(case)
-        if not same(got, expected, atol=case.atol, rtol=1e-4):
-            mistakes = known.candidates(got, case, atol=case.atol, rtol=1e-4)
-            with amb.case():
-                try:
-                    expect_close(got, expected, tried=tried, what="your weights", atol=case.atol, rtol=1e-4,
-                                 mistakes=mistakes)
-                except Failure as failure:
-                    if failure.diagnosis.cause:
-                        raise
-                    lower_precision(got, s.dtype, tried=tried, what="your weights")
-                    _softmax_structure(got, case, tried)
-                    raise
-            continue  # a failure that waits for a later case to tell two mistakes apart
+        if got.dtype == torch.bool:
+            rows = torch.equal(got, ~torch.broadcast_to(mask, s.shape).any(-1, keepdim=True))
+            fail("returned a bool tensor, not weights", tried=tried, got=f"a bool tensor of shape {tuple(got.shape)}",
+                 expected=f"float weights of shape {tuple(s.shape)}", cause="your function returned True/False values"
+                 + (": exactly the marks of the fully masked rows (~mask.any(dim=-1, keepdim=True)), a helper returned "
+                    "in place of the weights" if rows else ", not softmax weights"),
+                 fix="return the weights: the softmax of the masked scores, with fully masked rows set to 0")
+        try:
+            suspects.expect(got, _softmax_oracle(case), args, tried=tried, again=lambda *a: as_tensor(fn(*a), tried=""),
+                            distinguish=every, what="your weights", atol=case.atol)
+        except Failure as failure:
+            if not failure.diagnosis.cause:
+                _softmax_structure(got, case, tried)
+            raise
         if changed:
             names = " and ".join(changed)
             fail(f"changed {names} in place", tried=tried, got=f"right weights, but after the call {names} held "
@@ -961,11 +984,8 @@ def check_masked_softmax(fn: Learner) -> str:
                  cause=f"an in-place operation on {names} (a method ending in _ such as masked_fill_, or an assignment "
                        "into it) changes the caller's tensor too",
                  fix="compute new tensors: scores.masked_fill(~mask, float('-inf')), without the trailing _")
-        known.passed(case, expected, case.atol)
-    amb.finish()
-    shapes = {tuple(c.mask.shape) for c in _softmax_cases()}
     return ("zero weights on blocked keys and in fully masked rows, rows of allowed keys summing to 1 "
-            f"(masks of {len(shapes)} shapes, left padding, large scores, float16/32/64)")
+            f"(masks of {len({tuple(c.mask.shape) for c in cases})} shapes, left padding, large scores, float16/32/64)")
 
 
 def _softmax_structure(got: torch.Tensor, case: _SoftCase, tried: str) -> None:

@@ -565,6 +565,27 @@ WRONG += [
 ]
 
 
+def attn_without_Q(Q, K, V, mask=None):
+    w = torch.softmax(masked(K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), mask), -1)  # Q forgotten
+    return w @ V, w
+
+
+def attn_negates_none(Q, K, V, mask=None):
+    keep = None  # meant to hold the mask
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
+WRONG += [  # named causes added with the check kit (issue 22)
+    (attn_without_Q, ["Q left out of the scores", "Q is missing"]),
+    (attn_negates_none, ["raised TypeError", "you applied ~ to None"]),
+    (lambda Q, K, V, mask=None: (attn_matmul(Q, K, V, mask)[1],) * 2, ["weights returned as the output"]),
+]
+
+
 @pytest.mark.parametrize("fn,phrases", WRONG, ids=[f"{i}" for i in range(len(WRONG))])
 def test_check_attention_names_each_wrong_answer(fn, phrases, rejects):
     rejects(check_attention, fn, *phrases)

@@ -493,3 +493,74 @@ def test_block_sparse_attention_rejects(rejects, answer, phrases):
 def test_block_sparse_attention_names_tile_loop_slips(rejects, mistake, phrases):
     answer = lambda q, k, v, layout, b: bs_ref(q, k, v, layout, b, mistake=mistake)
     assert_voice(rejects(check_block_sparse_attention, answer, *phrases))
+
+
+# ============================================================================ causes measured when no known mistake fits
+def bs_wrong_rescale(q, k, v, layout, block_size):  # exp(m_new − m_old) where exp(m_old − m_new) belongs
+    scale, b = 1 / math.sqrt(q.shape[-1]), block_size
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for i in range(layout.shape[0]):
+        qb = q[..., i * b:(i + 1) * b, :] * scale
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for j in layout[i].nonzero().flatten().tolist():
+            s = qb @ k[..., j * b:(j + 1) * b, :].mT
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p, corr = torch.exp(s - new), torch.exp(new - m).nan_to_num(posinf=0.0)
+            l, acc, m = l * corr + p.sum(-1, keepdim=True), acc * corr + p @ v[..., j * b:(j + 1) * b, :], new
+        out[..., i * b:(i + 1) * b, :] = acc / l
+    return out
+
+
+def bs_last_block_off(q, k, v, layout, block_size):
+    out = bs_ref(q, k, v, layout, block_size)
+    out[..., -block_size:, :] *= 1.5
+    return out
+
+
+def chunk_u_doubled(q, k, v, chunk_size):  # u grows by twice the chunk's key features
+    fq, fk = phi(q), phi(k)
+    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.zeros(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype)
+    outs = []
+    for s in range(0, q.shape[-2], chunk_size):
+        a_q, a_k, a_v = fq[..., s:s + chunk_size, :], fk[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
+        a = (a_q @ a_k.mT).tril()
+        outs.append((a @ a_v + a_q @ C) / (a.sum(-1, keepdim=True) + a_q @ u))
+        C, u = C + a_k.mT @ a_v, u + 2 * a_k.sum(-2)[..., None]
+    return torch.cat(outs, -2)
+
+
+@pytest.mark.parametrize("check,answer,phrases", [
+    (check_block_sparse_attention, bs_wrong_rescale, ["wrong where a query block keeps several key blocks"]),
+    (check_block_sparse_attention, bs_last_block_off, ["wrong only in query blocks 3", "rows 24–31"]),
+    (check_chunked_linear_attention, chunk_u_doubled, ["only the first chunk right", "rows 0 … 1"]),
+])
+def test_measured_causes(rejects, check, answer, phrases):
+    result = rejects(check, answer, *phrases)
+    assert_voice(result)
+    assert "tiles of a query block are combined" in result.diagnosis.cause or answer is not bs_wrong_rescale
+
+
+def bs_wrong_with_several(q, k, v, layout, block_size):  # every row off as soon as any block keeps several tiles
+    out = bs_ref(q, k, v, layout, block_size)
+    return out * 1.1 if bool((layout.sum(-1) > 1).any()) else out
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (lambda q, k, v, layout, b: bs_ref(q, k, v, layout, b) * 0 + bs_ref(-q, k, v, layout, b),
+     ["wrong even with one tile per query block"]),
+    (lambda q, k, v, layout, b: bs_ref(q, k, v, layout, b, mistake="no_max") + 0 * q.sum() * float("nan"),
+     ["wrong even with one tile per query block", "(NaN)"]),
+    (bs_wrong_with_several, ["right with one tile per query block, wrong with several"]),
+])
+def test_block_sparse_one_tile_probe(rejects, answer, phrases):
+    assert_voice(rejects(check_block_sparse_attention, answer, *phrases))
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (lambda q, k, v, c: chunk_ref(q, k, v, c) * (1.0 if c == q.shape[-2] else 1.1), ["right as one chunk"]),
+    (lambda q, k, v, c: chunk_ref(q, k, v, c) * 1.1, ["wrong even as one chunk"]),
+])
+def test_chunked_one_chunk_probe(rejects, answer, phrases):
+    assert_voice(rejects(check_chunked_linear_attention, answer, *phrases))

@@ -398,6 +398,15 @@ def f_global_max(z):
     return e / e.sum(-1, keepdim=True)
 
 
+def f_normalised(e):
+    return e / e.sum(-1, keepdim=True)
+
+
+def f_stable(z):
+    e = torch.exp(z - z.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
 class ForwardSavesJ(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z):
@@ -456,6 +465,10 @@ FUNCTION_WRONG = [
     (make_function(ref.jacobian_backward), ["O(n²) memory in your backward"]),
     (make_function(lambda p, g: torch.stack([p[..., i] * (g[..., i] - (g * p).sum(-1)) for i in range(p.shape[-1])], -1)),
      ["O(n²) work in your backward"]),
+    (make_function(ref.softmax_vjp, lambda z: f_stable(z) * z.shape[-1]), ["divided by the mean, not the sum"]),
+    # NaN that no known mistake reproduces: where it comes from is measured
+    (make_function(ref.softmax_vjp, lambda z: f_naive(z) * (1 + 1e-3 * (z.amax() > 500))), ["NaN from an overflow"]),
+    (make_function(ref.softmax_vjp, lambda z: f_normalised(torch.exp(z - z[..., :1]))), ["NaN where scores are -inf"]),
     (ForwardSavesJ, ["O(n²) memory in your forward"]),
     (SavesNothing, ["did not save p"]),
     (ExitsInBackward, ["SystemExit", "stops programs"]),
@@ -603,6 +616,9 @@ MUTANT_LIKE = [
     (check_softmax_vjp, lambda p, g: p.clone(), "returned p"),
     (check_softmax_vjp, lambda p, g: p * (g + _dot(p, g)), "sign of the ⟨g, p⟩ term"),
     (check_softmax_vjp, lambda p, g: p * _dot(p, g), "only the − p ⟨g, p⟩ part"),
+    # one factor of p_i p_j lost (and the sign slipped): off the diagonal, J changes along one index only
+    (check_softmax_jacobian, lambda p: torch.diag_embed(p) - -1 * p.unsqueeze(-2), "changes with j only"),
+    (check_softmax_jacobian, lambda p: torch.diag_embed(p) - p.unsqueeze(-1) * -2, "changes with i only"),
 ]
 
 
@@ -638,12 +654,19 @@ def rt_j_clears_s(p):
     return J
 
 
+def rt_j_second_row_doubled(p):  # right for the first batch entry only
+    J = J_of(p)
+    return torch.cat([J[:1], 2 * J[1:]]) if J.ndim >= 3 else J
+
+
 @pytest.mark.parametrize("fn,phrases,absent", [
     (rt_j_flat_outer, ["one Jacobian for the whole batch, flattened"], ["reduction"]),
     (rt_j_over_n, ["off by a factor of 1/n"], []),
     (rt_j_rows_only, ["works on input of shape (2, 5) but raises on (3,)"], []),
     (rt_j_squeeze, ["fails when n = 1, though it worked for n = 3"], ["`dim` argument"]),
     (rt_j_clears_s, ["p changed in place"], []),
+    (rt_j_second_row_doubled, ["wrong for some batch entries", "wrong for 1"], []),
+    (lambda p: J_of(p).round(decimals=3), ["about 3 digits right"], ["float16"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_softmax_jacobian_red_team(fn, phrases, absent, rejects):
     text = rejects(check_softmax_jacobian, fn, *phrases).text()

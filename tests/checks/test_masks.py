@@ -232,6 +232,8 @@ def test_decoder_key_only_answer_gets_no_note(accepts, rejects):
     # unforeseen: causal part from the number of real tokens (a square of size L)
     (lambda ids, pad: causal(ids.shape[1]) & real(ids, pad)[:, None, None, :] & real(ids, pad)[:, None, :, None]
      & (torch.arange(ids.shape[1]) > 0)[:, None], ["whole query rows blocked", "(0, 0, 0)"]),
+    # the padding part inverted alone (== where != belongs)
+    (lambda ids, pad: causal(ids.shape[1]) & (ids == pad)[:, None, None, :], ["padding part inverted (== pad_id)"]),
 ])
 def test_decoder_rejects(fn, phrases, rejects):
     rejects(check_decoder_mask, fn, *phrases)
@@ -279,6 +281,11 @@ def test_cross_accepts(fn, accepts):
     (lambda tgt, src, pad: torch.ones(tgt.shape[0], 1, tgt.shape[1], src.shape[1], dtype=torch.bool), ["nothing is masked"]),
     (lambda tgt, src, pad: torch.ones(2, 2, 2, 2, dtype=torch.bool), ["does not fit"]),
     (lambda tgt, src, pad: (src != pad)[:, None, :], ["does not fit"]),
+    (lambda tgt, src, pad: -1, ["returned the number -1, not a mask", "plain number"]),
+    (lambda tgt, src, pad: (src != pad)[:, None, None, :].expand(-2, 1, tgt.shape[1], -1),
+     ["raised RuntimeError", "you gave expand the size -2", "-1 to keep"]),
+    (lambda tgt, src, pad: (src != pad)[:, None, None, :].expand(-1, 0, tgt.shape[1], -1),
+     ["does not fit", "an axis of size 0 (axis 1)"]),
 ])
 def test_cross_rejects(fn, phrases, rejects):
     rejects(check_cross_attention_mask, fn, *phrases)
@@ -327,6 +334,12 @@ def test_additive_accepts(fn, accepts):
     (lambda mask, dtype=torch.float32: M.additive_mask(mask.squeeze(), dtype), ["not the mask's"]),
     (lambda mask, dtype=torch.float32: torch.log1p(mask.to(dtype)), ["kept positions are not 0"]),  # not polarity
     (lambda mask, dtype=torch.float32: torch.log((~mask).to(dtype)), ["polarity inverted"]),
+    (lambda mask, dtype=torch.float32: M.additive_mask(mask, dtype).mT, ["last two axes swapped", ".mT"]),
+    (lambda mask, dtype=torch.float32: ~mask, ["you returned ~mask, the negated mask"]),
+    (lambda mask, dtype=torch.float32: mask.shape.masked_fill(~mask, float("-inf")),
+     ["raised AttributeError", "on a shape (a torch.Size"]),
+    (lambda mask, dtype=torch.float32: torch.full(mask.shape, 2.0, dtype=dtype).masked_fill(~mask, float("-inf")),
+     ["kept positions are not 0", "every kept position of your result holds 2"]),
 ])
 def test_additive_rejects(fn, phrases, rejects):
     rejects(check_additive_mask, fn, *phrases)
@@ -458,6 +471,11 @@ def ms_float32_inside(scores, mask):
     (lambda s, m: ms_nan_to_num(s, m).numpy(), ["NumPy array"]),
     (lambda s, m: torch.softmax(s.masked_fill(~m, -1e9), -1).masked_fill(~m.any(-1, keepdim=True), 0.0),
      ["float16", "65504"]),
+    (lambda s, m: ms_solution(s, m) if m.dim() < 2 else torch.softmax(
+        s.masked_fill(~m, float("-inf")).masked_fill(~m.any(-2, keepdim=True), 0.0), -1)
+     .masked_fill(~m.any(-2, keepdim=True), 0.0), ["fully masked rows looked for over axis -2", "mask.any(dim=-2)"]),
+    (lambda s, m: ~m.any(dim=-1, keepdim=True), ["returned a bool tensor, not weights", "fully masked rows"]),
+    (lambda s, m: ms_solution(s.float(), m).to(s.dtype), ["computed in float32, not float64"]),
 ])
 def test_masked_softmax_names_unforeseen_mistakes(fn, phrases, rejects):
     result = rejects(check_masked_softmax, fn, *phrases)

@@ -379,7 +379,7 @@ H = lambda heads: torch.arange(1, heads + 1, dtype=torch.float64)  # noqa: E731
     (lambda n, n_heads: ref.alibi_bias(n, n_heads).permute(1, 2, 0), ["heads last"]),
     (alibi_slopes_rule(ref.alibi_slopes, form=lambda d: -d.clamp(min=0)), ["zero for keys after the query"]),
     (lambda n, n_heads: torch.zeros(n, n, dtype=torch.long), ["integer result"]),
-    (lambda n, n_heads: ref.alibi_bias(n, n_heads)[0], ["wrong shape"]),
+    (lambda n, n_heads: ref.alibi_bias(n, n_heads)[0], ["(axis 0 dropped)", "an index [0] on axis 0"]),
 ])
 def test_check_alibi_names_each_pitfall(fn, phrases, rejects):
     rejects(check_alibi_bias, fn, *phrases)
@@ -823,7 +823,7 @@ def decode_rotate_all(q_new, k_new, k_cache):
     (decode_rule(rerotate=True), ["cached keys rotated again"]),
     (decode_rotate_all, ["rotated again"]),
     (decode_rule(prepend=True), ["new keys put before the cache"]),
-    (lambda q_new, k_new, k_cache: ref.apply_rope(q_new), ["did not return (q_rotated, k_cache)"]),
+    (lambda q_new, k_new, k_cache: ref.apply_rope(q_new), ["returned one tensor, not (q_rotated, k_cache)"]),
     (lambda q_new, k_new, k_cache: (ref.apply_rope(q_new), k_cache), ["wrong shape"]),
 ])
 def test_check_decode_names_each_pitfall(fn, phrases, rejects):
@@ -832,3 +832,87 @@ def test_check_decode_names_each_pitfall(fn, phrases, rejects):
 
 def test_check_decode_not_attempted(rejects, unfinished):
     rejects(check_rope_decode_step, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
+
+
+# ================================================================================== causes measured when no known mistake fits
+def t5_from(rel_of):
+    """The right buckets of another relative position than j − i (``rel_of(i, j)``)."""
+    def fn(n, table, bidirectional=True, max_distance=128):
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        buckets = ref.relative_position_bucket(rel_of(i, j), bidirectional, table.shape[0], max_distance)
+        return table[buckets].permute(2, 0, 1)
+    return fn
+
+
+def t5_exact_plus_one(n, table, bidirectional=True, max_distance=128):
+    buckets = ref.relative_position_bucket(torch.arange(n)[None, :] - torch.arange(n)[:, None], bidirectional,
+                                           table.shape[0], max_distance)
+    half = table.shape[0] // 2 if bidirectional else table.shape[0]
+    small = (buckets % half if bidirectional else buckets) < half // 2
+    return table[torch.where(small & (buckets % half > 0), buckets + 1, buckets).clamp(max=table.shape[0] - 1)
+                 ].permute(2, 0, 1)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (t5_from(lambda i, j: j + i), ["buckets that depend on i and j, not on j − i"]),
+    (t5_exact_plus_one, ["wrong buckets", "j − i = "]),
+    (lambda n, table, bidirectional=True, max_distance=128: ref.relative_position_bias(
+        n, table, bidirectional, max_distance) * 1.5, ["entries that are not table values"]),
+    (lambda n, table, bidirectional=True, max_distance=128: ref.relative_position_bias(
+        n, table, bidirectional, max_distance)[:, :1], ["only query 0 computed", "axis 1"]),
+])
+def test_check_t5_measures_the_buckets(fn, phrases, rejects):
+    rejects(check_relative_position_bias, fn, *phrases)
+
+
+def test_check_alibi_names_the_one_column_kept(rejects):
+    def one_key(n, n_heads):
+        slopes = 2 ** (-8 * (torch.arange(n_heads) + 1) / n_heads)
+        t = torch.arange(n)
+        return -slopes[:, None, None] * t[:, None].abs()  # (A, n, 1): the distance to key 0 only
+    rejects(check_alibi_bias, one_key, "only key 0 computed", "axis 2 (5 keys)")
+
+
+def test_check_rope_names_the_coefficients(rejects):
+    rejects(check_apply_rope, _rope_plus_sin, "not the rotation's coefficients", "takes x_2r+1 × sin(t·θ_r)")
+
+
+def _rope_plus_sin(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos + odd * sin, even * sin + odd * cos], -1).flatten(-2)  # + where − belongs
+
+
+def test_check_sinusoid_names_the_wrong_columns(rejects):
+    def one_bad_column(n, d, base=10000.0):
+        pe = ref.sinusoidal_encoding(n, d, base, dtype=torch.float64)
+        pe[:, 1] = torch.cos(2 * torch.arange(n, dtype=torch.float64))
+        return pe
+    rejects(check_sinusoidal_encoding, one_bad_column, "wrong values in 1 of 8 columns", "the cosine column 1")
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (lambda attn: attn(torch.randn(6, 8)) == attn(torch.randn(6, 8)), ["a tensor of shape (6, 8)"]),
+    (lambda attn: attn(torch.randn(6, 8))[torch.arange(5, 0)], ["step leads away from end"]),
+    (lambda attn: torch.allclose(attn(torch.randn(6, 8)), attn(torch.randn(6, 8)), atol=-1.0), ["negative tolerance"]),
+])
+def test_check_equivariance_test_explains_more(fn, phrases, rejects):
+    rejects(check_is_permutation_equivariant, fn, *phrases)
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_sinusoidal_encoding, lambda n, d, base=10000.0: ref.sinusoidal_encoding(n, d, base)[:, :2],
+     ["2 columns for d = 8 and 2 for d = 12"]),
+    (check_sinusoidal_encoding, lambda n, d, base=10000.0: ref.sinusoidal_encoding(2, d, base),
+     ["2 rows for n = 6 and 2 for n = 9"]),
+    (check_additive_attention, lambda q, k, v, W_q, W_k, w, mask=None: ref.additive_attention(
+        q, k, v, W_q, W_k, w, mask)[1:] * 2, ["the output is the right weights"]),
+    (check_rope_decode_step, lambda q_new, k_new, k_cache: (ref.rope_decode_step(q_new, k_new, k_cache)[0], [
+        k_cache, ref.apply_rope(k_new, torch.arange(k_cache.shape[-2], k_cache.shape[-2] + k_new.shape[-2]))]),
+     ["the k_cache is a list of 2 tensors"]),
+])
+def test_wrong_shapes_are_measured(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)

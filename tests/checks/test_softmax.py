@@ -831,6 +831,16 @@ MUTANT_LIKE = [
     (check_log_softmax, lambda x, dim=-1: x + torch.logsumexp(x, dim, keepdim=True), "logsumexp added"),
     (check_log_softmax, lambda x, dim=-1: x - (_m(x, 0) + torch.log(torch.exp(x - _m(x, 0)).sum(dim, keepdim=True))),
      "maximum taken along the wrong axis"),
+    # the mean where the sum belongs: every weight n times too large
+    (check_stable_softmax, lambda x, dim=-1: torch.exp(x - _m(x, dim)) / torch.exp(x - _m(x, dim)).mean(dim, keepdim=True),
+     "divided by the mean, not the sum"),
+    (check_softmax_temperature, lambda x, t: torch.exp(x / t - _m(x / t, -1)) / torch.exp(x / t - _m(x / t, -1)).mean(
+        -1, keepdim=True), "divided by the mean, not the sum"),
+    # e^m where e^(x − m) belongs: the scores drop out of logsumexp
+    (check_logsumexp, lambda x, dim=-1: (_m(x, dim) + torch.log(torch.exp(_m(x, dim)).sum(dim, keepdim=True))).squeeze(dim),
+     "exponential of the maximum, not of x − m"),
+    (check_log_softmax, lambda x, dim=-1: x - (_m(x, dim) + torch.log(torch.exp(_m(x, dim)).sum(dim, keepdim=True))),
+     "exponential of the maximum, not of x − m"),
 ]
 
 
@@ -879,6 +889,11 @@ def rt_rounded(x, dim=-1):  # three digits, but not float16: must not be blamed 
     return torch.softmax(x, dim).round(decimals=3)
 
 
+def rt_second_batch_entry_sharper(x, dim=-1):  # batch entry 1 of a 3-D input at another temperature
+    w = torch.softmax(x, dim)
+    return torch.cat([w[:1], torch.softmax(2 * x[1:], dim)]) if x.ndim == 3 else w
+
+
 def rt_in_place(x, dim=-1):  # right values, but the caller's scores are overwritten
     x -= x.amax(dim, keepdim=True)
     x.exp_()
@@ -893,6 +908,7 @@ def rt_in_place(x, dim=-1):  # right values, but the caller's scores are overwri
     (rt_squeeze, ["size-1 axes dropped", ".squeeze()"], ["keepdim"]),
     (rt_rounded, ["about 3 digits right"], ["float16"]),
     (rt_in_place, ["x changed in place", "in-place"], []),
+    (rt_second_batch_entry_sharper, ["wrong for some batch entries", "right for batch entry 0"], []),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_stable_softmax_red_team(fn, phrases, absent, rejects):
     text = rejects(check_stable_softmax, fn, *phrases).text()
