@@ -176,7 +176,6 @@ class CacheStackList:
     (cache_class(append_rule=lambda old, new: torch.cat([new, old], -2)), ["appended in the wrong order"]),
     (cache_class(append_rule=lambda old, new: torch.cat([old, new], -1)), ["wrong axis", "feature axis"]),
     (cache_class(append_rule=lambda old, new: torch.cat([old, new], 0)), ["wrong axis"]),
-    (cache_class(append_rule=lambda old, new: new), ["cache overwritten"]),
     (CacheReturnsOld, ["before appending"]),
     (CacheShared, ["share their storage", "__init__"]),
     (cache_class(attend_rule=lambda q, K, V: attend_over(q, K[..., :-1, :], V[..., :-1, :])), ["does not attend to itself"]),
@@ -193,8 +192,6 @@ class CacheStackList:
     (CacheNeedsLength, ["raised TypeError", "takes no arguments"]),
     (CacheStackList, ["wrong axis"]),
     (cache_class(attend_rule=lambda q, K, V: V.mean(-2, keepdim=True)), ["uniform weights"]),
-    (cache_class(attend_rule=lambda q, K, V: F.scaled_dot_product_attention(q, K, V, is_causal=True)),
-     ["top-left alignment"]),
     (cache_class(append_rule=lambda old, new: torch.cat([old, new], dim=2)), ["dim=-2"]),
     (CacheListsReturned, ["as a Python list", "torch.cat"]),
 ])
@@ -296,8 +293,9 @@ def test_check_masks_name_an_all_false_mask(rejects):
     text = rejects(check_bottom_right_causal_mask, lambda n_q, n_k: torch.zeros(n_q, n_k, dtype=torch.bool),
                    "the mask blocks every key", "False everywhere").text()
     assert "same values for every" not in text
+    # No known mistake keeps nothing here: what the check measured is the cause.
     rejects(check_sliding_window_mask, lambda n_q, n_k, window: torch.zeros(n_q, n_k, dtype=torch.bool),
-            "the mask blocks every key")
+            "the mask blocks every key", "even each query's own")
     # A known mistake that happens to give an all-False mask on some shape is still named as that mistake.
     rejects(check_bottom_right_causal_mask, lambda n_q, n_k: torch.ones(n_q, n_k, dtype=torch.bool).tril(n_q - n_k),
             "wrong sign")
@@ -420,7 +418,7 @@ def test_check_window_mask_names_each_pitfall(fn, phrases, rejects):
 def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divide=True, scale=None, tail=True,
                  full=False, sdpa=False, ragged=False, early=0, out_dtype=None, global_max=False, zero_init=False,
                  block_max=False, fill=-math.inf, guard=True, late=False, blocked="band", sum_reset=False,
-                 q_tail=True, fixed_block=None, unaligned=False):
+                 q_tail=True, fixed_block=None, unaligned=False, acc_power=1):
     """A tiled sliding-window attention with switches: right with the defaults."""
 
     def fn(q, k, v, window, block_size):
@@ -456,7 +454,8 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
                 if local:
                     r, c = r - qs, c - ks
-                hide = {"band": (c > r) | (c <= r - window + w_lo), "causal": c > r, "window": c <= r - window}[blocked]
+                hide = {"band": (c > r) | (c <= r - window + w_lo), "causal": c > r, "window": c <= r - window,
+                        "edge": (c > r) | (c == r - window)}[blocked]
                 s = s.masked_fill(hide, torch.finfo(q.dtype).min if fill == "finfo" else fill)
                 m_new = torch.maximum(m, s.amax() if global_max else s.amax(-1, keepdim=True))
                 if block_max:
@@ -465,7 +464,8 @@ def window_tiled(w_lo=0, causal_skip_only=False, local=False, rescale=True, divi
                 alpha = torch.exp(m - safe) if rescale else torch.ones_like(m)
                 p = torch.exp(s - safe)
                 l = (0 if sum_reset else l * alpha) + p.sum(-1, keepdim=True)
-                acc = acc * alpha + p @ v[..., ks:ke, :]
+                power = (2 if start0 > 0 else 1) if acc_power == "late" else acc_power  # "late": where blocks are skipped
+                acc = acc * alpha ** power + p @ v[..., ks:ke, :]
                 m = m_new
             out[..., qs:qe, :] = acc / l if divide else acc
         return out if out_dtype is None else out.to(out_dtype)
@@ -703,3 +703,53 @@ def test_check_kvcache_tells_top_left_from_a_missing_self(rejects):
 ])
 def test_check_merge_red_team_pitfalls(fn, phrases, rejects):
     rejects(check_merge_partials, fn, *phrases)
+
+
+# ================================================================================== what the checks measure
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_sliding_window_mask, lambda n_q, n_k, w: torch.arange(n_k, n_k - n_q)[:, None] > torch.arange(n_k)[None],
+     ["raised RuntimeError", "torch.arange(start, end) got start > end"]),
+    (check_sliding_window_attention, window_tiled(fixed_block=2.0), ["raised TypeError", "a float where Python needs an"]),
+    (check_merge_partials, lambda a, b: ref.merge_partials(a, b)[:2] + (a[2] * (b[0] > a[0]) - (a[0] > b[0]),),
+     ["raised RuntimeError", "a `-` met a bool tensor"]),
+])
+def test_exceptions_this_notebook_makes_certain_are_explained(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)
+
+
+def test_masks_say_what_a_wrong_row_sees(rejects):
+    rejects(check_sliding_window_mask, lambda n_q, n_k, w: torch.ones(n_k, n_k, dtype=torch.bool).tril()[n_q:],
+            "wrong shape (7, 10)", "7 rows = n_k − n_q where the n_q = 3 queries need 3")
+    rejects(check_sliding_window_mask, window_rule(lambda p, j, w, n_q, n_k: (j > p) & (j < p + w)),
+            "wrong entries", "lets query 0 (position 7) see keys 8 … 9, where it may see keys 4 … 7")
+
+
+def merge_factors(l_rule):
+    """The right merge except l, computed by ``l_rule(l_a, alpha, l_b, beta)``."""
+    def fn(a, b):
+        m, _, acc = ref.merge_partials(a, b)
+        s = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        return m, l_rule(a[1], torch.exp(a[0] - s), b[1], torch.exp(b[0] - s)), acc
+    return fn
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (merge_factors(lambda la, al, lb, be: la * al + lb * torch.log(be)), ["multiplies part b's l by -2, 0, 0",
+                                                                           "the exp is missing"]),
+    (merge_factors(lambda la, al, lb, be: al + lb * be), ["part a's l by 0, 0, 0", "adds 1, 0.1353, 1 to l"]),
+    (merge_factors(lambda la, al, lb, be: la * al + lb / be), ["part b's l by 7.389, 1, 1", "the inverse"]),
+    (lambda a, b: (b[0],) + ref.merge_partials(a, b)[1:], ["your m equals part b's m_b in every row"]),
+])
+def test_merge_measures_the_factor_each_side_gets(fn, phrases, rejects):
+    rejects(check_merge_partials, fn, *phrases)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (window_tiled(w_lo=-2), ["query 3's output is attention over keys 0 … 3", "where it may see keys 1 … 3"]),
+    (window_tiled(scale=0.3), ["wrong even on one tile and no window"]),
+    (window_tiled(blocked="edge"), ["right on one tile and no window", "but wrong on one tile with window 3"]),
+    (window_tiled(acc_power=2), ["blocks of 4 and no window", "what changes with several blocks"]),
+    (window_tiled(acc_power="late"), ["wrong only where tiles and the window meet"]),
+])
+def test_window_attention_measures_where_it_goes_wrong(fn, phrases, rejects):
+    rejects(check_sliding_window_attention, fn, *phrases)
