@@ -335,7 +335,20 @@ def one_key_for_all_samples(d, s, n, g):
     return (q * k).sum(-1).var()
 
 
+@mk
+def single_number(d, s, n, g):  # .sum() over everything: the variance of one number is NaN
+    return (R(n, d, g, s) * R(n, d, g, s)).sum().var()
+
+
+@mk
+def constant_q(d, s, n, g):  # sigma * n_samples where sigma * torch.randn(n_samples, d_k) was meant
+    return (s * n * R(n, d, g, s)).sum(-1).var()
+
+
 MC_WRONG = [
+    # issue 22: named from what the watcher saw (a variance over one value) and from the estimates' pattern
+    W(single_number, "NaN: the variance of a single number"),
+    W(constant_q, "n_samples²·σ⁴·d_k", "constant σ·n_samples"),
     W(divided_by_dk, "σ⁴/d_k", "divided the dot product by d_k"),
     W(mean_not_sum, "σ⁴/d_k", "mean"),
     W(scaled_score, "the scores were divided by √d_k"),
@@ -374,7 +387,7 @@ MC_WRONG = [
     W(variance_over_entries, "NaN when d_k = 1", "single entry"),
     W(reseeds_at_random, "some draws ignore the generator", "generator.seed()"),
     W(list_result, "returned a list", named=False),
-    W(sample_size_one, "NaN", named=False),
+    W(sample_size_one, "NaN: the variance of a single number"),  # one sample: one dot product, NaN variance
     W(lambda d_k, sigma=1.0, n_samples=20_000: 1.0, "no parameter generator", "renamed"),
     W(lambda d_k, sigma, n_samples=20_000, generator=None: 1.0, "sigma has no default value"),
     W(lambda d_k, sigma=1.0, n_samples=20_000, generator=None: None, "returned None", "return"),
@@ -478,6 +491,16 @@ SCALED_WRONG = [
     W(lambda Q, K: S(Q, K) / math.sqrt(Q.numel()), "number of entries of Q"),
     W(lambda Q, K: S(Q, Q) / math.sqrt(Q.shape[-1]), "does not depend on K"),
     W(lambda Q, K: S(Q, K) / math.sqrt(math.log(Q.shape[-1] + 2)), "wrong number", named=False),
+    W(lambda Q, K: math.sqrt(Q.shape[-1]), "returned a Python number", "one score per pair"),
+    # notebook 01's product mistakes, under the scaling (the table of this check holds them too)
+    W(lambda Q, K: Q.mT @ K / math.sqrt(Q.shape[-1]), "Qᵀ K instead of Q Kᵀ"),
+    W(lambda Q, K: Q @ K.transpose(0, 1) / math.sqrt(Q.shape[-1]), "transpose(0, 1)"),
+    W(lambda Q, K: torch.inner(Q, K) / math.sqrt(Q.shape[-1]), "torch.inner"),
+    W(lambda Q, K: Q @ K.t() / math.sqrt(Q.shape[-1]), "2-D only"),
+    W(lambda Q, K: (Q * K).sum(-1) / math.sqrt(Q.shape[-1]), "entry-by-entry"),
+    W(lambda Q, K: torch.stack([q @ k.T for q, k in zip(Q, K)]) / math.sqrt(Q.shape[-1]), "loop over the first axis"),
+    W(lambda Q, K: Q.reshape(-1, Q.shape[-1]) @ K.reshape(-1, K.shape[-1]).T / math.sqrt(Q.shape[-1]), "flattened"),
+    W(lambda Q, K: Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]) / math.sqrt(Q.shape[-1]), "reshaped"),
 ]
 
 
@@ -499,7 +522,7 @@ def test_scaled_scores_cases_tell_the_sizes_apart():
         Q, K = case.args
         d = Q.shape[-1]
         assert d == 1 or math.isqrt(d) ** 2 != d
-        if "square" not in case.tags:
+        if "square" not in case.label:
             assert d not in (Q.shape[-2], K.shape[-2])
 
 
