@@ -23,25 +23,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .boundary import probe
+from . import kit
 from .compare import Failure, same
 from .core import Learner, LearnerRaised, as_tensor, check, fail, fmt, learner_error
 from .kit import BOOL_HINT, Known, Suspects, explain_raise, reproduce
 
 __all__ = ["check_attention", "check_score_matrix_bytes"]
-
-
-# ============================================================================ probe (could move to the kit)
-CALL_PROBE = "attn_course.checks.attention.call"
-
-
-@probe(CALL_PROBE)
-def _call_watching_inputs(fn: Callable, *args: Any) -> tuple[Any, list[int]]:
-    """In the learner's process: ``fn(*args)`` and the positions of the tensor arguments it changed in place."""
-    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
-    result = fn(*args)
-    return result, [i for i, (a, b) in enumerate(zip(args, before)) if b is not None
-                    and (a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b))]
 
 
 # ============================================================================ cases and oracle
@@ -364,7 +351,7 @@ def _call(fn: Learner, case: Case, tried: str) -> tuple[object, list[str]]:
     """The learner's result on ``case`` and the names of the arguments it changed in place."""
     args = case.args if case.mask is not None else case.args[:3]
     try:
-        result = fn.observe(CALL_PROBE, *args)
+        result = fn.observe(kit.CALL, *args)
     except LearnerRaised as exc:
         raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **_explain(exc, case))) from None
     value, changed = result if isinstance(result, tuple) and len(result) == 2 else (result, [])
@@ -401,7 +388,7 @@ def check_attention(fn: Learner) -> str:
         except Failure as failure:
             if not failure.diagnosis.cause:
                 _random(fn, case, tried, w)
-                _lower_precision(w, case.Q.dtype, tried=tried, what="the weights")
+                kit.lower_precision(w, case.Q.dtype, tried=tried, what="the weights")
                 _structure(w, case, tried, passed_dks)
             raise
         _squeezed(out, exp_out.shape, tried, "the output")
@@ -412,7 +399,7 @@ def check_attention(fn: Learner) -> str:
                            fix="the output is weights @ V: (..., n_q, d_v)")
         except Failure as failure:
             if not failure.diagnosis.cause:
-                _lower_precision(out, case.Q.dtype, tried=tried, what="the output")
+                kit.lower_precision(out, case.Q.dtype, tried=tried, what="the output")
             raise
         if changed:
             names = " and ".join(changed)
@@ -581,38 +568,6 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
         fail(f"scores divided by {f'√{k}' if fixed else fmt(c)} instead of √d_k = {fmt(math.sqrt(d_k))}", tried=tried,
              got=f"the weights of softmax(Q Kᵀ / {fmt(c)})", expected=f"softmax(Q Kᵀ / √d_k) with d_k = {d_k}",
              cause=cause, fix="divide Q Kᵀ by math.sqrt(Q.shape[-1]), computed inside the function")
-
-
-# ---------------------------------------------------------------------------- precision (could move to the kit:
-# notebooks 11 and 12's checks keep a smaller copy of the same test)
-_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}  # significant bits
-
-
-def _lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str) -> None:
-    """Fail, naming the dtype, when a wrong ``got`` went through a dtype narrower than the inputs': its own dtype
-    is narrower, or every entry lies exactly on that dtype's grid (a float64 computation lands there by chance
-    with probability about 2⁻²⁹ per entry)."""
-    bits = _BITS.get(input_dtype)
-    if bits is None or not got.is_floating_point():
-        return
-    low = got.dtype if _BITS.get(got.dtype, 99) < bits else None
-    values = got[torch.isfinite(got)]
-    telling = values[(values != 0) & (values.abs() != 1) & (values.abs() != 0.5)]
-    for candidate in (torch.bfloat16, torch.float16, torch.float32) if low is None and telling.numel() >= 4 else ():
-        if _BITS[candidate] < bits and torch.equal(telling.to(candidate).to(got.dtype), telling):
-            low = candidate
-            break
-    if low is None:
-        return
-    name, inputs = str(low).replace("torch.", ""), str(input_dtype).replace("torch.", "")
-    fail(f"computed in {name}, not {inputs}", tried=tried, got=f"{what}: {name} values" + (
-        "" if got.dtype == low else f" (every entry exactly representable in {name})") + f", although the inputs are "
-         f"{inputs}", expected=f"the results at {inputs} precision",
-         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} (.float(), "
-               f".half(), .to({name}) or dtype={name}), which keeps about "
-               f"{ {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}[low]} significant digits: too few for these "
-               "inputs", fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one "
-                             "is not)")
 
 
 def _rounded_to(t: torch.Tensor) -> int | None:

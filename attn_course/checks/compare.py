@@ -142,10 +142,12 @@ def as_tensor(value: Any, *, tried: str, what: str = "your function", expected: 
 
 
 def expect_shape(t: torch.Tensor, shape: Sequence[int], *, tried: str, what: str = "your result",
-                 mistakes: Sequence[Mistake] = (), fix: str = "", values: torch.Tensor | None = None) -> None:
+                 mistakes: Sequence[Mistake] = (), fix: str = "", values: torch.Tensor | None = None,
+                 axes: Sequence[str | None] | None = None) -> None:
     """Fail unless ``t`` has exactly ``shape``; blame a mistake that produces this very shape and values.
     ``values`` (the expected result, when the caller has it) lets the diagnosis tell an axis lost to an
-    index (``x[0]``) from one lost to a sum or a mean."""
+    index (``x[0]``) from one lost to a sum or a mean; ``axes`` names the expected axes in the plural
+    ("heads", …), as in :func:`expect_close`, so that the lost one is called by its name ("only head 0 kept")."""
     shape = tuple(int(s) for s in shape)
     if tuple(t.shape) == shape:
         return
@@ -153,7 +155,7 @@ def expect_shape(t: torch.Tensor, shape: Sequence[int], *, tried: str, what: str
     found = matching_mistakes(t, mistakes, atol=1e-5, rtol=1e-4)
     if found:
         _blame(found, tried, got, expected)
-    lost = _lost_axis(t, values) if values is not None and tuple(values.shape) == shape else None
+    lost = _lost_axis(t, values, axes=axes) if values is not None and tuple(values.shape) == shape else None
     if lost:
         summary, cause, lost_fix = lost
         fail(summary, tried=tried, got=got, expected=expected, cause=cause, fix=lost_fix)
@@ -162,7 +164,8 @@ def expect_shape(t: torch.Tensor, shape: Sequence[int], *, tried: str, what: str
          fix=fix or "follow the shapes in the docstring line by line; print(x.shape) after each step helps")
 
 
-def _lost_axis(t: torch.Tensor, e: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4) -> tuple[str, str, str] | None:
+def _lost_axis(t: torch.Tensor, e: torch.Tensor, atol: float = 1e-5, rtol: float = 1e-4,
+               axes: Sequence[str | None] | None = None) -> tuple[str, str, str] | None:
     """(summary, cause, fix) when ``t`` is the expected ``e`` with one axis taken away: one index of it kept
     (``x[0]``), or its sum or mean; None otherwise."""
     if t.ndim + 1 != e.ndim or not (t.is_floating_point() and e.is_floating_point()):
@@ -171,7 +174,7 @@ def _lost_axis(t: torch.Tensor, e: torch.Tensor, atol: float = 1e-5, rtol: float
     for axis in range(e.ndim):
         if e.shape[axis] < 2 or tuple(x.select(axis, 0).shape) != tuple(a.shape):
             continue  # an axis of size 1 dropped is a squeeze, which the shape alone tells
-        ax = _Axis(axis, e.ndim, None)
+        ax = _Axis(axis, e.ndim, axes)
         for j in range(e.shape[axis]):
             if same(a, x.select(axis, j), atol=atol, rtol=rtol):
                 index = _index_text(j, e.shape[axis]).split(" or ")[0]
@@ -238,7 +241,8 @@ def expect_close(actual: torch.Tensor, expected: torch.Tensor, *, tried: str, wh
     in the plural (``("batch entries", "heads", "queries", "keys")``). ``fix`` is the advice when the
     measurement names no cause; when it does, the measurement's own advice comes first."""
     if tuple(actual.shape) != tuple(expected.shape):
-        expect_shape(actual, expected.shape, tried=tried, what=what, mistakes=mistakes, fix=fix, values=expected)
+        expect_shape(actual, expected.shape, tried=tried, what=what, mistakes=mistakes, fix=fix, values=expected,
+                     axes=axes)
     if same(actual, expected, atol=atol, rtol=rtol):
         return
     found = matching_mistakes(actual, mistakes, atol=atol, rtol=rtol)
@@ -579,6 +583,46 @@ _EXCEPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("UnboundLocalError", r"'?(\w+)'? (?:referenced before assignment|where it is not associated with a value)",
      "`{1}` is used before anything is assigned to it: the line that computes it is missing or comes later",
      "compute `{1}` before the line that uses it"),
+    ("NameError", r"cannot access free variable '(\w+)'",
+     "`{1}` is used (in a generator expression or inner function) before anything is assigned to it",
+     "compute `{1}` before the line that uses it"),
+    ("RuntimeError", r"upper bound and lower bound inconsistent with step sign",
+     "a torch.arange(start, end, step) whose step leads away from end: its arguments are in another order, or start "
+     "lies beyond end", "print the arange's arguments: it counts from start up to end (excluded)"),
+    ("RuntimeError", r"step must be nonzero", "a step of 0 in torch.arange or a slice",
+     "use a step of 1 (or 2 to take every other one)"),
+    ("RuntimeError", r"Boolean value of Tensor", "Python asked a tensor of several values for one True/False (`if`, "
+     "`while`, `and`, `or`, `not`, any(...) over tensors): it has none",
+     "reduce the comparison to one bool first: torch.equal(a, b), torch.allclose(a, b) or (a == b).all(); test for "
+     "None with `is not None`"),
+    ("RuntimeError", r"If you are trying to invert a mask", "- does not negate a bool mask",
+     "negate it with ~mask (or mask.logical_not())"),
+    ("RuntimeError", r"atol must be greater than or equal to zero", "a negative tolerance", "use atol=1e-5"),
+    ("RuntimeError", r"clamp: At least one of 'min' or 'max' must not be None",
+     "clamp() was called with neither min nor max (a clamp without its bound), so it has no bound to apply",
+     "give the bound: .clamp(min=0) or .clamp(max=B - 1)"),
+    ("RuntimeError", r"permute\(\): duplicate dims", "a permute that names one axis twice: each axis must appear "
+     "exactly once", "list every axis once: .permute(2, 0, 1) turns (n, n, A) into (A, n, n)"),
+    ("RuntimeError", r"diagonal dimensions cannot be identical (-?\d+), (-?\d+)",
+     "diagonal() was given one axis twice: dim1 = {1} and dim2 = {2} are the same axis, and a diagonal runs over two "
+     "different axes", "take the diagonal over the last two axes: w.diagonal(dim1=-2, dim2=-1)"),
+    ("RuntimeError", r"Sizes of tensors must match except in dimension (-?\d+)", "torch.cat joins tensors along "
+     "axis {1}, and every other axis must agree: they do not (the join is along another axis than meant, or "
+     "one tensor lost or gained an axis)", "print the shapes you join, and join along the axis the docstring grows"),
+    ("RuntimeError", r"The expanded size of the tensor \((-\d+)\) must match", "you gave expand the size {1}: "
+     "expand takes the new size of each axis, or -1 to keep one as it is; no other negative number",
+     "write -1 for each axis that keeps its size, and the size itself (e.g. T) for the axis you expand"),
+    ("TypeError", r"bad operand type for unary ~: 'NoneType'", "`~` applied to None: the mask is None (its "
+     "default) and was inverted without a test", "test `if mask is not None:` before using the mask"),
+    ("TypeError", r"tuple of ints,? ?but (?:got|found element of type) float",
+     "a size that is a float where PyTorch needs whole numbers: `/` always gives a float (12 / 3 is 4.0)",
+     "compute sizes with integer division, `//` (or int(...))"),
+    ("TypeError", r"'([<>=!]+)' not supported between instances of '([\w.]+)' and '([\w.]+)'",
+     "a comparison ({1}) between values of types {2} and {3}: one side is not the number or tensor it should be (a "
+     "name holds a {2})", "print the value of both sides on the line shown"),
+    ("AttributeError", r"'torch.Size' object has no attribute '(\w+)'", "you called .{1} on a shape (a torch.Size, "
+     "such as mask.shape), which is a tuple of sizes, not a tensor",
+     "make a tensor of that shape first: torch.zeros(mask.shape, dtype=dtype).{1}(…)"),
     ("RuntimeError", r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at non-singleton dimension (\d+)",
      "two tensors combined entry by entry (+, −, ×, ÷, where) have shapes that do not fit together: sizes {1} and {2} "
      "meet on one axis, so the two operands' axes do not line up (an axis lost or added on the way, or axes in "

@@ -8,7 +8,7 @@ part is one body (:func:`_judge_cases`) with a table of known mistakes (``kit.Kn
 what no mistake reproduces is measured (the diagonal, symmetry, rows that must sum to 0…). The Function's backward is
 also compared with backwards that use the wrong saved tensor (z, or the exponentials before normalising), a gradcheck
 failure says which pass lost float64 precision (measured on the float64 cases before it), and every check asks once,
-through the probe ``softmax_input_unchanged``, whether the learner's code leaves its input (p or z) as it was.
+through the probe ``kit.call``, whether the learner's code leaves its input (p or z) as it was.
 
 **O(n) memory and work** (the docstrings' promise for the VJP and the Function's backward) are measured where the
 learner's code runs, by the probes :func:`vjp_cost` and :func:`function_cost`: they run the code once at n = 2048
@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 import re
 import tracemalloc
-import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -32,7 +31,7 @@ import torch
 from . import kit
 from .boundary import probe
 from .compare import Failure, describe_mismatch, same
-from .core import (Learner, LearnerNotAttempted, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt,
+from .core import (Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt,
                    learner_error)
 
 __all__ = ["check_softmax_jacobian", "check_softmax_vjp", "check_SoftmaxFunction", "vjp_cost", "function_cost",
@@ -128,74 +127,8 @@ def _backward_cases() -> list[tuple]:
     ]
 
 
-# ==================================================================== the learner's code (could move to the kit)
-def _arrays(args: tuple) -> tuple:
-    return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in args)
-
-
-class _TensorOrArray:
-    """Calls a learner's function with tensors, or with NumPy arrays when it only handles those (the same rule as
-    notebook 03's checks: after one success, every call keeps to the kind that worked)."""
-
-    def __init__(self, fn: Learner):
-        self.fn, self.mode = fn, ""
-
-    def __call__(self, *args: Any) -> Any:
-        if self.mode == "numpy":
-            return self.fn(*_arrays(args))
-        try:
-            with warnings.catch_warnings():  # NumPy functions handed tensors warn about __array_wrap__
-                warnings.simplefilter("ignore", DeprecationWarning)
-                out = self.fn(*args)
-        except LearnerRaised as t_err:
-            if self.mode:
-                raise
-            try:
-                out = self.fn(*_arrays(args))
-            except LearnerRaised as a_err:
-                further = t_err.line is not None and a_err.line is not None and a_err.line > t_err.line
-                telling = (t_err.type_name in ("TypeError", "AttributeError") and a_err.line == t_err.line
-                           and a_err.type_name not in ("TypeError", "AttributeError"))
-                raise (a_err if further or telling else t_err) from None
-            except (LearnerTimedOut, LearnerNotAttempted):
-                raise t_err from None
-            self.mode = "numpy"
-            return out
-        self.mode = "torch"
-        return out
-
-    def tensor(self, *args: Any) -> Any:
-        out = self(*args)
-        return torch.from_numpy(np.asarray(out)) if isinstance(out, np.ndarray) else out
-
-
 def _describe(x: torch.Tensor, name: str) -> str:
     return f"{name} of shape {tuple(x.shape)}, {str(x.dtype).replace('torch.', '')}"
-
-
-@probe("softmax_input_unchanged")
-def input_unchanged(fn: Callable, x: torch.Tensor, *rest: Any, numpy: bool = False, apply: bool = False) -> bool:
-    """Learner side: whether ``fn(x, *rest)`` (``fn.apply(x)`` for an autograd Function; ``numpy``: with arrays) leaves
-    x as it was. Only this yes or no crosses back. (Notebook 03's checks register the same probe.)"""
-    arg = x.numpy().copy() if numpy else x.clone()
-    before = arg.copy() if numpy else arg.clone()
-    (fn.apply if apply else fn)(arg, *(_arrays(rest) if numpy else rest))
-    return bool(np.array_equal(arg, before, equal_nan=True)) if numpy else bool(torch.equal(arg, before))
-
-
-def _expect_input_unchanged(fn: Learner, case: tuple, *, call: str, name: str, numpy: bool = False,
-                            apply: bool = False) -> None:
-    try:
-        unchanged = fn.observe("softmax_input_unchanged", *case, numpy=numpy, apply=apply)
-    except (LearnerRaised, LearnerTimedOut):
-        return  # the cases already ran this code without trouble: nothing to say about its input
-    if unchanged is False:
-        fail(f"{name} changed in place", tried=f"{call} on {_describe(case[0], name)}, comparing {name} with a copy "
-             "taken before the call", got=f"after the call, {name} no longer holds the values it was given",
-             expected=f"{name} left as it was: the function only reads it",
-             cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites the "
-                   "caller's tensor",
-             fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
 
 
 def _hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str, reductions: bool = True,
@@ -450,7 +383,7 @@ def _explain_jacobian(out: torch.Tensor, case: tuple, tried: str) -> None:
 
 @check("softmax_jacobian", expects="a function softmax_jacobian(p) returning J of shape (..., n, n)")
 def check_softmax_jacobian(fn: Learner) -> str:
-    run, cases = _TensorOrArray(fn), _jacobian_cases()
+    run, cases = kit.TensorOrArray(fn), _jacobian_cases()
     _judge_cases(cases, lambda case, said: as_tensor(run(*case), tried=said), oracle=_oracle_jacobian, table=JACOBIAN,
                  tried=lambda c: f"softmax_jacobian(p) on {_describe(c[0], 'p')}", expected="J of shape (..., n, n)",
                  hint=lambda exc, case, passed: _hint(
@@ -462,7 +395,8 @@ def check_softmax_jacobian(fn: Learner) -> str:
                      "extracts a diagonal instead of building one) and p.unsqueeze(-1) * p.unsqueeze(-2) (torch.outer "
                      "and np.outer flatten their inputs)" if case[0].ndim > max((c[0].ndim for c in passed), default=0)
                      >= 1 else ""))
-    _expect_input_unchanged(fn, cases[0], call="softmax_jacobian(p)", name="p", numpy=run.mode == "numpy")
+    kit.expect_unchanged(fn, cases[0], call="softmax_jacobian(p)", name="p", shown=_describe(cases[0][0], "p"),
+                         numpy=run.mode == "numpy")
     return (f"matches torch.autograd.functional.jacobian on {len(cases)} cases "
             f"({'NumPy arrays' if run.mode == 'numpy' else 'tensors'}): (n,), (B, n), (B, A, n), n = 1, saturated")
 
@@ -560,20 +494,21 @@ def _grad_atol(case: tuple) -> float:
 
 @check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂ℒ/∂z shaped like p")
 def check_softmax_vjp(fn: Learner) -> str:
-    run, cases = _TensorOrArray(fn), _vjp_cases()
+    run, cases = kit.TensorOrArray(fn), _vjp_cases()
     _judge_cases(cases, lambda case, said: as_tensor(run(*case), tried=said), oracle=_oracle_vjp, table=VJP,
                  tried=lambda c: f"softmax_vjp(p, grad) on {_describe(c[0], 'p')} and {_describe(c[1], 'grad')}",
                  expected="∂ℒ/∂z shaped like p", explain=_explain_vjp, atol=_grad_atol, again=run.tensor,
                  hint=lambda exc, case, passed: _hint(exc, case, passed, signature="softmax_vjp(p, grad)", cases=cases,
                                                       others=lambda c: _right(run(*c), _oracle_vjp(*c), 1e-5)),
                  shape_fix="∂ℒ/∂z has the shape of p")
-    _expect_input_unchanged(fn, cases[0], call="softmax_vjp(p, grad)", name="p", numpy=run.mode == "numpy")
+    kit.expect_unchanged(fn, cases[0], call="softmax_vjp(p, grad)", name="p", shown=_describe(cases[0][0], "p"),
+                         numpy=run.mode == "numpy")
     gen = torch.Generator().manual_seed(80)
     big = (_probs(gen, 1, BIG_N, dtype=torch.float32), torch.randn(1, BIG_N, generator=gen))
     tried = f"softmax_vjp(p, grad) on p and grad of shape (1, {BIG_N}), float32, watching what it creates"
     cost = _observe(fn, tried, "∂ℒ/∂z in O(n)", "your function", "softmax_vjp_cost", *big, run.mode == "numpy")
     _quadratic(cost, "your softmax_vjp", tried, fix=f"do not form J: {_VJP}")
-    memory = f"O(n) at n = {BIG_N}" if cost.get("measured") else "memory not measured (no TorchFunctionMode)"
+    memory = f"O(n) at n = {BIG_N}" if cost.get("measured") else "memory not measured"
     kind = "NumPy arrays" if run.mode == "numpy" else "tensors"
     return f"matches autograd on {len(cases)} cases ({kind}): (n,) to (B, A, n), n = 1, grads of ±1000; {memory}"
 
@@ -581,24 +516,19 @@ def check_softmax_vjp(fn: Learner) -> str:
 # ============================================================================ the O(n) probes (learner side)
 def _cost(work: Callable[[], Any]) -> dict[str, Any]:
     """Run ``work()`` once under ``kit.Watch`` and tracemalloc: the largest tensor storage (elements) and its shape,
-    the elements of every tensor a torch function returned ("total"), and NumPy's peak (bytes). Memory is not
-    measured in a PyTorch without torch-function modes."""
-    measured = hasattr(torch.overrides, "TorchFunctionMode")
-    tracing, seen = tracemalloc.is_tracing(), {}
+    the elements of every tensor a torch function returned ("total"), and NumPy's peak (bytes)."""
+    tracing = tracemalloc.is_tracing()
     if not tracing:
         tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
     try:
-        if measured:
-            seen = kit.watch(work)
-        else:
-            work()
+        seen = kit.watch(work)
         peak = max(0, tracemalloc.get_traced_memory()[1] - base)
     finally:
         if not tracing:
             tracemalloc.stop()
-    return {"measured": measured, "largest": seen.get("largest", 0), "shape": seen.get("shape", []),
+    return {"measured": True, "largest": seen.get("largest", 0), "shape": seen.get("shape", []),
             "total": seen.get("elements", 0), "numpy_peak": peak}
 
 
@@ -835,7 +765,9 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
         hint=lambda exc, case, passed: _hint(exc, case, passed, signature="forward(ctx, z)", cases=_forward_cases(),
                                              others=lambda c: _right(apply(*c), forward_oracle(*c), 1e-4)),
         explain=_explain_forward, shape_fix="forward returns p shaped like z")
-    _expect_input_unchanged(fn, _forward_cases()[0], call="SoftmaxFunction.apply(z)", apply=True, name="z")
+    first = _forward_cases()[0]
+    kit.expect_unchanged(fn, first, call="SoftmaxFunction.apply(z)", name="z", shown=_describe(first[0], "z"),
+                         apply=True)
     # 2. backward: the gradient autograd gets through torch.softmax, for any upstream gradient
     backward_oracle = lambda z, g: _oracle_vjp(torch.softmax(z.double(), -1), g)  # noqa: E731
     backward = _judge_cases(

@@ -10,6 +10,10 @@ share lives here, under a public name.
   earlier case contradicts, names the survivor, and when several survive asks the learner's function for
   a case that tells them apart before saying "these give the same numbers here";
 * :class:`Watch` / :func:`watch` — ONE watcher of the learner's torch calls (ops, tensors built, FLOPs);
+* :func:`call` — ONE learner-side probe of a call that says which arguments it changed in place, and
+  :func:`expect_unchanged`, the diagnosis when it did; :class:`TensorOrArray` — ONE caller of a learner's
+  function written for tensors or for NumPy arrays;
+* :func:`lower_precision` — a wrong (or right) answer that went through a dtype narrower than the inputs';
 * :func:`explain_raise` — ONE explanation of a learner's exception: a construct of the topic that raises
   the very same message, else a pattern of the topic, else the course-wide table of
   :func:`~.compare.explain_exception`;
@@ -28,14 +32,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .boundary import LearnerRaised
-from .compare import Mistake, expect_close, explain_exception, same
+from .boundary import LearnerNotAttempted, LearnerRaised, LearnerTimedOut, probe
+from .compare import Mistake, expect_close, explain_exception, fail, same
 
-__all__ = ["Known", "Suspects", "Watch", "watch", "explain_raise", "reproduce", "Evidence", "BOOL_HINT", "bool_hint",
-           "factors", "einsum_flops"]
+__all__ = ["Known", "Suspects", "Watch", "watch", "CALL", "call", "expect_unchanged", "TensorOrArray", "arrays",
+           "lower_precision", "explain_raise", "reproduce", "Evidence", "BOOL_HINT", "bool_hint", "factors",
+           "einsum_flops"]
 
 Case = tuple  # the positional arguments of one call: what the oracle, the learner and every Known take
 
@@ -253,6 +259,129 @@ def watch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     with watcher:
         fn(*args, **kwargs)
     return watcher.report()
+
+
+# ============================================================================ calling the learner's function
+#: The probe :func:`call` is registered under this name (``learner.observe(kit.CALL, *args)``).
+CALL = "attn_course.checks.kit.call"
+
+
+def arrays(args: tuple) -> tuple:
+    """``args`` with every tensor handed over as a NumPy array (sharing its memory)."""
+    return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _unchanged(now: Any, before: Any) -> bool:
+    if isinstance(before, np.ndarray):
+        return now.shape == before.shape and now.dtype == before.dtype and bool(
+            np.array_equal(now, before, equal_nan=before.dtype.kind in "fc"))
+    return now.shape == before.shape and now.dtype == before.dtype and (torch.equal(now, before) or (
+        now.is_floating_point() and bool(((now == before) | (now.isnan() & before.isnan())).all())))
+
+
+@probe(CALL)
+def call(fn: Callable, *args: Any, numpy: bool = False, apply: bool = False, result: bool = True) -> tuple[Any, list[int]]:
+    """Learner side: ``fn(*args)`` and the positions of the tensor arguments it changed in place (compared with
+    copies taken before the call). ``apply``: call ``fn.apply`` (an autograd Function); ``numpy``: hand the
+    tensors over as NumPy arrays; ``result=False``: send back None for the result (only the positions cross)."""
+    args = arrays(args) if numpy else args
+    before = [a.copy() if isinstance(a, np.ndarray) else a.clone() if isinstance(a, torch.Tensor) else None
+              for a in args]
+    out = (fn.apply if apply else fn)(*args)
+    return (out if result else None), [i for i, (a, b) in enumerate(zip(args, before))
+                                       if b is not None and not _unchanged(a, b)]
+
+
+def expect_unchanged(fn: Any, args: tuple, *, call: str, name: str, shown: str, numpy: bool = False,
+                     apply: bool = False) -> None:
+    """Fail when the learner's code changes its first argument (called ``name``; ``shown`` describes it) in place,
+    measured once by the probe :func:`call` on ``args``. Raising or timing out here says nothing: the cases already
+    ran this code."""
+    try:
+        _, changed = fn.observe(CALL, *args, numpy=numpy, apply=apply, result=False)
+    except (LearnerRaised, LearnerTimedOut):
+        return
+    if 0 in changed:
+        fail(f"{name} changed in place", tried=f"{call} on {shown}, comparing {name} with a copy taken before the call",
+             got=f"after the call, {name} no longer holds the values it was given",
+             expected=f"{name} left as it was: the function only reads it",
+             cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites the "
+                   "caller's tensor",
+             fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
+
+
+class TensorOrArray:
+    """Calls a learner's function with tensors, or with NumPy arrays when it only handles those: the first call goes
+    with tensors; if it raises, the same call is made once with arrays, and when that works every later call uses
+    arrays. When both raise, the error that says more is reported: the one that got further into the learner's code,
+    else the one that is not an API mismatch (TypeError, AttributeError), else the tensor one."""
+
+    def __init__(self, fn: Any):
+        self.fn, self.mode = fn, ""
+
+    @property
+    def kind(self) -> str:
+        return "NumPy arrays" if self.mode == "numpy" else "tensors"
+
+    def __call__(self, *args: Any) -> Any:
+        if self.mode == "numpy":
+            return self.fn(*arrays(args))
+        try:
+            with warnings.catch_warnings():  # NumPy functions handed tensors warn about __array_wrap__
+                warnings.simplefilter("ignore", DeprecationWarning)
+                out = self.fn(*args)
+        except LearnerRaised as t_err:
+            if self.mode:
+                raise
+            try:
+                out = self.fn(*arrays(args))
+            except LearnerRaised as a_err:
+                further = t_err.line is not None and a_err.line is not None and a_err.line > t_err.line
+                telling = (t_err.type_name in ("TypeError", "AttributeError") and a_err.line == t_err.line
+                           and a_err.type_name not in ("TypeError", "AttributeError"))
+                raise (a_err if further or telling else t_err) from None
+            except (LearnerTimedOut, LearnerNotAttempted):
+                raise t_err from None
+            self.mode = "numpy"
+            return out
+        self.mode = "torch"
+        return out
+
+    def tensor(self, *args: Any) -> Any:
+        """The answer on ``args`` as a tensor when it is an array (what :class:`Suspects` runs to tell mistakes apart)."""
+        out = self(*args)
+        return torch.from_numpy(np.asarray(out)) if isinstance(out, np.ndarray) else out
+
+
+# ============================================================================ precision
+_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}  # significant bits
+_DIGITS = {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}
+
+
+def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str, grid: bool = True) -> None:
+    """Fail, naming the dtype, when ``got`` went through a dtype narrower than the inputs': its own dtype is narrower,
+    or (``grid``, for an answer already known to be wrong) every entry lies exactly on that dtype's grid (a float64
+    computation lands there by chance with probability about 2⁻²⁹ per entry)."""
+    bits = _BITS.get(input_dtype)
+    if bits is None or not got.is_floating_point():
+        return
+    low = got.dtype if _BITS.get(got.dtype, 99) < bits else None
+    values = got[torch.isfinite(got)]
+    telling = values[(values != 0) & (values.abs() != 1) & (values.abs() != 0.5)]
+    for candidate in (torch.bfloat16, torch.float16, torch.float32) if grid and low is None and telling.numel() >= 4 else ():
+        if _BITS[candidate] < bits and torch.equal(telling.to(candidate).to(got.dtype), telling):
+            low = candidate
+            break
+    if low is None:
+        return
+    name, inputs = str(low).replace("torch.", ""), str(input_dtype).replace("torch.", "")
+    fail(f"computed in {name}, not {inputs}", tried=tried, got=f"{what}: {name} values" + (
+        "" if got.dtype == low else f" (every entry exactly representable in {name})") + f", although the inputs are "
+         f"{inputs}", expected=f"the results at {inputs} precision",
+         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} (.float(), "
+               f".half(), .to({name}) or dtype={name}), which keeps about {_DIGITS[low]} significant digits: too few "
+               "for these inputs",
+         fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one is not)")
 
 
 # ============================================================================ a learner's exception

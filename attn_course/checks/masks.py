@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .boundary import probe
+from . import kit
 from .compare import Failure, same
 from .core import Learner, LearnerRaised, as_tensor, check, fail, fmt, learner_error
 from .kit import Known, Suspects, explain_raise, reproduce
@@ -44,19 +44,6 @@ HEADS = 3  # heads of the attention the additive mask is tried in; differs from 
 
 _POLARITY = ("mask polarity inverted", "your mask is True where attention is blocked; in this course True means "
              "'may attend' (the convention of F.scaled_dot_product_attention; nn.MultiheadAttention uses the opposite)")
-
-
-# ============================================================================ probe (could move to the kit)
-CALL_PROBE = "attn_course.checks.masks.call"
-
-
-@probe(CALL_PROBE)
-def _call_watching_inputs(fn: Callable, *args: Any) -> tuple[Any, list[int]]:
-    """In the learner's process: ``fn(*args)`` and the positions of the tensor arguments it changed in place."""
-    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
-    result = fn(*args)
-    return result, [i for i, (a, b) in enumerate(zip(args, before)) if b is not None
-                    and (a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b))]
 
 
 # ============================================================================ answers as bool masks
@@ -282,14 +269,6 @@ _PATTERNS = [
        "masks only", "make the mask bool: dtype=torch.bool, .bool(), or a comparison")
       for kind, pattern in (("TypeError", r"\(operator.invert\) is only implemented"),
                             ("RuntimeError", "only supports boolean masks"))],
-    ("RuntimeError", "If you are trying to invert a mask", "- does not negate a bool mask",
-     "negate it with ~mask (or mask.logical_not())"),
-    ("RuntimeError", r"The expanded size of the tensor \((-\d+)\) must match", "you gave expand the size {1}: "
-     "expand takes the new size of each axis, or -1 to keep one as it is; no other negative number",
-     "write -1 for each axis that keeps its size, and the size itself (e.g. T) for the axis you expand"),
-    ("AttributeError", r"'torch.Size' object has no attribute '(\w+)'", "you called .{1} on a shape (a torch.Size, "
-     "such as mask.shape), which is a tuple of sizes, not a tensor",
-     "make a tensor of that shape first: torch.zeros(mask.shape, dtype=dtype).{1}(…)"),
 ]
 
 
@@ -302,7 +281,7 @@ def _call(fn: Learner, args: tuple, kwargs: dict, tried: str, expected: str, con
     try:
         if not probe_names:
             return fn(*args, **kwargs)
-        value, changed = fn.observe(CALL_PROBE, *args)
+        value, changed = fn.observe(kit.CALL, *args)
         return value, [probe_names[int(i)] for i in changed if 0 <= int(i) < len(probe_names)]
     except LearnerRaised as exc:
         same_message = [c[:3] for c in constructs if reproduce(c[2]) == exc.message and (len(c) < 4 or c[3]())]

@@ -50,9 +50,6 @@ _PATTERNS = [
     ("RuntimeError", r"view size is not compatible|contiguous",
      "`.view` needs memory laid out in the new shape, and `.transpose` gives a tensor whose memory is not (a "
      "non-contiguous one)", "use `.reshape(...)`, or `.contiguous().view(...)`, after the transpose"),
-    ("TypeError", r"tuple of ints,? ?but (?:got|found element of type) float",
-     "a size that is a float where PyTorch needs whole numbers: `/` always gives a float (12 / 3 is 4.0)",
-     "compute sizes with integer division, `//` (or int(...))"),
 ]
 _BATCH_HINT = dict(cause="your code ran with a batch of one (B = 1) but raised with a batch of several: it does not keep "
                          "the batch axis B (it treats x as a single sequence)",

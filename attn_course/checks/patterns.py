@@ -112,20 +112,6 @@ def _foreign_size(message: str, shape: tuple) -> int | None:
     return None
 
 
-#: Exceptions whose message says what the code did (type, regex, cause, fix), before the course-wide table.
-_PATTERNS = [
-    ("RuntimeError", r"diagonal dimensions cannot be identical (-?\d+), (-?\d+)",
-     "diagonal() was given one axis twice: dim1 = {1} and dim2 = {2} are the same axis of these weights, and a "
-     "diagonal runs over two different axes", "take the diagonal over the last two axes: "
-     "w.diagonal(dim1=-2, dim2=-1)"),
-    ("RuntimeError", r"clamp: At least one of 'min' or 'max' must not be None",
-     "clamp() was called with neither min nor max, so it has no bound to apply", "give the bound: .clamp(min=...)"),
-    ("TypeError", r"'([<>=!]+)' not supported between instances of '([\w.]+)' and '([\w.]+)'",
-     "a comparison ({1}) between values of types {2} and {3}: one side is not the number or tensor it should be (a "
-     "name holds a {2})", "print the value of both sides on the line shown"),
-]
-
-
 # ============================================================================ one metric's check
 class _Run:
     """One metric's check: calls the learner on each case, judges the answer with one :class:`~.kit.Suspects` over
@@ -186,7 +172,7 @@ class _Run:
         if foreign is not None:
             return dict(cause=f"the error names a size {foreign} that weights of shape {shape} do not have: a size in "
                               "your code looks hard-coded", fix="take every size from weights.shape")
-        return explain_raise(exc, patterns=_PATTERNS)
+        return explain_raise(exc)
 
     def judge(self, case: dict, *, factors: dict[str, float] | None = None,
               explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> None:

@@ -27,35 +27,19 @@ from .. import position as ref
 from .boundary import LearnerRaised, Opaque, probe
 from .compare import Failure, as_tensor, call_or_skip, expect_shape, fail, fmt, same
 from .core import Learner, check, learner_error
+from . import kit
 from .kit import Known, Suspects, explain_raise
 
 __all__ = ["check_is_permutation_equivariant", "check_sinusoidal_encoding", "check_relative_position_bias",
            "check_alibi_bias", "check_apply_rope", "check_rope_decode_step", "check_additive_attention"]
 
 
-# ================================================================================== shared (could move to the kit)
-#: Exceptions of tensor code that the course-wide table does not explain: (type, regex, cause, fix).
+# ================================================================================== shared
+#: Exceptions whose explanation here says more than the course-wide table's: (type, regex, cause, fix).
 PATTERNS = [
-    ("RuntimeError", r"upper bound and lower bound inconsistent with step sign", "a torch.arange(start, end, step) "
-     "whose step leads away from end: its arguments are in another order, or start lies beyond end",
-     "print the arange's arguments: it counts from start up to end (excluded)"),
-    ("RuntimeError", r"step must be nonzero", "a step of 0 in torch.arange or a slice", "use a step of 1 (or 2 to "
-     "take every other one)"),
-    ("NameError", r"cannot access free variable '(\w+)'", "`{1}` is used (in a generator expression or inner "
-     "function) before anything is assigned to it", "compute `{1}` before the line that uses it"),
-    ("RuntimeError", r"Boolean value of Tensor", "Python asked a tensor of several values for one True/False "
-     "(`if`, `while`, `and`, `or`, `not`, any(...) over tensors): it has none",
-     "reduce the comparison to one bool first: torch.equal(a, b), torch.allclose(a, b) or (a == b).all()"),
-    ("RuntimeError", r"atol must be greater than or equal to zero", "a negative tolerance", "use atol=1e-5"),
-    ("RuntimeError", r"clamp: At least one of 'min' or 'max' must not be None", "a clamp without its bound: "
-     "min= or max= is missing", "pass the bound: .clamp(min=0) or .clamp(max=B - 1)"),
-    ("RuntimeError", r"permute\(\): duplicate dims", "a permute that names one axis twice: each axis must appear "
-     "exactly once", "list every axis once: .permute(2, 0, 1) turns (n, n, A) into (A, n, n)"),
     ("RuntimeError", r"Sizes of tensors must match except in dimension (-?\d+)", "torch.cat joins tensors along "
      "axis {1}, and every other axis must agree: they do not (the join is along another axis than meant, or "
      "one tensor lost or gained an axis)", "print the shapes you join; join the positions with dim=-2"),
-    ("TypeError", r"bad operand type for unary ~: 'NoneType'", "`~` applied to None: the mask is None (its "
-     "default) and was inverted without a test", "test `if mask is not None:` before using the mask"),
 ]
 
 
@@ -103,18 +87,6 @@ def _gen(seed: int) -> torch.Generator:
 
 
 _HEAD_AXES = ("heads", "queries", "keys")
-_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
-
-
-def _narrower(got: torch.Tensor, inputs: torch.dtype, tried: str, what: str) -> None:
-    """Fail when a right ``got`` comes back in a narrower dtype than the inputs'."""
-    if got.is_floating_point() and _BITS.get(got.dtype, 99) < _BITS.get(inputs, 0):
-        low, high = str(got.dtype)[6:], str(inputs)[6:]
-        fail(f"computed in {low}, not {high}", tried=tried, got=f"{what}: {low} values, although the inputs are {high}",
-             expected=f"the results at {high} precision", cause=f"part of your computation ran in {low} (.float(), "
-             f".to({low}) or dtype={low}), which keeps fewer significant digits", fix=f"keep every step in {high}")
-
-
 def _floating(out: torch.Tensor, tried: str, fix: str) -> None:
     if not out.is_floating_point():
         kind = str(out.dtype)[6:]
@@ -996,7 +968,7 @@ def check_rope_decode_step(fn: Learner) -> str:
         on_k.expect(k_out, exp_k, case, tried=tried, what="the extended cache", fix=_DECODE_FIX, **tol)
         on_q.expect(q_out, exp_q, case, tried=tried, what="the rotated queries", fix=_DECODE_FIX, **tol)
         for got, what in ((q_out, "the rotated queries"), (k_out, "the extended cache")):
-            _narrower(got, case[0].dtype, tried, what)
+            kit.lower_precision(got, case[0].dtype, tried=tried, what=what, grid=False)
     return (f"matches cache length + offset on {len(cases)} cases (a prompt, single tokens, batch × heads, "
             "1000 cached keys); cached keys kept as they were")
 
@@ -1151,6 +1123,6 @@ def check_additive_attention(fn: Learner) -> str:
             _row_sums(failure, weights, exp_w)
         on_out.expect(out, exp_out, case, tried=tried, what="the output", fix=_ADD_FIX, **tol)
         for got, what in ((out, "the output"), (weights, "the weights")):
-            _narrower(got, case[0].dtype, tried, what)
+            kit.lower_precision(got, case[0].dtype, tried=tried, what=what, grid=False)
     return (f"matches wᵀ tanh(W_q q + W_k k) attention on {len(cases)} cases (batched, masks, n_q = 1, square weights, "
             "large scores)")

@@ -6,85 +6,34 @@ body (:func:`_judge_cases`) run on its cases (:func:`_cases`): ordinary scores a
 reduced one; float32, float64 and float16; and the edges that break careless versions — scores near ±1000 whose
 maximum sits at the start, the middle or the end of a slice, slices far apart in one tensor, ``-inf`` entries, and a
 log-probability of −1005, far below what a float64 probability can hold. Functions written for tensors or for NumPy
-arrays are both accepted (:class:`TensorOrArray`).
+arrays are both accepted (``kit.TensorOrArray``).
 
 Each check has a table of known mistakes (``kit.Known``), judged by one ``kit.Suspects`` per run: a mistake is named
 only when the answer reproduces it on the case, and not once an earlier case ruled it out. Otherwise the check
 measures what is off (:func:`explain_weights`: NaN from an overflow, slices that sum to 1 along another axis, a
-temperature other than the one asked for…). Every call hands the learner fresh copies; the probe
-:func:`input_unchanged`, asked once after the cases, says whether the function leaves its input as it was.
+temperature other than the one asked for…). Every call hands the learner fresh copies; the probe ``kit.call``,
+asked once after the cases, says whether the function leaves its input as it was.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import warnings
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 from . import kit
-from .boundary import probe
 from .compare import Failure, Mistake, describe_mismatch, same
-from .core import (Learner, LearnerNotAttempted, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt,
+from .core import (Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt,
                    learner_error)
 
 __all__ = ["check_stable_softmax", "check_logsumexp", "check_log_softmax", "check_softmax_temperature",
-           "TensorOrArray", "describe_input", "expect_floating", "input_unchanged", "explain_weights"]
+           "describe_input", "expect_floating", "explain_weights"]
 
 INF = float("inf")
 _HALF = (torch.float16, torch.bfloat16)
 _SHIFT_FIX = "subtract the maximum of each slice along `dim` before exp: x - x.amax(dim, keepdim=True)"
-
-
-# ================================================================ the learner's function (could move to the kit)
-def _arrays(args: tuple) -> tuple:
-    return tuple(a.numpy() if isinstance(a, torch.Tensor) else a for a in args)
-
-
-class TensorOrArray:
-    """Calls a learner's function with tensors, or with NumPy arrays when it only handles those: the first call goes
-    with tensors; if it raises, the same call is made once with arrays, and when that works every later call uses
-    arrays. When both raise, the error that says more is reported: the one that got further into the learner's code,
-    else the one that is not an API mismatch (TypeError, AttributeError), else the tensor one."""
-
-    def __init__(self, fn: Learner):
-        self.fn, self.mode = fn, ""
-
-    @property
-    def kind(self) -> str:
-        return "NumPy arrays" if self.mode == "numpy" else "tensors"
-
-    def __call__(self, *args: Any) -> Any:
-        if self.mode == "numpy":
-            return self.fn(*_arrays(args))
-        try:
-            with warnings.catch_warnings():  # NumPy functions handed tensors warn about __array_wrap__
-                warnings.simplefilter("ignore", DeprecationWarning)
-                out = self.fn(*args)
-        except LearnerRaised as t_err:
-            if self.mode:
-                raise
-            try:
-                out = self.fn(*_arrays(args))
-            except LearnerRaised as a_err:
-                further = t_err.line is not None and a_err.line is not None and a_err.line > t_err.line
-                telling = (t_err.type_name in ("TypeError", "AttributeError") and a_err.line == t_err.line
-                           and a_err.type_name not in ("TypeError", "AttributeError"))
-                raise (a_err if further or telling else t_err) from None
-            except (LearnerTimedOut, LearnerNotAttempted):
-                raise t_err from None
-            self.mode = "numpy"
-            return out
-        self.mode = "torch"
-        return out
-
-    def tensor(self, *args: Any) -> Any:
-        """The answer on ``args`` as a tensor when it is an array (what ``Suspects`` runs to tell mistakes apart)."""
-        out = self(*args)
-        return torch.from_numpy(np.asarray(out)) if isinstance(out, np.ndarray) else out
 
 
 def _literal(x: torch.Tensor) -> str:
@@ -119,31 +68,6 @@ def expect_floating(out: torch.Tensor, input_dtype: torch.dtype, *, tried: str, 
              got=f"{what}: dtype {dtype}, which keeps only about 3 significant digits",
              expected=f"{wanted}, the input's dtype", cause=f"your computation converted to {dtype}",
              fix=f"leave out the conversion (.half(), .to({dtype}), dtype={dtype}): compute in the input's dtype")
-
-
-@probe("softmax_input_unchanged")
-def input_unchanged(fn: Callable, x: torch.Tensor, *rest: Any, numpy: bool = False, apply: bool = False) -> bool:
-    """Learner side: whether ``fn(x, *rest)`` (``fn.apply(x)`` for an autograd Function; ``numpy``: with arrays) leaves
-    x as it was. Only this yes or no crosses back. (Notebook 04's checks register the same probe.)"""
-    arg = x.numpy().copy() if numpy else x.clone()
-    before = arg.copy() if numpy else arg.clone()
-    (fn.apply if apply else fn)(arg, *(_arrays(rest) if numpy else rest))
-    return bool(np.array_equal(arg, before, equal_nan=True)) if numpy else bool(torch.equal(arg, before))
-
-
-def expect_input_unchanged(fn: Learner, case: tuple, *, call: str, numpy: bool) -> None:
-    """Fail when the learner's code changes its input in place (measured by :func:`input_unchanged`)."""
-    try:
-        unchanged = fn.observe("softmax_input_unchanged", *case, numpy=numpy)
-    except (LearnerRaised, LearnerTimedOut):
-        return  # the cases already ran this code without trouble: nothing to say about its input
-    if unchanged is False:
-        fail("x changed in place", tried=f"{call} on {describe_input(case[0])}, comparing x with a copy taken before "
-             "the call", got="after the call, x no longer holds the values it was given",
-             expected="x left as it was: the function only reads it",
-             cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites "
-                   "the caller's tensor",
-             fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
 
 
 def raised_hint(exc: LearnerRaised, *, signature: str) -> dict[str, str]:
@@ -207,11 +131,11 @@ def _dim(case: tuple) -> int:
 def _judge_cases(fn: Learner, cases: list[tuple], *, call: Callable[[tuple], str], oracle: Callable,
                  table: list[kit.Known], explain: Callable, expected: str, what: str, shape_fix: str,
                  signature: str, dim: Callable[[tuple], int] = _dim, reduced: bool = True, atol: float = 1e-5
-                 ) -> TensorOrArray:
+                 ) -> kit.TensorOrArray:
     """Run the learner's function on every case and judge each answer against ``oracle`` (same arguments): the shape,
     the dtype, then the values — a known mistake of ``table`` that reproduces them, else what :func:`_measure` and
     ``explain(out, case, passed, tried)`` measure. Then whether the input is left unchanged."""
-    run, suspects, passed = TensorOrArray(fn), kit.Suspects(table, atol=atol, rtol=1e-4), []
+    run, suspects, passed = kit.TensorOrArray(fn), kit.Suspects(table, atol=atol, rtol=1e-4), []
     for case in cases:
         x, tried = case[0], f"{call(case)} on {describe_input(case[0])}" + (" (dim left at its default)"
                                                                               if len(case) == 1 else "")
@@ -235,7 +159,8 @@ def _judge_cases(fn: Learner, cases: list[tuple], *, call: Callable[[tuple], str
         suspects.expect(out, expected_out, case, tried=tried, again=run.tensor, what=what, atol=a, rtol=r,
                         fix=shape_fix if out.shape != expected_out.shape else "")
         passed.append(case)
-    expect_input_unchanged(fn, cases[0], call=call(cases[0]), numpy=run.mode == "numpy")
+    kit.expect_unchanged(fn, cases[0], call=call(cases[0]), name="x", shown=describe_input(cases[0][0]),
+                         numpy=run.mode == "numpy")
     return run
 
 

@@ -190,3 +190,15 @@ def test_common_exceptions_are_explained(kind, message, phrase):
     cause, fix = explain_exception(kind, message)
     assert phrase in cause and fix
     assert explain_exception("RuntimeError", "something nobody has seen") is None
+
+
+def test_a_lost_axis_is_named_with_the_callers_axis_names():
+    """expect_shape (and expect_close, through it) call the lost axis by the name the check gives it."""
+    bias = torch.arange(24.0).reshape(3, 2, 4)  # (heads, queries, keys)
+    d = diagnosis(lambda: expect_shape(bias[0], bias.shape, tried="t", values=bias,
+                                       axes=("heads", "queries", "keys")))
+    assert d.summary == "only head 0 kept (axis 0 dropped)"
+    d = diagnosis(lambda: expect_close(bias[2], bias, tried="t", axes=("heads", "queries", "keys")))
+    assert d.summary == "only head 2 kept (axis 0 dropped)" and "head 2 alone" in d.cause
+    d = diagnosis(lambda: expect_shape(bias[0], bias.shape, tried="t", values=bias))  # unnamed: a batch axis
+    assert d.summary == "only batch entry 0 kept (axis 0 dropped)"

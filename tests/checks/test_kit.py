@@ -98,3 +98,75 @@ def test_a_mistake_that_changes_nothing_on_this_case_is_never_blamed():
     near = _oracle(x) + 1e-4  # wrong (1e-4 off), yet within tolerance of the harmless mistake's output
     d = _fail(Suspects([harmless]), near, (x,))
     assert "tiny offset" not in d.summary
+
+
+# ============================================================================ calling the learner's function
+def Learner(fn):
+    from attn_course.checks.boundary import Learner as Live, LocalSession
+
+    return Live(LocalSession(lambda: fn), "fn")
+
+
+def test_the_call_probe_names_the_arguments_changed_in_place():
+    from attn_course.checks import kit
+    from attn_course.checks.boundary import PROBES
+
+    assert PROBES[kit.CALL] is kit.call
+    x, y = torch.tensor([1.0, float("nan")]), torch.ones(2)
+    out, changed = kit.call(lambda a, b: a + b, x, y)  # NaN kept as it was is unchanged
+    assert torch.equal(out[:1], torch.tensor([2.0])) and changed == []
+    _, changed = kit.call(lambda a, b: b.mul_(2), x.clone(), y.clone())
+    assert changed == [1]
+    out, changed = kit.call(lambda a: a.__isub__(1), torch.ones(3), numpy=True, result=False)  # a NumPy array
+    assert out is None and changed == [0]
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, z):
+            return z.exp_()
+
+    assert kit.call(Fn, torch.zeros(2), apply=True)[1] == [0]
+
+
+def test_expect_unchanged_says_which_input_was_overwritten():
+    from attn_course.checks import kit
+    def overwrite(p):
+        p -= 1
+        return p
+
+    with pytest.raises(Failure) as info:
+        kit.expect_unchanged(Learner(overwrite), (torch.ones(3),), call="f(p)", name="p", shown="p of shape (3,)")
+    d = info.value.diagnosis
+    assert d.summary == "p changed in place" and "x -= …" in d.cause and "clone" in d.fix
+    kit.expect_unchanged(Learner(lambda p: p - 1), (torch.ones(3),), call="f(p)", name="p", shown="p")
+
+
+def test_tensor_or_array_keeps_to_the_kind_that_worked():
+    import numpy as np
+
+    from attn_course.checks import kit
+
+    def numpy_only(x):
+        return np.exp(x) / np.exp(x).sum(-1, keepdims=True) if isinstance(x, np.ndarray) else x.no_such_method()
+
+    run = kit.TensorOrArray(Learner(numpy_only))
+    assert isinstance(run.tensor(torch.zeros(2, dtype=torch.float64)), torch.Tensor)
+    assert run.mode == "numpy" and run.kind == "NumPy arrays"
+    run = kit.TensorOrArray(Learner(lambda x: x.softmax(-1)))
+    run(torch.zeros(2))
+    assert run.mode == "torch" and run.kind == "tensors"
+
+
+def test_lower_precision_names_the_narrower_dtype():
+    from attn_course.checks import kit
+
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with pytest.raises(Failure) as info:  # float64 values that all lie on float32's grid
+        kit.lower_precision(x.float().double(), torch.float64, tried="t", what="the output")
+    assert info.value.diagnosis.summary == "computed in float32, not float64"
+    assert "exactly representable in float32" in info.value.diagnosis.got
+    kit.lower_precision(x.float().double(), torch.float64, tried="t", what="the output", grid=False)  # not asked
+    kit.lower_precision(x, torch.float64, tried="t", what="the output")  # float64 precision: nothing to say
+    with pytest.raises(Failure) as info:
+        kit.lower_precision(x.half(), torch.float64, tried="t", what="the output", grid=False)
+    assert info.value.diagnosis.summary == "computed in float16, not float64"
