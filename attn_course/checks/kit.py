@@ -71,10 +71,10 @@ class Suspects:
     For each case the check calls :meth:`expect` with the learner's output and the oracle's. A right
     answer records the case (so a later mismatch is never blamed on a mistake that this case's right
     output rules out); a wrong one is blamed on the mistakes that reproduce it and were not ruled out.
-    When several survive and the check passes ``again`` (the learner's function, as ``again(*case)``),
-    the engine looks among the cases seen so far and ``distinguish`` for one where the survivors' outputs
-    differ, runs the learner's function on it, and keeps those that still agree. Only mistakes that give
-    the same numbers on every such case are named together, as "on this input … give the same numbers".
+    When several survive and the check passes ``again`` (the learner's function, as ``again(*case)``) and
+    ``distinguish`` (other cases), the engine runs the learner's function where the survivors' outputs
+    differ and keeps only those it still agrees with (:meth:`narrow`). Mistakes that give the same numbers
+    on every such case are named together, as "on this input … give the same numbers".
     With no survivor, :func:`~.compare.describe_mismatch` measures what the difference is."""
 
     def __init__(self, table: Iterable[Known], *, atol: float = 1e-5, rtol: float = 1e-4):
@@ -84,7 +84,6 @@ class Suspects:
             raise ValueError(f"mistake keys repeat in one table: {sorted(k for k in set(keys) if keys.count(k) > 1)}")
         self.atol, self.rtol = atol, rtol
         self._passed: list[tuple[Case, torch.Tensor]] = []
-        self._seen: list[Case] = []
         self._ruled: dict[str, bool] = {}
 
     def ruled_out(self, known: Known) -> bool:
@@ -115,11 +114,15 @@ class Suspects:
         by other means (a bool mask, several outputs at once)."""
         self._passed.append((case, expected))
         self._ruled = {k: v for k, v in self._ruled.items() if v}  # a new right case can only rule out more
-        self._seen.append(case)
 
     def narrow(self, found: list[Known], again: Callable[..., Any], distinguish: Sequence[Case] = ()) -> list[Known]:
-        """Of several suspects, those that the learner's function still agrees with on cases that tell them apart."""
-        for case in [*distinguish, *self._seen]:
+        """Of several suspects, those the learner's function still agrees with on the cases of ``distinguish``
+        where their outputs differ. When it agrees with none of them there, none explains the answer: the
+        result is empty and the difference is measured instead. (One suspect alone is not re-tried: a
+        row may describe what happened on this case only, e.g. "a mask of this shape ignored"; a topic
+        whose rows can coincide by accident — √(d_k − 1) and a rounded √d_k agree at d_k = 10 — confirms
+        them on its other cases itself.) A case where the learner's function raises tells nothing."""
+        for case in distinguish:
             if len(found) < 2:
                 break
             outs = [_output(k, case) for k in found]
@@ -129,11 +132,8 @@ class Suspects:
                 mine = again(*case)
             except Exception:  # noqa: BLE001 - the learner's function raised here: this case tells nothing
                 continue
-            if not isinstance(mine, torch.Tensor):
-                continue
-            kept = [k for k, o in zip(found, outs) if same(mine, o, atol=self.atol, rtol=self.rtol)]
-            if kept:
-                found = kept
+            if isinstance(mine, torch.Tensor):
+                found = [k for k, o in zip(found, outs) if same(mine, o, atol=self.atol, rtol=self.rtol)]
         return found
 
     def expect(self, actual: torch.Tensor, expected: torch.Tensor, case: Case, *, tried: str,
@@ -147,10 +147,10 @@ class Suspects:
             return
         found = self.suspects(actual, case, expected)
         if len(found) > 1 and again is not None:
-            found = self.narrow(found, again, distinguish)
-        self._seen.append(case)
-        table = found or [k for k in self.table if not self.ruled_out(k)
-                          and not ((out := _output(k, case)) is not None and same(out, expected, atol=atol, rtol=rtol))]
+            table = self.narrow(found, again, distinguish)  # possibly none left: then nothing is blamed
+        else:  # none reproduces the values; the others still name a wrong *shape* they would give
+            table = found or [k for k in self.table if not self.ruled_out(k) and not (
+                (out := _output(k, case)) is not None and same(out, expected, atol=atol, rtol=rtol))]
         expect_close(actual, expected, tried=tried, atol=atol, rtol=rtol, mistakes=[k.on(case) for k in table],
                      **compare)
 

@@ -170,3 +170,20 @@ def test_lower_precision_names_the_narrower_dtype():
     with pytest.raises(Failure) as info:
         kit.lower_precision(x.half(), torch.float64, tried="t", what="the output", grid=False)
     assert info.value.diagnosis.summary == "computed in float16, not float64"
+
+
+def test_suspects_the_learner_disagrees_with_on_another_case_are_not_named():
+    rounded = Known("rounded", "√d_k rounded", "you rounded √d_k", "divide by math.sqrt(d_k)",
+                    lambda x: x / round(x.shape[-1] ** 0.5))
+    floor = Known("floor", "√d_k rounded down", "you took the integer part of √d_k", "divide by math.sqrt(d_k)",
+                  lambda x: x / int(x.shape[-1] ** 0.5))
+    x10, x7 = torch.ones(1, 10, dtype=torch.float64), torch.ones(1, 7, dtype=torch.float64)
+    minus_one = lambda x: x / (x.shape[-1] - 1) ** 0.5  # noqa: E731 - both rows give /3 at d_k = 10
+    oracle = lambda x: x / x.shape[-1] ** 0.5  # noqa: E731
+    with pytest.raises(Failure) as info:  # at d_k = 7 the rows give /3 and /2, the answer /√6: neither
+        Suspects([rounded, floor]).expect(minus_one(x10), oracle(x10), (x10,), tried="f(x)", again=minus_one,
+                                          distinguish=[(x7,)])
+    assert "rounded" not in info.value.diagnosis.summary
+    with pytest.raises(Failure) as info:  # no other case: the coincidence is all there is, and it is said
+        Suspects([rounded, floor]).expect(minus_one(x10), oracle(x10), (x10,), tried="f(x)")
+    assert "give the same numbers" in info.value.diagnosis.cause
