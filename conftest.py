@@ -3,7 +3,8 @@
 Every solution-notebook cell that nbval collects is marked ``slow`` (it belongs to a whole-notebook
 run), so ``pytest -m "not slow"`` is the quick loop: package, checks and tools tests only. (Run in
 parallel with pytest-xdist's ``--dist loadfile``, as ``python3 course.py test`` does, a notebook's cells
-stay together, in order, on one worker.)
+stay together, in order, on one worker; so a file of long tests holds one worker for its whole length:
+keep such files short, as tests/notebooks/ does by putting the unfilled notebooks' runs in two files.)
 
 A notebook's cells run top to bottom whatever reorders the tests: under ``-p randomly`` (test files
 and tests in an order drawn from a seed) each notebook's cells are put back in their own order.
@@ -14,10 +15,15 @@ from __future__ import annotations
 import pytest
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    cells = [k for k, item in enumerate(items) if item.path.suffix == ".ipynb"]  # nbval cells
-    for k in cells:
-        items[k].add_marker(pytest.mark.slow)
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    # Before every other plugin (-m selects on it): every nbval cell is slow.
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.slow)
+    yield
+    # After every other plugin (pytest-randomly's shuffle): each notebook's cells back in their order.
+    cells = [k for k, item in enumerate(items) if item.path.suffix == ".ipynb"]
     notebooks: dict = {}  # each notebook where its first cell now stands (dicts keep insertion order)
     for k in cells:
         notebooks.setdefault(items[k].path, []).append(items[k])

@@ -2,8 +2,9 @@
 
 ``rejects(check, fn, *phrases)`` asserts the check fails ``fn`` and that every phrase appears in its
 diagnosis (summary, got, expected, cause, to do); ``accepts(check, fn)`` asserts it passes, and
-``unfinished`` is an exercise stub. Every result is also pushed through record → replay, so each
-pitfall test proves as well that the grader, replaying the log, reaches the same verdict.
+``unfinished`` is an exercise stub. In the whole suite every result is also pushed through record →
+replay, so each pitfall test proves as well that the grader, replaying the log, reaches the same
+verdict; the quick loop (``-m "not slow"``) leaves that round trip out (about a fifth of its time).
 
 A learner's answer written in a test may raise a warning (``.var()`` of one sample, ``np.dot`` on a
 tensor): that warning is the learner's, shown to them in the notebook, and is not shown here. A
@@ -42,7 +43,16 @@ def _probes_restored():
             del PROBES[name]
 
 
-def _evaluate(check, fn, tmp_path_factory) -> CheckResult:
+def _quick_loop(config) -> bool:
+    """True in the quick loop (``-m "not slow"``)."""
+    return "not slow" in (config.getoption("markexpr", default="") or "")
+
+
+def _evaluate(check, fn, tmp_path_factory, replay: bool = True) -> CheckResult:
+    if not replay:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"tests\.")  # the learner's answer, written in a test
+            return check.evaluate(fn)
     log = tmp_path_factory.mktemp("log") / f"{check.exercise}.npz"
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=r"tests\.")  # the learner's answer, written in a test
@@ -53,9 +63,11 @@ def _evaluate(check, fn, tmp_path_factory) -> CheckResult:
 
 
 @pytest.fixture
-def rejects(tmp_path_factory):
+def rejects(request, tmp_path_factory):
+    replay = not _quick_loop(request.config)
+
     def run(check, fn, *phrases: str, status: Status = Status.FAILED) -> CheckResult:
-        result = _evaluate(check, fn, tmp_path_factory)
+        result = _evaluate(check, fn, tmp_path_factory, replay)
         assert result.status is status, f"expected {status}, got:\n{result.text()}"
         text = result.text()
         for phrase in phrases:
@@ -66,9 +78,11 @@ def rejects(tmp_path_factory):
 
 
 @pytest.fixture
-def accepts(tmp_path_factory):
+def accepts(request, tmp_path_factory):
+    replay = not _quick_loop(request.config)
+
     def run(check, fn) -> CheckResult:
-        result = _evaluate(check, fn, tmp_path_factory)
+        result = _evaluate(check, fn, tmp_path_factory, replay)
         assert result.status is Status.PASSED, result.text()
         return result
 

@@ -122,6 +122,7 @@ def test_score_matrix_bytes_matches_real_tensors():
         assert score_matrix_bytes(n, batch=b, heads=h, dtype=dtype) == torch.empty(b, h, n, n, dtype=dtype).nbytes
 
 
+@pytest.mark.slow
 def test_measure_attention_cost_bytes_exact():
     rows = measure_attention_cost([8, 16], d=4, min_run_time=0.01, rounds=1)
     assert [r["score_bytes"] for r in rows] == [4 * 8 * 8, 4 * 16 * 16]
@@ -129,6 +130,7 @@ def test_measure_attention_cost_bytes_exact():
     assert torch.get_num_threads() >= 1  # restored after the measurement
 
 
+@pytest.mark.slow
 def test_figures_readable_at_1366x768():
     import matplotlib.pyplot as plt
 

@@ -64,6 +64,7 @@ def test_sweep_keeps_tokens_and_width_fixed():
     assert len(points) == 3 * 2 * 2  # n × head dims × causal
 
 
+@pytest.mark.slow
 def test_every_implementation_is_checked_and_timed():
     impls = ["naive", "tiled", "sdpa-math", "sdpa-flash", "sdpa-cudnn"]
     results, info = benchmark.run_sweep(tiny(impls=impls), progress=False, log=quiet)
@@ -116,6 +117,7 @@ class _BadBackward(torch.autograd.Function):
         return tuple(2 * g for g in grads)
 
 
+@pytest.mark.slow
 def test_forward_and_backward_mode_checks_gradients_and_uses_an_implementations_own_backward(monkeypatch):
     own = benchmark.Impl("own-backward", lambda q, k, v, causal: fast.naive_attention(q, k, v),
                          differentiable=lambda q, k, v, causal: _BadBackward.apply(q, k, v))
@@ -138,6 +140,7 @@ def test_forward_and_backward_mode_checks_gradients_and_uses_an_implementations_
     assert tiled.tflops == pytest.approx(flops / (tiled.ms * 1e-3) / 1e12)
 
 
+@pytest.mark.slow
 def test_tiled_backward_uses_far_less_memory_than_autograd_through_the_naive_version():
     results, _ = benchmark.run_sweep(tiny(ns=[512], impls=["naive", "tiled"], causal=[False], modes=["fwd+bwd"],
                                           tokens=512, hidden=16, tiled_block=64), progress=False, log=quiet)
@@ -198,6 +201,7 @@ def test_reference_is_float64_and_gives_gradients(autograd_up_to, monkeypatch):
         assert torch.allclose(got, want, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_results_table_and_figure():
     results, info = benchmark.run_sweep(tiny(ns=[32, 64, 128], impls=["naive", "tiled"]), progress=False, log=quiet)
     table = benchmark.results_table(results)

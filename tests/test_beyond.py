@@ -182,6 +182,7 @@ def test_recall_batch_and_a_model_that_learns_it():
         beyond.RecallModel(8, 4, "cosine")
 
 
+@pytest.mark.slow
 def test_figures_are_readable():
     import matplotlib.pyplot as plt
 

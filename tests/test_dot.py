@@ -112,6 +112,7 @@ def _figures():
                                                   title="Scores S = Q Kᵀ of the running example (unscaled)")
 
 
+@pytest.mark.slow
 def test_notebook_figures_are_readable_at_1366x768():
     for name, fig in _figures():
         assert plots.readability_problems(fig) == [], name

@@ -124,6 +124,7 @@ def test_memory_traffic_model():
     assert big["naive"] == 6 * fast.memory_traffic(4096, 64, 512, dtype=torch.float16)["naive"]
 
 
+@pytest.mark.slow
 def test_figures_are_readable_at_1366_by_768():
     figs = [fast.plot_naive_memory([2**k for k in range(9, 18)], {"Binder (2 GB)": 2e9, "H100 (80 GiB)": 80 * 2**30},
                                    heads=16),

@@ -170,6 +170,7 @@ def test_sink_head_parks_weight_on_token_zero_and_a_sink_rescues_the_window():
     assert err_alone > 20 * err_sink
 
 
+@pytest.mark.slow
 def test_figures_are_readable():
     figs = [inf.plot_alignment(3, 8), inf.plot_window_tiles(24, 4, 6),
             inf.plot_cost_per_token([1, 2, 4], {"a": [1, 2, 3], "b": [2, 3, 4]}, {"a": [1, 2, 3], "b": [1, 1, 1]}),

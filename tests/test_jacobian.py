@@ -66,6 +66,7 @@ def test_saturation_sweep_tells_the_notebooks_story():
     assert stats["peak"][2] == pytest.approx(s.max(-1).values.mean().item())
 
 
+@pytest.mark.slow
 def test_saturation_figure_is_readable():
     factors = [0.25, 1, 4, 16, 64]
     fig = ref.saturation_figure(factors, ref.saturation_sweep(factors))

@@ -52,6 +52,7 @@ def test_postbuild_installs_the_package_non_editable_and_fails_on_error():
     assert "python binder/install_server_config.py" in commands
 
 
+@pytest.mark.slow
 def test_server_settings_are_real_jupyter_server_traits():
     """Every key of binder/jupyter_server_config.json is a configurable trait of the class it configures
     (a misspelt key would be ignored by Jupyter without a word)."""

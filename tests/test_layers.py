@@ -14,6 +14,8 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "attn_course"
 
@@ -63,6 +65,7 @@ def _where(module: str, line: int) -> str:
     return f"{MODULES[module].relative_to(ROOT)}:{line}"
 
 
+@pytest.mark.slow
 def test_the_learner_runtime_never_imports_the_tools():
     runtime = [m for m in MODULES if not m.startswith("attn_course.tools") and m not in NOT_RUNTIME]
     leaks = [f"{_where(m, line)} imports {target}" for m in runtime for target, _, line in imports(m)

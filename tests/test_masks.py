@@ -125,6 +125,7 @@ def test_toy_batch_and_mask_examples():
         M.mask_example("sideways", batch, 0)
 
 
+@pytest.mark.slow
 def test_figures_are_readable_at_1366x768():
     import matplotlib.pyplot as plt
 
@@ -139,6 +140,7 @@ def test_figures_are_readable_at_1366x768():
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_mask_builder_offers_the_sentences(monkeypatch):
     """The "sentences" dropdown shows each pair's words, not 0/1 (issue 11)."""
     import matplotlib.pyplot as plt

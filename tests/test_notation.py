@@ -190,6 +190,7 @@ def test_notebook_uses_one_meaning_per_symbol(path):
     assert found == [], "\n".join(found)
 
 
+@pytest.mark.slow
 def test_package_docstrings_use_one_meaning_per_symbol():
     found = [line for path in MODULES for line in scan_module(path)]
     assert found == [], "\n".join(found)

@@ -79,6 +79,7 @@ def test_toy_batch_targets():
     assert torch.equal(targets[..., 1], tokens[:, :1].expand(5, 8))
 
 
+@pytest.mark.slow
 def test_toy_model_learns_and_is_reproducible():
     torch.set_num_threads(1)
     model_a, losses_a = ref.train_toy_model(steps=60, progress=False)
@@ -92,6 +93,7 @@ def test_toy_model_learns_and_is_reproducible():
     assert logits.shape == (1, 8, 2, 10) and weights[0].shape == (1, 2, 8, 8)
 
 
+@pytest.mark.slow
 def test_figures_are_readable_at_1366_and_the_explorer_builds():
     labels = ref.position_labels([3, 1, 4, 1, 5, 9, 2, 6])
     assert labels[:4] == ["0:3", "1:1", "2:4", "3:1"] and len(set(labels)) == 8

@@ -225,6 +225,7 @@ def test_saturation_experiment_shows_the_history():
     assert all(abs(v - 2) < 0.15 for v in additive["tanh input variance"])
 
 
+@pytest.mark.slow
 def test_figures_are_readable():
     figs = [pos.plot_encoding(pos.sinusoidal_encoding(32, 24)),
             pos.plot_bias_heads(pos.alibi_bias(12, 8), "ALiBi"),

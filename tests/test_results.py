@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pytest
 
 from attn_course import results
 from attn_course.plots import readability_problems
@@ -24,6 +25,7 @@ def test_nothing_recorded_is_said_plainly(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("No GPU results are recorded yet")
 
 
+@pytest.mark.slow
 def test_the_fixture_renders_as_a_table_and_a_figure_labelled_as_a_fixture():
     (rec,) = results.load(FIXTURE)
     assert rec.folder.name == "example-gpu" and rec.fixture and rec.triton_tests["passed"] == 20

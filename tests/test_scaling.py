@@ -148,6 +148,7 @@ def test_explorer_draws_a_static_figure_outside_a_kernel():
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_explorer_redraws_when_the_slider_moves():
     widgets = pytest.importorskip("ipywidgets")
     from attn_course.widgets import Explorer
@@ -160,6 +161,7 @@ def test_explorer_redraws_when_the_slider_moves():
 
 
 @pytest.mark.parametrize("d_k", [64, 256, 1024])
+@pytest.mark.slow
 def test_explorer_scaled_histogram_keeps_its_shape(d_k):
     # the scaled scores (std 1, close to normal for large d_k) get bins of their own: their histogram peaks near
     # 1/√(2π) ≈ 0.40 for every d_k, instead of a spike squashed into the unscaled scores' wide bins
@@ -170,6 +172,7 @@ def test_explorer_scaled_histogram_keeps_its_shape(d_k):
 
 
 @pytest.mark.parametrize("d_k", [4, 64, 1024])
+@pytest.mark.slow
 def test_explorer_histogram_range_follows_d_k(d_k):
     # 02[18]: a fixed ±100 range squashed d_k = 64; the range is ±4 standard deviations of the unscaled scores
     fig = scaling.draw_dk(d_k)
@@ -179,6 +182,7 @@ def test_explorer_histogram_range_follows_d_k(d_k):
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_figures_are_readable_at_1366x768(stats):
     measured = {"σ = 1": scaling.variance_vs_dk(seed=0), "σ = 0.5": scaling.variance_vs_dk(sigma=0.5, seed=0)}
     figures = {
@@ -191,6 +195,7 @@ def test_figures_are_readable_at_1366x768(stats):
         plt.close(fig)
 
 
+@pytest.mark.slow
 def test_saturation_log_panels_have_a_tick_label_below_every_point(stats):
     # the lowest ‖∂ℒ/∂scores‖ (0.011) sat under the last labelled tick (2·10⁻²): each log axis now starts at a
     # round number (1, 2, 3 or 5 × 10^k) at or below its lowest point

@@ -134,6 +134,7 @@ TOKENS = ["the", "cat", "sat", "on", "the", "mat"]
 SCORES = torch.tensor([0.5, 2.0, 1.2, -0.3, 0.4, 1.6])
 
 
+@pytest.mark.slow
 def test_temperature_sweep_figure_is_readable():
     fig = ref.temperature_sweep_figure(SCORES, [0.1, 0.5, 1.0, 2.0, 10.0], labels=TOKENS)
     try:

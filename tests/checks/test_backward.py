@@ -703,6 +703,7 @@ def tiled_by_autograd(q, k, v, o, lse, dout, block_size=64, causal=False):
     return torch.autograd.grad(out, (q, k, v), dout)
 
 
+@pytest.mark.slow
 def test_tiled_backward_rejects_shortcuts_and_bad_calls(rejects, unfinished):
     rejects(check_tiled_attention_backward, tiled_by_autograd, "called a fused attention")
     rejects(check_tiled_attention_backward, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)

@@ -87,6 +87,7 @@ def test_a_stub_is_not_attempted_but_a_library_not_implemented_error_is_an_error
         learner(library)(1)
 
 
+@pytest.mark.slow
 def test_an_endless_loop_is_stopped_and_named():
     def forever():
         while True:
@@ -171,6 +172,7 @@ def test_vjp_works_inside_no_grad():
     assert grads[0].tolist() == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_waiting_is_not_computing_but_a_wall_clock_backstop_still_stops_it():
     import time
 

@@ -269,6 +269,7 @@ def _stated_wait(result) -> float:
     return float(re.search(r"after ([\d.]+) s", result.diagnosis.got).group(1))
 
 
+@pytest.mark.slow
 def test_one_limit_for_all_calls_of_a_check():
     started = time.monotonic()
     result = check_many_calls.evaluate(_computes(0.05))  # 100 calls × 0.05 s: far past 0.3 s in all
@@ -277,6 +278,7 @@ def test_one_limit_for_all_calls_of_a_check():
     assert waited <= WALL_FACTOR * 0.3 + 0.5, f"waited {waited:.2f} s for a check whose limit is 0.3 s"
 
 
+@pytest.mark.slow
 def test_code_that_waits_is_stopped_after_twice_the_limit_and_said_to_wait():
     started = time.monotonic()
     result = check_many_calls.evaluate(lambda i: time.sleep(10))
@@ -310,6 +312,7 @@ def test_a_stop_on_a_busy_machine_says_so_and_is_never_the_learners_failure():
     assert waits.status is Status.FAILED and "waiting" in waits.diagnosis.got
 
 
+@pytest.mark.slow
 def test_the_replay_states_the_same_wait(tmp_path):
     live = check_many_calls.evaluate(session=RecordingSession(lambda: (lambda i: time.sleep(10)), tmp_path / "log.npz"))
     replayed = check_many_calls.evaluate(session=ReplaySession(tmp_path / "log.npz"))

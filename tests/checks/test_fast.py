@@ -607,6 +607,7 @@ def test_every_known_mistake_is_named_by_its_own_summary(exercise, mistakes):
 @pytest.mark.parametrize("exercise, mistakes, cases", [
     ("online_softmax", cf.SOFTMAX_MISTAKES, cf.softmax_cases), ("tiled_attention", cf.TILED_MISTAKES, cf.tiled_cases),
     ("causal_tiled_attention", cf.CAUSAL_MISTAKES, cf.causal_cases)])
+@pytest.mark.slow
 def test_the_cases_tell_every_known_mistake_apart(exercise, mistakes, cases):
     """Each mistake is wrong on some case, and two mistakes with different names differ on some case (so
     "explains every case" never has to choose between them)."""

@@ -541,6 +541,7 @@ def test_check_window_attention_accepts(fn, accepts):
     (window_tiled(sum_reset=True), ["running sum restarted in every block"]),
     (window_tiled(q_tail=False), ["last, shorter query block", "not a multiple of block_size"]),
 ])
+@pytest.mark.slow
 def test_check_window_attention_names_each_pitfall(fn, phrases, rejects):
     rejects(check_sliding_window_attention, fn, *phrases)
 

@@ -317,6 +317,7 @@ VJP_WRONG = [
 
 
 @pytest.mark.parametrize("fn,phrases", VJP_WRONG, ids=[f.__name__ for f, _ in VJP_WRONG])
+@pytest.mark.slow
 def test_vjp_names_each_mistake(fn, phrases, rejects):
     rejects(check_softmax_vjp, fn, *phrases)
 
@@ -477,6 +478,7 @@ FUNCTION_WRONG = [
 
 
 @pytest.mark.parametrize("cls,phrases", FUNCTION_WRONG, ids=[str(i) for i in range(len(FUNCTION_WRONG))])
+@pytest.mark.slow
 def test_function_names_each_mistake(cls, phrases, rejects):
     rejects(check_SoftmaxFunction, cls, *phrases)
 

@@ -93,12 +93,14 @@ MC_RIGHT = [numpy_from_initial_seed, reference_style, one_draw_float64, via_nump
 
 
 @pytest.mark.parametrize("fn", MC_RIGHT)
+@pytest.mark.slow
 def test_variance_check_accepts_correct_estimators(fn, accepts):
     accepts(check_mc_score_variance, fn)
 
 
 @pytest.mark.parametrize("seed", range(1, 4))
 @pytest.mark.parametrize("fn", [reference_style, one_draw_float64, via_numpy])
+@pytest.mark.slow
 def test_variance_check_accepts_correct_estimators_on_every_seed(fn, seed, accepts):
     accepts(make_mc_check(seed), fn)
 

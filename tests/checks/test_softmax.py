@@ -788,6 +788,7 @@ def test_lse_wrong_shape_is_named(rejects):
 
 
 # =============================================================================== the module's own rules
+@pytest.mark.slow
 def test_the_module_imports_no_private_torch_module_and_shares_public_names():
     root = Path(__file__).resolve().parents[2] / "attn_course" / "checks"
     for name in ("softmax.py", "jacobian.py"):

@@ -34,6 +34,7 @@ def read(path):
     return nbformat.read(path, as_version=4)
 
 
+@pytest.mark.slow
 def test_exercise_notebooks_are_up_to_date():
     report = io.StringIO()
     code = generate(ROOT / "solutions", ROOT / "notebooks", check_only=True, out=report)
@@ -41,6 +42,7 @@ def test_exercise_notebooks_are_up_to_date():
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_solutions_ship_executed_in_order_and_normalised(solution):
     nb = read(solution)
     counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]
@@ -78,8 +80,13 @@ def without_raises_tags(nb):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solution", WITH_EXERCISES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("solution", WITH_EXERCISES[0::2], ids=lambda p: p.stem)
 def test_unfilled_notebook_runs_to_the_end_and_reports_not_attempted(solution, tmp_path):
+    """Half of the notebooks; test_unfilled_more.py runs the other half (a file runs on one worker)."""
+    check_unfilled_notebook(solution, tmp_path)
+
+
+def check_unfilled_notebook(solution, tmp_path):
     # Generated afresh: a learner's edits to notebooks/ never decide this test. Every `raises-exception`
     # tag removed and errors not allowed: Run All must reach the last cell where no front-end honours tags.
     exercise = without_raises_tags(make_exercise(read(solution), f"solutions/{solution.name}"))

@@ -91,6 +91,7 @@ def test_the_cpu_default_says_why_compile_is_left_out(tmp_path, monkeypatch, cap
     assert seen["impls"] == ["compile"] and "not measured: compile" not in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_wrong_result_makes_the_exit_code_1(tmp_path, monkeypatch):
     from attn_course import benchmark, fast
 

@@ -36,6 +36,7 @@ def test_sleeping_cells_are_interrupted_and_exits_do_not_end_the_run():
     assert "error" not in entries[3] and run.finished()
 
 
+@pytest.mark.slow
 def test_the_instructors_call_limit_caps_every_checks_own(monkeypatch):
     """Set in the learner process's environment (``grade --call-timeout``), the lower limit is the one
     every operation of every check runs under; a higher one changes nothing."""

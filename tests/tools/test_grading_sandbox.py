@@ -137,6 +137,7 @@ def test_root_gives_up_its_capabilities():
 
 
 @pytest.mark.skipif(not LINUX, reason="process-tree containment is tested on Linux")
+@pytest.mark.slow
 def test_kill_tree_and_sweep_reach_double_forked_and_new_session_children(tmp_path):
     """A subreaper keeps escaped children in its tree; the token finds anything else."""
     token = f"test-{os.getpid()}-{time.time_ns()}"

@@ -119,6 +119,7 @@ def test_a_fork_bomb_is_contained_where_cgroups_are_available():
 
 
 @pytest.mark.skipif(not LINUX, reason="tokens are read from /proc")
+@pytest.mark.slow
 def test_a_grader_ends_what_a_killed_grader_of_its_folder_left_and_nothing_else(tmp_path):
     """Only the graders whose folders lie in this grader's folder count: another grader on the machine
     (another worker's, another course's) is never touched, alive or not."""

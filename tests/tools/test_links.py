@@ -103,6 +103,7 @@ def test_every_notebook_has_a_first_and_last_neighbour():
     assert "→" not in last and "←" in last
 
 
+@pytest.mark.slow
 def test_the_course_itself_is_up_to_date():
     code, text = _links(ROOT, "--check")
     assert code == 0, text
