@@ -27,11 +27,9 @@ __all__ = ["configure", "options_from_args", "run", "main"]
 PROG = "python -m attn_course bench"
 DESCRIPTION = ("Time naive, tiled, SDPA (each backend), torch.compile and Triton attention on this machine's "
                "best device; check each against float64 first; write CSV, JSON and plots.")
-QUICK = "under a minute on a 2-core CPU, even a busy one"  # measured: 22 s
-# measured on a shared 2-core CPU: 124-146 s, 1 or 2 threads; 10 minutes once when, on 2 threads, other work
-# started during the run (each parallel operation then waits for both threads to be scheduled at once)
-CPU_DEFAULT = ("about 2-3 minutes on a 2-core CPU, even a busy one, unless other work starts after it began on 2 "
-               "threads (then --threads 1)")
+QUICK = "under a minute on a 2-core CPU, even a busy one"  # measured: 30 s
+# measured on a 2-core CPU, one torch thread: 363 s at load 1, 380 s with another busy process beside it
+CPU_DEFAULT = "about 6-7 minutes on a 2-core CPU, on one torch thread, longer when other work shares the machine"
 EPILOG = (f"Examples: `python -m attn_course bench --quick` ({QUICK}); `python -m attn_course bench` on a CPU "
           f"({CPU_DEFAULT}); on a GPU, record results for the course "
           "with `python scripts/gpu_finale.py` (docs/gpu-results.md), which writes docs/results/<gpu-name>/.")
