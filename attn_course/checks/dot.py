@@ -13,7 +13,6 @@ the first batch entry only, the right scores in another order, a factor, "wrong 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 from .boundary import probe
 from .compare import Failure, describe_mismatch, fmt, same
 from .core import Learner, LearnerRaised, as_tensor, check, expect_shape, fail, learner_error
-from .kit import Known, Suspects, explain_raise
+from .kit import Known, Suspects, explain_raise, fits
 
 __all__ = ["check_query_scores_loop", "check_query_scores", "check_score_matrix", "check_cosine_scores"]
 
@@ -163,7 +162,9 @@ def judge(fn: Learner, cases: Sequence[Case], table: Sequence[Known], *, call: s
                  fix="compute into a new tensor: write x = x * y (or x / n) instead of x *= y (x /= n)")
         return
     wrong = [i for i, ok in enumerate(right) if not ok]
-    suspects = Suspects([k for k in [*table, *COMMON] if all(_reproduces(k, cases[i], outs[i]) for i in wrong)])
+    fitting = lambda k, c, o: fits(k, c.key, raised=o.raised is not None, value=o.value,  # noqa: E731
+                                   atol=max(c.tolerance(), 1e-5))
+    suspects = Suspects([k for k in [*table, *COMMON] if all(fitting(k, cases[i], outs[i]) for i in wrong)])
     for c, o, ok in zip(cases, outs, right):
         if ok:
             suspects.expect(o.value, c.expected, c.key, tried="", atol=c.tolerance(), rtol=1e-5)
@@ -185,19 +186,6 @@ def judge(fn: Learner, cases: Sequence[Case], table: Sequence[Known], *, call: s
     named = factors(cases[valued[0]]) if factors else None
     _measure(fn, cases, outs, wrong, valued[0], tries[valued[0]], arg_names, oracle, named)
     expect(valued[0], factors=named)
-
-
-def _reproduces(k: Known, case: Case, out: Outcome) -> bool:
-    """Does mistake ``k`` do what the learner's code did on a case it got wrong: raise where it raised, give the
-    same numbers where it returned? (The kit's engine asks this of one wrong case; a mistake must fit them all.)"""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            made = k.make(*case.key)
-    except Exception:  # noqa: BLE001 - the mistake raises here
-        return out.raised is not None
-    return out.value is not None and isinstance(made, torch.Tensor) and \
-        same(out.value, made, atol=max(case.tolerance(), 1e-5), rtol=1e-4)
 
 
 def _measure(fn: Learner, cases: Sequence[Case], outs: Sequence[Outcome], wrong: Sequence[int], i: int, tried: str,

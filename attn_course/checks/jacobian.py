@@ -261,29 +261,10 @@ def _measure(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str
              "number", cause=f"your result went through {half}, which keeps about 3 significant digits, and was "
              "converted back afterwards", fix="compute in the input's dtype: leave out .half() or .to(torch.float16)")
     explain(out)
-    _batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=1e-4)
+    kit.batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=1e-4, along="-1")
     if digits:
         fail("about 3 digits right", tried=tried, got=got, expected="the input's precision",
              fix="look for a step that rounds: round(…), a conversion to a smaller dtype, or values printed and read back")
-
-
-def _batch_entries(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, atol: float, rtol: float) -> None:
-    """For 3-D and larger results: which entries along the first (batch) axis are wrong (some right, some not)."""
-    if out.ndim < 3 or out.shape[0] < 2:
-        return
-    right = [same(out[i], expected[i], atol=atol, rtol=rtol) for i in range(out.shape[0])]
-    if all(right) or not any(right):
-        return
-    wrong, first = [i for i, r in enumerate(right) if not r], right.index(True)
-    if all(same(out[i], out[first], atol=atol, rtol=rtol) for i in wrong):
-        fail(f"batch entry {first} repeated", tried=tried, expected="each batch entry computed from its own input",
-             got=f"{what} repeat batch entry {first}'s values in entries {', '.join(map(str, wrong))}",
-             cause=f"your code computes batch entry {first} and reuses it for the others",
-             fix="compute every step for all batch entries at once (reduce along -1, not over [0])")
-    fail("wrong for some batch entries", tried=tried, expected="every batch entry right",
-         got=f"{what} are right for batch entr{'y' if right.count(True) == 1 else 'ies'} "
-             f"{', '.join(str(i) for i, r in enumerate(right) if r)} and wrong for {', '.join(map(str, wrong))}",
-         fix="make every step treat all batch entries alike: no loop over a fixed range, no indexing with a fixed number")
 
 
 # ============================================================================ softmax_jacobian

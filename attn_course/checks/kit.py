@@ -39,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from .boundary import LearnerNotAttempted, LearnerRaised, LearnerTimedOut, probe
 from .compare import Mistake, expect_close, explain_exception, fail, same
 
-__all__ = ["Known", "Suspects", "Watch", "watch", "CALL", "call", "expect_unchanged", "TensorOrArray", "arrays",
+__all__ = ["Known", "Suspects", "fits", "batch_entries", "Watch", "watch", "CALL", "call", "expect_unchanged", "TensorOrArray", "arrays",
            "lower_precision", "explain_raise", "reproduce", "Evidence", "BOOL_HINT", "bool_hint", "factors",
            "einsum_flops"]
 
@@ -153,6 +153,19 @@ class Suspects:
                 (out := _output(k, case)) is not None and same(out, expected, atol=atol, rtol=rtol))]
         expect_close(actual, expected, tried=tried, atol=atol, rtol=rtol, mistakes=[k.on(case) for k in table],
                      **compare)
+
+
+def fits(known: Known, case: Case, *, raised: bool, value: torch.Tensor | None, atol: float, rtol: float = 1e-4) -> bool:
+    """Does mistake ``known`` do what the learner's code did on a case it got wrong: raise where it raised
+    (``raised``), give its numbers (``value``) where it returned? (:class:`Suspects` asks this of one wrong case;
+    a check that runs several can require a mistake to fit them all.)"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            made = known.make(*case)
+    except Exception:  # noqa: BLE001 - the mistake raises here
+        return raised
+    return not raised and value is not None and isinstance(made, torch.Tensor) and same(value, made, atol=atol, rtol=rtol)
 
 
 def _output(known: Known, case: Case) -> torch.Tensor | None:
@@ -308,6 +321,27 @@ def expect_unchanged(fn: Any, args: tuple, *, call: str, name: str, shown: str, 
              cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites the "
                    "caller's tensor",
              fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
+
+
+def batch_entries(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, atol: float, rtol: float,
+                  along: str) -> None:
+    """For 3-D and larger results: fail naming which entries along the first (batch) axis are wrong, when some are
+    right and some not (``along`` names the axis a reduction should run along, for the fix)."""
+    if out.ndim < 3 or out.shape[0] < 2:
+        return
+    right = [same(out[i], expected[i], atol=atol, rtol=rtol) for i in range(out.shape[0])]
+    if all(right) or not any(right):
+        return
+    wrong, first = [i for i, r in enumerate(right) if not r], right.index(True)
+    if all(same(out[i], out[first], atol=atol, rtol=rtol) for i in wrong):
+        fail(f"batch entry {first} repeated", tried=tried, expected="each batch entry computed from its own input",
+             got=f"{what} repeat batch entry {first}'s values in entries {', '.join(map(str, wrong))}",
+             cause=f"your code computes batch entry {first} and reuses it for the others",
+             fix=f"compute every step for all batch entries at once (reduce along {along}, not over [0])")
+    fail("wrong for some batch entries", tried=tried, expected="every batch entry right",
+         got=f"{what} are right for batch entr{'y' if right.count(True) == 1 else 'ies'} "
+             f"{', '.join(str(i) for i, r in enumerate(right) if r)} and wrong for {', '.join(map(str, wrong))}",
+         fix="make every step treat all batch entries alike: no loop over a fixed range, no indexing with a fixed number")
 
 
 class TensorOrArray:

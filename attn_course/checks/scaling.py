@@ -33,7 +33,7 @@ from ..scaling import mc_standard_error
 from .boundary import Opaque, probe
 from .compare import Failure, as_tensor, expect_shape, same
 from .core import Check, Learner, LearnerRaised, check, fail, fmt, learner_error
-from .kit import Known, Suspects, explain_raise, watch
+from .kit import Known, Suspects, explain_raise, fits, watch
 
 __all__ = ["check_mc_score_variance", "check_scaled_scores", "make_mc_check", "Z", "VARIANCE_CASES"]
 
@@ -721,7 +721,9 @@ def check_scaled_scores(fn: Learner) -> str:
              cause=f"your code modifies {names} in place (/=, *= or an operation ending in _ such as div_)",
              fix="compute into a new tensor: write Q = Q / n instead of Q /= n")
     wrong = [i for i, ok in enumerate(right) if not ok]
-    suspects = Suspects([k for k in SCALE_TABLE if all(_reproduces(k, cases[i], outs[i]) for i in wrong)])
+    fitting = lambda k, c, o: fits(k, c.args, raised=not isinstance(o, tuple),  # noqa: E731 - a tuple: it returned
+                                   value=o[0] if isinstance(o, tuple) else None, atol=max(c.atol, 1e-5))
+    suspects = Suspects([k for k in SCALE_TABLE if all(fitting(k, cases[i], outs[i]) for i in wrong)])
     for c, o, ok in zip(cases, outs, right):
         if ok:
             suspects.expect(o[0], c.expected, c.args, tried="", atol=c.atol, rtol=1e-5)
@@ -770,19 +772,6 @@ def check_scaled_scores(fn: Learner) -> str:
     Q, K = case.args
     expect(factors={"√d_k": math.sqrt(Q.shape[-1]), "d_k": float(Q.shape[-1]), "√n_k": math.sqrt(K.shape[-2]),
                     "√n_q": math.sqrt(Q.shape[-2])})
-
-
-def _reproduces(k: Known, case: Case, out: Any) -> bool:
-    """Does mistake ``k`` do what the learner's code did on a case it got wrong: raise where it raised, give the
-    same numbers where it returned? (The kit's engine asks this of one wrong case; a mistake must fit them all.)"""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            made = k.make(*case.args)
-    except Exception:  # noqa: BLE001 - the mistake raises here
-        return not isinstance(out, tuple)
-    return isinstance(out, tuple) and isinstance(made, torch.Tensor) and same(out[0], made, atol=max(case.atol, 1e-5),
-                                                                              rtol=1e-4)
 
 
 def _scores_of(fn: Learner, case: Case, tried: str) -> tuple[torch.Tensor, list[int]] | LearnerRaised:

@@ -196,27 +196,8 @@ def _measure(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str
     if not (mismatch[2] or mismatch[3].startswith(("off by a factor", "shifted by"))):
         _precision(out, expected, tried=tried, what=what, half_only=True)
         explain(out)
-        _batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol)
+        kit.batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol, along="the axis `dim`")
         _precision(out, expected, tried=tried, what=what)
-
-
-def _batch_entries(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, atol: float, rtol: float) -> None:
-    """For 3-D and larger results: which entries along the first (batch) axis are wrong (some right, some not)."""
-    if out.ndim < 3 or out.shape[0] < 2:
-        return
-    right = [same(out[i], expected[i], atol=atol, rtol=rtol) for i in range(out.shape[0])]
-    if all(right) or not any(right):
-        return
-    wrong, first = [i for i, r in enumerate(right) if not r], right.index(True)
-    if all(same(out[i], out[first], atol=atol, rtol=rtol) for i in wrong):
-        fail(f"batch entry {first} repeated", tried=tried, expected="each batch entry computed from its own input",
-             got=f"{what} repeat batch entry {first}'s values in entries {', '.join(map(str, wrong))}",
-             cause=f"your code computes batch entry {first} and reuses it for the others",
-             fix="compute every step for all batch entries at once (reduce along the axis `dim`, not over [0])")
-    fail("wrong for some batch entries", tried=tried, expected="every batch entry right",
-         got=f"{what} are right for batch entr{'y' if right.count(True) == 1 else 'ies'} "
-             f"{', '.join(str(i) for i, r in enumerate(right) if r)} and wrong for {', '.join(map(str, wrong))}",
-         fix="make every step treat all batch entries alike: no loop over a fixed range, no indexing with a fixed number")
 
 
 def _precision(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, half_only: bool = False) -> None:

@@ -5,7 +5,7 @@ import torch
 
 from attn_course.checks.boundary import LearnerRaised
 from attn_course.checks.compare import Failure
-from attn_course.checks.kit import Known, Suspects, Watch, explain_raise, watch
+from attn_course.checks.kit import Known, Suspects, Watch, batch_entries, explain_raise, fits, watch
 
 
 def _oracle(x):
@@ -187,3 +187,29 @@ def test_suspects_the_learner_disagrees_with_on_another_case_are_not_named():
     with pytest.raises(Failure) as info:  # no other case: the coincidence is all there is, and it is said
         Suspects([rounded, floor]).expect(minus_one(x10), oracle(x10), (x10,), tried="f(x)")
     assert "give the same numbers" in info.value.diagnosis.cause
+
+
+def test_a_mistake_fits_a_wrong_case_only_by_raising_where_the_answer_raised_or_giving_its_numbers():
+    x = torch.tensor([[1.0, 2.0], [0.5, 0.0]], dtype=torch.float64)
+    axis = TABLE[1]  # softmax over axis 0
+    assert fits(axis, (x,), raised=False, value=x.softmax(0), atol=1e-6)
+    assert not fits(axis, (x,), raised=False, value=x.softmax(1), atol=1e-6)
+    assert not fits(axis, (x,), raised=True, value=None, atol=1e-6)  # the answer raised, the mistake does not
+    broken = Known("raises", "raises", "raises", "none", lambda x: x @ torch.ones(5))
+    assert fits(broken, (x,), raised=True, value=None, atol=1e-6) and not fits(broken, (x,), raised=False,
+                                                                               value=x, atol=1e-6)
+
+
+def test_batch_entries_names_the_entries_that_are_wrong():
+    expected = torch.arange(12, dtype=torch.float64).reshape(3, 2, 2)
+    repeated = expected.clone()
+    repeated[1:] = expected[0]
+    with pytest.raises(Failure) as info:
+        batch_entries(repeated, expected, tried="f(x)", what="your weights", atol=1e-6, rtol=1e-6, along="-1")
+    assert info.value.diagnosis.summary == "batch entry 0 repeated" and "along -1" in info.value.diagnosis.fix
+    some = expected.clone()
+    some[2] += 1
+    with pytest.raises(Failure) as info:
+        batch_entries(some, expected, tried="f(x)", what="your weights", atol=1e-6, rtol=1e-6, along="-1")
+    assert info.value.diagnosis.summary == "wrong for some batch entries"
+    batch_entries(expected + 1, expected, tried="f(x)", what="w", atol=1e-6, rtol=1e-6, along="-1")  # all wrong: silent
