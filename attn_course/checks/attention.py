@@ -1,16 +1,13 @@
 """Checks for notebook 05: scaled dot-product attention and the size of its score matrix.
 
-``attention`` — cases: 12 inputs (the worked example, batches, heads, masks of five shapes, one query,
-one key, scores of ±1000 and ±3·10⁴); oracle: ``F.scaled_dot_product_attention`` (the weights are its
-output with V = I). Every query may attend to at least one key (fully masked rows are notebook 06's).
-The weights are judged first, then the output, each with one :class:`~.kit.Suspects` over its table of
-known mistakes; an exception is explained by a construct that raises the very same message; a wrong
-answer no mistake reproduces is measured (randomness, a narrower dtype's grid, NaN where exp overflowed
-or the allowed weights underflowed, weight on blocked keys, rounding, row sums, the scale really used).
-A learner-side probe reports arguments changed in place (the docstring rules that out).
+``attention`` — 12 cases (the worked example, batches, heads, masks of five shapes, one query, one key, scores of
+±1000 and ±3·10⁴); oracle ``F.scaled_dot_product_attention`` (the weights: its output with V = I). The weights, then
+the output, are judged by a :class:`~.kit.Suspects` over their table of known mistakes; an exception is explained by
+a construct that raises the very same message; a wrong answer no mistake reproduces is measured (randomness, a
+narrower dtype, NaN from overflow or underflow, weight on blocked keys, rounding, row sums, the scale really used).
 
-``score_matrix_bytes`` — every case runs first; a wrong formula is named only when it reproduces the
-answer on all of them, else the bytes per entry or a constant factor are measured.
+``score_matrix_bytes`` — every case runs first; a wrong formula is named only when it fits them all, else the
+bytes per entry or a constant factor are measured.
 """
 
 from __future__ import annotations
@@ -49,6 +46,10 @@ class Case:
     @property
     def scaled(self) -> torch.Tensor:
         return _scaled(self.Q, self.K)
+
+    @property
+    def allowed(self) -> torch.Tensor:  # (..., n_q, n_k): True where query i may attend to key j
+        return torch.broadcast_to(torch.tensor(True) if self.mask is None else self.mask, self.scaled.shape)
 
 
 def _oracle(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,13 +101,12 @@ def _cases() -> list[Case]:
              rand(1, 1, 1, 8, dtype=f32), rand(1, 1, 6, 8, dtype=f32), rand(1, 1, 6, 1, dtype=f32),
              torch.tensor([[True, True, False, True, False, True]]), atol=2e-5),
         Case("a single key (n_k = 1)", rand(3, 4), rand(1, 4), rand(1, 2), None, atol=1e-7),
-        # Kept scores near +1000: e^1000 overflows (a softmax must subtract each row's maximum).
-        # The last row lies 2000 below the others: a maximum taken over the whole tensor underflows it.
+        # Kept scores near +1000: e^1000 overflows; the last row, 2000 below, underflows under a global maximum.
         _large([[1000.0, 990.0, 1003.0, -50.0], [-40.0, 1002.0, 995.0, 1001.0], [-999.0, -1000.0, -1000.5, -998.0]],
                [[True, False, True, False], [False, True, False, True], [True, True, True, True]],
                rand(4, 3), "large scores (about ±1000) with a mask", large=False),
-        # Kept scores near -20000, blocked ones up to +30000: every finite fill weaker than about -1e5
-        # leaks, and a softmax over all keys gives the kept ones weight 0 (0/0 when renormalised).
+        # Kept scores near -20000, blocked ones up to +30000: a finite fill weaker than about -1e5 leaks, and a
+        # softmax over all keys gives the kept ones weight 0 (0/0 when renormalised).
         _large([[-20000.0, 30000.0, -20001.5, 0.0], [30000.0, -20000.7, -5000.0, -20000.0],
                 [-20002.0, -20000.0, 30000.0, -5000.0]],
                [[True, False, True, False], [False, True, False, True], [True, True, False, False]],
@@ -135,21 +135,23 @@ def _right(Q, K, mask):
     return _soft(_fill(_scaled(Q, K), mask))
 
 
-_DIM_FIX = "take the softmax over the last axis, torch.softmax(scores, dim=-1): each query's row of weights sums to 1"
+_DIM_FIX = "take the softmax over the last axis, torch.softmax(scores, dim=-1): each query's row sums to 1"
 _QUERIES = "you took the softmax over the queries' axis (axis -2): each column sums to 1, not each row"
 _SCALE_FIX = "scale by √d_k, the width of Q and K, counted from the end: Q.shape[-1]"
 _INF_FIX = "fill the blocked scores with float('-inf') before the softmax"
+_MASK_FIX = "scores.masked_fill(~mask, float('-inf'))"
 _AFTER = ("mask applied after the softmax", "you masked the weights after the softmax, so the rows no longer sum to 1",
           "fill the blocked *scores* with float('-inf') before the softmax")
-_POLARITY = ("mask polarity inverted", "you blocked the positions where the mask is True; in this course (as in "
-             "F.scaled_dot_product_attention) True means 'may attend'",
-             "fill the scores where the mask is False: scores.masked_fill(~mask, float('-inf'))")
-_WEAK = ("a fill value too weak for these scores", "you filled blocked scores with a finite negative number, but next "
-         "to scores of ±3·10⁴ it is not 'minus infinity', so blocked keys still get weight",
+_POLARITY = ("mask polarity inverted", "you blocked where the mask is True; here (as in F.scaled_dot_product_attention)"
+             " True means 'may attend'", f"fill the scores where the mask is False: {_MASK_FIX}")
+_WEAK = ("a fill value too weak for these scores", "you filled blocked scores with a finite negative number: next to "
+         "scores of ±3·10⁴ it is not 'minus infinity', so blocked keys still get weight",
          "fill with float('-inf') (or torch.finfo(scores.dtype).min)")
 _NAIVE = ("softmax without subtracting the maximum", "your softmax exponentiates the raw scores: e^1000 overflows to "
           "inf and inf/inf is NaN", "subtract each row's maximum before exp, or use torch.softmax")
-_ADDED = ("bool mask added to the scores", "fill the blocked scores with -inf: scores.masked_fill(~mask, float('-inf'))")
+_ADDED = ("bool mask added to the scores", f"fill the blocked scores with -inf: {_MASK_FIX}")
+_FILLS = (-1e4, -1e3, -1e5, -1e2)
+_NOKEEPDIM = "without keepdim=True: shape (..., n_q) lines up with the keys' axis, so"
 
 
 def _mistakes_of_weights(cases: list[Case]) -> list[Known]:
@@ -157,17 +159,22 @@ def _mistakes_of_weights(cases: list[Case]) -> list[Known]:
     def scale(key, summary, cause, fix, by):  # softmax(Q Kᵀ / by(Q, K, V)), masked
         return Known(key, summary, cause, fix, lambda Q, K, V, m: _soft(_fill(Q @ K.mT / by(Q, K, V), m)))
 
-    table = [
+    def scaled(key, summary, cause, fix, then):  # then(masked scaled scores, Q, K, mask)
+        return Known(key, summary, cause, fix, lambda Q, K, V, m: then(_fill(_scaled(Q, K), m), Q, K, m))
+
+    def raw(key, summary, cause, fix, then):  # then(scaled scores before any mask, mask)
+        return Known(key, summary, cause, fix, lambda Q, K, V, m: then(_scaled(Q, K), m))
+
+    return [
         # softmax(dim=-2), or softmax(dim=d) written for input of d + 1 axes: on n-D input it takes the queries'
         # axis (d = n - 2: the same text, so that two ways to one mistake are named once) or a batch axis
-        Known("dim-2", "softmax over axis -2 (the queries)", _QUERIES, _DIM_FIX,
-              lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m), -2)),
-        *[Known(f"dim{d}-{n}D", "softmax over axis -2 (the queries)" if d == n - 2 else f"softmax over axis {d} (a "
-                "batch axis)", _QUERIES if d == n - 2 else f"you took the softmax over axis {d}, a batch axis of this "
-                "input", _DIM_FIX, lambda Q, K, V, m, d=d, n=n: _soft(s, d) if (s := _fill(_scaled(Q, K), m)).dim()
-                in (n, d + 1) else None) for n in (2, 3, 4) for d in range(n - 1)],
-        Known("flat", "softmax over the whole matrix", "you took one softmax over the whole (n_q, n_k) matrix",
-              _DIM_FIX, lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m).flatten(-2)).reshape(_scaled(Q, K).shape)),
+        scaled("dim-2", "softmax over axis -2 (the queries)", _QUERIES, _DIM_FIX, lambda s, *_: _soft(s, -2)),
+        *[scaled(f"dim{d}-{n}D", "softmax over axis -2 (the queries)" if d == n - 2 else f"softmax over axis {d} (a "
+                 "batch axis)", _QUERIES if d == n - 2 else f"you took the softmax over axis {d}, a batch axis of this "
+                 "input", _DIM_FIX, lambda s, *_, d=d, n=n: _soft(s, d) if s.dim() in (n, d + 1) else None)
+          for n in (2, 3, 4) for d in range(n - 1)],
+        scaled("flat", "softmax over the whole matrix", "you took one softmax over the whole (n_q, n_k) matrix",
+               _DIM_FIX, lambda s, *_: _soft(s.flatten(-2)).reshape(s.shape)),
         scale("noscale", "scores not scaled", "you did not divide the scores by √d_k", "divide Q Kᵀ by "
               "math.sqrt(d_k) before the softmax, with d_k = Q.shape[-1]", lambda Q, K, V: 1.0),
         scale("dk", "divided by d_k instead of √d_k", "you divided the scores by d_k", "divide by math.sqrt(d_k)",
@@ -175,97 +182,82 @@ def _mistakes_of_weights(cases: list[Case]) -> list[Known]:
         scale("times", "multiplied by √d_k", "you multiplied the scores by √d_k", "divide by math.sqrt(d_k) instead",
               lambda Q, K, V: Q.shape[-1] ** -0.5),
         # d_k taken from another size, by meaning or counted from the front (= d_k only on input of i + 2 axes)
-        scale("d_v", "scaled by √d_v instead of √d_k", "you scaled by the square root of d_v, the width of V "
-              "(V.shape[-1])", _SCALE_FIX, lambda Q, K, V: math.sqrt(V.shape[-1])),
-        scale("n_q", "scaled by √n_q instead of √d_k", "you scaled by the square root of n_q, the number of queries "
-              "(Q.shape[-2])", _SCALE_FIX, lambda Q, K, V: math.sqrt(Q.shape[-2])),
-        scale("n_k", "scaled by √n_k instead of √d_k", "you scaled by the square root of n_k, the number of keys "
-              "(K.shape[-2])", _SCALE_FIX, lambda Q, K, V: math.sqrt(K.shape[-2])),
+        *[scale(key, f"scaled by √{key} instead of √d_k", f"you scaled by the square root of {key}, {what}",
+                _SCALE_FIX, by) for key, what, by in (
+            ("d_v", "the width of V (V.shape[-1])", lambda Q, K, V: math.sqrt(V.shape[-1])),
+            ("n_q", "the number of queries (Q.shape[-2])", lambda Q, K, V: math.sqrt(Q.shape[-2])),
+            ("n_k", "the number of keys (K.shape[-2])", lambda Q, K, V: math.sqrt(K.shape[-2])))],
         *[scale(f"front{i}", f"scaled by √Q.shape[{i}] instead of √d_k", f"you scaled by the square root of "
                 f"Q.shape[{i}]{' (or len(Q), len(K))' if i == 0 else ''}, an axis counted from the front: it is d_k "
                 f"only on {i + 2}-D input", _SCALE_FIX, lambda Q, K, V, i=i: math.sqrt(Q.shape[i])) for i in range(3)],
-        Known("no-Q", "Q left out of the scores", "your scores are Kᵀ / √d_k: Q is missing from Q Kᵀ",
-              "scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k)",
-              lambda Q, K, V, m: _soft(_fill(K.mT / math.sqrt(Q.shape[-1]), m))),
+        Known("no-Q", "Q left out of the scores", "your scores are Kᵀ / √d_k: Q is missing from Q Kᵀ", "scores = "
+              "Q @ K.mT / math.sqrt(d_k)", lambda Q, K, V, m: _soft(_fill(K.mT / math.sqrt(Q.shape[-1]), m))),
         Known("transposed", "weights transposed", "you returned the weights with queries and keys swapped",
-              "keep weights[..., i, j] = how much query i attends to key j (queries on rows)",
-              lambda Q, K, V, m: _right(Q, K, m).mT),
-        Known("reshape", "K reshaped instead of transposed", "you turned K (…, n_k, d_k) into (…, d_k, n_k) with "
-              "reshape or view, which keeps the numbers in memory order: it does not swap rows and columns",
-              "transpose: K.transpose(-2, -1) (or K.mT)", lambda Q, K, V, m: _soft(_fill(
-                  Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]) / math.sqrt(Q.shape[-1]), m))),
-        Known("sigmoid", "sigmoid instead of softmax", "you applied torch.sigmoid to each score on its own, so the "
-              "weights of a row do not share one total", "use torch.softmax(scores, dim=-1): each row sums to 1",
-              lambda Q, K, V, m: torch.sigmoid(_fill(_scaled(Q, K), m))),
-        *[Known(f"scores{fill}", "scores returned as weights", "you returned the scores from before the softmax as "
-                "the weights", "return weights = torch.softmax(scaled scores, dim=-1)",
+              "keep weights[..., i, j] = how much query i attends to key j", lambda Q, K, V, m: _right(Q, K, m).mT),
+        Known("reshape", "K reshaped instead of transposed", "reshape or view keeps K's numbers in memory order: it "
+              "does not swap rows and columns", "transpose: K.transpose(-2, -1) (or K.mT)", lambda Q, K, V, m: _soft(
+                  _fill(Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]) / math.sqrt(Q.shape[-1]), m))),
+        scaled("sigmoid", "sigmoid instead of softmax", "torch.sigmoid treats each score on its own, so a row's "
+               "weights do not share one total", "use torch.softmax(scores, dim=-1)", lambda s, *_: torch.sigmoid(s)),
+        *[Known(f"scores{fill}", "scores returned as weights", "you returned the scores from before the softmax",
+                "return weights = torch.softmax(scaled scores, dim=-1)",
                 lambda Q, K, V, m, fill=fill: _fill(_scaled(Q, K), m, fill)) for fill in (-math.inf, 0.0)],
-        Known("naive", *_NAIVE, lambda Q, K, V, m: _naive(_fill(_scaled(Q, K), m))),
-        Known("log", "log-softmax instead of softmax", "you returned log-weights (log_softmax), which are ≤ 0, not "
-              "weights", "use torch.softmax", lambda Q, K, V, m: torch.log_softmax(_fill(_scaled(Q, K), m), -1)),
-        Known("nokeepdim-max", "row maximum subtracted without keepdim", "you subtracted scores.max(-1).values "
-              "without keepdim=True: shape (..., n_q) lines up with the keys' axis, so each column, not each row, "
-              "was shifted", "keep the axis: scores.amax(dim=-1, keepdim=True)",
-              lambda Q, K, V, m: _naive((s := _fill(_scaled(Q, K), m)) - s.amax(-1).unsqueeze(-2))),
-        Known("nokeepdim-sum", "row sum taken without keepdim", "you divided by e.sum(-1) without keepdim=True: shape "
-              "(..., n_q) lines up with the keys' axis, so entry (i, j) was divided by row j's sum",
-              "keep the axis: e.sum(dim=-1, keepdim=True)", lambda Q, K, V, m: (e := torch.exp(
-                  (s := _fill(_scaled(Q, K), m)) - s.amax(-1, keepdim=True))) / e.sum(-1).unsqueeze(-2)),
-        Known("sum-all", "normalised by the sum of every entry", "you divided by e.sum() over the whole tensor, not "
-              "by each row's sum", "divide by e.sum(dim=-1, keepdim=True)",
-              lambda Q, K, V, m: (e := torch.exp(_fill(_scaled(Q, K), m))) / e.sum()),
-        Known("scale-after", "scaled after the softmax", "you divided the weights by √d_k after the softmax instead of "
-              "the scores before it", "divide the scores Q Kᵀ by math.sqrt(d_k), then take the softmax",
-              lambda Q, K, V, m: _soft(_fill(Q @ K.mT, m)) / math.sqrt(Q.shape[-1])),
-        Known("globalmax", "maximum over the whole tensor", "you subtracted the maximum of the whole tensor, not of each "
-              "row: a row far below it underflows to 0 and 0/0 is NaN",
-              "subtract each row's maximum: scores.amax(dim=-1, keepdim=True)",
-              lambda Q, K, V, m: _naive((s := _fill(_scaled(Q, K), m)) - s.max())),
-        Known("causal-always", "a causal mask although none was given", "with mask=None your function still blocked "
-              "the later keys (j > i): a causal mask built into it", "block keys only where the mask argument says "
-              "so; with mask=None every query sees every key", lambda Q, K, V, m: None if m is not None else _soft(
-                  (s := _scaled(Q, K)).masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf))),
+        scaled("naive", *_NAIVE, lambda s, *_: _naive(s)),
+        scaled("log", "log-softmax instead of softmax", "you returned log-weights (log_softmax), which are ≤ 0",
+               "use torch.softmax", lambda s, *_: torch.log_softmax(s, -1)),
+        scaled("nokeepdim-max", "row maximum subtracted without keepdim", f"you subtracted scores.max(-1).values "
+               f"{_NOKEEPDIM} each column, not each row, was shifted", "keep the axis: scores.amax(dim=-1, "
+               "keepdim=True)", lambda s, *_: _naive(s - s.amax(-1).unsqueeze(-2))),
+        scaled("nokeepdim-sum", "row sum taken without keepdim", f"you divided by e.sum(-1) {_NOKEEPDIM} entry (i, j) "
+               "was divided by row j's sum", "keep the axis: e.sum(dim=-1, keepdim=True)",
+               lambda s, *_: (e := torch.exp(s - s.amax(-1, keepdim=True))) / e.sum(-1).unsqueeze(-2)),
+        scaled("sum-all", "normalised by the sum of every entry", "you divided by e.sum() over the whole tensor, not "
+               "by each row's sum", "divide by e.sum(dim=-1, keepdim=True)",
+               lambda s, *_: (e := torch.exp(s)) / e.sum()),
+        Known("scale-after", "scaled after the softmax", "you divided the weights by √d_k instead of the scores",
+              "divide Q Kᵀ by math.sqrt(d_k), then take the softmax", lambda Q, K, V, m: _soft(_fill(Q @ K.mT, m))
+              / math.sqrt(Q.shape[-1])),
+        scaled("globalmax", "maximum over the whole tensor", "you subtracted the whole tensor's maximum, not each "
+               "row's: a row far below it underflows to 0 and 0/0 is NaN", "subtract each row's maximum: "
+               "scores.amax(dim=-1, keepdim=True)", lambda s, *_: _naive(s - s.max())),
+        raw("causal-always", "a causal mask although none was given", "with mask=None your function still blocked "
+            "the later keys (j > i)", "block keys only where the mask argument says so", lambda s, m: None if m is not
+            None else _soft(s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf))),
         # -------- the mask (each make raises, so is no suspect, where mask is None)
-        Known("mask-T", "mask transposed", "you applied the mask with its last two axes swapped (mask.T or "
-              "mask.transpose(-2, -1)): mask[..., i, j] says whether query i may attend to key j",
-              "use the mask as it is: scores.masked_fill(~mask, float('-inf'))",
-              lambda Q, K, V, m: _soft(_fill(_scaled(Q, K), m.mT)) if m.dim() >= 2 else None),
-        Known("ignored", "mask ignored", "you did not use the mask, so blocked keys still get weight", _INF_FIX,
-              lambda Q, K, V, m: _soft(_scaled(Q, K)) if m is not None else None),
-        *[Known(f"ignored-{shape}", f"mask of shape {shape} ignored", "you used the masks of the earlier cases but "
-                "not this one: your code applies the mask only for some shapes (an `if` on mask.dim() or mask.shape, "
-                "or a reshape that fits only some masks)", "apply any mask that broadcasts to the scores: "
-                "scores.masked_fill(~mask, float('-inf')) broadcasts by itself",
-                lambda Q, K, V, m, shape=shape: _soft(_scaled(Q, K)) if tuple(m.shape) == shape else _right(Q, K, m))
+        raw("mask-T", "mask transposed", "you applied the mask with its last two axes swapped (mask.T): mask[..., i, "
+            "j] says whether query i may attend to key j", f"use the mask as it is: {_MASK_FIX}",
+            lambda s, m: _soft(_fill(s, m.mT)) if m.dim() >= 2 else None),
+        raw("ignored", "mask ignored", "you did not use the mask, so blocked keys still get weight", _INF_FIX,
+            lambda s, m: _soft(s) if m is not None else None),
+        *[raw(f"ignored-{shape}", f"mask of shape {shape} ignored", "your code applies the mask only for some shapes "
+              "(an `if` on its shape, or a reshape)", f"apply any mask that broadcasts: {_MASK_FIX} broadcasts by "
+              "itself", lambda s, m, shape=shape: _soft(s if tuple(m.shape) == shape else _fill(s, m)))
           for shape in dict.fromkeys(tuple(c.mask.shape) for c in cases if c.mask is not None)],
-        Known("plus-inverted", _ADDED[0], "you added a 0/1 version of the mask to the scores: adding 1 to some scores "
-              "shifts them a little and blocks nothing", _ADDED[1],
-              lambda Q, K, V, m: _soft(_scaled(Q, K) + (~m).to(Q.dtype))),
-        Known("plus", _ADDED[0], "you added the boolean mask to the scores: True counts as +1, which blocks nothing",
-              _ADDED[1], lambda Q, K, V, m: _soft(_scaled(Q, K) + m.to(Q.dtype))),
-        Known("after*", *_AFTER, lambda Q, K, V, m: _soft(_scaled(Q, K)) * m),
-        Known("after-inf", *_AFTER, lambda Q, K, V, m: _soft(_scaled(Q, K)).masked_fill(~m, -math.inf)),
-        Known("renorm", "mask applied after the softmax, then renormalised", "you zeroed the blocked weights after a "
-              "softmax over all keys and divided each row by its sum: right on paper, but when blocked scores are far "
-              "larger than the allowed ones, the allowed weights underflow to 0 and the division is 0/0 = NaN",
-              _INF_FIX, lambda Q, K, V, m: (w := _soft(_scaled(Q, K)) * m) / w.sum(-1, keepdim=True)),
-        *[Known(f"polarity{fill}", *_POLARITY, lambda Q, K, V, m, fill=fill: _soft(_scaled(Q, K).masked_fill(m, fill)))
+        raw("plus-inverted", _ADDED[0], "you added a 0/1 version of the mask to the scores: adding 1 shifts scores a "
+            "little and blocks nothing", _ADDED[1], lambda s, m: _soft(s + (~m).to(s.dtype))),
+        raw("plus", _ADDED[0], "you added the boolean mask to the scores: True counts as +1, which blocks nothing",
+            _ADDED[1], lambda s, m: _soft(s + m.to(s.dtype))),
+        raw("after*", *_AFTER, lambda s, m: _soft(s) * m),
+        raw("after-inf", *_AFTER, lambda s, m: _soft(s).masked_fill(~m, -math.inf)),
+        raw("renorm", "mask applied after the softmax, then renormalised", "you zeroed the blocked weights of a "
+            "softmax over all keys, then divided by the row sums: next to far larger blocked scores the allowed "
+            "weights underflow to 0, and 0/0 = NaN", _INF_FIX,
+            lambda s, m: (w := _soft(s) * m) / w.sum(-1, keepdim=True)),
+        *[raw(f"polarity{fill}", *_POLARITY, lambda s, m, fill=fill: _soft(s.masked_fill(m, fill)))
           for fill in (-math.inf, -1e9)],
-        Known("times-mask", "mask multiplied into the scores", "you multiplied the scores by the mask: a blocked score "
-              "becomes 0, not -inf, and e^0 = 1 still gives it weight",
-              "fill the blocked scores with -inf (masked_fill or torch.where) instead of multiplying",
-              lambda Q, K, V, m: _soft(_scaled(Q, K) * m)),
-        Known("nan-additive", "0 × (-inf) = NaN in an additive mask", "you built the additive mask as (~mask) * "
-              "float('-inf'), and 0 × (-inf) is NaN, so every row with an allowed key became NaN",
-              "build it with masked_fill or torch.where: torch.zeros_like(scores).masked_fill(~mask, float('-inf'))",
-              lambda Q, K, V, m: _soft(_scaled(Q, K) + (~m).to(Q.dtype) * -math.inf)),
+        raw("times-mask", "mask multiplied into the scores", "you multiplied the scores by the mask: a blocked score "
+            "becomes 0, not -inf, and e^0 = 1 still gives it weight", "fill the blocked scores with -inf "
+            "(masked_fill or torch.where)", lambda s, m: _soft(s * m)),
+        raw("nan-additive", "0 × (-inf) = NaN in an additive mask", "you built the additive mask as (~mask) * "
+            "float('-inf'): 0 × (-inf) is NaN, so every row with an allowed key became NaN", "build it with "
+            "masked_fill: torch.zeros_like(scores).masked_fill(~mask, float('-inf'))",
+            lambda s, m: _soft(s + (~m).to(s.dtype) * -math.inf)),
+        # a finite fill: on the scaled scores, before the scaling, or added
+        *[raw(f"weak{f}", *_WEAK, lambda s, m, f=f: _soft(_fill(s, m, f))) for f in _FILLS],
+        *[Known(f"weak-pre{f}", *_WEAK, lambda Q, K, V, m, f=f: _soft(_fill(Q @ K.mT, m, f) / math.sqrt(Q.shape[-1])))
+          for f in _FILLS],
+        *[raw(f"weak+{f}", *_WEAK, lambda s, m, f=f: _soft(s + (~m).to(s.dtype) * f)) for f in _FILLS],
     ]
-    for fill in (-1e4, -1e3, -1e5, -1e2):  # a finite fill: on the scaled scores, before the scaling, or added
-        table += [Known(f"weak{fill}", *_WEAK, lambda Q, K, V, m, f=fill: _soft(_fill(_scaled(Q, K), m, f))),
-                  Known(f"weak-pre{fill}", *_WEAK, lambda Q, K, V, m, f=fill: _soft(_fill(Q @ K.mT, m, f)
-                                                                                   / math.sqrt(Q.shape[-1]))),
-                  Known(f"weak+{fill}", *_WEAK, lambda Q, K, V, m, f=fill: _soft(_scaled(Q, K) + (~m).to(Q.dtype) * f))]
-    return table
 
 
 _OUT_FIX = "output = weights @ V"
@@ -280,13 +272,12 @@ _MISTAKES_OF_OUTPUT = [
           lambda Q, K, V, m: _right(Q, K, m).mT @ V),
     Known("w@K", "output from K instead of V", "you multiplied the weights by K, not by V", _OUT_FIX,
           lambda Q, K, V, m: _right(Q, K, m) @ K),
-    Known("V", "V returned as the output", "you returned V itself, not the weighted sum of the values", _OUT_FIX,
-          lambda Q, K, V, m: V),
+    Known("V", "V returned as the output", "you returned V itself, not weights @ V", _OUT_FIX, lambda Q, K, V, m: V),
     Known("w", "weights returned as the output", "you returned the weights where the output belongs", _OUT_FIX,
           lambda Q, K, V, m: _right(Q, K, m)),
-    Known("unmasked@V", "output from the unmasked weights", "you returned masked weights, but computed the output "
-          "from weights taken before the mask was applied", "compute the output from the same (masked) weights you "
-          "return: output = weights @ V", lambda Q, K, V, m: _soft(_scaled(Q, K)) @ V if m is not None else None),
+    Known("unmasked@V", "output from the unmasked weights", "you computed the output from the weights before the "
+          "mask", "compute the output from the masked weights you return: output = weights @ V",
+          lambda Q, K, V, m: _soft(_scaled(Q, K)) @ V if m is not None else None),
 ]
 
 
@@ -294,37 +285,36 @@ _MISTAKES_OF_OUTPUT = [
 def _constructs(case: Case) -> list[tuple[str, str, Callable[[], object]]]:
     """Wrong constructs, run on ``case``: (cause, fix, attempt)."""
     Q, K, V, mask = case.args
-    Kt, s, w = K.mT, case.scaled, _soft(case.scaled)
+    s, w = case.scaled, _soft(case.scaled)
     rev = lambda t: t.permute(*reversed(range(t.dim())))  # noqa: E731 - what .T does
-    mm, bmm = "use the @ operator (torch.matmul), which handles", "leading batch axes"
-    out = [("on batched input, K.T reverses every axis (the batch axes too)", "transpose only the last two axes: "
-            "K.transpose(-2, -1) (or K.mT)", a) for a in [lambda: torch.matmul(Q, rev(K))] + [
-               lambda i=(0,) * i: Q[i] @ rev(K[i]) for i in range(min(Q.dim(), K.dim()) - 1)]]
-    out += [("K.t() works on 2-D matrices only", "transpose only the last two axes: K.transpose(-2, -1)", lambda: K.t()),
-            ("torch.mm multiplies 2-D matrices only", f"{mm} {bmm}", lambda: torch.mm(Q, Kt)),
-            ("torch.mm multiplies 2-D matrices only", f"{mm} {bmm}", lambda: torch.mm(w, V)),
-            ("torch.bmm needs exactly 3-D tensors", f"{mm} any number of {bmm}", lambda: torch.bmm(Q, Kt)),
-            ("torch.bmm needs exactly 3-D tensors", f"{mm} any number of {bmm}", lambda: torch.bmm(w, V))]
+    last_two, lost = "transpose only the last two axes: K.transpose(-2, -1)", "without keepdim=True: shape (…, n_q)"
     front = ("K.transpose(1, 2) counts axes from the front: on input with fewer axes there is no axis 2",
              "count from the end: K.transpose(-2, -1)")
-    out += [(*front, lambda: K.transpose(1, 2)), (*front, lambda: K.permute(0, 2, 1)),
+    out = [("on batched input, K.T reverses every axis (the batch axes too)", f"{last_two} (or K.mT)", a)
+           for a in [lambda: torch.matmul(Q, rev(K))] + [
+               lambda i=(0,) * i: Q[i] @ rev(K[i]) for i in range(min(Q.dim(), K.dim()) - 1)]]
+    out += [(cause, f"use the @ operator (torch.matmul), which handles {many}leading batch axes",
+             lambda op=op, a=a, b=b: op(a, b))
+            for op, cause, many in ((torch.mm, "torch.mm multiplies 2-D matrices only", ""),
+                                    (torch.bmm, "torch.bmm needs exactly 3-D tensors", "any number of "))
+            for a, b in ((Q, K.mT), (w, V))]
+    out += [("K.t() works on 2-D matrices only", last_two, lambda: K.t()),
+            (*front, lambda: K.transpose(1, 2)), (*front, lambda: K.permute(0, 2, 1)),
             ("K.transpose(0, 1) swaps the first two axes, which on batched input are not the keys and features",
-             "transpose the last two axes: K.transpose(-2, -1)", lambda: Q @ K.transpose(0, 1)),
+             last_two, lambda: Q @ K.transpose(0, 1)),
             ("you multiplied the weights by Vᵀ instead of V", "output = weights @ V: (…, n_q, n_k) @ (…, n_k, d_v)",
              lambda: w @ V.mT),
-            ("you subtracted scores.max(-1).values without keepdim=True, so its shape (…, n_q) does not line up with "
-             "the rows", "keep the axis: scores.amax(dim=-1, keepdim=True)", lambda: s - s.max(-1).values),
-            ("you divided by e.sum(-1) without keepdim=True, so its shape (…, n_q) does not line up with the rows",
+            (f"you subtracted scores.max(-1).values {lost} does not line up with the rows",
+             "keep the axis: scores.amax(dim=-1, keepdim=True)", lambda: s - s.max(-1).values),
+            (f"you divided by e.sum(-1) {lost} does not line up with the rows",
              "keep the axis: e.sum(dim=-1, keepdim=True)", lambda: w / w.sum(-1))]
     if mask is not None:
-        last = ("you added an axis at the end of the mask (mask[..., None] or mask.unsqueeze(-1)), which lines the "
-                "mask's keys up with the queries' axis of the scores", "use the mask as it is: it already broadcasts "
-                "to (…, n_q, n_k)")
+        last = ("you added an axis at the end of the mask (mask[..., None] or mask.unsqueeze(-1)): its keys line up "
+                "with the scores' queries", "use the mask as it is: it already broadcasts to (…, n_q, n_k)")
         out += [(*last, lambda: s.masked_fill(~mask[..., None], -math.inf)),
                 (*last, lambda: torch.where(mask[..., None], s, -math.inf)),
-                ("indexing with a boolean mask (scores[~mask] = …) needs a mask of the scores' full shape: it does not "
-                 "broadcast", "use scores.masked_fill(~mask, float('-inf')) or torch.where, which broadcast",
-                 lambda: s.clone().__setitem__(~mask, -math.inf))]
+                ("indexing with a boolean mask (scores[~mask] = …) needs the scores' full shape: it does not broadcast",
+                 f"use {_MASK_FIX} or torch.where, which broadcast", lambda: s.clone().__setitem__(~mask, -math.inf))]
     return out
 
 
@@ -335,27 +325,19 @@ _NO_MASK_ARGUMENT = ("TypeError", "positional argument", "your function does not
                      "keep the signature attention(Q, K, V, mask=None)")
 
 
-def _explain(exc: LearnerRaised, case: Case) -> dict[str, str]:
-    """A cause and fix for the learner's exception on ``case``: a construct is named only when it alone
-    reproduces the very message (a generic broadcasting error that two constructs share names neither)."""
-    constructs = [c for c in _constructs(case) if reproduce(c[2]) == exc.message]
-    patterns = _PATTERNS + ([_NO_MASK_ARGUMENT] if case.mask is not None else [])
-    return explain_raise(exc, constructs if len({c[0] for c in constructs}) == 1 else (), patterns)
-
-
 # ============================================================================ check_attention
-_ARG_NAMES = ("Q", "K", "V", "mask")
-
-
 def _call(fn: Learner, case: Case, tried: str) -> tuple[object, list[str]]:
     """The learner's result on ``case`` and the names of the arguments it changed in place."""
     args = case.args if case.mask is not None else case.args[:3]
     try:
         result = fn.observe(kit.CALL, *args)
-    except LearnerRaised as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **_explain(exc, case))) from None
+    except LearnerRaised as exc:  # a construct is named only when it alone raises the very same message
+        constructs = [c for c in _constructs(case) if reproduce(c[2]) == exc.message]
+        hint = explain_raise(exc, constructs if len({c[0] for c in constructs}) == 1 else (),
+                             _PATTERNS + ([_NO_MASK_ARGUMENT] if case.mask is not None else []))
+        raise Failure(learner_error(exc, tried=tried, expected="(output, weights)", **hint)) from None
     value, changed = result if isinstance(result, tuple) and len(result) == 2 else (result, [])
-    return value, [_ARG_NAMES[int(i)] for i in changed if 0 <= int(i) < len(args)]
+    return value, [("Q", "K", "V", "mask")[int(i)] for i in changed if 0 <= int(i) < len(args)]
 
 
 def _again(fn: Learner, which: int) -> Callable[..., torch.Tensor]:
@@ -375,7 +357,7 @@ def check_attention(fn: Learner) -> str:
     for case in cases:
         tried = f"attention(Q, K, V{', mask' if case.mask is not None else ''}) on {case.name}"
         result, changed = _call(fn, case, tried)
-        out, w = _unpack(result, tried)
+        out, w = kit.unpack(result, ("output", "weights"), tried=tried)
         exp_out, exp_w = _oracle(case)
         if out.shape == exp_w.shape and w.shape == exp_out.shape and exp_w.shape != exp_out.shape:
             fail("output and weights swapped", tried=tried, got="(weights, output)", expected="(output, weights)",
@@ -383,8 +365,9 @@ def check_attention(fn: Learner) -> str:
         _squeezed(w, exp_w.shape, tried, "the weights")
         _mask_axis_added(w, case, tried)
         try:
-            weights.expect(w, exp_w, case.args, tried=tried, again=_again(fn, 1), distinguish=every, what="the weights",
-                           atol=case.atol, fix="the weights have one row per query, one column per key: (..., n_q, n_k)")
+            weights.expect(w, exp_w, case.args, tried=tried, again=_again(fn, 1), distinguish=every,
+                           what="the weights", atol=case.atol,
+                           fix="the weights have one row per query, one column per key: (..., n_q, n_k)")
         except Failure as failure:
             if not failure.diagnosis.cause:
                 _random(fn, case, tried, w)
@@ -403,12 +386,11 @@ def check_attention(fn: Learner) -> str:
             raise
         if changed:
             names = " and ".join(changed)
-            fail(f"changed {names} in place", tried=tried, got=f"right results, but after the call {names} held "
-                 "different values than before", expected="the arguments left as they were",
-                 cause=f"an in-place operation on {names} (/=, *=, +=, a method ending in _ such as masked_fill_, or "
-                       "an assignment into it) changes the caller's tensor too",
-                 fix="compute new tensors instead: scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k); "
-                     "mask.logical_not() or ~mask, not mask.logical_not_()")
+            fail(f"changed {names} in place", tried=tried, got=f"right results, but the call changed {names}",
+                 expected="the arguments left as they were", cause=f"an in-place operation on {names} (/=, *=, +=, "
+                 "a method ending in _ such as masked_fill_, an assignment into it) changes the caller's tensor too",
+                 fix="compute new tensors: scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k); ~mask, not "
+                     "mask.logical_not_()")
         passed_dks.add(d_k)
     shapes = {tuple(c.mask.shape) for c in cases if c.mask is not None}
     return (f"matches F.scaled_dot_product_attention on {len(cases)} cases (batched, n_q ≠ n_k, d_k ≠ d_v, "
@@ -425,26 +407,6 @@ def _squeezed(t: torch.Tensor, shape: torch.Size, tried: str, what: str) -> None
              "here the batch, heads or queries axis)", fix="leave out .squeeze(); keep every axis the inputs have")
 
 
-def _unpack(result, tried: str) -> tuple[torch.Tensor, torch.Tensor]:
-    fix = "end the function with `return output, weights`"
-    if isinstance(result, torch.Tensor):
-        fail("returned one tensor, not (output, weights)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
-             expected="a tuple (output, weights)", fix=fix)
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        fail("did not return (output, weights)", tried=tried, got=f"a {type(result).__name__}" + (
-            f" of {len(result)} items" if isinstance(result, (tuple, list)) else ""),
-             expected="a tuple of two tensors (output, weights)", fix=fix)
-    if any(isinstance(r, np.ndarray) for r in result):
-        fail("returned NumPy arrays, not tensors", tried=tried, got=", ".join(
-            f"{what}: {'a NumPy array' if isinstance(r, np.ndarray) else type(r).__name__}"
-            for what, r in zip(("output", "weights"), result)),
-             expected="two torch tensors (output, weights), as the docstring says",
-             cause="part of your computation went through NumPy (.numpy(), np.exp, np.matmul…), which returns arrays",
-             fix="stay with torch operations on the tensors (@, torch.softmax, masked_fill)")
-    return (as_tensor(result[0], tried=tried, what="the output (first element)"),
-            as_tensor(result[1], tried=tried, what="the weights (second element)"))
-
-
 def _mask_axis_added(w: torch.Tensor, case: Case, tried: str) -> None:
     """Fail, naming it, when the weights have the shape the scores broadcast to with an axis added to the mask."""
     want = tuple(case.scaled.shape)
@@ -455,25 +417,23 @@ def _mask_axis_added(w: torch.Tensor, case: Case, tried: str) -> None:
             continue
         if shape == tuple(w.shape):
             fail(f"weights of shape {shape}: the mask got an extra axis", tried=tried, got=f"the weights of shape "
-                 f"{shape}", expected=f"shape {want}", cause=f"you added an axis to the mask (mask.unsqueeze({i}) or "
-                 f"a None index): broadcast against the scores {want}, the mask {tuple(case.mask.shape)} made them "
-                 "bigger", fix="use the mask as it is: any mask that broadcasts to (…, n_q, n_k) works unchanged")
+                 f"{shape}", expected=f"shape {want}", cause=f"you added an axis to the mask {tuple(case.mask.shape)} "
+                 f"(mask.unsqueeze({i}) or a None index): broadcast against the scores {want}, it made them bigger",
+                 fix="use the mask as it is: any mask that broadcasts to (…, n_q, n_k) works unchanged")
 
 
 def _random(fn: Learner, case: Case, tried: str, first: torch.Tensor, calls: int = 3) -> None:
-    """Fail, naming randomness, when one of ``calls`` more calls on the same input gives other weights (several:
-    dropout with a small p may leave every weight of a small matrix in place once, rarely three times more)."""
+    """Fail when one of ``calls`` more calls gives other weights (dropout with a small p may keep all once)."""
     for _ in range(calls):
-        w = _unpack(_call(fn, case, tried)[0], tried)[1]
+        w = kit.unpack(_call(fn, case, tried)[0], ("output", "weights"), tried=tried)[1]
         if tuple(w.shape) == tuple(first.shape) and not same(w, first, atol=0.0, rtol=0.0):
-            fail("different results for the same input", tried=tried + ", more than once",
-                 got="calls with the same Q, K, V and mask gave different weights",
-                 expected="the same weights every time (attention is deterministic)",
-                 cause="randomness in your function: dropout in training mode (F.dropout's default training=True, or "
-                       "an nn.Dropout module) zeroes random weights and scales the rest up", fix=_NO_DROPOUT)
+            fail("different results for the same input", tried=tried + ", more than once", got="calls with the same "
+                 "Q, K, V and mask gave different weights", expected="the same weights every time (attention is "
+                 "deterministic)", cause="dropout in training mode (F.dropout's default training=True, or an "
+                 "nn.Dropout module) zeroes random weights and scales the rest up", fix=_NO_DROPOUT)
 
 
-# ============================================================================ what the weights are, when no mistake matches
+# ========================================================================= the weights, when no mistake matches
 _NO_DROPOUT = "leave dropout out of this function (or pass training=False)"
 _FINITE = "finite weights, every row summing to 1"
 
@@ -481,7 +441,7 @@ _FINITE = "finite weights, every row summing to 1"
 def _effective_scale(w: torch.Tensor, case: Case) -> float | None:
     """The c for which the weights equal softmax(Q Kᵀ / c) on the allowed keys, if one c fits every row."""
     scores = (case.Q @ case.K.mT).to(torch.float64)
-    allowed = torch.ones_like(scores, dtype=torch.bool) if case.mask is None else torch.broadcast_to(case.mask, scores.shape)
+    allowed = case.allowed
     if tuple(w.shape) != tuple(scores.shape) or not (w[allowed] > 0).all():
         return None
     logw = torch.where(allowed, torch.log(w.clamp_min(1e-300)), 0.0)
@@ -495,8 +455,7 @@ def _effective_scale(w: torch.Tensor, case: Case) -> float | None:
 
 def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) -> None:
     """When no known mistake reproduces the weights, say which property of them is off."""
-    w, scaled = w.to(torch.float64), case.scaled
-    allowed = torch.ones_like(scaled, dtype=torch.bool) if case.mask is None else torch.broadcast_to(case.mask, scaled.shape)
+    w, scaled, allowed = w.to(torch.float64), case.scaled, case.allowed
     if torch.isnan(w).any() and w.shape == scaled.shape:
         nan_rows = torch.isnan(w).any(-1)  # (..., n_q)
         where = f"NaN in {int(nan_rows.sum())} of {nan_rows.numel()} rows"
@@ -506,9 +465,9 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
                  cause=_NAIVE[1], fix=_NAIVE[2])
         if torch.equal(nan_rows, (_soft(scaled) * allowed).sum(-1) == 0):
             fail("NaN where the allowed weights underflow", tried=tried, got=f"{where}: exactly the rows where a "
-                 "softmax over all keys gives every allowed key weight 0", expected=_FINITE, cause="the blocked keys "
-                 "took part in a softmax (or a sum) before being removed, so the allowed weights underflowed to 0 and "
-                 "a division gave 0/0", fix=_INF_FIX)
+                 "softmax over all keys gives every allowed key weight 0", expected=_FINITE, cause="blocked keys took "
+                 "part in a softmax before being removed: the allowed weights underflowed to 0, then 0/0",
+                 fix=_INF_FIX)
         fail("NaN in the weights", tried=tried, got=where, expected=_FINITE,
              fix="print your intermediate tensors on this input: which step first holds NaN?")
     if w.shape != scaled.shape:
@@ -517,7 +476,7 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
         fail("weights outside [0, 1]", tried=tried, got=f"weights from {fmt(float(w.min()))} to {fmt(float(w.max()))}",
              expected="weights between 0 and 1 (a softmax)", fix="the weights are torch.softmax(scaled scores, dim=-1)")
     exp_w = _oracle(case)[1].to(torch.float64)
-    if (decimals := _rounded_to(w)) is not None and _rounded_to(exp_w) is None:
+    if (decimals := _rounded_to(w)) and not _rounded_to(exp_w):
         fail(f"weights rounded to {decimals} decimal{'s' if decimals > 1 else ''}", tried=tried,
              got=f"every weight is a multiple of {10.0 ** -decimals:g}", expected="the weights at full precision",
              cause=f"you rounded the weights (round, or a conversion through printed text) to {decimals} decimals",
@@ -527,10 +486,9 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
         has_blocked = (~allowed).any(-1)  # (..., n_q)
         if torch.allclose((w * ~allowed).sum(-1)[has_blocked], torch.tensor(1.0, dtype=w.dtype), atol=1e-6):
             fail("all the weight on blocked keys", tried=tried, got="every row with a blocked key puts all its "
-                 "weight on blocked keys, and none on the allowed ones", expected="weight 0 on every blocked key",
-                 cause="the mask acts the wrong way round: blocked scores were raised (a + sign, or a fill of +inf "
-                       "or +1e9) or the allowed ones lowered",
-                 fix="lower the blocked scores: scores.masked_fill(~mask, float('-inf'))")
+                 "weight on blocked keys", expected="weight 0 on every blocked key", cause="the mask acts the wrong "
+                 "way round: blocked scores raised (a + sign, a fill of +inf or +1e9) or allowed ones lowered",
+                 fix=f"lower the blocked scores: {_MASK_FIX}")
         # earlier mask cases passed: at these sizes only a finite fill explains a leak
         fail(_WEAK[0] if case.large else "weight on blocked keys", tried=tried, got=f"blocked keys receive weight "
              f"(up to {fmt(leak)})", expected="weight 0 on every key the mask blocks",
@@ -548,13 +506,13 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
             p = 1 - 1 / c  # dropout with probability p scales the weights it keeps by 1 / (1 - p)
             dropout = c > 1 and abs(p * 20 - round(p * 20)) < 1e-3
             fail(f"every row sums to {fmt(c)}", tried=tried, got=f"every row of weights sums to {fmt(c)}",
-                 expected="every row summing to 1", cause="the weights were multiplied by a constant after the softmax"
-                 + (f" (dropout with p = {p:.2g} in training mode does that to the weights it keeps)" if dropout else ""),
+                 expected="every row summing to 1", cause="the weights were multiplied by a constant after the "
+                 "softmax" + (f" (dropout with p = {p:.2g} in training mode does that to the weights it keeps)"
+                              if dropout else ""),
                  fix="return the softmax itself as the weights" + (", without dropout" if dropout else ""))
         fail("rows of weights do not sum to 1", tried=tried, got=f"rows summing to {fmt(float(sums.min()))} … "
              f"{fmt(float(sums.max()))}", expected="every row (one query) summing to 1 over the keys",
-             fix="print the row sums after each step on this input: torch.softmax(scaled scores, dim=-1) gives rows "
-                 "that sum to 1")
+             fix="print the row sums after each step on this input: torch.softmax(scaled scores, dim=-1) sums to 1")
     c, d_k = _effective_scale(w, case), case.Q.shape[-1]
     if c is not None and abs(c - math.sqrt(d_k)) > 1e-3 * math.sqrt(d_k):
         k = round(c * c)
@@ -562,9 +520,9 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
         cause = f"you divided the scores by {fmt(c)}" + (": a negative factor flips the scores' sign, so the least "
                                                          "similar key gets the most weight" if c < 0 else "")
         if fixed:
-            cause = (f"you divided the scores by √{k}, which was right for an earlier input with d_k = {k} but not for "
-                     f"this one (d_k = {d_k}): a fixed number sits in your code, or a variable from outside the "
-                     "function" + (" (the notebook's worked example sets d_k = 8)" if k == 8 else ""))
+            cause = (f"you divided the scores by √{k}, right for an earlier input with d_k = {k} but not this one "
+                     f"(d_k = {d_k}): a fixed number, or a variable from outside the function" +
+                     (" (the notebook's worked example sets d_k = 8)" if k == 8 else ""))
         fail(f"scores divided by {f'√{k}' if fixed else fmt(c)} instead of √d_k = {fmt(math.sqrt(d_k))}", tried=tried,
              got=f"the weights of softmax(Q Kᵀ / {fmt(c)})", expected=f"softmax(Q Kᵀ / √d_k) with d_k = {d_k}",
              cause=cause, fix="divide Q Kᵀ by math.sqrt(Q.shape[-1]), computed inside the function")
@@ -572,11 +530,9 @@ def _structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) ->
 
 def _rounded_to(t: torch.Tensor) -> int | None:
     """The number of decimals (1 to 4) every entry of ``t`` is rounded to, or None."""
-    values = t[torch.isfinite(t)].to(torch.float64)
-    for decimals in range(1, 5) if values.numel() >= 4 else ():
-        if torch.allclose(values * 10**decimals, (values * 10**decimals).round(), atol=1e-6, rtol=0):
-            return decimals
-    return None
+    x = t[torch.isfinite(t)].to(torch.float64)
+    return next((d for d in range(1, 5) if x.numel() >= 4 and torch.allclose(x * 10**d, (x * 10**d).round(), atol=1e-6,
+                                                                              rtol=0)), None)
 
 
 # ============================================================================ score matrix bytes
@@ -590,7 +546,8 @@ _BYTE_MISTAKES = [
     ("bits, not bytes", f"you counted bits: {_E} times 8", "leave out the factor 8",
      lambda n, b, h, e: 8 * b * h * n * n * e),
     ("batch size missing", "you left out the batch size", "multiply by batch", lambda n, b, h, e: h * n * n * e),
-    ("number of heads missing", "you left out the number of heads", "multiply by heads", lambda n, b, h, e: b * n * n * e),
+    ("number of heads missing", "you left out the number of heads", "multiply by heads",
+     lambda n, b, h, e: b * n * n * e),
     ("n instead of n × n", "you counted n entries per matrix, not n × n", "the score matrix is n × n: square n",
      lambda n, b, h, e: b * h * n * e),
     ("n³ instead of n²", "you multiplied by n once too often", "the score matrix has n × n entries",
@@ -604,13 +561,15 @@ _BYTE_MISTAKES = [
        lambda n, b, h, e, k=k: b * h * n * n * k) for k in (2, 4, 8)],
     (f"divided by {_E}", f"you divided by {_E} instead of multiplying", f"multiply by {_E}",
      lambda n, b, h, e: b * h * n * n / e),
-    ("n × n missing", "you left out the n × n entries of each matrix", "multiply by n * n", lambda n, b, h, e: b * h * e),
+    ("n × n missing", "you left out the n × n entries of each matrix", "multiply by n * n",
+     lambda n, b, h, e: b * h * e),
     ("batch and heads missing", "you counted one (n, n) matrix, not batch × heads of them",
      "multiply by batch and by heads", lambda n, b, h, e: n * n * e),
     ("2 × n instead of n × n", "you doubled n (n * 2) where the matrix has n × n entries (n ** 2)",
      "the score matrix is n × n: n * n or n ** 2", lambda n, b, h, e: b * h * 2 * n * e),
     ("only one triangle counted", "you counted n(n + 1)/2 entries, one triangle with its diagonal; the score tensor "
-     "holds all n × n entries, masked or not", "count every entry: n * n", lambda n, b, h, e: b * h * (n * (n + 1) // 2) * e),
+     "holds all n × n entries, masked or not", "count every entry: n * n",
+     lambda n, b, h, e: b * h * (n * (n + 1) // 2) * e),
     *[(f"bytes in {unit}, not bytes", f"you converted to {long} (÷ {shown})", _PLAIN,
        lambda n, b, h, e, d=d: b * h * n * n * e / d) for unit, long, shown, d in (
         ("GB", "gigabytes", "10⁹", 1e9), ("GiB", "gibibytes", "2³⁰", 2**30), ("MiB", "mebibytes", "2²⁰", 2**20),
@@ -628,9 +587,9 @@ def _bytes_of(fn: Learner, n: int, b: int | None, h: int | None, dtype: torch.dt
     try:
         raw = fn(n) if dtype is None else fn(n, batch=b, heads=h, dtype=dtype)
     except LearnerRaised as exc:
+        table = exc.type_name == "KeyError" and "torch." in exc.message  # a dict of bytes per dtype, one missing
         extra = dict(cause=f"a table of bytes per dtype that has no entry for {exc.message.strip(chr(39))}",
-                     fix=_ELEMENT_FIX + " (it knows every dtype)") if exc.type_name == "KeyError" and "torch." in \
-            exc.message else {}
+                     fix=_ELEMENT_FIX + " (it knows every dtype)") if table else {}
         raise Failure(learner_error(exc, tried=tried, expected="a number of bytes (an int)", **extra)) from None
     got = as_tensor(raw, tried=tried, expected="a number of bytes (an int)")
     if got.numel() != 1:
@@ -666,8 +625,11 @@ def check_score_matrix_bytes(fn: Learner) -> str:
         found = [m for m in every if m[3](n, b, h, element) != expected]
         summary, cause, fix = found[0][:3] if len(found) == 1 else (f"{got:.10g} bytes, expected {expected}", "", "")
         if not found:
-            summary, cause, fix = (_bytes_ratio(got / expected) if len(ratios) == 1 else None) or \
-                _bytes_measured(got, expected, n, b, h, dtype, element) or (summary, cause, fix)
+            name, per_entry = str(dtype).replace("torch.", ""), got / (b * h * n * n)
+            summary, cause, fix = (_bytes_ratio(got / expected) if len(ratios) == 1 else None) or (
+                (f"{per_entry:g} bytes per {name} entry, not {element}", f"you counted {per_entry:g} bytes per entry "
+                 f"for {name}, which takes {element}", _ELEMENT_FIX) if per_entry in (1, 2, 4, 8, 16) and
+                per_entry != element else _bytes_ratio(got / expected)) or (summary, cause, fix)
         if given is None and not found:  # every case with explicit arguments passed: only the defaults differ
             summary, cause, fix = ("wrong default arguments", "with only n given, your function does not count "
                                    "batch=1, heads=1, dtype=torch.float32", "keep the defaults of the signature: "
@@ -684,23 +646,11 @@ def _expect_int(raw, tried: str, expected: int) -> None:
     kind = ("a float" if isinstance(raw, (float, np.floating)) else "a NumPy array" if isinstance(raw, np.ndarray)
             else f"a {type(raw).__name__}")
     if isinstance(raw, torch.Tensor):
-        kind = str(raw.dtype).replace("torch.", "")
-        kind = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} tensor"
+        kind = f"{'an' if str(raw.dtype)[6] in 'aeiou' else 'a'} {str(raw.dtype)[6:]} tensor"
     fail(f"returned {kind}, not an int", tried=tried, got=f"{kind} equal to {expected}", expected=f"the int {expected}",
          cause="a / division, math.pow, math.sqrt or a float factor makes a float; a tensor stays a tensor"
          if kind == "a float" else "the count was computed with tensor operations, which return a tensor",
-         fix="count with ints: // instead of /, ** instead of math.pow; .item() or int(…) turns a one-number "
-             "tensor into an int")
-
-
-def _bytes_measured(got: float, expected: int, n: int, b: int, h: int, dtype: torch.dtype,
-                    element: int) -> tuple[str, str, str] | None:
-    """What a wrong byte count is, measured: a wrong size per entry, or a whole-number factor off."""
-    name, per_entry = str(dtype).replace("torch.", ""), got / (b * h * n * n)
-    if per_entry in (1, 2, 4, 8, 16) and per_entry != element:
-        return (f"{per_entry:g} bytes per {name} entry, not {element}", f"you counted {per_entry:g} bytes per entry "
-                f"for {name}, which takes {element}", _ELEMENT_FIX)
-    return _bytes_ratio(got / expected)
+         fix="count with ints: // instead of /, ** instead of math.pow; .item() or int(…) for a one-number tensor")
 
 
 def _bytes_ratio(ratio: float) -> tuple[str, str, str] | None:

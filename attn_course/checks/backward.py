@@ -20,6 +20,7 @@ import itertools
 import math
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -27,18 +28,16 @@ from ..softmax import masked_softmax
 from .boundary import probe
 from .compare import Failure, as_tensor, describe_mismatch, expect_close, expect_shape, fail, same
 from .core import Learner, LearnerRaised, check, learner_error
-from .kit import Known, Suspects, Watch, explain_raise
+from .kit import Known, Suspects, Watch, explain_raise, unpack, watch
 
 __all__ = ["check_attention_backward", "check_AttentionFunction", "check_tiled_attention_backward"]
 
 NAMES = ("dq", "dk", "dv")
 INF = float("inf")
-_SHAPE_FIX = {"dq": "dq has q's shape (..., n_q, d_k): dQ = dS K/√d_k", "dk": "dk has k's shape (..., n_k, d_k): "
-              "dK = dSᵀ Q/√d_k", "dv": "dv has v's shape (..., n_k, d_v): dV = Pᵀ dO"}
 _ORACLE = "F.scaled_dot_product_attention"
 
 
-# ============================================================================ probes (they run where the learner's code lives)
+# ============================================================================ probes (in the learner's process)
 #: Functions whose use a check reports: autograd (the exercise is the chain rule by hand) and fused attention.
 _WATCHED = {"grad": "torch.autograd.grad", "backward": ".backward()", "vjp": "a vector–Jacobian product from "
             "torch.func / torch.autograd.functional", "jacobian": "torch.autograd.functional.jacobian",
@@ -47,14 +46,11 @@ _WATCHED = {"grad": "torch.autograd.grad", "backward": ".backward()", "vjp": "a 
 
 @probe("backward.watch")
 def _watch_probe(obj: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
-    """Run ``obj(*args, **kwargs)`` once under :class:`~.kit.Watch`: ``largest`` / ``shape`` (the largest tensor
-    storage made), ``flops`` (matrix products called from Python), ``exp_elements`` / ``exp_tile`` /
-    ``zero_tiles`` (what went through exp), ``elements``, ``calls`` (watched functions used) and ``changed``
-    (positions of tensor arguments it wrote into). The result itself is dropped."""
+    """``obj(*args, **kwargs)`` once under :class:`~.kit.Watch`; back come the largest tensor storage and its shape,
+    the FLOPs of matrix products, what went through exp, the watched functions called (``calls``) and the positions
+    of tensor arguments it wrote into (``changed``). The result itself is dropped."""
     before = [(i, a.clone()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    with Watch() as seen:
-        obj(*args, **kwargs)
-    report = seen.report()
+    report = watch(obj, *args, **kwargs)
     return {"changed": [i for i, copy in before if not torch.equal(args[i], copy)], "flops": int(report["flops"]),
             "calls": sorted(set(report["calls"]) & set(_WATCHED)),
             **{key: report[key] for key in ("largest", "shape", "exp_elements", "elements", "exp_tile", "zero_tiles")}}
@@ -75,7 +71,7 @@ def _function_watch_probe(cls: Any, q: torch.Tensor, k: torch.Tensor, v: torch.T
 
 @probe("backward.function_twice")
 def _function_twice_probe(cls: Any, first: list, second: list, upstream: list) -> list:
-    """Two calls of ``cls.apply`` in one graph, one backward through both: the six gradients (q1, k1, v1, q2, k2, v2)."""
+    """Two calls of ``cls.apply`` in one graph, one backward through both: the six gradients (q1 … v2)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (*first, *second)]
     outs = (cls.apply(*leaves[:3]), cls.apply(*leaves[3:]))
     return list(torch.autograd.grad(outs, leaves, upstream, allow_unused=True))
@@ -111,6 +107,15 @@ def _forbid(report: dict, tried: str, *, what: str, inputs: tuple[str, ...]) -> 
              fix="allocate every result and accumulator as a new tensor (torch.zeros_like, torch.empty_like)")
 
 
+def _watch(fn: Learner, tried: str, *args: Any, what: str, inputs: tuple[str, ...], **kwargs: Any) -> None:
+    """:func:`_forbid` on the watch probe's report of ``fn(*args, **kwargs)``; a call that raises is left to the
+    cases, where its error gets the full diagnosis."""
+    try:
+        _forbid(fn.observe("backward.watch", *args, **kwargs), tried, what=what, inputs=inputs)
+    except LearnerRaised:
+        pass
+
+
 # ============================================================================ oracle and inputs
 def _oracle(q, k, v, dout, mask=None, causal=False):
     """(o, (dq, dk, dv)) from autograd through F.scaled_dot_product_attention, in float64."""
@@ -123,7 +128,7 @@ def _rand(g: torch.Generator, *shape: int, dtype=torch.float64, scale: float = 1
     return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
-# ============================================================================ the known mistakes: one backward, one switch per bug
+# ============================================================================ known mistakes: one backward, switches
 def _scales(bug: str, d: int, d_v: int) -> tuple[float, float, float, float]:
     """(scale of the scores, of dQ, of dK, the base scale) under ``bug``."""
     base = {"unscaled_all": 1.0, "by_d_all": 1 / d, "scale_dv": 1 / math.sqrt(d_v), "scale_inverted": math.sqrt(d)
@@ -238,185 +243,163 @@ def _variant(q, k, v, dout, bug: str = "", *, mask=None, o=None, lse=None, block
     return dq, dk, dv
 
 
-_SCALE_FIX = "multiply dQ = dS K and dK = dSᵀ Q by 1/√d_k, the same scale the forward applied to Q Kᵀ"
+_SCALE_FIX = "multiply dQ = dS K and dK = dSᵀ Q by 1/√d_k, the scale the forward put on Q Kᵀ"
+_SQRT, _SCALE = "divide by math.sqrt(d_k)", "scale = 1 / math.sqrt(q.shape[-1])"
+_DQ, _DK, _DV = "dQ = dS K/√d_k", "dK = dSᵀ Q/√d_k", "dV = Pᵀ dO: p.transpose(-2, -1) @ dout"
+_DS = "dS = P ⊙ (dP − rowsum(dP ⊙ P))"
 _VJP_FIX = "dS = P ⊙ (dP − (dP * P).sum(-1, keepdim=True))"
 _MASK_FIX = "use the course's masked_softmax(scores, mask): a fully masked row gets zero weights, so zero gradients"
 _TILE_P = "P = torch.exp(s - lse[..., q_start:q_end, None])"
+_DELTA = "delta = (dout * o).sum(-1, keepdim=True)"
 _LOOP = "loop with range(0, n_q, block_size) and slice [start:start + block_size] (the last slice is shorter)"
 #: Every known mistake: key → (summary, cause, fix). The key is the bug's name in :func:`_variant`.
 TEXT = {
-    "no_scale_dq": ("1/√d_k missing in dQ", "you left out the 1/√d_k in dQ: the scores are Q Kᵀ/√d_k, so dQ = dS K/√d_k",
+    "no_scale_dq": ("1/√d_k missing in dQ", "the scores are Q Kᵀ/√d_k, so dQ = dS K/√d_k needs the 1/√d_k too",
                     _SCALE_FIX),
-    "no_scale_dk": ("1/√d_k missing in dK", "you left out the 1/√d_k in dK: the scores are Q Kᵀ/√d_k, so dK = dSᵀ Q/√d_k",
+    "no_scale_dk": ("1/√d_k missing in dK", "the scores are Q Kᵀ/√d_k, so dK = dSᵀ Q/√d_k needs the 1/√d_k too",
                     _SCALE_FIX),
     "no_scale": ("1/√d_k missing in dQ and dK", "you left out the 1/√d_k in both dQ and dK", _SCALE_FIX),
-    "by_d": ("divided by d_k instead of √d_k in dQ and dK", "you divided dQ and dK by d_k", "divide by math.sqrt(d_k)"),
+    "by_d": ("divided by d_k instead of √d_k in dQ and dK", "you divided dQ and dK by d_k", _SQRT),
     "s_unscaled": ("scores not scaled when P is recomputed", "you recomputed the scores as Q Kᵀ without the 1/√d_k, "
                    "so P is not the forward's P", "recompute S = Q Kᵀ/√d_k, exactly as the forward did"),
-    "unscaled_all": ("1/√d_k missing everywhere", "you left out the 1/√d_k in the scores and in dQ and dK: these are "
-                     "the gradients of softmax(Q Kᵀ) V, a different function", "scale the scores (S = Q Kᵀ/√d_k) "
-                     "and dQ, dK by 1/√d_k"),
-    "by_d_all": ("divided by d_k instead of √d_k everywhere", "you divided the scores and dQ, dK by d_k",
-                 "divide by math.sqrt(d_k)"),
-    "scale_inverted": ("multiplied by √d_k instead of dividing by it", "you multiplied the scores and dQ, dK by √d_k; "
-                       "the scale is 1/√d_k", "scale = 1 / math.sqrt(q.shape[-1])"),
-    "scale_dv": ("scale from d_v instead of d_k", "you took the scale from the values' width (v.shape[-1] = d_v); the "
-                 "scores are Q Kᵀ, whose width is d_k", "scale = 1 / math.sqrt(q.shape[-1])"),
-    "dk_transposed": ("dK transposed: dS Q instead of dSᵀ Q", "you multiplied dS (queries × keys) by Q without "
-                      "transposing it; dK needs one row per key", "dK = dSᵀ Q/√d_k: dS.transpose(-2, -1) @ q"),
+    "unscaled_all": ("1/√d_k missing everywhere", "without 1/√d_k in the scores and in dQ, dK these are the gradients "
+                     "of softmax(Q Kᵀ) V", "scale the scores (S = Q Kᵀ/√d_k) and dQ, dK by 1/√d_k"),
+    "by_d_all": ("divided by d_k instead of √d_k everywhere", "you divided the scores and dQ, dK by d_k", _SQRT),
+    "scale_inverted": ("multiplied by √d_k instead of dividing by it", "you multiplied the scores and dQ, dK by √d_k",
+                       _SCALE),
+    "scale_dv": ("scale from d_v instead of d_k", "you took the scale from v.shape[-1] = d_v; Q Kᵀ sums over d_k",
+                 _SCALE),
+    "dk_transposed": ("dK transposed: dS Q instead of dSᵀ Q", "dS (queries × keys) times Q without a transpose; dK "
+                      "needs one row per key", "dK = dSᵀ Q/√d_k: dS.transpose(-2, -1) @ q"),
     "dq_transposed": ("dQ from dSᵀ instead of dS", "you transposed dS in dQ; dQ needs one row per query",
                       "dQ = dS K/√d_k, with dS of shape (..., n_q, n_k)"),
-    "dv_transposed": ("dV = P dO instead of Pᵀ dO", "you multiplied P by dO without transposing P; dV needs one "
-                      "row per key", "dV = Pᵀ dO: p.transpose(-2, -1) @ dout"),
-    "dk_from_k": ("dK from K instead of Q: dSᵀ K", "you multiplied dSᵀ by K; the scores are Q Kᵀ, so the gradient "
-                  "reaching K goes through Q", "dK = dSᵀ Q/√d_k"),
-    "dq_from_q": ("dQ from Q instead of K: dS Q", "you multiplied dS by Q; the scores are Q Kᵀ, so the gradient "
-                  "reaching Q goes through K", "dQ = dS K/√d_k"),
-    "dv_uses_v": ("dV from V instead of dO: Pᵀ V", "you multiplied Pᵀ by V; the gradient reaching V is Pᵀ times the "
-                  "upstream gradient dO", "dV = Pᵀ dO: p.transpose(-2, -1) @ dout"),
-    "dv_no_p": ("dV = dO: the factor Pᵀ is missing", "you used the upstream gradient dO as dV; each key's value "
-                "receives dO weighted by how much each query attended to it", "dV = Pᵀ dO: p.transpose(-2, -1) @ dout"),
-    "dv_no_dout": ("dV = Pᵀ: the factor dO is missing", "you left dO out of dV = Pᵀ dO", "dV = Pᵀ dO"),
-    "dq_no_ds": ("dQ = K/√d_k: the factor dS is missing", "you left dS out of dQ = dS K/√d_k", "dQ = dS K/√d_k"),
-    "dq_no_k": ("dQ = dS/√d_k: the factor K is missing", "you left K out of dQ = dS K/√d_k", "dQ = dS K/√d_k"),
-    "dk_no_ds": ("dK = Q/√d_k: the factor dSᵀ is missing", "you left dSᵀ out of dK = dSᵀ Q/√d_k", "dK = dSᵀ Q/√d_k"),
-    "dk_no_q": ("dK = dSᵀ/√d_k: the factor Q is missing", "you left Q out of dK = dSᵀ Q/√d_k", "dK = dSᵀ Q/√d_k"),
-    "dv_scaled": ("dV scaled by 1/√d_k", "you multiplied dV by 1/√d_k; the scale sits on the scores Q Kᵀ, so only dQ "
-                  "and dK carry it", "dV = Pᵀ dO, with no scale"),
-    "dp_transposed": ("dP transposed: V dOᵀ instead of dO Vᵀ", "you computed dP as V dOᵀ (keys × queries); dP has "
-                      "P's layout, one row per query", "dP = dO Vᵀ: dout @ v.transpose(-2, -1)"),
-    "no_rowsum": ("softmax VJP: the rowsum term is missing", "you computed dS = P ⊙ dP, leaving out the "
-                  "− rowsum(dP ⊙ P) term of the softmax's vector–Jacobian product (notebook 04)", _VJP_FIX),
-    "rowsum_axis": ("softmax VJP: rowsum over the wrong axis", "you summed dP ⊙ P over the queries (axis -2); "
-                    "each query's softmax is over its row of keys", "sum over the last axis: (dP * P).sum(-1, keepdim=True)"),
-    "rowsum_broadcast": ("softmax VJP: rowsum subtracted along the wrong axis", "you summed without keepdim=True, so "
-                         "the (..., n_q) row sums were broadcast along the keys' axis instead of the queries'",
-                         "keep the summed axis: (dP * P).sum(-1, keepdim=True), shape (..., n_q, 1)"),
-    "rowsum_unweighted": ("softmax VJP: rowsum(dP) instead of rowsum(dP ⊙ P)", "you subtracted the plain row sum of "
-                          "dP; the softmax's VJP subtracts the weighted one, ⟨dP, P⟩ per row", _VJP_FIX),
-    "rowsum_of_p": ("softmax VJP: rowsum(P) instead of rowsum(dP ⊙ P)", "you subtracted the row sum of P (which is "
-                    "1); the softmax's VJP subtracts the row sum of dP ⊙ P", _VJP_FIX),
-    "rowsum_all": ("softmax VJP: one sum over the whole matrix", "you summed dP ⊙ P over every query and key at "
-                   "once; the softmax's VJP needs one sum per query", "sum over the last axis only: (dP * P).sum(-1, "
-                   "keepdim=True)"),
-    "rowsum_mean": ("softmax VJP: mean instead of sum", "you subtracted the row mean of dP ⊙ P; the softmax's VJP "
-                    "subtracts its row sum", _VJP_FIX),
+    "dv_transposed": ("dV = P dO instead of Pᵀ dO", "P times dO without a transpose; dV needs one row per key", _DV),
+    "dk_from_k": ("dK from K instead of Q: dSᵀ K", "the scores are Q Kᵀ, so the gradient reaching K goes through Q",
+                  _DK),
+    "dq_from_q": ("dQ from Q instead of K: dS Q", "the scores are Q Kᵀ, so the gradient reaching Q goes through K",
+                  _DQ),
+    "dv_uses_v": ("dV from V instead of dO: Pᵀ V", "the gradient reaching V is Pᵀ times the upstream gradient dO", _DV),
+    "dv_no_p": ("dV = dO: the factor Pᵀ is missing", "you returned dO as dV; each key's value receives dO weighted by "
+                "how much each query attended to it", _DV),
+    "dv_scaled": ("dV scaled by 1/√d_k", "the scale sits on the scores Q Kᵀ, so only dQ and dK carry it",
+                  "dV = Pᵀ dO, with no scale"),
+    "dp_transposed": ("dP transposed: V dOᵀ instead of dO Vᵀ", "dP has P's layout, one row per query",
+                      "dP = dO Vᵀ: dout @ v.transpose(-2, -1)"),
+    "no_rowsum": ("softmax VJP: the rowsum term is missing", "dS = P ⊙ dP leaves out the − rowsum(dP ⊙ P) of the "
+                  "softmax's vector–Jacobian product (notebook 04)", _VJP_FIX),
+    "rowsum_axis": ("softmax VJP: rowsum over the wrong axis", "you summed dP ⊙ P over the queries (axis -2); each "
+                    "query's softmax is over its row of keys", "sum over the keys: (dP * P).sum(-1, keepdim=True)"),
+    "rowsum_broadcast": ("softmax VJP: rowsum subtracted along the wrong axis", "summed without keepdim=True, the "
+                         "(..., n_q) row sums broadcast along the keys' axis", "keep the summed axis: "
+                         "(dP * P).sum(-1, keepdim=True), shape (..., n_q, 1)"),
+    "rowsum_unweighted": ("softmax VJP: rowsum(dP) instead of rowsum(dP ⊙ P)", "the softmax's VJP subtracts the "
+                          "weighted row sum ⟨dP, P⟩, not the plain one", _VJP_FIX),
+    "rowsum_of_p": ("softmax VJP: rowsum(P) instead of rowsum(dP ⊙ P)", "the row sum of P is 1; the softmax's VJP "
+                    "subtracts the row sum of dP ⊙ P", _VJP_FIX),
+    "rowsum_all": ("softmax VJP: one sum over the whole matrix", "you summed dP ⊙ P over every query and key at once; "
+                   "each query needs its own sum", "sum over the last axis only: (dP * P).sum(-1, keepdim=True)"),
+    "rowsum_mean": ("softmax VJP: mean instead of sum", "the softmax's VJP subtracts the row sum of dP ⊙ P, not its "
+                    "mean", _VJP_FIX),
     "rowsum_sign": ("softmax VJP: rowsum added instead of subtracted", "you computed dS = P ⊙ (dP + rowsum(dP ⊙ P))",
                     _VJP_FIX),
-    "diag_jacobian": ("softmax VJP: only the Jacobian's diagonal", "you computed P(1 − P) ⊙ dP, the diagonal of the "
-                      "softmax's Jacobian alone; each weight also depends on every other score of its row (the "
-                      "−pᵢpⱼ terms)", _VJP_FIX),
+    "diag_jacobian": ("softmax VJP: only the Jacobian's diagonal", "P(1 − P) ⊙ dP leaves out the −pᵢpⱼ terms: each "
+                      "weight depends on every score of its row", _VJP_FIX),
     "no_p": ("softmax VJP: the factor P is missing", "you computed dS = dP − rowsum(dP ⊙ P) without multiplying by P",
-             "dS = P ⊙ (dP − rowsum(dP ⊙ P))"),
-    "ds_is_p": ("dS = P: the bracket (dP − D) is missing", "you used the weights P as dS; the softmax's VJP is "
-                "dS = P ⊙ (dP − rowsum(dP ⊙ P))", _VJP_FIX),
-    "sign": ("softmax VJP: sign flipped", "you computed P ⊙ (rowsum(dP ⊙ P) − dP), the negative of dS",
-             "dS = P ⊙ (dP − rowsum(dP ⊙ P))"),
+             _DS),
+    "ds_is_p": ("dS = P: the bracket (dP − D) is missing", "you used the weights P as dS", _VJP_FIX),
+    "sign": ("softmax VJP: sign flipped", "you computed P ⊙ (rowsum(dP ⊙ P) − dP), the negative of dS", _DS),
     "softmax_axis": ("softmax over the wrong axis", "you took the softmax over the queries (axis -2); each query's "
                      "weights are a softmax over its row of keys", "masked_softmax(scores, mask) (its dim=-1 default)"),
     "no_softmax": ("softmax forgotten: P = S", "you used the scaled scores themselves as the weights P",
                    "P = masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), mask)"),
-    "exp2_unconverted": ("exp2 without the log₂e factor", "you used exp2 on S − L, which are natural-log quantities: "
-                         "2^x is not e^x", "P = torch.exp(s - lse), or torch.exp2((s - lse) * math.log2(math.e))"),
-    "mask_ignored": ("mask ignored in the backward", "you recomputed P without the mask, so blocked keys get "
-                     "weight and gradient", "apply the mask exactly as the forward does: masked_softmax(scores, mask)"),
+    "exp2_unconverted": ("exp2 without the log₂e factor", "S − L are natural-log quantities, and 2^x is not e^x",
+                         "P = torch.exp(s - lse), or torch.exp2((s - lse) * math.log2(math.e))"),
+    "mask_ignored": ("mask ignored in the backward", "P recomputed without the mask gives blocked keys weight and "
+                     "gradient", "apply the mask exactly as the forward does: masked_softmax(scores, mask)"),
     "mask_inverted": ("mask polarity inverted", "you blocked the positions where the mask is True; in this course "
                       "True means 'may attend'", "masked_softmax(scores, mask) (it fills where the mask is False)"),
-    "nan_rows": ("NaN from a fully masked row", "a row whose keys are all blocked went through torch.softmax over "
-                 "-inf everywhere, which gives NaN, and the NaN spread into dK and dV", _MASK_FIX),
-    "weak_fill": ("fully masked row attends uniformly", "you filled blocked scores with a large negative number; on "
-                  "a row where every key is blocked the softmax is then uniform instead of zero", _MASK_FIX),
+    "nan_rows": ("NaN from a fully masked row", "a row with every key blocked went through torch.softmax over -inf "
+                 "everywhere (NaN), and the NaN spread into dK and dV", _MASK_FIX),
+    "weak_fill": ("fully masked row attends uniformly", "with blocked scores filled by a large negative number, a row "
+                  "whose keys are all blocked gets a uniform softmax instead of zero", _MASK_FIX),
     "unstable": ("softmax without the maximum subtracted", "you exponentiated the raw scores, so exp overflowed on "
                  "scores this large", "use torch.softmax or masked_softmax (they subtract each row's maximum)"),
-    "mask_ds_only": ("mask applied to dS but not to P", "you computed P without the mask and zeroed dS at the blocked "
-                     "positions; P itself (and with it dV and the row sums) must come from the masked softmax",
-                     "P = masked_softmax(scores, mask); then dS needs no extra masking"),
-    "mask_after_softmax": ("mask applied after the softmax", "you multiplied the softmax's weights by the mask, so "
-                           "the weights left no longer sum to 1", "apply the mask before the softmax: "
-                           "masked_softmax(scores, mask)"),
+    "mask_ds_only": ("mask applied to dS but not to P", "you zeroed dS at the blocked positions, but P (and with it dV "
+                     "and the row sums) came from an unmasked softmax", "P = masked_softmax(scores, mask); then dS "
+                     "needs no extra masking"),
+    "mask_after_softmax": ("mask applied after the softmax", "weights multiplied by the mask no longer sum to 1",
+                           "apply the mask before the softmax: masked_softmax(scores, mask)"),
     "mask_added": ("mask added to the scores", "you added the bool mask (0 or 1) to the scores; a blocked key needs "
-                   "a score of −∞, not 0", "masked_softmax(scores, mask), which sets the blocked scores to −∞"),
+                   "−∞", "masked_softmax(scores, mask), which sets the blocked scores to −∞"),
     # the tiled backward
-    "lse_ignored": ("L not subtracted: P = exp(S)", "you recomputed P as exp(S); the forward's P is exp(S − L), "
-                    "normalised by the saved row logsumexp L", _TILE_P),
-    "lse_sign": ("L added instead of subtracted: exp(S + L)", "you computed exp(S + L); P = exp(S)/Σⱼexp(Sⱼ) = "
-                 "exp(S − L)", _TILE_P),
+    "lse_ignored": ("L not subtracted: P = exp(S)", "the forward's P is exp(S − L), normalised by the saved row "
+                    "logsumexp L", _TILE_P),
+    "lse_sign": ("L added instead of subtracted: exp(S + L)", "P = exp(S)/Σⱼexp(Sⱼ) = exp(S − L)", _TILE_P),
     "no_exp": ("exp forgotten: P = S − L", "you used S − L itself as P; the weights are its exponential", _TILE_P),
     "delta_sign": ("D added instead of subtracted", "you computed dS = P ⊙ (dP + D); the softmax's VJP subtracts D",
                    "dS = P ⊙ (dP − D)"),
-    "delta_mean": ("D as a mean instead of a sum", "you computed D = mean(dO ⊙ O) over the values' axis; D is the "
-                   "row's sum", "delta = (dout * o).sum(-1, keepdim=True)"),
-    "delta_no_o": ("D = rowsum(dO): the factor O is missing", "you summed dO alone; D = rowsum(dO ⊙ O)",
-                   "delta = (dout * o).sum(-1, keepdim=True)"),
-    "delta_no_dout": ("D = rowsum(O): the factor dO is missing", "you summed O alone; D = rowsum(dO ⊙ O)",
-                      "delta = (dout * o).sum(-1, keepdim=True)"),
-    "dk_overwritten": ("dK not accumulated over query blocks", "you assigned dK for each query block instead of "
-                       "adding, so only the last query block's term survives", "start dK_j at zero before the query "
-                       "loop and add (+=) each tile's term"),
-    "dv_overwritten": ("dV not accumulated over query blocks", "you assigned dV for each query block instead of "
-                       "adding, so only the last query block's term survives", "start dV_j at zero before the query "
-                       "loop and add (+=) each tile's term"),
+    "delta_mean": ("D as a mean instead of a sum", "D is the row sum of dO ⊙ O, not its mean", _DELTA),
+    "delta_no_o": ("D = rowsum(dO): the factor O is missing", "you summed dO alone; D = rowsum(dO ⊙ O)", _DELTA),
+    "delta_no_dout": ("D = rowsum(O): the factor dO is missing", "you summed O alone; D = rowsum(dO ⊙ O)", _DELTA),
     "mask_offset_sign": ("causal mask offset the wrong way", "you shifted each tile's mask by k_start − q_start; key "
-                         "k_start + c lies in the future of query q_start + r when c − r > q_start − k_start",
-                         "mask where k_start + column > q_start + row (global positions), e.g. "
+                         "k_start + c is in the future of query q_start + r when c − r > q_start − k_start",
+                         "mask where k_start + column > q_start + row, e.g. "
                          "torch.ones(bq, bk, dtype=torch.bool).triu(q_start - k_start + 1)"),
-    "mask_plus_inf": ("blocked scores set to +∞ instead of −∞", "you filled the blocked scores with +inf, so exp "
-                      "gives inf there and the gradients turn into NaN", "s.masked_fill(blocked, float('-inf'))"),
-    "exp_split": ("exp(S) and exp(L) taken separately", "you computed exp(S)/exp(L); at scores near 10³ both "
-                  "overflow to inf, and inf/inf is NaN", "exponentiate S − L in one step: " + _TILE_P),
-    "mask_after_exp": ("blocked entries zeroed after exp: inf · 0", "you set the blocked entries of P to 0 after "
-                       "exp(S − L); a blocked score far above L overflows to inf first, and inf · 0 is NaN",
-                       "give the blocked scores −∞ before exp (s.masked_fill(blocked, float('-inf'))), or select "
-                       "with torch.where after it"),
-    "fresh_max": ("P recomputed with a fresh max instead of the stored L", "you recomputed each tile as "
-                  "exp(S − the tile's own row max); that tile is not normalised like the forward's P",
-                  "P = exp(S − L) with the saved logsumexp L of each row: no max, no sum"),
-    "tile_softmax": ("P normalised within each tile instead of with the stored L", "you normalised each tile on "
-                     "its own (a softmax over the tile, or exp(S − the tile's own logsumexp)); P's rows are "
-                     "normalised over all keys, which the saved L already accounts for",
+    "mask_plus_inf": ("blocked scores set to +∞ instead of −∞", "exp(+inf) is inf, and the gradients turn into NaN",
+                      "s.masked_fill(blocked, float('-inf'))"),
+    "exp_split": ("exp(S) and exp(L) taken separately", "at scores near 10³ exp(S) and exp(L) both overflow to inf, "
+                  "and inf/inf is NaN", "exponentiate S − L in one step: " + _TILE_P),
+    "mask_after_exp": ("blocked entries zeroed after exp: inf · 0", "a blocked score far above L overflows to inf in "
+                       "exp(S − L) before you zero it, and inf · 0 is NaN", "give the blocked scores −∞ before exp "
+                       "(s.masked_fill(blocked, float('-inf'))), or select with torch.where after it"),
+    "fresh_max": ("P recomputed with a fresh max instead of the stored L", "exp(S − the tile's own row max) is not "
+                  "normalised like the forward's P", "P = exp(S − L) with the saved logsumexp L of each row"),
+    "tile_softmax": ("P normalised within each tile instead of with the stored L", "you normalised each tile on its "
+                     "own; P's rows are normalised over all keys, as the saved L records",
                      "P = exp(S − L) with the saved logsumexp L of each row"),
     "lse_as_sum": ("L used as a sum, not a log", "you divided exp(S) by L; L is the log of the row's sum",
                    "P = exp(S − L)"),
-    "lse_broadcast": ("L subtracted along the wrong axis", "you subtracted the (…, b) slice of L without a trailing "
-                      "axis, so it was broadcast along the keys, not the queries",
-                      "add the axis: lse[..., q_start:q_end, None] (shape (..., b, 1))"),
-    "delta_tile": ("D computed from the recomputed P instead of dO ⊙ O", "you computed D = rowsum(dP ⊙ P) inside "
-                   "the tile, which sums over one block of keys only; D needs the whole row",
-                   "compute D = (dout * o).sum(-1) once, before the loops: it equals rowsum(dP ⊙ P) over all keys"),
+    "lse_broadcast": ("L subtracted along the wrong axis", "the (…, b) slice of L without a trailing axis broadcasts "
+                      "along the keys", "add the axis: lse[..., q_start:q_end, None] (shape (..., b, 1))"),
+    "delta_tile": ("D computed from the recomputed P instead of dO ⊙ O", "rowsum(dP ⊙ P) inside a tile sums over one "
+                   "block of keys only; D needs the whole row", "compute D = (dout * o).sum(-1) once, before the "
+                   "loops: it equals rowsum(dP ⊙ P) over all keys"),
     "delta_tile_axis": ("D summed over the wrong axis", "you summed dP ⊙ P over the tile's queries (axis -2)",
                         "D = (dout * o).sum(-1): one number per query"),
-    "delta_broadcast": ("D subtracted along the wrong axis", "you subtracted the (…, b) slice of D without a "
-                        "trailing axis, so it was broadcast along the keys, not the queries",
-                        "add the axis: delta[..., q_start:q_end, None] (shape (..., b, 1))"),
-    "no_causal": ("causal mask forgotten in the backward", "with causal=True you computed every tile without the "
-                  "mask, so gradients flow from future keys", "skip the query blocks that end before the key block "
-                  "starts and mask key > query in the tiles on the diagonal, as the forward did"),
-    "diag_unmasked": ("diagonal tiles not masked", "you skipped the tiles above the diagonal but did not mask the "
-                      "tiles on it, so query i still sees keys i+1, i+2, … of its own block",
-                      "in a tile on the diagonal set S to -inf where key position > query position"),
-    "skip_diag": ("diagonal tiles skipped", "you visited only the tiles strictly below the diagonal; the diagonal "
-                  "tiles hold each query's own key and its neighbours", "start the query loop at the key block's "
-                  "own block: range(k_start, n, block_size)"),
-    "mask_self": ("causal mask off by one: a query cannot see itself", "you masked key ≥ query; a query may "
-                  "attend to its own position", "mask key > query"),
+    "delta_broadcast": ("D subtracted along the wrong axis", "the (…, b) slice of D without a trailing axis "
+                        "broadcasts along the keys", "add the axis: delta[..., q_start:q_end, None] (..., b, 1)"),
+    "no_causal": ("causal mask forgotten in the backward", "with causal=True you computed every tile unmasked, so "
+                  "gradients flow from future keys", "skip the query blocks that end before the key block starts and "
+                  "mask key > query in the diagonal tiles, as the forward did"),
+    "diag_unmasked": ("diagonal tiles not masked", "in the tiles on the diagonal query i still sees keys i+1, i+2, … "
+                      "of its block", "in a diagonal tile set S to -inf where key position > query position"),
+    "skip_diag": ("diagonal tiles skipped", "the diagonal tiles hold each query's own key and its neighbours",
+                  "start the query loop at the key block's own block: range(k_start, n, block_size)"),
+    "mask_self": ("causal mask off by one: a query cannot see itself", "you masked key ≥ query; a query may attend "
+                  "to its own position", "mask key > query"),
     "mask_ahead": ("causal mask off by one: each query sees the next key", "you masked key > query + 1",
                    "mask key > query"),
-    "local_mask": ("causal mask built from positions inside the tile", "you masked column > row of every tile; "
-                   "the mask needs global positions (q_start + row, k_start + column)",
+    "local_mask": ("causal mask built from positions inside the tile", "you masked column > row of every tile; the "
+                   "mask needs global positions (q_start + row, k_start + column)",
                    "compare global positions, or mask only the tiles on the diagonal"),
-    "dq_overwritten": ("dQ not accumulated over key blocks", "you assigned dQ's rows for each key block instead of "
-                       "adding to them, so only the last key block's term survives",
-                       "dq[..., q_start:q_end, :] += ds @ k_blk / √d_k: dQ collects one term per key block"),
-    "dkdv_overwritten": ("dK, dV not accumulated over query blocks", "you assigned dK and dV for each query block "
-                         "instead of adding, so only the last query block's term survives",
-                         "start dK_j, dV_j at zero before the query loop and add (+=) each tile's term"),
-    "q_tail": ("last partial query block dropped", "your query loop stops at the last full block, so the rows "
-               "after it are missing when n_q is not a multiple of the block size", _LOOP),
-    "k_tail": ("last partial key block dropped", "your key loop stops at the last full block, so the keys after it "
-               "get no gradient when n_k is not a multiple of the block size", _LOOP.replace("n_q", "n_k")),
-    "both_tails": ("last partial block dropped", "your loops stop at the last full block, so the rows and keys after "
-                   "it are missing when n_q, n_k are not multiples of the block size", _LOOP),
+    "dq_overwritten": ("dQ not accumulated over key blocks", "you assigned dQ's rows for each key block, so only the "
+                       "last key block's term survives", "dq[..., q_start:q_end, :] += ds @ k_blk / √d_k"),
 }
+for key, grad, formula, factor, left in (("dq_no_ds", "dQ", "dS K/√d_k", "dS", "K/√d_k"),
+                                         ("dq_no_k", "dQ", "dS K/√d_k", "K", "dS/√d_k"),
+                                         ("dk_no_ds", "dK", "dSᵀ Q/√d_k", "dSᵀ", "Q/√d_k"),
+                                         ("dk_no_q", "dK", "dSᵀ Q/√d_k", "Q", "dSᵀ/√d_k"),
+                                         ("dv_no_dout", "dV", "Pᵀ dO", "dO", "Pᵀ")):
+    TEXT[key] = (f"{grad} = {left}: the factor {factor} is missing", f"you left {factor} out of {grad} = {formula}",
+                 f"{grad} = {formula}")
+for key, grads, names in (("dk", "dK", "dK_j"), ("dv", "dV", "dV_j"), ("dkdv", "dK, dV", "dK_j, dV_j")):
+    TEXT[f"{key}_overwritten"] = (f"{grads} not accumulated over query blocks", f"you assigned {grads} for each query "
+                                  "block, so only the last query block's term survives",
+                                  f"start {names} at zero before the query loop and add (+=) each tile's term")
+for key, which, n in (("q_tail", "query ", "n_q"), ("k_tail", "key ", "n_k"), ("both_tails", "", "n_q, n_k")):
+    TEXT[key] = (f"last partial {which}block dropped", f"your loop stops at the last full block, so with {n} not a "
+                 f"multiple of the block size the {which or 'query and key '}rows after it get no gradient",
+                 _LOOP.replace("n_q", n[:3]))
 TEXT["no_causal_anywhere"] = TEXT["no_causal"]  # the mask forgotten in the forward's L and O too: plain attention
 
 _COMMON = ("no_scale_dq", "no_scale_dk", "no_scale", "by_d", "s_unscaled", "unscaled_all", "by_d_all", "scale_inverted",
@@ -447,7 +430,7 @@ def _tiled(q, k, v, o, lse, dout, block, causal, bug="", **scales):
 def _flat(grads) -> torch.Tensor:
     """Three gradients as one tensor, their shapes first (what the engine compares)."""
     head = [float(x) for g in grads for x in (g.dim(), *g.shape)]
-    return torch.cat([torch.tensor(head, dtype=torch.float64)] + [g.detach().to(torch.float64).flatten() for g in grads])
+    return torch.cat([torch.tensor(head, dtype=torch.float64), *(g.detach().double().flatten() for g in grads)])
 
 
 def _table(keys, grads: Callable[..., tuple]) -> list[Known]:
@@ -455,19 +438,12 @@ def _table(keys, grads: Callable[..., tuple]) -> list[Known]:
     return [Known(key, *TEXT[key], lambda *case, key=key: _flat(grads(*case, bug=key))) for key in keys]
 
 
-# ============================================================================ judging three gradients (could move to the kit)
-def _unpack(result: Any, tried: str) -> tuple[torch.Tensor, ...]:
-    if isinstance(result, torch.Tensor):
-        fail("returned one tensor, not (dq, dk, dv)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
-             expected="a tuple of three tensors (dq, dk, dv)", fix="end the function with `return dq, dk, dv`")
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
-        got = f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list)) else \
-            ("None" if result is None else type(result).__name__)
-        fail("did not return (dq, dk, dv)", tried=tried, got=got, expected="a tuple of three tensors (dq, dk, dv)",
-             cause="your function has no `return`" if result is None else "",
-             fix="end the function with `return dq, dk, dv`")
-    return tuple(as_tensor(r, tried=tried, what=f"{name} (element {i} of your result)")
-                 for i, (name, r) in enumerate(zip(NAMES, result)))
+# ============================================================================ judging three gradients
+def _grads(result: Any, tried: str) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) from the learner's result: the right numbers as NumPy arrays are right too."""
+    if isinstance(result, (tuple, list)):
+        result = tuple(torch.from_numpy(r) if isinstance(r, np.ndarray) else r for r in result)
+    return unpack(result, NAMES, tried=tried)
 
 
 def _tolerance(expected: tuple, dtype: torch.dtype) -> dict:
@@ -478,12 +454,10 @@ def _tolerance(expected: tuple, dtype: torch.dtype) -> dict:
 def _blame(groups: list[list[Known]], tried: str, got: str, expected: str) -> None:
     """Fail naming the mistakes found: each group is one mistake, or several that give the same numbers here."""
     groups = [list({k.summary: k for k in group}.values()) for group in groups]
-    if len(groups) == 1 and len(groups[0]) == 1:
-        k = groups[0][0]
-        fail(k.summary, tried=tried, got=got, expected=expected, cause=k.cause, fix=k.fix)
     if len(groups) == 1:
+        same_numbers = "" if len(groups[0]) == 1 else "on this input these mistakes give the same numbers: "
         fail(" or ".join(k.summary for k in groups[0]), tried=tried, got=got, expected=expected,
-             cause="on this input these mistakes give the same numbers: " + " — or ".join(k.cause for k in groups[0]),
+             cause=same_numbers + " — or ".join(k.cause for k in groups[0]),
              fix="; otherwise ".join(k.fix for k in groups[0]))
     fail("; and ".join(" or ".join(k.summary for k in g) for g in groups), tried=tried, got=got, expected=expected,
          cause=f"{len(groups)} mistakes at once: " + " — and ".join(" or ".join(k.cause for k in g) for g in groups),
@@ -500,7 +474,8 @@ def _at_once(suspects: Suspects, grads: Callable[..., tuple], case: tuple, got, 
         except Exception:  # noqa: BLE001 - this mistake cannot happen on this case
             continue
         changed = frozenset(j for j in range(3) if not same(out[j], expected[j], **tol))
-        if changed and not suspects.ruled_out(known) and all(j in wrong and same(got[j], out[j], **tol) for j in changed):
+        if changed and not suspects.ruled_out(known) and all(j in wrong and same(got[j], out[j], **tol)
+                                                             for j in changed):
             explains.append((known, changed))
     remaining, chosen = set(wrong), []
     while remaining:
@@ -513,16 +488,19 @@ def _at_once(suspects: Suspects, grads: Callable[..., tuple], case: tuple, got, 
 
 
 def _judge(suspects: Suspects, got: tuple, expected: tuple, case: tuple, *, tried: str, dtype: torch.dtype,
-           grads: Callable[..., tuple], again: Callable[..., Any] | None = None, nan_cause: str = "", nan_fix: str = "") -> None:
+           grads: Callable[..., tuple], again: Callable[..., Any] | None = None, nan_cause: str = "",
+           nan_fix: str = "") -> None:
     """Fail unless the three gradients match the oracle's; name the known mistake behind them (``suspects`` tries its
     table on ``case``, ``grads(*case, bug=key)``), else measure what is wrong."""
-    for i, (name, g, e) in enumerate(zip(NAMES, got, expected)):
+    tol = _tolerance(expected, dtype)
+    for name, g, e in zip(NAMES, got, expected):
         if tuple(g.shape) != tuple(e.shape):
-            _order(got, expected, dtype, tried)
-            found = suspects.suspects(_flat(got), case)
-            if found:
+            _order(got, expected, tried, tol)
+            if found := suspects.suspects(_flat(got), case):
                 _blame([found], tried, f"your {name} of shape {tuple(g.shape)}", f"shape {tuple(e.shape)}")
-            expect_shape(g, e.shape, tried=tried, what=f"your {name}", fix=_SHAPE_FIX[name])
+            expect_shape(g, e.shape, tried=tried, what=f"your {name}", fix={
+                "dq": "dq has q's shape (..., n_q, d_k): dQ = dS K/√d_k", "dk": "dk has k's shape (..., n_k, d_k): "
+                "dK = dSᵀ Q/√d_k", "dv": "dv has v's shape (..., n_k, d_v): dV = Pᵀ dO"}[name])
     for name, g in zip(NAMES, got):
         if g.dtype != dtype:
             have, want = str(g.dtype).replace("torch.", ""), str(dtype).replace("torch.", "")
@@ -530,19 +508,17 @@ def _judge(suspects: Suspects, got: tuple, expected: tuple, case: tuple, *, trie
                  expected=f"{want}, the dtype of the inputs",
                  cause="a tensor created without dtype= (torch.zeros(shape) is float32) or a .float()/.double()",
                  fix="create accumulators with torch.zeros_like(q) or dtype=q.dtype")
-    tol = _tolerance(expected, dtype)
     if all(same(g, e, **tol) for g, e in zip(got, expected)):
-        suspects.expect(_flat(got), _flat(expected), case, tried=tried, **tol)  # records the case: it rules mistakes out
+        suspects.expect(_flat(got), _flat(expected), case, tried=tried, **tol)  # a right case rules mistakes out
         return
-    _order(got, expected, dtype, tried)
+    _order(got, expected, tried, tol)
     wrong = [i for i in range(3) if not same(got[i], expected[i], **tol)]
     name = NAMES[wrong[0]]
     factors = {"√d_k": math.sqrt(expected[0].shape[-1]), "d_k": expected[0].shape[-1]}
     found = [k for k in suspects.suspects(_flat(got), case) if not same(k.make(*case), _flat(expected), **tol)]
     if len(found) > 1 and again is not None:
-        found = suspects.narrow(found, lambda *c: _flat(_unpack(again(*c), tried)))
-    groups = [found] if found else _at_once(suspects, grads, case, got, expected, wrong, tol)
-    if groups:
+        found = suspects.narrow(found, lambda *c: _flat(_grads(again(*c), tried)))
+    if groups := [found] if found else _at_once(suspects, grads, case, got, expected, wrong, tol):
         got_text, exp_text, _, _ = describe_mismatch(got[wrong[0]], expected[wrong[0]], what=f"your {name}",
                                                      factors=factors, **tol)
         _blame(groups, tried, f"{', '.join(NAMES[i] for i in wrong)} {'is' if len(wrong) == 1 else 'are'} wrong; in "
@@ -551,7 +527,7 @@ def _judge(suspects: Suspects, got: tuple, expected: tuple, case: tuple, *, trie
         if torch.isnan(got[i]).any() and nan_cause and not torch.isnan(expected[i]).any():
             fail(f"NaN in {NAMES[i]}", tried=tried, expected="finite gradients", cause=nan_cause, fix=nan_fix,
                  got=f"NaN in {int(torch.isnan(got[i]).sum())} of {got[i].numel()} entries of your {NAMES[i]}")
-    _wrong_scale(got, expected, case, grads, tried, tol)
+    _wrong_scale(got, case, grads, tried, tol)
     _properties(got, expected, wrong, tried=tried, dtype=dtype, tol=tol)
     _one_wrong_ds(got, wrong, case, tried, tol)
     try:
@@ -571,31 +547,24 @@ def _named(text: str, name: str) -> str:
     return text
 
 
-def _order(got: tuple, expected: tuple, dtype, tried: str) -> None:
+def _order(got: tuple, expected: tuple, tried: str, tol: dict) -> None:
     """Fail when the gradients are right but returned in another order."""
-    tol = _tolerance(expected, dtype)
     for perm in itertools.permutations(range(3)):
         if perm != (0, 1, 2) and all(same(got[i], expected[j], **tol) for i, j in enumerate(perm)):
             fail("gradients returned in the wrong order", tried=tried, got=f"({', '.join(NAMES[j] for j in perm)})",
-                 expected="(dq, dk, dv): the gradient of each input in the order of the inputs", fix="return dq, dk, dv")
+                 expected="(dq, dk, dv): one gradient per input, in the inputs' order", fix="return dq, dk, dv")
 
 
-def _fit(err: Callable[[float], float]) -> float:
-    """The c in [10⁻³, 10³] that minimises err(c): a grid in log c, then golden-section search around its best."""
-    best = min((10 ** (i / 10) for i in range(-30, 31)), key=err)
-    lo, hi, r = math.log(best) - 0.24, math.log(best) + 0.24, (math.sqrt(5) - 1) / 2
-    a, b = hi - r * (hi - lo), lo + r * (hi - lo)
-    ea, eb = err(math.exp(a)), err(math.exp(b))
-    for _ in range(45):
-        if ea < eb:
-            hi, b, eb = b, a, ea
-            a = hi - r * (hi - lo)
-            ea = err(math.exp(a))
-        else:
-            lo, a, ea = a, b, eb
-            b = lo + r * (hi - lo)
-            eb = err(math.exp(b))
-    return math.exp((lo + hi) / 2)
+def _fit_scale(err: Callable[[float], float], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> float:
+    """The c in [10⁻³, 10³] that minimises err(c) (a grid in log c, then golden-section search around its best),
+    replaced by the value of a named scale when it is that one to 6 digits (a fit is not exact)."""
+    lo = math.log(min((10 ** (i / 10) for i in range(-30, 31)), key=err)) - 0.24
+    hi, r = lo + 0.48, (math.sqrt(5) - 1) / 2
+    for _ in range(45):  # keep the part of [lo, hi] that holds the lower of two inner points
+        a, b = hi - r * (hi - lo), lo + r * (hi - lo)
+        lo, hi = (lo, b) if err(math.exp(a)) < err(math.exp(b)) else (a, hi)
+    c = math.exp((lo + hi) / 2)
+    return next((x for x in _scale_names(q, k, v).values() if abs(c - x) <= 1e-6 * x), c)
 
 
 def _scale_names(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, float]:
@@ -604,29 +573,26 @@ def _scale_names(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str,
             "1/√n_q": q.shape[-2] ** -0.5, "1/√n_k": k.shape[-2] ** -0.5, "2/√d_k": 2 / math.sqrt(d)}
 
 
-def _snap(c: float, names: dict[str, float]) -> float:
-    """A fitted scale, replaced by the scale of a name when it is that one to 6 digits (a fit is not exact)."""
-    return next((x for x in names.values() if abs(c - x) <= 1e-6 * x), c)
-
-
 def _scale_name(c: float, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     fits = [name for name, x in _scale_names(q, k, v).items() if abs(c - x) <= 1e-9 * x]
     return f"{c:.4g}" + (f" = {fits[0]}" if len(fits) == 1 else "")
 
 
-def _wrong_scale(got: tuple, expected: tuple, case: tuple, grads: Callable[..., tuple], tried: str, tol: dict) -> None:
+def _wrong_scale(got: tuple, case: tuple, grads: Callable[..., tuple], tried: str, tol: dict) -> None:
     """Fail when the answer is exactly the right backward with other scales: c on the scores (fitted on dV, which
     sees the scale only through P), c′ on dQ and dK (then a ratio)."""
     if not all(bool(torch.isfinite(g).all()) for g in got):
         return
+    q, k, v = case[:3]
     run = lambda c, cg: grads(*case, bug="", scale=c, gscale=cg)  # noqa: E731
-    names = _scale_names(*case[:3])
-    c = _snap(_fit(lambda x: float((run(x, 1.0)[2] - got[2].double()).norm())), names)
+    c = _fit_scale(lambda x: float((run(x, 1.0)[2] - got[2].double()).norm()), q, k, v)
     x = run(c, 1.0)[0]
-    cg = _snap(float((got[0].double() * x).sum() / (x * x).sum()), names) if bool(x.any()) else 1.0
+    cg = 1.0
+    if bool(x.any()):
+        cg = float((got[0].double() * x).sum() / (x * x).sum())
+        cg = next((y for y in _scale_names(q, k, v).values() if abs(cg - y) <= 1e-6 * y), cg)
     if not all(same(g, e, **tol) for g, e in zip(got, run(c, cg))):
         return
-    q, k, v = case[:3]
     right = 1 / math.sqrt(q.shape[-1])
     parts = [f"scores scaled by {_scale_name(c, q, k, v)}"] if abs(c - right) > 1e-6 * right else []
     parts += [f"dQ, dK scaled by {_scale_name(cg, q, k, v)}"] if abs(cg - right) > 1e-6 * right else []
@@ -647,12 +613,11 @@ def _one_wrong_ds(got: tuple, wrong: list[int], case: tuple, tried: str, tol: di
     if not same(got[1], ds.mT @ q / math.sqrt(q.shape[-1]), **tol):
         return
     fail("dS wrong: dv right, dq and dk from one wrong dS", tried=tried,
-         got="your dv is right; your dq and dk are dS′ K/√d_k and dS′ᵀ Q/√d_k for one and the same matrix dS′ "
-             "(recovered from your dq: here K has full row rank), and dS′ is not P ⊙ (dP − rowsum(dP ⊙ P))",
+         got="your dv is right; your dq and dk are dS′ K/√d_k and dS′ᵀ Q/√d_k for one and the same dS′ (recovered "
+             "from dq, as K has full row rank) that is not P ⊙ (dP − rowsum(dP ⊙ P))",
          expected=f"dS = P ⊙ (dP − rowsum(dP ⊙ P)), with dP = dO Vᵀ, as autograd through {_ORACLE} gives",
-         cause="your dQ and dK lines agree with each other, so the mistake is where dS is made: dP = dO Vᵀ, the row "
-               "term rowsum(dP ⊙ P), or the product with P", fix="print your ds next to " + _VJP_FIX.split(" = ")[1] +
-         " on a small input and compare them step by step")
+         cause="your dQ and dK lines agree, so the mistake is in dS: dP = dO Vᵀ, rowsum(dP ⊙ P), or the product with P",
+         fix=f"print your ds next to {_VJP_FIX.split(' = ')[1]} on a small input and compare")
 
 
 def _properties(got: tuple, expected: tuple, wrong: list[int], *, tried: str, dtype: torch.dtype, tol: dict) -> None:
@@ -660,21 +625,22 @@ def _properties(got: tuple, expected: tuple, wrong: list[int], *, tried: str, dt
     if dtype == torch.float64 and all(bool(torch.isfinite(g).all()) for g in got):
         loose = _tolerance(expected, torch.float32)
         in_float32 = all(bool((got[i] == got[i].float().double()).all()) for i in wrong)
-        if in_float32 and all(same(g, e, atol=loose["atol"] / 20, rtol=loose["rtol"] / 20) for g, e in zip(got, expected)):
-            worst = max(float(((g.double() - e).abs() / (e.abs() + loose["atol"])).max()) for g, e in zip(got, expected))
+        pairs = list(zip(got, expected))
+        if in_float32 and all(same(g, e, atol=loose["atol"] / 20, rtol=loose["rtol"] / 20) for g, e in pairs):
+            worst = max(float(((g.double() - e).abs() / (e.abs() + loose["atol"])).max()) for g, e in pairs)
             fail("float64 inputs, float32 precision", tried=tried,
                  got=f"gradients that agree with the expected ones to about 7 significant digits only (relative "
                      f"error up to {worst:.1e}), every value a float32 number",
                  expected="float64 precision, about 15 significant digits, like the inputs",
-                 cause="part of your computation ran in float32: a tensor made with torch.zeros(shape) or "
-                       "torch.tensor(...) without dtype=, or a .float() somewhere",
+                 cause="part of your computation ran in float32: torch.zeros(shape) or torch.tensor(...) without "
+                       "dtype=, or a .float()",
                  fix="keep every tensor in the inputs' dtype: torch.zeros_like(q), or dtype=q.dtype")
     for i in wrong:
         g, e = got[i].double(), expected[i].double()
         if g.numel() and not bool(g.any()) and bool(e.any()):
             fail(f"{NAMES[i]} is all zeros", tried=tried, got=f"your {NAMES[i]} is zero everywhere",
                  expected=f"the gradient {NAMES[i]} (not zero)",
-                 cause="nothing was ever added into it, or the function returns the tensor it started from",
+                 cause="nothing was added into it, or the function returns the tensor it started from",
                  fix=f"check that {NAMES[i]} is the tensor your formula (or your loop) fills")
         if g.dim() < 2 or g.shape[-2] < 2:
             continue
@@ -690,60 +656,56 @@ def _properties(got: tuple, expected: tuple, wrong: list[int], *, tried: str, dt
                  got=f"your {NAMES[i]} is right in rows 0…{first - 1} and zero from row {first} on",
                  expected=f"a gradient for every {axis}, rows 0…{g.shape[-2] - 1}",
                  cause=f"your loop over the {axes} stops before row {first}: a range or a block count that "
-                       "leaves out the last (possibly shorter) block",
-                 fix="loop with range(0, n, block_size) and slice [start:start + block_size]: the last slice is "
-                     "simply shorter")
+                       "leaves out the last (possibly shorter) block", fix=_LOOP.replace("n_q", "n"))
 
 
 # ============================================================================ exceptions the learner's code raises
-_SHAPES_FIX = ("write each line's shapes next to it: P (..., n_q, n_k), dO (..., n_q, d_v), dV = Pᵀ dO (..., n_k, d_v), "
-               "dP = dO Vᵀ (..., n_q, n_k), dQ = dS K (..., n_q, d_k), dK = dSᵀ Q (..., n_k, d_k)")
-_MATMUL = ("RuntimeError", r"mat1 and mat2|shapes cannot be multiplied|Expected size for first two dimensions of batch2",
-           "two matrices with incompatible shapes were multiplied; with n_q ≠ n_k or d_k ≠ d_v a transpose in the wrong "
-           "place shows up as exactly this", _SHAPES_FIX)
+_MATMUL = ("RuntimeError", r"mat1 and mat2|shapes cannot be multiplied|Expected size for first two dimensions of "
+           "batch2", "two matrices with incompatible shapes were multiplied; with n_q ≠ n_k or d_k ≠ d_v a "
+           "transpose in the wrong place does exactly this", "write each line's shapes next to it: P (..., n_q, n_k), "
+           "dO (..., n_q, d_v), dV = Pᵀ dO (..., n_k, d_v), dP = dO Vᵀ (..., n_q, n_k), dQ = dS K (..., n_q, d_k), "
+           "dK = dSᵀ Q (..., n_k, d_k)")
 _DTYPE = ("RuntimeError", r"same dtype|expected scalar type|Float.*Double|Double.*Float",
           "a float32 tensor met a float64 one: a tensor created without dtype= (torch.zeros(shape) is float32) or a "
           ".float()/.double() somewhere", "create every tensor from the inputs: torch.zeros_like(q), or dtype=q.dtype")
-_TILE_RAISES = [
-    ("RuntimeError", r"upper bound and lower bound inconsistent with step sign", "torch.arange(start, end) got an end "
-     "below its start: it counts upward, so its two bounds are swapped or the end was computed by subtracting",
-     "torch.arange(start, start + length): the smaller bound first"),
-    ("RuntimeError", r"with a bool tensor is not supported", "a bool tensor (a mask, such as cols > rows) took part in "
-     "arithmetic where a tensor of numbers belongs", "use the mask to select: s = s.masked_fill(blocked, float('-inf'))"),
-    _DTYPE]
 
 
 def _raise(exc: LearnerRaised, tried: str, expected: str, patterns=(), **hint: str) -> None:
     """Fail with the learner's exception, explained by ``hint`` or else by a pattern of this topic."""
-    raise Failure(learner_error(exc, tried=tried, expected=expected, **(hint or explain_raise(exc, (), patterns)))) from None
+    hint = hint or explain_raise(exc, (), patterns)
+    raise Failure(learner_error(exc, tried=tried, expected=expected, **hint)) from None
+
+
+def _case(g: torch.Generator, name: str, lead: tuple, n: int, m: int, d: int, dv: int, mask: Any = None, *,
+          dtype=torch.float64, q_scale: float = 1.0, dout_scale: float = 1.0, extreme: bool = False) -> dict:
+    """One case of exercises 1 and 2: q (..., n, d), k (..., m, d), v (..., m, dv), dout (..., n, dv)."""
+    q, k = _rand(g, *lead, n, d, dtype=dtype, scale=q_scale), _rand(g, *lead, m, d, dtype=dtype)
+    v, dout = _rand(g, *lead, m, dv, dtype=dtype), _rand(g, *lead, n, dv, dtype=dtype, scale=dout_scale)
+    return dict(name=name, q=q, k=k, v=v, dout=dout, mask=mask, dtype=dtype, extreme=extreme)
 
 
 # ============================================================================ exercise 1: attention_backward
 def _backward_cases() -> list[dict]:
     g = torch.Generator().manual_seed(10)
-    cases = []
-
-    def add(name, lead, n, m, d, dv, mask=None, dtype=torch.float64, q_scale=1.0, dout_scale=1.0, extreme=False):
-        q, k = _rand(g, *lead, n, d, dtype=dtype, scale=q_scale), _rand(g, *lead, m, d, dtype=dtype)
-        v, dout = _rand(g, *lead, m, dv, dtype=dtype), _rand(g, *lead, n, dv, dtype=dtype, scale=dout_scale)
-        cases.append(dict(name=name, q=q, k=k, v=v, dout=dout, mask=mask, dtype=dtype, extreme=extreme))
-
-    add("one head, n_q = n_k = 5, d_k = 7, d_v = 3, no mask", (), 5, 5, 7, 3, q_scale=1.5)
-    add("batch × heads (2, 3), n_q = 4, n_k = 6, d_k = 8, d_v = 5, no mask", (2, 3), 4, 6, 8, 5)
+    cases = [_case(g, "one head, n_q = n_k = 5, d_k = 7, d_v = 3, no mask", (), 5, 5, 7, 3, q_scale=1.5),
+             _case(g, "batch × heads (2, 3), n_q = 4, n_k = 6, d_k = 8, d_v = 5, no mask", (2, 3), 4, 6, 8, 5)]
     keep = torch.rand(5, 7, generator=g) < 0.6
     keep[:, 0], keep[1, 2] = True, False
     keep[3] = False  # query 3 sees nothing: zero weights, zero output, zero gradients
-    add("batch 2, n_q = 5, n_k = 7, d_k = 6, d_v = 6, a (5, 7) mask with row 3 fully masked", (2,), 5, 7, 6, 6, mask=keep)
     pad = (torch.arange(6) < torch.tensor([5, 0, 3])[:, None])[:, None, None, :]  # (3, 1, 1, 6): batch 1 all padding
-    add("key padding (3, 1, 1, 6) over 2 heads, n_q = 4, n_k = 6, d_k = 5, d_v = 2; batch entry 1 fully padded", (3, 2),
-        4, 6, 5, 2, mask=pad)
-    add("a causal (6, 6) mask, one head, d_k = 3, d_v = 7", (), 6, 6, 3, 7, mask=torch.ones(6, 6, dtype=torch.bool).tril())
-    add("float32, batch 2, n_q = 9, n_k = 8, d_k = 12, d_v = 4", (2,), 9, 8, 12, 4, dtype=torch.float32)
-    add("axes of size 1: batch 1, one query, one key, d_k = 1, d_v = 1", (1,), 1, 1, 1, 1)
-    add("one query, n_q = 1, n_k = 5, d_k = 2, d_v = 3, with a (1, 5) mask", (), 1, 5, 2, 3,
-        mask=torch.tensor([[True, False, True, True, False]]))
-    add("extreme values: scores up to ±10³ (saturated softmax), upstream gradient ×10⁴", (2,), 5, 6, 5, 3,
-        q_scale=400.0, dout_scale=1e4, extreme=True)
+    cases += [
+        _case(g, "batch 2, n_q = 5, n_k = 7, d_k = 6, d_v = 6, a (5, 7) mask with row 3 fully masked", (2,), 5, 7, 6, 6,
+              keep),
+        _case(g, "key padding (3, 1, 1, 6) over 2 heads, n_q = 4, n_k = 6, d_k = 5, d_v = 2; batch entry 1 fully "
+              "padded", (3, 2), 4, 6, 5, 2, pad),
+        _case(g, "a causal (6, 6) mask, one head, d_k = 3, d_v = 7", (), 6, 6, 3, 7,
+              torch.ones(6, 6, dtype=torch.bool).tril()),
+        _case(g, "float32, batch 2, n_q = 9, n_k = 8, d_k = 12, d_v = 4", (2,), 9, 8, 12, 4, dtype=torch.float32),
+        _case(g, "axes of size 1: batch 1, one query, one key, d_k = 1, d_v = 1", (1,), 1, 1, 1, 1),
+        _case(g, "one query, n_q = 1, n_k = 5, d_k = 2, d_v = 3, with a (1, 5) mask", (), 1, 5, 2, 3,
+              torch.tensor([[True, False, True, True, False]])),
+        _case(g, "extreme values: scores up to ±10³ (saturated softmax), upstream gradient ×10⁴", (2,), 5, 6, 5, 3,
+              q_scale=400.0, dout_scale=1e4, extreme=True)]
     return cases
 
 
@@ -753,8 +715,9 @@ def _backward_raised(exc: LearnerRaised, q: torch.Tensor, mask: Any) -> dict:
         return dict(cause="your function does not take the mask as its fifth argument",
                     fix="keep the signature attention_backward(q, k, v, dout, mask=None)")
     if mask is None and "NoneType" in exc.message:
-        return dict(cause="with mask=None (no mask) your code still uses the mask", fix="apply the mask only when there "
-                    "is one (`if mask is not None:`), or let masked_softmax handle None")
+        return dict(cause="with mask=None (no mask) your code still uses the mask",
+                    fix="apply the mask only when there is one (`if mask is not None:`), or let masked_softmax "
+                        "handle None")
     if "3D tensor" in exc.message or (q.dim() < 3 and "Dimension out of range" in exc.message):
         return dict(cause=f"your code assumes exactly one batch axis (torch.bmm, or transpose(1, 2)); here q has shape "
                           f"{tuple(q.shape)}, and the docstring allows any number of leading axes, none included",
@@ -766,12 +729,8 @@ def _backward_raised(exc: LearnerRaised, q: torch.Tensor, mask: Any) -> dict:
 def check_attention_backward(fn: Learner) -> str:
     cases = _backward_cases()
     case = cases[1]  # first, what the code does besides its result: autograd, or writes into an input
-    try:
-        report = fn.observe("backward.watch", case["q"], case["k"], case["v"], case["dout"])
-    except LearnerRaised:
-        report = {}  # the same call runs again below, where its error gets the full diagnosis
-    _forbid(report, f"attention_backward(q, k, v, dout) on {case['name']}, watching the functions it calls",
-            what="attention_backward", inputs=("q", "k", "v", "dout"))
+    _watch(fn, f"attention_backward(q, k, v, dout) on {case['name']}, watching the functions it calls", case["q"],
+           case["k"], case["v"], case["dout"], what="attention_backward", inputs=("q", "k", "v", "dout"))
     suspects = Suspects(_table(NAIVE + MASKED, _naive), atol=1e-6, rtol=1e-4)
 
     def call(q, k, v, dout, mask=None):
@@ -781,7 +740,7 @@ def check_attention_backward(fn: Learner) -> str:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
         tried = f"attention_backward(q, k, v, dout{', mask' if mask is not None else ''}) on {case['name']}"
         try:
-            got = _unpack(call(q, k, v, dout, mask), tried)
+            got = _grads(call(q, k, v, dout, mask), tried)
         except LearnerRaised as exc:
             _raise(exc, tried, "(dq, dk, dv)", **_backward_raised(exc, q, mask))
         nan_cause = ("exp overflowed on scores this large: a softmax written by hand must subtract each row's maximum"
@@ -795,35 +754,21 @@ def check_attention_backward(fn: Learner) -> str:
 
 
 # ============================================================================ exercise 2: AttentionFunction
-def _function_cases() -> list[dict]:
-    g = torch.Generator().manual_seed(11)
-    out = []
-    for name, lead, n, m, d, dv, mask in [
-        ("batch × heads (2, 2), n_q = 4, n_k = 5, d_k = 3, d_v = 2, no mask", (2, 2), 4, 5, 3, 2, None),
-        ("one head, n_q = n_k = 5, d_k = 5, d_v = 6, a causal mask", (), 5, 5, 5, 6, torch.ones(5, 5, dtype=torch.bool).tril()),
-        ("batch 2, n_q = 3, n_k = 4, d_k = 2, d_v = 3, a mask with row 1 fully masked", (2,), 3, 4, 2, 3,
-         torch.tensor([[True, False, True, True], [False, False, False, False], [False, True, True, False]])),
-    ]:
-        out.append(dict(name=name, q=_rand(g, *lead, n, d), k=_rand(g, *lead, m, d), v=_rand(g, *lead, m, dv),
-                        dout=_rand(g, *lead, n, dv), mask=mask))
-    return out
-
-
 _BACKWARD_COUNT = ("the backward returns one gradient per input of forward, in order: for forward(ctx, q, k, v, mask) "
                    "that is four, the last one None because a bool mask has no gradient")
 _FORWARD_FIX = "forward returns softmax(q kᵀ/√d_k) v with the course's masked_softmax: shape (..., n_q, d_v)"
+_SAVE = ("ctx.save_for_backward takes tensors (or None) only",
+         "keep other values as attributes of ctx (ctx.scale = scale) and save only tensors")
 _APPLY_RAISES = [
     ("RuntimeError", "incorrect number of gradients", _BACKWARD_COUNT, "return dq, dk, dv, None"),
-    ("RuntimeError", "invalid gradient at index", "a gradient your backward returned does not have the shape of the "
-     "input it belongs to: backward returns them in the order forward takes its inputs, (q, k, v, mask)",
-     "return dq, dk, dv, None"),
+    ("RuntimeError", "invalid gradient at index", "a gradient from your backward does not have its input's shape: "
+     "backward returns them in the order forward takes its inputs, (q, k, v, mask)", "return dq, dk, dv, None"),
     ("RuntimeError", r"Mismatch in shape: grad_output\[0\]", "the output of your forward does not have the attention "
      "output's shape (..., n_q, d_v)", _FORWARD_FIX),
-    ("TypeError", "save_for_backward can only save", "ctx.save_for_backward takes tensors (or None) only",
-     "keep other values as attributes of ctx (ctx.scale = scale) and save only tensors"),
-    ("RuntimeError", "save_for_backward can only save", "ctx.save_for_backward takes tensors (or None) only",
-     "keep other values as attributes of ctx (ctx.scale = scale) and save only tensors"), _MATMUL]
-#: Mistakes of the forward, from :data:`TEXT`, with the causes that differ there.
+    ("TypeError", "save_for_backward can only save", *_SAVE),
+    ("RuntimeError", "save_for_backward can only save", *_SAVE),
+    _MATMUL]
+#: Mistakes of the forward: rows of :data:`TEXT`, with the causes that differ there.
 _FORWARD_CAUSE = {"unscaled_all": "your forward computes softmax(q kᵀ) v without the 1/√d_k",
                   "by_d_all": "you divided the scores by d_k", "scale_inverted": "you multiplied the scores by √d_k",
                   "no_softmax": "your forward multiplies the scaled scores themselves by v"}
@@ -835,13 +780,6 @@ def _forward(q, k, v, mask, bug="", scale=None):
     return _weights(q @ k.mT * (_scales(bug, q.shape[-1], v.shape[-1])[0] if scale is None else scale), mask, bug) @ v
 
 
-def _forward_table(masked: bool) -> list[Known]:
-    keys = ("unscaled_all", "by_d_all", "scale_inverted", "scale_dv", "softmax_axis", "no_softmax") + (
-        ("mask_ignored", "mask_inverted", "nan_rows", "weak_fill", "mask_after_softmax", "mask_added") if masked else ())
-    return [Known(key, "forward: " + TEXT[key][0].replace(" in the backward", ""), _FORWARD_CAUSE.get(key, TEXT[key][1]),
-                  TEXT[key][2], lambda q, k, v, mask, key=key: _forward(q, k, v, mask, key)) for key in keys]
-
-
 def _expect_output(out: torch.Tensor, case: dict, tried: str) -> None:
     """The forward's output: right, a known mistake, another scale, or what the difference measures."""
     q, k, v, mask = case["q"], case["k"], case["v"], case["mask"]
@@ -850,14 +788,20 @@ def _expect_output(out: torch.Tensor, case: dict, tried: str) -> None:
     tol = _tolerance((expected,), torch.float64)
     if same(out, expected, **tol):
         return
-    found = Suspects(_forward_table(mask is not None), **tol).suspects(out, (q, k, v, mask))
+    keys = ("unscaled_all", "by_d_all", "scale_inverted", "scale_dv", "softmax_axis", "no_softmax") + (
+        () if mask is None else ("mask_ignored", "mask_inverted", "nan_rows", "weak_fill", "mask_after_softmax",
+                                 "mask_added"))
+    table = [Known(key, "forward: " + TEXT[key][0].replace(" in the backward", ""),
+                   _FORWARD_CAUSE.get(key, TEXT[key][1]), TEXT[key][2],
+                   lambda q, k, v, mask, key=key: _forward(q, k, v, mask, key)) for key in keys]
+    found = Suspects(table, **tol).suspects(out, (q, k, v, mask))
     got_text, exp_text, cause, summary = describe_mismatch(out, expected, what="the output of forward",
                                                            factors={"√d_k": math.sqrt(q.shape[-1])}, **tol)
     if exp_text != _named(exp_text, "output"):  # the generic "expected": say what it is
         exp_text = f"softmax(q kᵀ/√d_k) v, as {_ORACLE} computes it (in float64)"
     if found:
         _blame([found], tried, f"the output of forward: {got_text}", exp_text)
-    c = _snap(_fit(lambda x: float((_forward(q, k, v, mask, scale=x) - out).norm())), _scale_names(q, k, v)) \
+    c = _fit_scale(lambda x: float((_forward(q, k, v, mask, scale=x) - out).norm()), q, k, v) \
         if bool(torch.isfinite(out).all()) else 0
     if c and same(out, _forward(q, k, v, mask, scale=c), **tol):
         summary, cause = f"scores scaled by {_scale_name(c, q, k, v)}", "the scale is wrong: the scores are q kᵀ/√d_k"
@@ -867,7 +811,7 @@ def _expect_output(out: torch.Tensor, case: dict, tried: str) -> None:
 
 
 @check("AttentionFunction", kind="class",
-       expects="a torch.autograd.Function subclass AttentionFunction with forward(ctx, q, k, v, mask=None) and backward")
+       expects="a torch.autograd.Function subclass AttentionFunction: forward(ctx, q, k, v, mask=None), backward")
 def check_AttentionFunction(fn: Learner) -> str:
     info = fn.inspect()
     if not info.get("autograd_function"):
@@ -875,11 +819,17 @@ def check_AttentionFunction(fn: Learner) -> str:
              got=f"a class deriving from {', '.join(info.get('bases', [])[:2]) or 'object'}",
              expected="class AttentionFunction(torch.autograd.Function)",
              fix="derive the class from torch.autograd.Function and give it static methods forward and backward")
-    apply, cases = fn.method("apply"), _function_cases()
-    suspects = Suspects(_table(NAIVE + MASKED, _naive), atol=1e-6, rtol=1e-4)
+    g = torch.Generator().manual_seed(11)
+    cases = [_case(g, "batch × heads (2, 2), n_q = 4, n_k = 5, d_k = 3, d_v = 2, no mask", (2, 2), 4, 5, 3, 2),
+             _case(g, "one head, n_q = n_k = 5, d_k = 5, d_v = 6, a causal mask", (), 5, 5, 5, 6,
+                   torch.ones(5, 5, dtype=torch.bool).tril()),
+             _case(g, "batch 2, n_q = 3, n_k = 4, d_k = 2, d_v = 3, a mask with row 1 fully masked", (2,), 3, 4, 2, 3,
+                   torch.tensor([[True, False, True, True], [False] * 4, [False, True, True, False]]))]
+    apply, suspects = fn.method("apply"), Suspects(_table(NAIVE + MASKED, _naive), atol=1e-6, rtol=1e-4)
     for case in cases:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
-        tried = f"AttentionFunction.apply(q, k, v{', mask' if mask is not None else ''}) and backward, on {case['name']}"
+        masked = "" if mask is None else ", mask"
+        tried = f"AttentionFunction.apply(q, k, v{masked}) and backward, on {case['name']}"
         try:
             out, grads = apply.vjp((q, k, v) if mask is None else (q, k, v, mask), dout, wrt=(0, 1, 2))
         except LearnerRaised as exc:
@@ -890,11 +840,11 @@ def check_AttentionFunction(fn: Learner) -> str:
         out = as_tensor(out, tried=tried, what="forward", expected="the attention output, one tensor (..., n_q, d_v)")
         _expect_output(out, case, tried)
         if grads is None:
-            fail("no gradient reaches the inputs", tried=tried, got="the output does not depend on q, k, v through autograd",
-                 expected="gradients from your backward", fix="return the output of forward itself (not a detached copy)")
-        missing = [name for name, gr in zip(NAMES, grads) if gr is None]
-        if missing:
-            fail(f"backward returned None for {', '.join(missing)}", tried=tried, got=f"no gradient for {', '.join(missing)}",
+            fail("no gradient reaches the inputs", tried=tried, expected="gradients from your backward",
+                 got="the output does not depend on q, k, v through autograd",
+                 fix="return the output of forward itself (not a detached copy)")
+        if missing := ", ".join(name for name, gr in zip(NAMES, grads) if gr is None):
+            fail(f"backward returned None for {missing}", tried=tried, got=f"no gradient for {missing}",
                  expected="(dq, dk, dv, None)", cause=_BACKWARD_COUNT, fix="return dq, dk, dv, None")
         got = tuple(as_tensor(gr, tried=tried, what=f"the backward's {name}") for name, gr in zip(NAMES, grads))
         _judge(suspects, got, _oracle(q, k, v, dout, mask)[1], (q, k, v, dout, mask), tried=tried, dtype=torch.float64,
@@ -902,13 +852,12 @@ def check_AttentionFunction(fn: Learner) -> str:
                if mask is not None else "", nan_fix="compute P with the course's masked_softmax(scores, mask)")
     case = cases[1]  # the backward by hand: watched while it runs (called directly, with the ctx forward filled)
     report = fn.observe("backward.function_watch", case["q"], case["k"], case["v"], case["mask"], case["dout"])
-    used = [c for c in report.get("calls", []) if c in ("grad", "backward", "vjp", "jacobian")]
-    if used:
+    if used := [c for c in report.get("calls", []) if c in ("grad", "backward", "vjp", "jacobian")]:
         fail("backward uses autograd", tried=f"AttentionFunction.backward on {case['name']}, watching the functions it "
              "calls", got=f"your backward calls {', '.join(_WATCHED[c] for c in used)}",
              expected="a backward written from the formulas (ref.attention_backward, or your own)",
-             cause="the gradients are right because autograd differentiated the forward again: the exercise asks "
-                   "for the hand-written backward", fix="return (*ref.attention_backward(q, k, v, dout, mask), None)")
+             cause="autograd differentiated the forward again; the exercise asks for the backward by hand",
+             fix="return (*ref.attention_backward(q, k, v, dout, mask), None)")
     g = torch.Generator().manual_seed(15)  # two calls in one graph (two attention layers): each its own tensors
     first, second = ([_rand(g, 2, 4, 3), _rand(g, 2, 6, 3), _rand(g, 2, 6, 2)] for _ in range(2))
     upstream = [_rand(g, 2, 4, 2), _rand(g, 2, 4, 2)]
@@ -920,14 +869,13 @@ def check_AttentionFunction(fn: Learner) -> str:
         _raise(exc, tried, "the gradients of both calls", _APPLY_RAISES)
     expected = [*_oracle(*first, upstream[0])[1], *_oracle(*second, upstream[1])[1]]
     tol = _tolerance(tuple(expected), torch.float64)
-    bad = [i for i, (x, e) in enumerate(zip(grads, expected))
-           if x is None or not same(as_tensor(x, tried=tried, what="a gradient"), e, **tol)]
-    if bad:
+    if bad := [i for i, (x, e) in enumerate(zip(grads, expected))
+               if x is None or not same(as_tensor(x, tried=tried, what="a gradient"), e, **tol)]:
         fail("two calls share their state", tried=tried,
              got=f"wrong gradients for call {', '.join(sorted({str(i // 3 + 1) for i in bad}))} (right when each call "
                  "is alone)", expected="each call's gradients computed from that call's own q, k, v",
-             cause="forward keeps what backward needs somewhere all calls share (an attribute of the class, a global "
-                   "variable), so the second call overwrites the first call's tensors",
+             cause="forward keeps what backward needs where all calls share it (a class attribute, a global), so "
+                   "the second call overwrites the first call's tensors",
              fix="keep per-call state on ctx only: ctx.save_for_backward(q, k, v, mask), ctx.anything = …")
     g = torch.Generator().manual_seed(12)  # gradcheck, next to the learner's class: its backward vs its own forward
     q, k, v = _rand(g, 2, 3, 4), _rand(g, 2, 5, 4), _rand(g, 2, 5, 2)
@@ -946,6 +894,14 @@ def check_AttentionFunction(fn: Learner) -> str:
 # ============================================================================ exercise 3: tiled_attention_backward
 #: The structural probe's size: n² = 1,048,576 numbers for one head; a (128, 128) tile holds 16,384.
 BIG_N, BIG_D, BIG_BLOCK = 1024, 16, 128
+_TILE_RAISES = [
+    ("RuntimeError", r"upper bound and lower bound inconsistent with step sign", "torch.arange(start, end) got an end "
+     "below its start: it counts upward, so its two bounds are swapped or the end was computed by subtracting",
+     "torch.arange(start, start + length): the smaller bound first"),
+    ("RuntimeError", r"with a bool tensor is not supported", "a bool tensor (a mask, such as cols > rows) took part in "
+     "arithmetic where a tensor of numbers belongs",
+     "use the mask to select: s = s.masked_fill(blocked, float('-inf'))"),
+    _DTYPE]
 
 
 def _tiled_cases() -> list[dict]:
@@ -953,11 +909,26 @@ def _tiled_cases() -> list[dict]:
 
     g = torch.Generator().manual_seed(13)
     cases = []
-
-    def add(name, lead, n, m, d, dv, block, causal, dtype=torch.float64, extreme=False, pass_block=True,
-            explicit_false=False):
+    for name, lead, n, m, d, dv, block, causal, *extra in [
+        ("n_q = n_k = 12, block 4 (3 × 3 tiles), d_k = 6, d_v = 3", (), 12, 12, 6, 3, 4, False),
+        ("causal, n_q = n_k = 12, block 4, d_k = 5, d_v = 5", (), 12, 12, 5, 5, 4, True),
+        ("n_q = 10, n_k = 13, block 4 (n_q and n_k not multiples of it), batch 2, d_k = 6, d_v = 2", (2,), 10, 13, 6, 2,
+         4, False),
+        ("causal, batch × heads (2, 3), n_q = n_k = 11, block 3, d_k = 5, d_v = 6", (2, 3), 11, 11, 5, 6, 3, True),
+        ("causal, block 1, n_q = n_k = 5, d_k = 2, d_v = 3", (), 5, 5, 2, 3, 1, True),
+        ("block 16 longer than n_q = 7, n_k = 9, d_k = 3, d_v = 2", (1,), 7, 9, 3, 2, 16, False, "explicit_false"),
+        ("causal, block 8 longer than n_q = n_k = 6, d_k = 3, d_v = 4", (), 6, 6, 3, 4, 8, True),
+        ("axes of size 1: one query, one key, d_k = 1, d_v = 1, block 2", (1, 1), 1, 1, 1, 1, 2, False),
+        ("causal, one query and key, d_k = 2, d_v = 1, block 3", (), 1, 1, 2, 1, 3, True),
+        ("the default block size (no block_size passed), n_q = 70, n_k = 75, d_k = 2, d_v = 2", (), 70, 75, 2, 2, 64,
+         False, "default_block"),
+        ("float32, causal, batch 2, n_q = n_k = 33, block 8, d_k = 8, d_v = 4", (2,), 33, 33, 8, 4, 8, True, "float32"),
+        ("extreme values: scores of order ±10³ (L ≈ 10³), a blocked key scoring far above the allowed ones, upstream "
+         "gradient ×10⁴, causal, n_q = n_k = 9, block 4", (), 9, 9, 5, 3, 4, True, "extreme"),
+    ]:
+        dtype, extreme = torch.float32 if "float32" in extra else torch.float64, "extreme" in extra
         q = torch.randn(*lead, n, d, generator=g, dtype=torch.float64)
-        q = (q * (0.5 + 2.5 * torch.rand(*lead, n, 1, generator=g, dtype=torch.float64))).to(dtype)  # rows' norms differ
+        q = (q * (0.5 + 2.5 * torch.rand(*lead, n, 1, generator=g, dtype=torch.float64))).to(dtype)  # norms differ
         q = q * 300 if extreme else q
         k = _rand(g, *lead, m, d, dtype=dtype)
         if extreme:  # key 1, blocked for query 0 in the same tile when causal, scores far above key 0
@@ -966,23 +937,8 @@ def _tiled_cases() -> list[dict]:
         dout = _rand(g, *lead, n, dv, dtype=dtype, scale=1e4 if extreme else 1.0)
         o, lse = tiled_attention_forward(q.double(), k.double(), v.double(), 16, causal=causal)
         cases.append(dict(name=name, q=q, k=k, v=v, o=o.to(dtype), lse=lse.to(dtype), dout=dout, block=block,
-                          causal=causal, dtype=dtype, extreme=extreme, pass_block=pass_block,
-                          explicit_false=explicit_false))
-
-    add("n_q = n_k = 12, block 4 (3 × 3 tiles), d_k = 6, d_v = 3", (), 12, 12, 6, 3, 4, False)
-    add("causal, n_q = n_k = 12, block 4, d_k = 5, d_v = 5", (), 12, 12, 5, 5, 4, True)
-    add("n_q = 10, n_k = 13, block 4 (n_q and n_k not multiples of it), batch 2, d_k = 6, d_v = 2", (2,), 10, 13, 6, 2, 4, False)
-    add("causal, batch × heads (2, 3), n_q = n_k = 11, block 3, d_k = 5, d_v = 6", (2, 3), 11, 11, 5, 6, 3, True)
-    add("causal, block 1, n_q = n_k = 5, d_k = 2, d_v = 3", (), 5, 5, 2, 3, 1, True)
-    add("block 16 longer than n_q = 7, n_k = 9, d_k = 3, d_v = 2", (1,), 7, 9, 3, 2, 16, False, explicit_false=True)
-    add("causal, block 8 longer than n_q = n_k = 6, d_k = 3, d_v = 4", (), 6, 6, 3, 4, 8, True)
-    add("axes of size 1: one query, one key, d_k = 1, d_v = 1, block 2", (1, 1), 1, 1, 1, 1, 2, False)
-    add("causal, one query and key, d_k = 2, d_v = 1, block 3", (), 1, 1, 2, 1, 3, True)
-    add("the default block size (no block_size passed), n_q = 70, n_k = 75, d_k = 2, d_v = 2", (), 70, 75, 2, 2, 64, False,
-        pass_block=False)
-    add("float32, causal, batch 2, n_q = n_k = 33, block 8, d_k = 8, d_v = 4", (2,), 33, 33, 8, 4, 8, True, dtype=torch.float32)
-    add("extreme values: scores of order ±10³ (L ≈ 10³), a blocked key scoring far above the allowed ones, upstream "
-        "gradient ×10⁴, causal, n_q = n_k = 9, block 4", (), 9, 9, 5, 3, 4, True, extreme=True)
+                          causal=causal, dtype=dtype, extreme=extreme, pass_block="default_block" not in extra,
+                          explicit_false="explicit_false" in extra))
     return cases
 
 
@@ -993,15 +949,16 @@ def _tiled_tried(case: dict) -> str:
 
 
 def _call_tiled(fn: Learner, case: dict, tried: str, *, full_blocks_passed: bool = False):
-    args = (case["q"], case["k"], case["v"], case["o"], case["lse"], case["dout"]) + ((case["block"],) if case["pass_block"]
-                                                                                     else ())
+    args = (case["q"], case["k"], case["v"], case["o"], case["lse"], case["dout"])
     try:
-        return fn(*args, **({"causal": case["causal"]} if case["causal"] or case["explicit_false"] else {}))
+        return fn(*args, *([case["block"]] if case["pass_block"] else []),
+                  **({"causal": case["causal"]} if case["causal"] or case["explicit_false"] else {}))
     except LearnerRaised as exc:
         hint = {}
         if exc.type_name == "TypeError" and "causal" in exc.message:
             hint = dict(cause="your function does not take the causal argument",
-                        fix="keep the signature tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False)")
+                        fix="keep the signature tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, "
+                            "causal=False)")
         elif (full_blocks_passed and exc.type_name in ("RuntimeError", "IndexError")
               and (case["q"].shape[-2] % case["block"] or case["k"].shape[-2] % case["block"])):
             hint = dict(cause="your code ran on the cases where every block is full; here the last block is shorter "
@@ -1015,40 +972,35 @@ def _call_tiled(fn: Learner, case: dict, tried: str, *, full_blocks_passed: bool
        expects="a function tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False) "
                "returning (dq, dk, dv)")
 def check_tiled_attention_backward(fn: Learner) -> str:
-    cases = _tiled_cases()
-    case = cases[0]  # first, what the code does besides its result: autograd or a fused attention, or writes into an input
-    try:
-        report = fn.observe("backward.watch", case["q"], case["k"], case["v"], case["o"], case["lse"], case["dout"],
-                            case["block"])
-    except LearnerRaised:
-        report = {}  # the same call runs again below, where its error gets the full diagnosis
-    _forbid(report, f"{_tiled_tried(case)}, watching the functions it calls", what="tiled_attention_backward",
-            inputs=("q", "k", "v", "o", "lse", "dout"))
+    cases, inputs = _tiled_cases(), ("q", "k", "v", "o", "lse", "dout")
+    case = cases[0]  # first what the code does besides its result: autograd, fused attention, inputs written into
+    _watch(fn, f"{_tiled_tried(case)}, watching the functions it calls", *(case[x] for x in inputs), case["block"],
+           what="tiled_attention_backward", inputs=inputs)
     suspects = Suspects(_table(TILED + CAUSAL, _tiled), atol=1e-6, rtol=1e-4)
     for index, case in enumerate(cases):
         tried = _tiled_tried(case)
         full = any(c["q"].shape[-2] % c["block"] == 0 == c["k"].shape[-2] % c["block"] for c in cases[:index])
-        got = _unpack(_call_tiled(fn, case, tried, full_blocks_passed=full), tried)
-        args = (case["q"], case["k"], case["v"], case["o"], case["lse"], case["dout"], case["block"], case["causal"])
+        got = _grads(_call_tiled(fn, case, tried, full_blocks_passed=full), tried)
+        args = (*(case[x] for x in inputs), case["block"], case["causal"])
         _judge(suspects, got, _oracle(case["q"], case["k"], case["v"], case["dout"], causal=case["causal"])[1], args,
                tried=tried, dtype=case["dtype"], grads=_tiled, again=lambda *a: fn(*a[:7], causal=a[7]),
                nan_cause="your gradients were finite on every earlier case, so exp overflowed on scores this large"
-               if case["extreme"] else "", nan_fix="exponentiate S − L in one step, torch.exp(s - lse[..., q_start:q_end, "
-               "None]), and give blocked scores −∞ before exp (or select with torch.where after it)")
+               if case["extreme"] else "", nan_fix="exponentiate S − L in one step, torch.exp(s - lse[..., "
+               "q_start:q_end, None]), and give blocked scores −∞ before exp (or select with torch.where after it)")
     reports = _watch_big(fn)  # fails on an n × n tensor, autograd or an input written into
     _check_delta_from_o(fn, cases[2])
     _check_tiles(reports)
-    return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (causal or not, blocks 1…64, "
-            f"n_q, n_k not multiples of the block, size-1 axes, float32, L ≈ 10³); D from o; at n = {BIG_N} no n × n "
-            f"tensor, tiles of block_size, causal skips the tiles above the diagonal")
+    return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (causal or not, "
+            f"blocks 1…64, n_q, n_k not multiples of the block, size-1 axes, float32, L ≈ 10³); D from o; "
+            f"at n = {BIG_N} no n × n tensor, tiles of block_size, causal skips the tiles above the diagonal")
 
 
 def _check_delta_from_o(fn: Learner, case: dict) -> None:
     """The docstring's D = rowsum(dout ⊙ o): with an o no forward made, the result must follow that o."""
     other_o = case["o"] + 0.5 * _rand(torch.Generator().manual_seed(16), *case["o"].shape, dtype=case["dtype"])
     tried = _tiled_tried(case).replace(" on ", " with o replaced by o + 0.5·noise (not the forward's output), on ", 1)
-    got = _unpack(_call_tiled(fn, dict(case, o=other_o), tried), tried)
-    expected = _tiled(case["q"], case["k"], case["v"], other_o, case["lse"], case["dout"], case["block"], case["causal"])
+    got = _grads(_call_tiled(fn, dict(case, o=other_o), tried), tried)
+    expected = _tiled(*(dict(case, o=other_o)[x] for x in ("q", "k", "v", "o", "lse", "dout", "block", "causal")))
     tol = _tolerance(expected, case["dtype"])
     if all(same(a, b, **tol) for a, b in zip(got, expected)):
         return
@@ -1057,23 +1009,18 @@ def _check_delta_from_o(fn: Learner, case: dict) -> None:
         fail("D not computed from o", tried=tried,
              got="the same gradients as with the forward's o: your result does not depend on o",
              expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o)",
-             cause="D, the row term of the softmax's VJP, came from recomputed tiles of P (as rowsum(dP ⊙ P), or "
-                   "through an O rebuilt as P V) instead of from the o passed in: right numbers for extra work, and "
-                   "not the FlashAttention-2 backward",
-             fix="delta = (dout * o).sum(-1, keepdim=True), once, before the loops")
+             cause="D came from recomputed tiles of P (rowsum(dP ⊙ P), or an O rebuilt as P V) instead of the o "
+                   "passed in: right numbers, extra work, not the FlashAttention-2 backward",
+             fix=_DELTA + ", once, before the loops")
     fail("o used other than through D", tried=tried,
          got="gradients that are neither those of D = rowsum(dout ⊙ o) for this o nor those of the forward's o",
          expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o) and nowhere else",
-         fix="use o only in delta = (dout * o).sum(-1, keepdim=True), computed once before the loops")
-
-
-def _big_tried(causal: bool) -> str:
-    return (f"watching tiled_attention_backward(q, k, v, o, lse, dout, {BIG_BLOCK}{', causal=True' if causal else ''}) "
-            f"at n_q = n_k = {BIG_N}, d_k = d_v = {BIG_D}, one head")
+         fix=f"use o only in {_DELTA}, computed once before the loops")
 
 
 def _watch_big(fn: Learner) -> dict:
-    """The watch probe's reports at n = BIG_N, causal and not; fails on an n × n tensor, autograd, an input written."""
+    """The watch probe's reports (with what was tried) at n = BIG_N, causal and not; fails on an n × n tensor,
+    autograd, an input written into."""
     from ..backward import tiled_attention_forward
 
     g = torch.Generator().manual_seed(14)
@@ -1081,7 +1028,8 @@ def _watch_big(fn: Learner) -> dict:
     o, lse = tiled_attention_forward(q, k, v, 256)
     reports = {}
     for causal in (False, True):
-        tried = _big_tried(causal)
+        tried = (f"watching tiled_attention_backward(q, k, v, o, lse, dout, {BIG_BLOCK}"
+                 f"{', causal=True' if causal else ''}) at n_q = n_k = {BIG_N}, d_k = d_v = {BIG_D}, one head")
         try:
             report = fn.observe("backward.watch", q, k, v, o, lse, dout, BIG_BLOCK, timeout=120,
                                 **({"causal": True} if causal else {}))
@@ -1094,29 +1042,30 @@ def _watch_big(fn: Learner) -> dict:
                  f"({largest:,} numbers)",
                  expected=f"nothing near n × n = {BIG_N * BIG_N:,} numbers: tiles of {BIG_BLOCK}×{BIG_BLOCK} = "
                           f"{BIG_BLOCK * BIG_BLOCK:,}, and vectors of n · d_k = {BIG_N * BIG_D:,}",
-                 cause="the full score matrix (or dS, dP, or a full-size causal mask) was materialised; the tiled "
-                       "backward's point is to hold one tile at a time",
-                 fix="compute S, P, dP and dS one (block, block) tile at a time inside the two loops, and build "
-                     "the causal mask per tile from global positions")
-        reports[causal] = report
+                 cause="the full score matrix (or dS, dP, or a full-size causal mask) was built; the tiled backward "
+                       "holds one tile at a time",
+                 fix="compute S, P, dP and dS one (block, block) tile at a time, the causal mask per tile from "
+                     "global positions")
+        reports[causal] = report, tried
     return reports
 
 
 def _check_tiles(reports: dict) -> None:
     """Tiles of block_size × block_size, and with causal=True only the tiles on or below the diagonal."""
-    for causal, report in reports.items():
+    for report, tried in reports.values():
         tile = sorted(report.get("exp_tile") or [])
         if tile and tile != [BIG_BLOCK, BIG_BLOCK]:
-            fail("block_size ignored", tried=_big_tried(causal), got=f"the largest tile you exponentiated is "
-                 f"{tile[0]}×{tile[1]}", expected=f"tiles of {BIG_BLOCK}×{BIG_BLOCK}, the block_size passed, for queries "
-                 "and for keys", cause=f"one of your loops steps by something other than block_size: {tile[0]}×{tile[1]} "
-                 f"tiles" if tile[1] <= BIG_BLOCK else f"a block of {tile[1]} queries or keys at once, more than "
+            fail("block_size ignored", tried=tried, got=f"the largest tile you exponentiated is {tile[0]}×{tile[1]}",
+                 expected=f"tiles of {BIG_BLOCK}×{BIG_BLOCK}, the block_size passed, for queries and for keys",
+                 cause=f"one of your loops steps by something other than block_size: {tile[0]}×{tile[1]} tiles"
+                 if tile[1] <= BIG_BLOCK else f"a block of {tile[1]} queries or keys at once, more than "
                  f"block_size = {BIG_BLOCK}: a whole strip, or blocks of another size",
                  fix="step both loops, over query blocks and over key blocks, by block_size")
-    full, causal = reports[False], reports[True]
+    (full, _), (causal, _) = reports[False], reports[True]
     blocks = BIG_N // BIG_BLOCK
     visited = blocks * (blocks + 1) // 2  # tiles on or below the diagonal
-    tried = f"watching the work with causal=True and False at n = {BIG_N}, blocks of {BIG_BLOCK} ({blocks} × {blocks} tiles)"
+    tried = (f"watching the work with causal=True and False at n = {BIG_N}, blocks of {BIG_BLOCK} "
+             f"({blocks} × {blocks} tiles)")
     fix = "for key block j, start the query loop at block j: range(k_start, n, block_size)"
     if causal.get("zero_tiles", 0) and not full.get("zero_tiles", 0):
         fail("causal: tiles above the diagonal not skipped", tried=tried, fix=fix,
@@ -1129,8 +1078,8 @@ def _check_tiles(reports: dict) -> None:
     if full[measure] and ratio > (visited + (blocks - 1) / 2) / blocks**2:  # halfway to one extra tile per key block
         fail("causal: tiles above the diagonal not skipped", tried=tried, fix=fix,
              got=f"causal work is {ratio:.2f} × the non-causal work",
-             expected=f"{visited / blocks**2:.2f} ×: only the {visited} of {blocks**2} tiles on or below the diagonal are "
-                      "visited",
+             expected=f"{visited / blocks**2:.2f} ×: only the {visited} of {blocks**2} tiles on or below the "
+                      "diagonal are visited",
              cause="you computed the tiles above the diagonal and masked them out, which gives the right values at "
                    "twice the cost" if ratio > 0.9 else "your query loop starts before the key block's own block for "
                    "some key blocks, so some tiles wholly above the diagonal are computed")

@@ -7,13 +7,11 @@ A v / rowsum(A)) — itself equal to ``F.scaled_dot_product_attention`` with the
 layout's boolean mask. Randomness is the check's: the projection Ω is an argument, so a right answer
 never fails by chance.
 
-Each check reads as a specification: its cases, the oracle, its table of known mistakes (:class:`~.kit.Known`,
-judged by one :class:`~.kit.Suspects` per run: blamed only when the answer reproduces it), what a measurement
-shows when none does (which rows, chunks or query blocks are wrong; the same call with one chunk, or one key
-block per query block), and what the docstring says about *how* the result is computed, verified on the
-learner's side by one probe (:func:`work`, a :func:`~.kit.watch`: the shapes of the tensors built, the
-matrix-multiply FLOPs, the torch functions called): no (n, n) matrix for the linear forms, (c, c) blocks for the
-chunkwise one, and no work on the tiles a layout skips.
+Each check: its cases, the oracle, its table of known mistakes (one :class:`~.kit.Suspects` per run), what a
+measurement shows when no mistake reproduces the answer (which rows, chunks or query blocks are wrong; the same
+call with one chunk, or one key block per query block), and how the result is computed, seen on the learner's
+side by the probe :func:`work`: no (n, n) matrix for the linear forms, (c, c) blocks for the chunkwise one, and
+no work on the tiles a layout skips.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ __all__ = ["check_linear_attention", "check_causal_linear_attention", "check_chu
            "check_positive_random_features", "check_block_sparse_attention", "work"]
 
 Tensor = torch.Tensor
-_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def _table(variant: Callable[..., Tensor], rows: list[tuple[str, str, str, str]]) -> list[Known]:
@@ -41,38 +38,30 @@ def _table(variant: Callable[..., Tensor], rows: list[tuple[str, str, str, str]]
     return [Known(key, s, c, f, lambda *case, key=key: variant(*case, key)) for key, s, c, f in rows]
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def _qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int, *, scale: float = 1.0,
+         dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*lead, n, d, generator=g, dtype=torch.float64)
+               for n, d in ((n_q, d_k), (n_k, d_k), (n_k, d_v)))
+    return (scale * q).to(dtype), (scale * k).to(dtype), v.to(dtype)
+
+
+def _dtype(label: str) -> torch.dtype:
+    return torch.float32 if "float32" in label else torch.float64
 
 
 def _tol(dtype: torch.dtype) -> dict[str, float]:
     return dict(atol=1e-10, rtol=1e-9) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-3)
 
 
-def _qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int, *, scale: float = 1.0,
-         dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    g = _gen(seed)
-    q = scale * torch.randn(*lead, n_q, d_k, generator=g, dtype=torch.float64)
-    k = scale * torch.randn(*lead, n_k, d_k, generator=g, dtype=torch.float64)
-    v = torch.randn(*lead, n_k, d_v, generator=g, dtype=torch.float64)
-    return q.to(dtype), k.to(dtype), v.to(dtype)
-
-
-def _expect_dtype(out: Tensor, wanted: torch.dtype, tried: str) -> None:
-    if out.dtype != wanted:
-        got, want = _NAMES.get(out.dtype, str(out.dtype)), _NAMES.get(wanted, str(wanted))
-        fail(f"result in {got}, not the input's {want}", tried=tried, got=f"a {got} tensor",
-             expected=f"a {want} tensor, like the input",
-             cause="a tensor you created without dtype= (torch.zeros and torch.empty make float32 by default), or a "
-                   "conversion", fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
-
-
-def _expect_close(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str, dtype: torch.dtype,
-                  measured: Callable[[Failure], None] | None = None, **kwargs: Any) -> None:
-    """The engine's verdict at the input dtype's tolerance; a float64 answer right only to float32's precision is
-    named; then ``measured`` may name what a measurement of the answer shows."""
+def _expect_close(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str,
+                  measured: Callable[[Failure], None] | None = None, **compare: Any) -> None:
+    """The engine's verdict at the tolerance of the input's dtype (``case[0]``); a float64 answer right only to
+    float32's precision is named; then ``measured`` may name what a measurement of the answer shows. Last, the
+    result must have the input's dtype."""
+    dtype = case[0].dtype
     try:
-        suspects.expect(out, expected, case, tried=tried, **_tol(dtype), **kwargs)
+        suspects.expect(out, expected, case, tried=tried, **_tol(dtype), **compare)
     except Failure as failure:
         d = failure.diagnosis
         if not d.cause and dtype == torch.float64 and same(out, expected, **_tol(torch.float32)):
@@ -80,10 +69,39 @@ def _expect_close(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple
                  expected="the values to float64's precision (the inputs are float64)",
                  cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "
                        "and torch.empty make float32 by default), or a conversion, made part of the work float32",
-                 fix="create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)")
+                 fix=_DTYPE_FIX)
         if measured is not None and not d.cause:
             measured(failure)
         raise
+    if out.dtype != dtype:
+        got, want = (str(t).replace("torch.", "") for t in (out.dtype, dtype))
+        fail(f"result in {got}, not the input's {want}", tried=tried, got=f"a {got} tensor",
+             expected=f"a {want} tensor, like the input",
+             cause="a tensor you created without dtype= (torch.zeros and torch.empty make float32 by default), or a "
+                   "conversion", fix=_DTYPE_FIX)
+
+
+_DTYPE_FIX = "create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)"
+
+
+def _rows_right(out: Tensor, expected: Tensor) -> Tensor:
+    """(..., n) whether each output row is right (float32's tolerance; NaN where NaN is expected counts as right)."""
+    return torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True).all(-1)
+
+
+def _blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
+    """For each block of ``size`` rows (the last may be shorter): are all its rows right in every batch entry?
+    None if the shapes differ."""
+    if tuple(out.shape) != tuple(expected.shape):
+        return None
+    right = _rows_right(out, expected).reshape(-1, out.shape[-2]).all(0)  # (n,)
+    return [bool(right[s:s + size].all()) for s in range(0, right.shape[0], size)]
+
+
+def _refail(failure: Failure, summary: str, cause: str, fix: str) -> None:
+    """Fail again with what the first failure showed, now with a measured cause."""
+    d = failure.diagnosis
+    fail(summary, tried=d.tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
 
 
 # ============================================================================ the probe: what the code builds
@@ -95,24 +113,22 @@ def work(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
     return watch(fn, *args)
 
 
-def _observe(fn: Learner, tried: str, *args: Any) -> dict[str, Any]:
+def _squares(seen: dict[str, Any], n: int) -> list[tuple[int, ...]]:
+    """The shapes of the floating-point tensors built whose last two axes are (n, n)."""
+    return [tuple(s) for s in seen["shapes"] if tuple(s[-2:]) == (n, n)]
+
+
+def _no_square(fn: Learner, n: int, tried: str, fix: str, *args: Any) -> dict[str, Any]:
+    """What the probe saw of ``fn(*args)``, after failing when it built a floating-point (n, n) tensor."""
     seen = fn.observe("beyond.work", *args)
-    if not isinstance(seen, dict):
-        fail("the work could not be measured", tried=tried, got=repr(seen), expected="a measurement",
-             fix="run the cell again; if it repeats, tell your instructor")
-    return seen
-
-
-def _no_square(seen: dict[str, Any], n_q: int, n_k: int, tried: str, fix: str) -> None:
-    """Fail when the code built a floating-point tensor whose last two axes are (n_q, n_k)."""
-    full = [tuple(s) for s in seen.get("shapes", []) if len(s) >= 2 and tuple(s[-2:]) == (n_q, n_k)]
-    if full:
-        fail(f"builds the full {n_q} × {n_k} matrix", tried=tried,
+    if full := _squares(seen, n):
+        fail(f"builds the full {n} × {n} matrix", tried=tried,
              got=f"a floating-point tensor of shape {full[0]}: one number per (query, key) pair",
-             expected=f"nothing with one entry per (query, key) pair: only (d_k, d_v) sums over the keys",
+             expected="nothing with one entry per (query, key) pair: only (d_k, d_v) sums over the keys",
              cause="the values are right, but computing φ(q) φ(k)ᵀ (or the scores) costs O(n²) time and memory, "
                    "which is exactly what linear attention removes",
              fix=fix)
+    return seen
 
 
 # ============================================================================ the forms, for the oracle and the mistakes
@@ -120,20 +136,20 @@ def _elu1(x: Tensor) -> Tensor:
     return F.elu(x.double()) + 1
 
 
-def _kernel(fq: Tensor, fk: Tensor, v: Tensor, *, causal: bool = False, mask: str = "past",
+def _kernel(fq: Tensor, fk: Tensor, v: Tensor, *, causal: bool = False, future: bool = False,
             normalise: bool = True) -> Tensor:
-    """A v / rowsum(A), A = fq fkᵀ (float64); causal masks: past (j ≤ i), strict (j < i), future (j ≥ i)."""
+    """A v / rowsum(A) in float64, A = fq fkᵀ, masked to the past (j ≤ i) when causal, to the future (j ≥ i) when
+    ``future``."""
     a = fq.double() @ fk.double().transpose(-2, -1)  # (..., n_q, n_k)
-    if causal:
-        n = a.shape[-1]
-        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        keep = {"past": j <= i, "strict": j < i, "future": j >= i, "none": torch.ones(n, n, dtype=torch.bool)}[mask]
-        a = a * keep
+    if causal or future:
+        ones = torch.ones(a.shape[-2:], dtype=torch.float64)
+        a = a * (ones.triu() if future else ones.tril())
     out = a @ v.double()
     return out / a.sum(-1, keepdim=True) if normalise else out
 
 
 _ELU1 = "φ(x) = elu(x) + 1"
+_PHI_FIX = "apply φ(x) = F.elu(x) + 1 to q and to k (positive: x + 1 above 0, exp(x) below), with no other scale"
 #: Feature maps that are not φ = elu + 1: (what it is, why it is wrong, the map).
 _MAPS: list[tuple[str, str, Callable[[Tensor], Tensor]]] = [
     ("elu(x) without + 1", "elu is negative wherever x < 0 (down to −1), so the normaliser φ(q)ᵀ Σ φ(k) can be near 0 "
@@ -171,13 +187,8 @@ def _phi_table(causal: bool) -> list[Known]:
     return found
 
 
-_PHI_FIX = "apply φ(x) = F.elu(x) + 1 to q and to k (positive: x + 1 above 0, exp(x) below), with no other scale"
-
-
 _NORM_CAUSE = ("you returned φ(q)ᵀ Σ φ(k) vᵀ without dividing by φ(q)ᵀ Σ φ(k): the weights of a row do not sum "
                "to 1, so the output grows with the number of keys")
-
-
 _MUL_CAUSE = ("you multiplied by the normaliser φ(q)ᵀ Σ φ(k) instead of dividing by it, so the weights of a row "
               "sum to its square, not to 1")
 _ONES_CAUSE = ("you created the {what} with torch.ones instead of torch.zeros, so it starts with a sum of 1s before "
@@ -188,8 +199,6 @@ _MUL_FIX = "divide: out = numerator / normaliser"
 # ============================================================================ exercise 1: linear attention
 _LINEAR_FIX = ("kv = φ(k)ᵀ v (d_k × d_v) and u = Σ_j φ(k_j) (d_k) over the keys, then out = (φ(q) kv) / (φ(q) u): "
                "a matrix product and a row-wise division")
-
-
 _LINEAR_TABLE = [
     Known("normaliser_missing", "normaliser missing", _NORM_CAUSE, "divide by φ(q_i)ᵀ Σ_j φ(k_j), one number per "
           "query row", lambda q, k, v: _kernel(_elu1(q), _elu1(k), v, normalise=False)),
@@ -206,9 +215,7 @@ _LINEAR_TABLE = [
           "d_v); with d_k = d_v the shapes still fit", "kv = φ(k).transpose(-2, -1) @ v",
           lambda q, k, v: (_elu1(q) @ (v.double().transpose(-2, -1) @ _elu1(k))) / (_elu1(q) @ _elu1(k).sum(-2)[..., None])),
 ]
-
-
-_LINEAR_CASES = [
+_LINEAR_CASES = [  # (label, (batch axes, n_q, n_k, d_k, d_v), scale of q and k)
     ("q (7, 4), k (11, 4), v (11, 3)", ((), 7, 11, 4, 3), 1.0),
     ("q, k, v (2, 3, 16, 5) (batch × heads)", ((2, 3), 16, 16, 5, 5), 1.0),
     ("q (1, 6) (one query), k (9, 6), v (9, 2)", ((), 1, 9, 6, 2), 1.0),
@@ -221,18 +228,14 @@ _LINEAR_CASES = [
 def check_linear_attention(fn: Learner) -> str:
     suspects = Suspects(_LINEAR_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), scale) in enumerate(_LINEAR_CASES):
-        dtype = torch.float32 if "float32" in label else torch.float64
-        q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=dtype)
+        q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=_dtype(label))
         tried = f"linear_attention(q, k, v) on {label}"
-        out = as_tensor(fn(q, k, v), tried=tried)
-        _expect_close(suspects, out, _kernel(_elu1(q), _elu1(k), v), (q, k, v), tried=tried, dtype=dtype, again=fn,
-                     oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64", fix=_LINEAR_FIX,
-                     factors={"n_k": float(n_k)})
-        _expect_dtype(out, dtype, tried)
-    q, k, v = _qkv((), 64, 64, 3, 2, 120)
-    tried = "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds"
-    _no_square(_observe(fn, tried, q, k, v), 64, 64, tried,
-               "sum over the keys first: kv = φ(k)ᵀ v and u = φ(k).sum(-2); then φ(q) @ kv and φ(q) @ u")
+        _expect_close(suspects, as_tensor(fn(q, k, v), tried=tried), _kernel(_elu1(q), _elu1(k), v), (q, k, v),
+                      tried=tried, again=fn, oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64",
+                      fix=_LINEAR_FIX, factors={"n_k": float(n_k)})
+    _no_square(fn, 64, "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds",
+               "sum over the keys first: kv = φ(k)ᵀ v and u = φ(k).sum(-2); then φ(q) @ kv and φ(q) @ u",
+               *_qkv((), 64, 64, 3, 2, 120))
     return (f"matches φ(q)(φ(k)ᵀv) / φ(q)Σφ(k) on {len(_LINEAR_CASES)} cases (n_q ≠ n_k, batch × heads, one "
             "query, large entries, float32) without an n × n matrix")
 
@@ -244,12 +247,11 @@ _RECUR_FIX = ("for t = 0 … n − 1: first C = C + φ(k_t) v_tᵀ and u = u + �
 def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
     """The recurrence in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
-    n = fq.shape[-2]
     state = (torch.ones if mistake == "ones_C" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]),
                                                                   dtype=torch.float64)
     norm = (torch.ones if mistake == "ones_u" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1],), dtype=torch.float64)
     rows = []
-    for t in range(n):
+    for t in range(fq.shape[-2]):
         before, before_norm = state, norm
         add = v[..., t, None, :].expand_as(state) if mistake == "no_phik" else fk[..., t, :, None] * v[..., t, None, :]
         state = add if mistake in ("reset", "reset_C") else state + add
@@ -259,13 +261,18 @@ def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
         den = (fq[..., t, :] * use_norm).sum(0 if mistake == "axis0" else -1, keepdim=True)
         if mistake in ("no_phiq", "no_u"):
             den = (use_norm if mistake == "no_phiq" else fq[..., t, :]).sum(-1, keepdim=True)
-        if mistake == "mul":
-            rows.append(num * den)
-        elif mistake == "late_guarded":
+        if mistake == "late_guarded":
             rows.append(torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num)))
         else:
-            rows.append(num if mistake == "no_norm" else num / den)
+            rows.append(num * den if mistake == "mul" else num if mistake == "no_norm" else num / den)
     return torch.stack(rows, dim=-2)
+
+
+def _transposed_state(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The state built as v_t φ(k_t)ᵀ (d_v × d_k, needs d_k = d_v): out_t = Σ_{j ≤ t} (φ(q_t)·v_j) φ(k_j) / φ(q_t)ᵀ u_t."""
+    fq, fk, v = _elu1(q), _elu1(k), v.double()
+    keep = torch.ones(fq.shape[-2], fq.shape[-2], dtype=torch.float64).tril()
+    return (((fq @ v.transpose(-2, -1)) * keep) @ fk) / ((fq @ fk.transpose(-2, -1)) * keep).sum(-1, keepdim=True)
 
 
 _LATE_CAUSE = ("you computed out_t from the state before adding token t (C_{t−1} instead of C_t): every "
@@ -300,67 +307,68 @@ _CAUSAL_TABLE = _table(_recurrence, [
           lambda q, k, v: _kernel(_elu1(q), _elu1(k), v)),
     Known("sums_over_the_future", "sums over the future instead of the past", "your sums run over j ≥ t (the "
           "sequence read backwards)", "loop forwards, t = 0, 1, …, and add token t before computing out_t",
-          lambda q, k, v: _kernel(_elu1(q), _elu1(k), v, causal=True, mask="future")),
+          lambda q, k, v: _kernel(_elu1(q), _elu1(k), v, future=True)),
     Known("state_transposed", "state transposed", "you built v_t φ(k_t)ᵀ (d_v × d_k) instead of φ(k_t) v_tᵀ (d_k × "
           "d_v); with d_k = d_v the shapes still fit", "state = state + φ(k_t)[:, None] * v_t[None, :]: rows are "
-          "features", lambda q, k, v: _transposed_state(q, k, v)),
+          "features", _transposed_state),
     *_phi_table(True),
 ]
-
-
-def _transposed_state(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The state built as v_t φ(k_t)ᵀ (d_v × d_k, needs d_k = d_v): out_t = Σ_{j ≤ t} (φ(q_t)·v_j) φ(k_j) / φ(q_t)ᵀ u_t."""
-    fq, fk, v = _elu1(q), _elu1(k), v.double()
-    n = fq.shape[-2]
-    keep = torch.ones(n, n, dtype=torch.float64).tril()
-    num = ((fq @ v.transpose(-2, -1)) * keep) @ fk  # (..., n, d_k)
-    den = ((fq @ fk.transpose(-2, -1)) * keep).sum(-1, keepdim=True)
-    return num / den
-
-
+# (label, (batch axes, n, d_k, d_v), scale of q and k, the chunk size the chunkwise check uses: not dividing n,
+# dividing it, 1, …)
 _CAUSAL_CASES = [
-    ("q, k (9, 3), v (9, 2)", ((), 9, 3, 2), 1.0),
-    ("q, k, v (2, 3, 12, 4) (batch × heads)", ((2, 3), 12, 4, 4), 1.0),
-    ("q, k (1, 5), v (1, 2) (a single position)", ((), 1, 5, 2), 1.0),
-    ("q, k (2, 10, 4) with entries up to ±10, v (2, 10, 3)", ((2,), 10, 4, 3), 3.0),
-    ("q, k (16, 8), v (16, 3) in float32", ((), 16, 8, 3), 1.0),
+    ("q, k (9, 3), v (9, 2)", ((), 9, 3, 2), 1.0, 2),
+    ("q, k, v (2, 3, 12, 4) (batch × heads)", ((2, 3), 12, 4, 4), 1.0, 4),
+    ("q, k (1, 5), v (1, 2) (a single position)", ((), 1, 5, 2), 1.0, 1),
+    ("q, k (2, 10, 4) with entries up to ±10, v (2, 10, 3)", ((2,), 10, 4, 3), 3.0, 3),
+    ("q, k (16, 8), v (16, 3) in float32", ((), 16, 8, 3), 1.0, 5),
 ]
 
 
-def _causal_oracle(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    return _kernel(_elu1(q), _elu1(k), v, causal=True)
-
-
-def _run_causal(fn: Learner, name: str, extra: tuple, table: list[Known],
-                fix: str, describe: Callable[..., None] | None = None) -> None:
+def _run_causal(fn: Learner, name: str, table: list[Known], seed: int, *, chunked: bool, fix: str) -> None:
+    """The learner on every case of ``_CAUSAL_CASES`` (with its chunk size when ``chunked``) against causal kernel
+    attention computed densely. A failure no known mistake explains is measured: are exactly the rows a loop
+    over d_k covers right (:func:`_loop_bound`)? and for chunks, which chunks are wrong (:func:`_chunks_measured`)?"""
     suspects = Suspects(table)
-    for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
-        dtype = torch.float32 if "float32" in label else torch.float64
-        q, k, v = _qkv(lead, n, n, d_k, d_v, 200 + i, scale=scale, dtype=dtype)
-        args = (q, k, v) + extra
-        tried = f"{name}({', '.join(['q', 'k', 'v'] + [str(e) for e in extra])}) on {label}"
-        out = as_tensor(fn(*args), tried=tried)
-        expected = _causal_oracle(q, k, v)
-        try:
-            _expect_close(suspects, out, expected, args, tried=tried, dtype=dtype, again=fn,
-                         oracle="causal kernel attention computed densely in float64", fix=fix, axes=None,
-                         factors={"d_k": float(d_k)})
-        except Failure as failure:
-            if describe is not None:
-                describe(failure, out, expected, n, d_k, *extra)
-            raise
-        _expect_dtype(out, dtype, tried)
+    for i, (label, (lead, n, d_k, d_v), scale, c) in enumerate(_CAUSAL_CASES):
+        q, k, v = _qkv(lead, n, n, d_k, d_v, seed + i, scale=scale, dtype=_dtype(label))
+        case = (q, k, v, c) if chunked else (q, k, v)
+        tried = f"{name}(q, k, v{f', {c}' if chunked else ''}) on {label}"
+        out = as_tensor(fn(*case), tried=tried)
+        expected = _kernel(_elu1(q), _elu1(k), v, causal=True)
+
+        def measured(failure: Failure) -> None:
+            _loop_bound(failure, out, expected, d_k, case[3] if chunked else 1)
+            if chunked:
+                _chunks_measured(fn, failure, out, expected, case)
+
+        _expect_close(suspects, out, expected, case, tried=tried, again=fn, measured=measured, fix=fix,
+                      oracle="causal kernel attention computed densely in float64",
+                      factors=None if chunked else {"d_k": float(d_k)})
+
+
+def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, d_k: int, c: int) -> None:
+    """Fail with a cause when exactly the rows a loop over range(0, d_k, c) covers are right: the loop's bound
+    is the feature axis, q.shape[-1], not the positions."""
+    n = expected.shape[-2]
+    done = min(n, -(-d_k // c) * c)
+    if done >= n or tuple(out.shape) != tuple(expected.shape):
+        return
+    close = _rows_right(out, expected)
+    if bool(close[..., :done].all()) and not bool(close[..., done:].any()):
+        _refail(failure, f"only the first {done} rows computed: loop bound d_k instead of n",
+                f"rows 0 … {done - 1} are right and every later row is wrong: your loop stops at d_k = {d_k}"
+                + ("" if c == 1 else " (after the chunks that start before it)") + ", as a range over q.shape[-1] "
+                f"(the features) does, where the positions are q.shape[-2] (n = {n})",
+                "loop over the positions: range(q.shape[-2])" + ("" if c == 1 else " in steps of chunk_size"))
 
 
 @check("causal_linear_attention",
        expects="a function causal_linear_attention(q, k, v) returning a tensor (..., n, d_v)")
 def check_causal_linear_attention(fn: Learner) -> str:
-    _run_causal(fn, "causal_linear_attention", (), _CAUSAL_TABLE, _RECUR_FIX,
-                describe=_loop_bound)
-    q, k, v = _qkv((), 40, 40, 3, 2, 220)
-    tried = "causal_linear_attention(q, k, v) on q, k (40, 3), v (40, 2), watching the shapes it builds"
-    _no_square(_observe(fn, tried, q, k, v), 40, 40, tried,
-               "carry only the state C (d_k, d_v) and u (d_k) from one position to the next, as the docstring's loop")
+    _run_causal(fn, "causal_linear_attention", _CAUSAL_TABLE, 200, chunked=False, fix=_RECUR_FIX)
+    _no_square(fn, 40, "causal_linear_attention(q, k, v) on q, k (40, 3), v (40, 2), watching the shapes it builds",
+               "carry only the state C (d_k, d_v) and u (d_k) from one position to the next, as the docstring's loop",
+               *_qkv((), 40, 40, 3, 2, 220))
     return (f"matches causal kernel attention on {len(_CAUSAL_CASES)} cases (batch × heads, one position, large "
             "entries, float32), carrying only the state")
 
@@ -379,22 +387,19 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tens
                                                                   dtype=torch.float64)
     norm = (torch.ones if mistake == "ones_u" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], 1), dtype=torch.float64)
     out = torch.zeros(fq.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
-    stop = n - n % c if mistake == "tail" else n
-    for s in range(0, stop, c):
+    for s in range(0, n - n % c if mistake == "tail" else n, c):
         a_q, a_k, a_v = fq[..., s:s + c, :], fk[..., s:s + c, :], v[..., s:s + c, :]
-        m = a_q.shape[-2]
-        keep = {"strict": torch.ones(m, m).tril(-1), "full": torch.ones(m, m), "upper": torch.ones(m, m).triu()}.get(
-            mistake, torch.ones(m, m).tril()).to(torch.float64)
-        a = (a_q @ a_k.transpose(-2, -1)) * keep
+        ones = torch.ones(a_q.shape[-2], a_q.shape[-2], dtype=torch.float64)
+        a = (a_q @ a_k.transpose(-2, -1)) * {"strict": ones.tril(-1), "full": ones, "upper": ones.triu()}.get(
+            mistake, ones.tril())
         if mistake == "early":
             state, norm = state + a_k.transpose(-2, -1) @ a_v, norm + a_k.sum(-2)[..., None]
         own = {"no_own": 0, "elementwise": a * a_v}.get(mistake, a @ a_v)
         num = own + (a_q @ state if mistake not in ("no_state", "no_C") else 0)
         rowsum = {"colsum": a.sum(-2, keepdim=True), "no_keepdim": a.sum(-1)[..., None, :],
-                  "rowmean": a.mean(-1, keepdim=True)}.get(
-            mistake, a.sum(-1, keepdim=True))
+                  "rowmean": a.mean(-1, keepdim=True)}.get(mistake, a.sum(-1, keepdim=True))
         den = rowsum + (a_q @ norm if mistake not in ("no_state", "no_u") else 0)
-        out[..., s:s + m, :] = num if mistake == "no_norm" else num * den if mistake == "mul" else num / den
+        out[..., s:s + c, :] = num if mistake == "no_norm" else num * den if mistake == "mul" else num / den
         if mistake != "early":
             add_c = a_k.transpose(-2, -1) @ a_v
             add_u = {"u_mean": a_k.mean(-2)[..., None], "u_all": a_k.sum()}.get(mistake, a_k.sum(-2)[..., None])
@@ -460,103 +465,45 @@ _CHUNK_TABLE = _table(_chunked, [
 ]
 
 
-def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, n: int, d_k: int, c: int = 1) -> None:
-    """Re-raise with a cause when exactly the rows a loop over range(0, d_k, c) covers are right: the loop's bound
-    is the feature axis, q.shape[-1], not the positions."""
-    done = min(n, -(-d_k // c) * c)
-    if failure.diagnosis.cause or done >= n or tuple(out.shape) != tuple(expected.shape):
-        return
-    close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True).all(-1)
-    if bool(close[..., :done].all()) and not bool(close[..., done:].any()):
-        d = failure.diagnosis
-        fail(f"only the first {done} rows computed: loop bound d_k instead of n", tried=d.tried, got=d.got,
-             expected=d.expected, cause=f"rows 0 … {done - 1} are right and every later row is wrong: your loop "
-             f"stops at d_k = {d_k}" + ("" if c == 1 else " (after the chunks that start before it)") + ", as a range "
-             f"over q.shape[-1] (the features) does, where the positions are q.shape[-2] (n = {n})",
-             fix="loop over the positions: range(q.shape[-2])" +
-             ("" if c == 1 else " in steps of chunk_size"))
-
-
-def _last_chunk(failure: Failure, out: Tensor, expected: Tensor, n: int, c: int) -> None:
-    """Fail with a cause when only the rows of the last, shorter chunk are wrong."""
-    if failure.diagnosis.cause or n % c == 0 or n <= c or tuple(out.shape) != tuple(expected.shape):
-        return
-    tail = n - n % c
-    close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True)
-    if bool(close[..., :tail, :].all()) and not bool(close[..., tail:, :].all()):
-        d = failure.diagnosis
-        fail(f"wrong only in the last, shorter chunk (rows {tail} … {n - 1})", tried=d.tried, got=d.got,
-             expected=d.expected, cause=f"n = {n} is not a multiple of chunk_size = {c}, and your loop mishandles "
-             f"the last {n % c} positions (a range that stops before them, or a chunk length taken as chunk_size)",
-             fix="loop with range(0, n, chunk_size) and use each chunk's own length for its mask")
-
-
-def _blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
-    """For each block of ``size`` rows (the last may be shorter): are all its rows right? None if shapes differ."""
-    if tuple(out.shape) != tuple(expected.shape):
-        return None
-    close = torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True)
-    close = close.reshape(-1, *close.shape[-2:]).all(0).all(-1)  # (n,): rows right in every batch entry
-    return [bool(close[s:s + size].all()) for s in range(0, close.shape[0], size)]
-
-
 def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
-    """Re-raise with a cause when the first chunk is right and every later one wrong; else with what the learner's
-    function gives on the whole sequence as one chunk."""
+    """Fail with a cause when only the last, shorter chunk is wrong, or the first chunk is right and every later
+    one wrong; else with what the learner's function gives on the whole sequence as one chunk."""
     q, k, v, c = case
-    right, d = _blocks_right(out, expected, c), failure.diagnosis
-    if d.cause or right is None or len(right) < 2:
-        raise failure
-    if not right[0] or any(right[1:]):
-        whole = call_or_skip(lambda: as_tensor(fn(q, k, v, q.shape[-2]), tried=d.tried))
-        if whole is None or tuple(whole.shape) != tuple(out.shape):
-            raise failure
-        if same(whole, expected, **_tol(torch.float32)):
-            fail("right as one chunk, wrong with several", tried=d.tried, got=d.got, expected=d.expected,
-                 cause=f"with chunk_size = n (one chunk) your function is right, with chunks of {c} it is not: what "
-                       "goes wrong is what passes from chunk to chunk (the state C and u: how they are updated, or "
-                       "how φ(q_c) C and φ(q_c) u are added)", fix=_CHUNK_FIX)
-        fail("wrong even as one chunk", tried=d.tried, got=d.got, expected=d.expected,
-             cause="with chunk_size = n (the whole sequence as one chunk, no state carried) your result is wrong as "
-                   "well: the error is in the work inside a chunk (A = φ(q_c) φ(k_c)ᵀ with its causal mask, A v_c, "
-                   "the row sums of A, or the division)", fix=_CHUNK_FIX)
-    fail("only the first chunk right", tried=d.tried, got=d.got, expected=d.expected,
-         cause=f"rows 0 … {c - 1} (the first chunk, which sees no earlier chunk) are right and every later chunk is "
-               "wrong: what a chunk takes from the chunks before it, φ(q_c) C and φ(q_c) u with the carried "
-               "state, goes wrong (how C and u are updated, or how they are read)", fix=_CHUNK_FIX)
-
-
-_CHUNKS = (2, 4, 1, 3, 5)  # one per _CAUSAL_CASES entry: not dividing n, dividing it, 1, …
+    n, right = q.shape[-2], _blocks_right(out, expected, c)
+    if right is None or len(right) < 2:
+        return
+    if n % c and all(right[:-1]) and not right[-1]:
+        _refail(failure, f"wrong only in the last, shorter chunk (rows {n - n % c} … {n - 1})",
+                f"n = {n} is not a multiple of chunk_size = {c}, and your loop mishandles the last {n % c} positions "
+                "(a range that stops before them, or a chunk length taken as chunk_size)",
+                "loop with range(0, n, chunk_size) and use each chunk's own length for its mask")
+    if right[0] and not any(right[1:]):
+        _refail(failure, "only the first chunk right", f"rows 0 … {c - 1} (the first chunk, which sees no earlier "
+                "chunk) are right and every later chunk is wrong: what a chunk takes from the chunks before it, "
+                "φ(q_c) C and φ(q_c) u with the carried state, goes wrong (how C and u are updated, or how they are "
+                "read)", _CHUNK_FIX)
+    whole = call_or_skip(lambda: as_tensor(fn(q, k, v, n), tried=failure.diagnosis.tried))
+    if whole is None or tuple(whole.shape) != tuple(out.shape):
+        return
+    if same(whole, expected, **_tol(torch.float32)):
+        _refail(failure, "right as one chunk, wrong with several", f"with chunk_size = n (one chunk) your function is "
+                f"right, with chunks of {c} it is not: what goes wrong is what passes from chunk to chunk (the state C "
+                "and u: how they are updated, or how φ(q_c) C and φ(q_c) u are added)", _CHUNK_FIX)
+    _refail(failure, "wrong even as one chunk", "with chunk_size = n (the whole sequence as one chunk, no state "
+            "carried) your result is wrong as well: the error is in the work inside a chunk (A = φ(q_c) φ(k_c)ᵀ with "
+            "its causal mask, A v_c, the row sums of A, or the division)", _CHUNK_FIX)
 
 
 @check("chunked_linear_attention",
        expects="a function chunked_linear_attention(q, k, v, chunk_size) returning a tensor (..., n, d_v)")
 def check_chunked_linear_attention(fn: Learner) -> str:
-    suspects = Suspects(_CHUNK_TABLE)
-    for i, (label, (lead, n, d_k, d_v), scale) in enumerate(_CAUSAL_CASES):
-        c = _CHUNKS[i]
-        dtype = torch.float32 if "float32" in label else torch.float64
-        q, k, v = _qkv(lead, n, n, d_k, d_v, 300 + i, scale=scale, dtype=dtype)
-        tried = f"chunked_linear_attention(q, k, v, {c}) on {label}"
-        out = as_tensor(fn(q, k, v, c), tried=tried)
-        expected = _causal_oracle(q, k, v)
-        try:
-            _expect_close(suspects, out, expected, (q, k, v, c), tried=tried, dtype=dtype, again=fn,
-                         oracle="causal kernel attention computed densely in float64", fix=_CHUNK_FIX)
-        except Failure as failure:
-            _loop_bound(failure, out, expected, n, d_k, c)
-            _last_chunk(failure, out, expected, n, c)
-            _chunks_measured(fn, failure, out, expected, (q, k, v, c))
-        _expect_dtype(out, dtype, tried)
+    _run_causal(fn, "chunked_linear_attention", _CHUNK_TABLE, 300, chunked=True, fix=_CHUNK_FIX)
     n, d_k, d_v = 48, 3, 2
-    counts = {}
     for c, seed in ((6, 320), (8, 321)):
-        q, k, v = _qkv((), n, n, d_k, d_v, seed)
         tried = f"chunked_linear_attention(q, k, v, {c}) on q, k ({n}, {d_k}), v ({n}, {d_v}), watching what it builds"
-        seen = _observe(fn, tried, q, k, v, c)
-        _no_square(seen, n, n, tried, "work chunk by chunk: only (chunk_size, chunk_size) blocks of φ(q) φ(k)ᵀ")
-        squares = sum(int(count) for shape, count in seen.get("products", []) if tuple(shape[-2:]) == (c, c))
-        counts[c] = squares
+        seen = _no_square(fn, n, tried, "work chunk by chunk: only (chunk_size, chunk_size) blocks of φ(q) φ(k)ᵀ",
+                          *_qkv((), n, n, d_k, d_v, seed), c)
+        squares = sum(int(count) for shape, count in seen["products"] if tuple(shape[-2:]) == (c, c))
         if squares < n // c:
             fail("not computed in chunks of chunk_size", tried=tried,
                  got=f"{squares} matrix products of shape (…, {c}, {c})",
@@ -616,19 +563,6 @@ _RF_TABLE = _table(_features, [
      "Fourier features of the Gaussian kernel): they take negative values, and the docstring asks for n_f positive "
      "features", _RF_FIX),
 ])
-
-
-def _aligned(seed: int) -> tuple[Tensor, Tensor]:
-    """float32 x with |x|²/2 ≈ 98 and rows of Ω nearly parallel to x, so ω·x ≈ 90: exp(ω·x) overflows and
-    exp(−|x|²/2) underflows in float32, while exp(ω·x − |x|²/2) is an ordinary number."""
-    g = _gen(seed)
-    x = torch.randn(3, 6, generator=g, dtype=torch.float64)
-    x = 14 * x / x.norm(dim=-1, keepdim=True)  # |x| = 14
-    omega = torch.randn(8, 6, generator=g, dtype=torch.float64)
-    omega[:3] = 6.6 * x / 14 + 0.05 * omega[:3]  # ω·x ≈ 92 for row i = x_i
-    return x.float(), omega.float()
-
-
 _RF_CASES = [("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1.0),
              ("x (5, 4), Ω (16, 4)", ((5, 4), 16), 1.0),
              ("x (2, 3, 6, 4) (batch × heads), Ω (8, 4)", ((2, 3, 6, 4), 8), 1.0),
@@ -637,35 +571,41 @@ _RF_CASES = [("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1
              ("x (4, 5) in float32, Ω (10, 5)", ((4, 5), 10), 1.0)]
 
 
+def _rf_cases() -> list[tuple[str, Tensor, Tensor]]:
+    """``_RF_CASES`` drawn, then float32 x with |x|²/2 ≈ 98 and rows of Ω nearly parallel to x, so ω·x ≈ 90:
+    exp(ω·x) overflows and exp(−|x|²/2) underflows in float32, while exp(ω·x − |x|²/2) is an ordinary number."""
+    cases = []
+    for i, (label, (shape, r), scale) in enumerate(_RF_CASES):
+        g = torch.Generator().manual_seed(400 + i)
+        x = scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+        omega = torch.randn(r, shape[-1], generator=g, dtype=torch.float64)
+        cases.append((label, x.to(_dtype(label)), omega.to(_dtype(label))))
+    g = torch.Generator().manual_seed(406)
+    x = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    x = 14 * x / x.norm(dim=-1, keepdim=True)  # |x| = 14
+    omega = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    omega[:3] = 6.6 * x / 14 + 0.05 * omega[:3]  # ω·x ≈ 92 for row i = x_i
+    return cases + [("float32 x (3, 6) with |x|²/2 ≈ 98 and ω·x up to ≈ 92, Ω (8, 6)", x.float(), omega.float())]
+
+
 @check("positive_random_features",
        expects="a function positive_random_features(x, omega) returning a tensor (..., n, n_f)")
 def check_positive_random_features(fn: Learner) -> str:
-    suspects = Suspects(_RF_TABLE)
-    cases = []
-    for i, (label, (shape, r), scale) in enumerate(_RF_CASES):
-        g = _gen(400 + i)
-        dtype = torch.float32 if "float32" in label else torch.float64
-        x = scale * torch.randn(*shape, generator=g, dtype=torch.float64)
-        omega = torch.randn(r, shape[-1], generator=g, dtype=torch.float64)
-        cases.append((label, x.to(dtype), omega.to(dtype)))
-    cases.append(("float32 x (3, 6) with |x|²/2 ≈ 98 and ω·x up to ≈ 92, Ω (8, 6)", *_aligned(406)))
+    suspects, cases = Suspects(_RF_TABLE), _rf_cases()
     for label, x, omega in cases:
         tried = f"positive_random_features(x, omega) on {label}"
-        out = as_tensor(fn(x, omega), tried=tried)
-        expected = _features(x, omega)
-        if "98" in label:
-            split = (torch.exp(x @ omega.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(omega.shape[0])
-            if not same(out, expected, **_tol(x.dtype)) and same(out, split, atol=0, rtol=0):
-                fail("exp(ω·x) and exp(−|x|²/2) taken separately: overflow", tried=tried,
-                     got="inf, NaN or 0 where the right features are ordinary numbers",
-                     expected="finite features (the combined exponent ω·x − |x|²/2 is small)",
-                     cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
-                           "underflows to 0) separately before multiplying, so inf · 0 = NaN",
-                     fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
-        _expect_close(suspects, out, expected, (x, omega), tried=tried, dtype=x.dtype, again=fn,
-                     oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64", fix=_RF_FIX,
-                     factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
-        _expect_dtype(out, x.dtype, tried)
+        out, expected = as_tensor(fn(x, omega), tried=tried), _features(x, omega)
+        split = (torch.exp(x @ omega.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(omega.shape[0])
+        if "98" in label and not same(out, expected, **_tol(x.dtype)) and same(out, split, atol=0, rtol=0):
+            fail("exp(ω·x) and exp(−|x|²/2) taken separately: overflow", tried=tried,
+                 got="inf, NaN or 0 where the right features are ordinary numbers",
+                 expected="finite features (the combined exponent ω·x − |x|²/2 is small)",
+                 cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
+                       "underflows to 0) separately before multiplying, so inf · 0 = NaN",
+                 fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
+        _expect_close(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
+                      oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
+                      factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
     return (f"matches exp(ω·x − |x|²/2)/√n_f on {len(cases)} cases (batch × heads, n_f = d, one feature, float32, "
             "exponents that overflow when split)")
 
@@ -675,22 +615,21 @@ _SPARSE_FIX = ("for query block i, visit only the key blocks j with layout[i, j]
                "sum and accumulator; divide once at the end")
 
 
-def _layout_mask(layout: Tensor, b: int, n_q: int, n_k: int) -> Tensor:
-    return layout.repeat_interleave(b, 0)[:n_q].repeat_interleave(b, 1)[:, :n_k]
+def _mask(q: Tensor, k: Tensor, layout: Tensor, b: int) -> Tensor:
+    """(n_q, n_k) True where the layout keeps the (query block, key block) tile."""
+    return layout.repeat_interleave(b, 0)[:q.shape[-2]].repeat_interleave(b, 1)[:, :k.shape[-2]]
 
 
-def _sdpa(q, k, v, mask, scale=None) -> Tensor:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None = None) -> Tensor:
     return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=scale)
 
 
-def _sparse_tiles(q, k, v, layout, b, mistake: str) -> Tensor:
+def _sparse_tiles(q: Tensor, k: Tensor, v: Tensor, layout: Tensor, b: int, mistake: str) -> Tensor:
     """09's loop over the layout's tiles (float64) with one mistake switched on."""
     q, k, v = q.double(), k.double(), v.double()
     out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
-    n_q = q.shape[-2]
-    scale = 1 / math.sqrt(q.shape[-1])
     for qb in range(layout.shape[0]):
-        qs = q[..., qb * b:(qb + 1) * b, :] * scale
+        qs = q[..., qb * b:(qb + 1) * b, :] * (1 / math.sqrt(q.shape[-1]))
         m = torch.full(qs.shape[:-1] + (1,), -math.inf, dtype=torch.float64)
         l, acc = torch.zeros_like(m), torch.zeros(qs.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
         for kb in layout[qb].nonzero().flatten().tolist():
@@ -705,11 +644,16 @@ def _sparse_tiles(q, k, v, layout, b, mistake: str) -> Tensor:
             l = l * l_corr + p.sum(-1, keepdim=True)
             acc = acc * acc_corr + p @ v[..., kb * b:(kb + 1) * b, :]
             m = m_new
-        out[..., qb * b:min((qb + 1) * b, n_q), :] = {"division": acc, "mul": acc * l}.get(mistake, acc / l)
+        out[..., qb * b:(qb + 1) * b, :] = {"division": acc, "mul": acc * l}.get(mistake, acc / l)
     return out
 
 
-_mask = lambda q, k, layout, b: _layout_mask(layout, b, q.shape[-2], k.shape[-2])  # noqa: E731
+def _zero_filled(q: Tensor, k: Tensor, v: Tensor, layout: Tensor, b: int) -> Tensor:
+    """Attention with the skipped tiles' scores set to 0 rather than left out."""
+    s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(~_mask(q, k, layout, b), 0.0), -1) @ v.double()
+
+
 _SPARSE_TABLE = _table(_sparse_tiles, [
     ("tile_max", "one running maximum for all rows", "you took the maximum over the whole tile (amax without "
      "dim=-1), so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
@@ -740,90 +684,65 @@ _SPARSE_TABLE = _table(_sparse_tiles, [
     Known("block_layout_transposed", "block layout transposed", "you read layout[j, i] (key block, query block) "
           "instead of layout[i, j]: rows of the layout are query blocks, columns key blocks",
           "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()",
-          lambda q, k, v, layout, b: _sdpa(q, k, v, _layout_mask(layout.T, b, q.shape[-2], k.shape[-2]))),
+          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout.T, b))),
     Known("layout_ignored_dense_attention", "layout ignored: dense attention", "every query sees every key: the "
           "layout's skipped tiles are not left out", _SPARSE_FIX, lambda q, k, v, layout, b: _sdpa(q, k, v, None)),
     Known("skipped_tiles_kept_with", "skipped tiles kept with weight", "the skipped tiles' scores were set to 0 "
           "instead of being left out, so their keys still get weight exp(0 − m)", "leave the skipped tiles out of "
-          "the softmax entirely (or mask them with −inf)",
-          lambda q, k, v, layout, b: _zero_filled(q, k, v, _mask(q, k, layout, b))),
-    Known("scores_not_scaled", "scores not scaled", "you did not multiply q kᵀ by 1/√d_k",
-          "scale the scores by 1 / math.sqrt(d_k)",
-          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=1.0)),
-    Known("divided_by_d_k", "divided by d_k instead of √d_k", "you divided the scores by d_k",
-          "scale by 1 / math.sqrt(d_k)",
-          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=1 / q.shape[-1])),
-    Known("scores_multiplied_by_d", "scores multiplied by √d_k instead of divided", "you multiplied q kᵀ by √d_k (or "
-          "divided q by 1/√d_k)", "scale the scores by 1 / math.sqrt(d_k)",
-          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=math.sqrt(q.shape[-1]))),
-    Known("scaled_by_1_n", "scaled by 1/√n_q instead of 1/√d_k", "you took the size of the wrong axis: q.shape[-2] "
-          "(the number of queries) instead of q.shape[-1] (d_k)", "scale by 1 / math.sqrt(q.shape[-1])",
-          lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout, b), scale=1 / math.sqrt(q.shape[-2]))),
+          "the softmax entirely (or mask them with −inf)", _zero_filled),
+    # the scale of the scores: (key, summary, cause, fix, the scale as a function of q)
+    *[Known(key, summary, cause, fix, lambda q, k, v, layout, b, scale=scale: _sdpa(
+        q, k, v, _mask(q, k, layout, b), scale=scale(q))) for key, summary, cause, fix, scale in [
+        ("scores_not_scaled", "scores not scaled", "you did not multiply q kᵀ by 1/√d_k",
+         "scale the scores by 1 / math.sqrt(d_k)", lambda q: 1.0),
+        ("divided_by_d_k", "divided by d_k instead of √d_k", "you divided the scores by d_k",
+         "scale by 1 / math.sqrt(d_k)", lambda q: 1 / q.shape[-1]),
+        ("scores_multiplied_by_d", "scores multiplied by √d_k instead of divided", "you multiplied q kᵀ by √d_k (or "
+         "divided q by 1/√d_k)", "scale the scores by 1 / math.sqrt(d_k)", lambda q: math.sqrt(q.shape[-1])),
+        ("scaled_by_1_n", "scaled by 1/√n_q instead of 1/√d_k", "you took the size of the wrong axis: q.shape[-2] "
+         "(the number of queries) instead of q.shape[-1] (d_k)", "scale by 1 / math.sqrt(q.shape[-1])",
+         lambda q: 1 / math.sqrt(q.shape[-2]))]],
 ]
 
 
-def _one_tile(fn: Learner, failure: Failure, out: Tensor, case: tuple) -> None:
-    """Re-raise with what the learner's function gives when each query block keeps one key block only (its first):
-    right there means the tiles are combined wrongly; wrong there means one tile's own work is wrong."""
+def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
+    """Fail with what the query blocks show: right exactly where one key block is kept, or only some wrong; else
+    with what the learner's function gives when each query block keeps one key block only (its first): right
+    there means the tiles are combined wrongly, wrong there means one tile's own work is wrong."""
     q, k, v, layout, b = case
+    right = _blocks_right(out, expected, b)
+    if right is None:
+        return
+    wrong, kept = [i for i, r in enumerate(right) if not r], [int(t) for t in layout.sum(-1)]
+    shown = ", ".join(map(str, wrong[:8]))
+    if wrong and len(wrong) < len(right) and all(r == (t == 1) for r, t in zip(right, kept)):
+        _refail(failure, "wrong where a query block keeps several key blocks", f"the query blocks that keep one key "
+                f"block are right and those that keep several ({shown}) are wrong: one tile alone is right, so what "
+                "goes wrong is " + _COMBINED, _SPARSE_FIX)
+    if wrong and len(wrong) < len(right):
+        rows = ", ".join(f"{i * b}–{min((i + 1) * b, out.shape[-2]) - 1}" for i in wrong[:6])
+        _refail(failure, f"wrong only in query blocks {shown}", f"query blocks {shown} (rows {rows}) are wrong and the "
+                f"other {len(right) - len(wrong)} right: compare what your loop does for those blocks (their key "
+                "blocks: " + "; ".join(f"{i}: {layout[i].nonzero().flatten().tolist()}" for i in wrong[:4]) + ")",
+                _SPARSE_FIX)
     one = torch.zeros_like(layout)
     one[torch.arange(layout.shape[0]), layout.float().argmax(-1)] = True  # each row's first kept key block
     mine = call_or_skip(lambda: as_tensor(fn(q, k, v, one, b), tried=failure.diagnosis.tried))
     if mine is None or tuple(mine.shape) != tuple(out.shape) or bool((layout.sum(-1) == 1).all()):
-        raise failure
-    d, right = failure.diagnosis, same(mine, _sdpa(q, k, v, _mask(q, k, one, b)), **_tol(torch.float32))
-    nan = " (NaN)" if bool(torch.isnan(mine).any()) else ""
-    if right:
-        fail("right with one tile per query block, wrong with several", tried=d.tried, got=d.got,
-             expected=d.expected, cause="with a layout that keeps one key block per query block your function is "
-             "right, with several it is not: what goes wrong is how the tiles of a query block are combined (the "
-             "running maximum m, and the rescaling of ℓ and acc by exp(m_old − m_new))", fix=_SPARSE_FIX)
-    fail("wrong even with one tile per query block", tried=d.tried, got=d.got, expected=d.expected,
-         cause=f"with a layout that keeps one key block per query block your result is wrong as well{nan}: the "
-               "error is in what one tile computes (its scores q kᵀ/√d_k, p = exp(s − m), ℓ, acc, or the final "
-               "acc / ℓ), not only in how tiles are combined", fix=_SPARSE_FIX)
+        return
+    if same(mine, _sdpa(q, k, v, _mask(q, k, one, b)), **_tol(torch.float32)):
+        _refail(failure, "right with one tile per query block, wrong with several", "with a layout that keeps one key "
+                "block per query block your function is right, with several it is not: what goes wrong is "
+                + _COMBINED, _SPARSE_FIX)
+    _refail(failure, "wrong even with one tile per query block", "with a layout that keeps one key block per query "
+            f"block your result is wrong as well{' (NaN)' if bool(torch.isnan(mine).any()) else ''}: the error is in "
+            "what one tile computes (its scores q kᵀ/√d_k, p = exp(s − m), ℓ, acc, or the final acc / ℓ), not only "
+            "in how tiles are combined", _SPARSE_FIX)
 
 
-def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
-    """Re-raise with what the query blocks show: right exactly where one key block is kept, or only some wrong;
-    else what one tile per query block gives."""
-    layout, b = case[3], case[4]
-    right = _blocks_right(out, expected, b)
-    if failure.diagnosis.cause or right is None:
-        raise failure
-    if all(right) or not any(right):
-        _one_tile(fn, failure, out, case)
-    d, kept = failure.diagnosis, [int(t) for t in layout.sum(-1)]
-    wrong = [i for i, r in enumerate(right) if not r]
-    if all(r == (t == 1) for r, t in zip(right, kept)):
-        fail("wrong where a query block keeps several key blocks", tried=d.tried, got=d.got, expected=d.expected,
-             cause=f"the query blocks that keep one key block are right and those that keep several "
-                   f"({', '.join(map(str, wrong[:8]))}) "
-                   "are wrong: one tile alone is right, so what goes wrong is how the tiles of a query block are "
-                   "combined (the running maximum m, and the rescaling of ℓ and acc by exp(m_old − m_new))",
-             fix=_SPARSE_FIX)
-    rows = ", ".join(f"{i * b}–{min((i + 1) * b, out.shape[-2]) - 1}" for i in wrong[:6])
-    fail(f"wrong only in query blocks {', '.join(map(str, wrong[:8]))}", tried=d.tried, got=d.got, expected=d.expected,
-         cause=f"query blocks {', '.join(map(str, wrong[:8]))} (rows {rows}) are wrong and the other "
-               f"{len(right) - len(wrong)} right: compare what your loop does for those blocks (their key blocks: "
-               + "; ".join(f"{i}: {layout[i].nonzero().flatten().tolist()}" for i in wrong[:4]) + ")",
-         fix=_SPARSE_FIX)
-
-
-def _zero_filled(q, k, v, mask) -> Tensor:
-    s = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return torch.softmax(s.masked_fill(~mask, 0.0), -1) @ v.double()
-
-
-def _layout(rows: int, cols: int, seed: int) -> Tensor:
-    """A random, asymmetric layout with at least one tile per row (and the diagonal for square ones)."""
-    g = _gen(seed)
-    layout = torch.rand(rows, cols, generator=g) < 0.35
-    layout[torch.arange(rows), torch.arange(rows) % cols] = True
-    return layout
-
-
-_SPARSE_CASES = [
+_COMBINED = ("how the tiles of a query block are combined (the running maximum m, and the rescaling of ℓ and acc "
+             "by exp(m_old − m_new))")
+_SPARSE_CASES = [  # (label, (batch axes, n_q, n_k, d_k, d_v), block size)
     ("q, k (32, 4), v (32, 3), 4 × 4 tiles of 8", ((), 32, 32, 4, 3), 8),
     ("q, k, v (2, 3, 24, 4) (batch × heads), tiles of 4", ((2, 3), 24, 24, 4, 4), 4),
     ("q (21, 4), k (30, 4), v (30, 2): n not a multiple of the block (tiles of 8)", ((), 21, 30, 4, 2), 8),
@@ -834,47 +753,48 @@ _SPARSE_CASES = [
 ]
 
 
+def _layout(rows: int, cols: int, seed: int) -> Tensor:
+    """A random, asymmetric layout with at least one tile per row (and the diagonal for square ones)."""
+    layout = torch.rand(rows, cols, generator=torch.Generator().manual_seed(seed)) < 0.35
+    layout[torch.arange(rows), torch.arange(rows) % cols] = True
+    return layout
+
+
 @check("block_sparse_attention",
        expects="a function block_sparse_attention(q, k, v, layout, block_size) returning a tensor (..., n_q, d_v)")
 def check_block_sparse_attention(fn: Learner) -> str:
     suspects = Suspects(_SPARSE_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), b) in enumerate(_SPARSE_CASES):
-        dtype = torch.float32 if "float32" in label else torch.float64
-        q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if "hundreds" in label else 1.0, dtype=dtype)
-        if "hundreds" in label:
+        big = "hundreds" in label
+        q, k, v = _qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if big else 1.0, dtype=_dtype(label))
+        if big:
             q[..., 0, :] *= 100.0
         layout = _layout(-(-n_q // b), -(-n_k // b), 510 + i)
-        tried = f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
-        out = as_tensor(fn(q, k, v, layout, b), tried=tried)
-        expected = _sdpa(q, k, v, _layout_mask(layout, b, n_q, n_k))
-        _expect_close(suspects, out, expected, (q, k, v, layout, b), tried=tried, dtype=dtype, again=fn,
-                     oracle="F.scaled_dot_product_attention with the layout's mask", fix=_SPARSE_FIX,
-                     factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
-                     measured=lambda failure: _sparse_measured(fn, failure, out, expected, (q, k, v, layout, b)))
-        _expect_dtype(out, dtype, tried)
+        case, tried = (q, k, v, layout, b), f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
+        out, expected = as_tensor(fn(*case), tried=tried), _sdpa(q, k, v, _mask(q, k, layout, b))
+        _expect_close(suspects, out, expected, case, tried=tried, again=fn, fix=_SPARSE_FIX,
+                      oracle="F.scaled_dot_product_attention with the layout's mask",
+                      factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
+                      measured=lambda failure: _sparse_measured(fn, failure, out, expected, case))
     n, d_k, d_v, b = 48, 6, 2, 8
-    q, k, v = _qkv((), n, n, d_k, d_v, 520)
     layout = _layout(n // b, n // b, 521)
     tried = f"block_sparse_attention(q, k, v, layout, {b}) on q, k ({n}, {d_k}), v ({n}, {d_v}), counting its work"
-    seen = _observe(fn, tried, q, k, v, layout, b)
-    needed = 2.0 * b * b * (d_k + d_v) * int(layout.sum())
-    dense = 2.0 * n * n * (d_k + d_v)
-    flops = float(seen.get("flops", 0.0))
-    full = [tuple(s) for s in seen.get("shapes", []) if len(s) >= 2 and tuple(s[-2:]) == (n, n)]
-    fused = [op for op in seen.get("ops", []) if "scaled_dot_product" in op or "multi_head_attention" in op]
-    if fused:
+    seen = fn.observe("beyond.work", *_qkv((), n, n, d_k, d_v, 520), layout, b)
+    needed, dense, flops = 2.0 * b * b * (d_k + d_v) * int(layout.sum()), 2.0 * n * n * (d_k + d_v), seen["flops"]
+    kept = f"the {int(layout.sum())} tiles of {layout.numel()} the layout keeps"
+    if fused := [op for op in seen["ops"] if "scaled_dot_product" in op or "multi_head_attention" in op]:
         fail("skipped blocks still computed: a fused attention call", tried=tried,
              got=f"a call to {fused[0]} (with the layout as a mask, presumably)",
-             expected=f"only the {int(layout.sum())} tiles of {layout.numel()} the layout keeps, computed by your loop",
+             expected=f"only {kept}, computed by your loop",
              cause="the values are right, but the fused kernel computes every tile of the score matrix and masks "
                    "the skipped ones afterwards: the work is dense",
              fix="loop over layout[i].nonzero() for each query block i and compute only those tiles with @")
+    full = _squares(seen, n)
     if flops > needed * 1.05 or full:
-        shown = f"{flops:.0f} matrix-multiply FLOPs ({flops / dense:.0%} of dense attention's)"
         fail("skipped blocks still computed", tried=tried,
-             got=shown + (f" and a tensor of shape {full[0]}" if full else ""),
-             expected=f"at most {needed:.0f} FLOPs: the {int(layout.sum())} tiles of {layout.numel()} the layout "
-                      f"keeps ({needed / dense:.0%} of dense)",
+             got=f"{flops:.0f} matrix-multiply FLOPs ({flops / dense:.0%} of dense attention's)"
+                 + (f" and a tensor of shape {full[0]}" if full else ""),
+             expected=f"at most {needed:.0f} FLOPs: {kept} ({needed / dense:.0%} of dense)",
              cause="the values are right, but your code also computes the tiles the layout leaves out (a full "
                    "score matrix masked afterwards, or every tile visited and then dropped): the work is dense",
              fix="loop over layout[i].nonzero() for each query block i and compute only those tiles")

@@ -1,44 +1,24 @@
 """Checks for notebook 01 (queries, keys and the dot product).
 
-Each check calls the learner's function on its cases (square and not, batched up to five axes, size-1 axes,
-float32 and float64, large values, zero vectors, a given ``eps``) through one learner-side probe that also
-reports inputs changed in place, and compares every result with PyTorch. When one is wrong, :func:`judge`
-names a row of the check's table of :class:`~.kit.Known` mistakes that does what the learner's code did on
-every wrong case (raises there, or gives those very numbers) and that no right result rules out (the kit's
-:class:`~.kit.Suspects`); an exception is named by a row that raises the very same message; otherwise the
-wrong result is measured: an argument it ignores, one shape whatever the input, half precision, right for
-the first batch entry only, the right scores in another order, a factor, "wrong only on batched input…".
+Each check runs the learner's function on its cases (square and not, batched up to five axes, size-1 axes, float32
+and float64, large values, zero vectors, a given ``eps``) with the kit's :func:`~.kit.judge_cases`, which compares
+every result with PyTorch and names a row of the check's table of known mistakes, or measures a wrong result; what
+only this notebook measures is the right scores in another order (:func:`_wrong_order`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .boundary import probe
-from .compare import Failure, describe_mismatch, fmt, same
-from .core import Learner, LearnerRaised, as_tensor, check, expect_shape, fail, learner_error
-from .kit import Known, Suspects, explain_raise, fits
+from .core import Learner, check, fail
+from .kit import TensorCase as Case
+from .kit import expect_signature, judge_cases, known_rows, preview
 
 __all__ = ["check_query_scores_loop", "check_query_scores", "check_score_matrix", "check_cosine_scores"]
-
-CALL_PROBE = "attn_course.checks.dot.call"
-
-
-@probe(CALL_PROBE)
-def _call_watching_inputs(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, list[int]]:
-    """Run ``fn(*args, **kwargs)`` in the learner's process; return its result and the positions of the tensor
-    arguments it changed in place (values, shape or dtype)."""
-    before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
-    result = fn(*args, **kwargs)
-    return result, [i for i, (a, b) in enumerate(zip(args, before)) if b is not None and
-                    (a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b))]
-
 
 # ============================================================================ cases
 #: What a case tag means, for "wrong only on …" diagnoses: (short form for the summary, long form).
@@ -62,206 +42,29 @@ def score_magnitude(Q: torch.Tensor, K: torch.Tensor) -> float:
     return float((Ka @ Qa).max()) if Q.ndim == 1 else float((Qa @ Ka.transpose(-2, -1)).max())
 
 
-@dataclass
-class Case:
-    """One call of the learner's function: its arguments, the expected result (float64) and its tags."""
-
-    label: str
-    args: tuple
-    expected: torch.Tensor
-    kwargs: dict = field(default_factory=dict)
-    tags: frozenset = frozenset()
-    magnitude: float = 1.0  #: largest rounding the computation may accumulate (dot products: max Σ|qᵢ kᵢ|)
-
-    @property
-    def key(self) -> tuple:
-        """The case as the oracle and every Known take it: the arguments, then the keyword values."""
-        return (*self.args, *self.kwargs.values())
-
-    def tolerance(self) -> float:
-        """Float32 rounding with a wide margin, for float64 input too (a float32 result is a correct answer)."""
-        return (3e-5 if self.args[0].dtype == torch.float32 else 2e-6) * max(self.magnitude, 1e-30)
+def table(*rows: tuple) -> list:
+    """A check's table: rows (key, summary, cause, fix, *ways), and the slip every check shares."""
+    return known_rows(*rows, ("from-numpy", "torch.from_numpy on a tensor", "torch.from_numpy takes a NumPy array, and "
+                              "the inputs are already torch tensors", "use the tensors as they are",
+                              lambda x, *rest: torch.from_numpy(x)))
 
 
-def preview(t: torch.Tensor, n: int = 6) -> str:
-    """``shape (4,): 0.7, 0.14, -0.14, 0.51`` (at most ``n`` entries)."""
-    flat = t.detach().reshape(-1).to(torch.float64)
-    shown = ", ".join(fmt(float(v)) for v in flat[:n]) + (", …" if flat.numel() > n else "")
-    return f"shape {tuple(t.shape)}: {shown}" if flat.numel() else f"shape {tuple(t.shape)} (empty)"
+def judge(fn: Learner, cases: Sequence[Case], rows: list, **words) -> None:
+    """:func:`~.kit.judge_cases` with this notebook's tags, and a 1-D result that holds the right scores in another
+    order named as such."""
+    def in_order(i: int, values: list, tried: str) -> None:
+        a, e, tol = values[i].detach().double(), cases[i].expected, cases[i].atol
+        if a.ndim == 1 and a.numel() > 1 and values[i].is_floating_point() and not torch.isnan(a).any() and \
+                _close(a.sort().values, e.sort().values, tol):
+            summary, cause = _wrong_order(a, e, tol)
+            fail(summary, tried=tried, got=preview(values[i]), expected=preview(e), cause=cause,
+                 fix="put the score of K[j] at position j")
 
-
-# ============================================================================ judging the cases (could move to the kit)
-def known(key: str, summary: str, cause: str, fix: str, *ways: Callable[..., Any]) -> list[Known]:
-    """One mistake written one or more ways: a row per way, all with the same words. Each way runs on float64
-    copies of the case, so a way that is right on a case is not ruled out by float32 rounding."""
-    def in_float64(way):
-        return lambda *a: way(*(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in a))
-
-    return [Known(f"{key}/{i}" if i else key, summary, cause, fix, in_float64(way)) for i, way in enumerate(ways)]
-
-
-COMMON = known("from-numpy", "torch.from_numpy on a tensor", "torch.from_numpy takes a NumPy array, and the inputs "
-               "are already torch tensors", "use the tensors as they are", lambda x, *rest: torch.from_numpy(x))
-
-
-@dataclass
-class Outcome:
-    value: torch.Tensor | None = None
-    raised: LearnerRaised | None = None
-    changed: tuple[int, ...] = ()
-
-
-def _call(fn: Learner, case: Case, tried: str, n_args: int) -> Outcome:
-    """The learner's result on a case, or a diagnosis of a result that is no tensor at all."""
-    try:
-        value, changed = fn.observe(CALL_PROBE, *case.args, **case.kwargs)
-    except LearnerRaised as exc:
-        return Outcome(raised=exc)
-    shape = f"a tensor of shape {tuple(case.expected.shape)}"
-    if isinstance(value, np.ndarray):
-        fail("returned a NumPy array, not a tensor", tried=tried, got=f"a NumPy array of shape {value.shape}",
-             expected="a torch.Tensor, as the docstring says", cause="part of your computation went through NumPy "
-             "(np.dot, .numpy(), np.sum…), which returns an array", fix="stay with torch operations on the tensors "
-             "(@, torch.matmul, .sum), or convert back with torch.from_numpy")
-    if isinstance(value, (np.generic, int, float)) and not isinstance(value, bool):
-        fail("returned a Python number, not a tensor", tried=tried, got=f"the number {fmt(float(value))}",
-             expected=shape, cause=".item(), float(…) or a sum over every entry turned the result into one number",
-             fix="keep one score per pair in a tensor")
-    if isinstance(value, (list, tuple)):
-        kind = type(value).__name__
-        fail(f"returned a Python {kind}, not a tensor", tried=tried, got=f"a {kind} of {len(value)} items",
-             expected=shape, cause=f"a Python {kind} of scores is not a tensor (.tolist(), or a list built in a loop "
-             "and returned as it is)", fix="turn a list of 0-d tensors into one tensor with torch.stack(scores); "
-             "leave out .tolist()")
-    return Outcome(as_tensor(value, tried=tried, expected=shape), changed=tuple(i for i in changed if i < n_args))
+    judge_cases(fn, cases, rows, tags=TAGS, measure=in_order, **words)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
-    return tuple(a.shape) == tuple(b.shape) and \
-        bool(torch.allclose(a.detach().double(), b.detach().double(), atol=atol, rtol=1e-5, equal_nan=True))
-
-
-def judge(fn: Learner, cases: Sequence[Case], table: Sequence[Known], *, call: str, arg_names: Sequence[str],
-          oracle: str, factors: Callable[[Case], dict[str, float]] | None = None) -> None:
-    """Call ``fn`` on every case; return if every result is right, else end the check with a diagnosis.
-    ``call`` shows the call ("query_scores(q, K)"); ``arg_names`` names the positional arguments; ``oracle``
-    names the right computation; ``factors`` names constants a result may be off by."""
-    tries = [f"{call} with {c.label}" for c in cases]
-    outs = [_call(fn, c, t, len(arg_names)) for c, t in zip(cases, tries)]
-    right = [o.value is not None and o.value.is_floating_point() and _close(o.value, c.expected, c.tolerance())
-             for o, c in zip(outs, cases)]
-    if all(right):
-        moved = next((i for i, o in enumerate(outs) if o.changed), None)
-        if moved is not None:
-            names = " and ".join(arg_names[j] for j in outs[moved].changed)
-            fail(f"changed its input {names} in place", tried=tries[moved],
-                 got=f"the right result, but afterwards the caller's {names} holds different values",
-                 expected=f"{names} left as it was (the docstring: inputs are left unchanged)",
-                 cause=f"your code modifies {names} in place (an operation ending in _ such as mul_ or transpose_, "
-                       "or +=, *=, /= on an input)",
-                 fix="compute into a new tensor: write x = x * y (or x / n) instead of x *= y (x /= n)")
-        return
-    wrong = [i for i, ok in enumerate(right) if not ok]
-    fitting = lambda k, c, o: fits(k, c.key, raised=o.raised is not None, value=o.value,  # noqa: E731
-                                   atol=max(c.tolerance(), 1e-5))
-    suspects = Suspects([k for k in [*table, *COMMON] if all(fitting(k, cases[i], outs[i]) for i in wrong)])
-    for c, o, ok in zip(cases, outs, right):
-        if ok:
-            suspects.expect(o.value, c.expected, c.key, tried="", atol=c.tolerance(), rtol=1e-5)
-    valued = [i for i in wrong if outs[i].value is not None]
-
-    def expect(i: int, **more: Any) -> None:
-        suspects.expect(outs[i].value, cases[i].expected, cases[i].key, tried=tries[i], atol=cases[i].tolerance(),
-                        rtol=1e-5, again=lambda *key: fn.observe(CALL_PROBE, *key)[0], oracle=oracle,
-                        distinguish=[cases[j].key for j in wrong if j != i], **more)
-
-    if valued and suspects.suspects(outs[valued[0]].value, cases[valued[0]].key):
-        expect(valued[0])  # a known mistake gives this very result: named
-    if outs[wrong[0]].raised is not None:  # an exception: named when a mistake raises the very same message
-        exc, case = outs[wrong[0]].raised, cases[wrong[0]]
-        hint = explain_raise(exc, [(k.key, k.fix, lambda k=k: k.make(*case.key)) for k in suspects.table])
-        d = learner_error(exc, tried=tries[wrong[0]], expected=preview(case.expected))
-        k = next((k for k in suspects.table if k.key == hint.get("cause")), None)
-        raise Failure(replace(d, summary=k.summary, cause=k.cause, fix=k.fix) if k else d)
-    named = factors(cases[valued[0]]) if factors else None
-    _measure(fn, cases, outs, wrong, valued[0], tries[valued[0]], arg_names, oracle, named)
-    expect(valued[0], factors=named)
-
-
-def _measure(fn: Learner, cases: Sequence[Case], outs: Sequence[Outcome], wrong: Sequence[int], i: int, tried: str,
-             arg_names: Sequence[str], oracle: str, factors: dict[str, float] | None) -> None:
-    """No known mistake gives the first wrong result: measure what is wrong with it."""
-    case, t = cases[i], outs[i].value
-    a64, e64, expected = t.detach().double(), case.expected, preview(case.expected)
-    if t.numel() and bool((a64 == 0).all()) and bool((e64 != 0).any()):
-        fail("all zeros", tried=tried, got=f"every entry is 0 ({preview(t)})", expected=expected, fix="make sure "
-             "every score is written into the tensor you return (a loop that fills another tensor, or returns "
-             "before filling, leaves zeros)")
-    ignored = _ignored_arguments(fn, case, t, arg_names)
-    if ignored:
-        names = " and ".join(ignored)
-        fail(f"the result does not depend on {names}", tried=f"{tried}, then again with other values in {names}",
-             got=f"the same result both times ({preview(t)})", expected=f"a result that changes with {names}: {expected}",
-             cause=f"your function never uses the values of {names}" if len(ignored) < len(arg_names) else
-             "your function returns the same thing whatever its inputs hold (a constant, or numbers typed in)",
-             fix=f"compute the result from {names} as the docstring says")
-    short, where = next((texts for tag, texts in TAGS.items() if len(wrong) < len(cases) and
-                         set(wrong) == {j for j, c in enumerate(cases) if tag in c.tags}), ("", ""))
-    if tuple(t.shape) != tuple(e64.shape):
-        shapes = {tuple(o.value.shape) for o in outs if o.value is not None}
-        if len(shapes) == 1 and len({tuple(c.expected.shape) for c, o in zip(cases, outs) if o.value is not None}) > 1:
-            fixed = next(iter(shapes))
-            fail(f"shape {fixed} whatever the input", tried=tried, got=f"shape {fixed} here and on every other input",
-                 expected=f"shape {tuple(e64.shape)} here: the shape follows the inputs' shapes",
-                 cause="a size is fixed in your code (a loop over a fixed range, or a number typed in) instead of "
-                       "read from the inputs' shapes",
-                 fix="take every size from the inputs, e.g. K.shape[0] for the number of keys")
-        if where:
-            fail(f"wrong shape with {short} only", tried=tried, got=f"shape {tuple(t.shape)}",
-                 expected=f"shape {tuple(e64.shape)}",
-                 cause=f"your result has the right shape on the other cases, so a step of your code breaks on {where}",
-                 fix="follow the shapes in the docstring for any number of leading axes; print(x.shape) after each "
-                     "step helps")
-        expect_shape(t, e64.shape, tried=tried, what="your result")
-    if t.ndim >= 3 and t.shape[:-2].numel() > 1:
-        rows = [_close(x, e, case.tolerance()) for x, e in zip(a64.flatten(0, -3), e64.flatten(0, -3))]
-        if rows[0] and not any(rows[1:]):
-            fail("right for the first batch entry only", tried=tried,
-                 got="the first entry of the leading axes is right, every other one is wrong",
-                 expected=f"{oracle} for every entry of the leading axes: {expected}",
-                 cause="your code computes the scores of the first entry of the leading axes (index 0, e.g. "
-                       "Q[0] @ K[0].T) and uses them for the others, or leaves the others out",
-                 fix="let the product run over all leading axes: Q @ K.transpose(-2, -1)")
-    half = _half_precision(t)
-    if half and bool(((a64 - e64).abs() <= 2e-2 * max(case.magnitude, 1e-30)).all()):
-        fail(f"computed in {half}", tried=tried, got=f"values close to the expected ones but every one of them a "
-             f"{half} number: {preview(t)}", expected=expected, cause=f"part of your computation ran in {half} "
-             "(.half(), .bfloat16()), which keeps about 3 significant digits, and the result was converted back",
-             fix="keep the computation in the inputs' dtype")
-    if t.ndim == 1 and t.numel() > 1 and t.is_floating_point() and not torch.isnan(a64).any() and \
-            _close(a64.sort().values, e64.sort().values, case.tolerance()):
-        summary, cause = _wrong_order(a64, e64, case.tolerance())
-        fail(summary, tried=tried, got=preview(t), expected=expected, cause=cause, fix="put the score of K[j] at position j")
-    if where and not describe_mismatch(t, e64, atol=case.tolerance(), rtol=1e-5, factors=factors)[2]:
-        fail(f"wrong with {short} only", tried=tried, got=preview(t), expected=expected,
-             cause=f"your results are right on the other cases, so a step of your code mishandles {where}",
-             fix="run your function on such an input yourself and compare each step with the docstring")
-
-
-def _ignored_arguments(fn: Learner, case: Case, t: torch.Tensor, arg_names: Sequence[str]) -> list[str]:
-    """The tensor arguments whose values make no difference: ``case`` run again with that argument replaced by
-    other random numbers (same shape and dtype) gives the very same result."""
-    ignored = []
-    for j, arg in enumerate(case.args if t.is_floating_point() and bool(torch.isfinite(t).all()) else ()):
-        other = random_tensor(*arg.shape, seed=7919 + j, dtype=arg.dtype, scale=float(arg.abs().max()) or 1.0)
-        try:
-            again = fn.observe(CALL_PROBE, *(other if m == j else a for m, a in enumerate(case.args)), **case.kwargs)[0]
-        except LearnerRaised:
-            continue
-        if isinstance(again, torch.Tensor) and tuple(again.shape) == tuple(t.shape) and torch.equal(again.double(),
-                                                                                                    t.double()):
-            ignored.append(arg_names[j])
-    return ignored
+    return a.shape == b.shape and bool(torch.allclose(a, b.double(), atol=atol, rtol=1e-5))
 
 
 def _wrong_order(a: torch.Tensor, e: torch.Tensor, tol: float) -> tuple[str, str]:
@@ -281,34 +84,6 @@ def _wrong_order(a: torch.Tensor, e: torch.Tensor, tol: float) -> tuple[str, str
                     "for K[j])")
     return ("right scores in the wrong order", "every score is right but they are not in the keys' order: entry j "
             "must be the score of key j (an index that picks the wrong key)")
-
-
-def _half_precision(t: torch.Tensor) -> str:
-    """"float16" or "bfloat16" when every entry of a float32/64 tensor is exactly such a number (and not all
-    small integers): evidence that the values were computed in that dtype."""
-    if t.dtype not in (torch.float32, torch.float64) or not t.numel() or not torch.isfinite(t).all() or \
-            (bool((t == t.round()).all()) and float(t.abs().max()) < 2048):
-        return ""
-    return next((str(h)[6:] for h in (torch.float16, torch.bfloat16) if bool((t.to(h).to(t.dtype) == t).all())), "")
-
-
-def expect_signature(fn: Learner, names: Sequence[str], *, call: str, signature: str) -> None:
-    """Fail unless the learner's function accepts every keyword in ``names`` (or **kwargs), each with a default."""
-    params = fn.inspect().get("signature")
-    by_name = {p["name"]: p for p in params or ()}
-    listed = f"a function with parameters ({', '.join(by_name)})"
-    for n in names if params else ():
-        if n not in by_name and not any(p["kind"] == "VAR_KEYWORD" for p in params):
-            fail(f"no parameter {n}", tried=f"calling {call}", got=listed, expected=f"the signature {signature}",
-                 cause=f"the parameter `{n}` was removed or renamed", fix=f"keep the exercise's signature: def {signature}:")
-        if n in by_name and not by_name[n]["has_default"]:
-            fail(f"{n} has no default value", tried=f"calling {call}", got=listed, expected=f"the signature {signature}",
-                 cause=f"`{n}` lost its default, so a call without it fails", fix=f"keep the exercise's signature: def {signature}:")
-
-
-def table(*rows: tuple) -> list[Known]:
-    """A check's table: rows (key, summary, cause, fix, *ways), each way a way of writing that mistake."""
-    return [k for key, summary, cause, fix, *ways in rows for k in known(key, summary, cause, fix, *ways)]
 
 
 # ============================================================================ one query against every key

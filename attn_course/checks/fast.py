@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .boundary import probe
-from .compare import Failure, same
+from .compare import Failure, call_or_skip, same
 from .core import Learner, LearnerRaised, as_tensor, check, fail, fmt, learner_error
 from .kit import Known, Suspects, explain_raise, watch
 
@@ -29,6 +29,7 @@ __all__ = ["check_online_softmax", "check_tiled_attention", "check_causal_tiled_
            "Known", "Pass", "Loop", "SOFTMAX_MISTAKES", "TILED_MISTAKES", "CAUSAL_MISTAKES"]
 
 Tensor = torch.Tensor
+Blocks = Callable[[int, int], list[tuple[int, int]]]  # (n, block_size) -> the (start, end) of each block
 
 
 # ============================================================================ the algorithms, step by step
@@ -37,12 +38,12 @@ def _blocks(n: int, b: int) -> list[tuple[int, int]]:
     return [(s, min(s + b, n)) for s in range(0, n, b)]
 
 
-def _ends(end: Callable[[int, int], int]) -> Callable[[int, int], list[tuple[int, int]]]:
+def _ends(end: Callable[[int, int], int]) -> Blocks:
     """Blocks whose end is ``end(start, b)`` instead of start + b (a slice off by one)."""
     return lambda n, b: [(s, min(end(s, b), n)) for s in range(0, n, b) if min(end(s, b), n) > s]
 
 
-def _keys(blocks: Callable[[int, int], list[tuple[int, int]]]) -> Callable[..., list[tuple[int, int]]]:
+def _keys(blocks: Blocks) -> Callable[..., list[tuple[int, int]]]:
     """Key blocks from ``blocks(n_k, b)``, those before the query block's end when causal."""
     return lambda n, b, qs, qe, causal: [t for t in blocks(n, b) if not causal or t[0] < qe]
 
@@ -61,7 +62,7 @@ class Pass:
     ``blocks(n, b)`` read; ``block_max(block)``; ``new_max(m, block max)``; ``factor(m_old, m_new)`` on the
     running sum; ``finish(x, m, l)``; ``start`` the first running max."""
 
-    blocks: Callable[[int, int], list[tuple[int, int]]] = _blocks
+    blocks: Blocks = _blocks
     block_max: Callable[[Tensor], Tensor] = lambda block: block.amax(-1, keepdim=True)
     new_max: Callable[[Tensor, Tensor], Tensor] = torch.maximum
     factor: Callable[[Tensor, Tensor], Tensor] = _shrink
@@ -87,7 +88,7 @@ class Loop:
     l)``; ``update_max``: m = m_new after each tile; ``short``: rows never computed are left out."""
 
     scale: Callable[[Tensor, Tensor, Tensor, int], float] = lambda q, k, v, b: q.shape[-1] ** -0.5
-    q_blocks: Callable[[int, int], list[tuple[int, int]]] = _blocks
+    q_blocks: Blocks = _blocks
     k_blocks: Callable[..., list[tuple[int, int]]] = _keys(_blocks)
     hide: Callable[[Tensor, Tensor, int, int], Tensor] = lambda rows, cols, qs, ks: cols > rows
     masked: Callable[[int, int, int, int], bool] = lambda qs, qe, ks, ke: ke - 1 > qs
@@ -323,28 +324,9 @@ CAUSAL_MISTAKES: list[Known] = [
 
 
 # ============================================================================ known exceptions
-def _softmax_no_keepdim(x: Tensor, b: int) -> Tensor:  # raises on inputs with leading axes
-    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
-    l = torch.zeros_like(m)
-    for s, e in _blocks(x.shape[-1], b):
-        m_new = torch.maximum(m, x[..., s:e].amax(-1))
-        l = l * torch.exp(m - m_new) + torch.exp(x[..., s:e] - m_new).sum(-1)
-        m = m_new
-    return torch.exp(x - m) / l
-
-
-def _tiled_no_keepdim(q, k, v, b):
-    s = q[..., :b, :] @ k[..., :b, :].transpose(-2, -1)
-    m = torch.full(s.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
-    m_new = torch.maximum(m, s.amax(-1))
-    return torch.exp(s - m_new) @ v[..., :b, :] + torch.zeros_like(m) * torch.exp(m - m_new)
-
-
-def _tiled_out_q_width(q, k, v, b):  # the output allocated with q's width d_k: raises when d_v ≠ d_k
+def _q_width(q: Tensor, k: Tensor, v: Tensor, b: int) -> None:  # the output allocated with q's width: d_v ≠ d_k raises
     out = torch.zeros(q.shape, dtype=q.dtype)
-    for qs, qe in _blocks(q.shape[-2], b):
-        out[..., qs:qe, :] = torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=q.dtype)
-    return out
+    out[..., :b, :] = torch.zeros(q.shape[:-2] + (min(b, q.shape[-2]), v.shape[-1]), dtype=q.dtype)
 
 
 _KEEPDIM = "reduce with keepdim=True: {}.amax(dim=-1, keepdim=True)"
@@ -352,11 +334,12 @@ _Q_WIDTH = ("you allocated the output (or acc) with q's width d_k, but each outp
             "which have d_v columns", "allocate with v.shape[-1] columns: torch.empty(q.shape[:-1] + (v.shape[-1],))")
 # (cause, fix, construct): a construct raising the very same message on the case is the cause
 _SOFTMAX_RAISES = [("you took the block's max (or sum) without keepdim=True, so a (..., 1) tensor met a (...,) one "
-                    "and broadcast into the wrong shape", _KEEPDIM.format("block"), _softmax_no_keepdim)]
+                    "and broadcast into the wrong shape", _KEEPDIM.format("block"),
+                    Pass(block_max=lambda block: block.amax(-1)))]
 _TILED_RAISES = [
-    (*_Q_WIDTH, _tiled_out_q_width),
+    (*_Q_WIDTH, _q_width),
     ("you took the row max (or sum) without keepdim=True, so a (…, b, 1) tensor met a (…, b) one and broadcast "
-     "into the wrong shape", _KEEPDIM.format("s"), _tiled_no_keepdim),
+     "into the wrong shape", _KEEPDIM.format("s"), Loop(tile_max=lambda s: s.amax(-1))),
     ("k.T reverses *all* axes of a batched k, not just the last two",
      "transpose the last two axes: k_block.transpose(-2, -1) (or k_block.mT)",
      lambda q, k, v, b: q[..., :b, :] @ k[..., :b, :].T),
@@ -387,15 +370,15 @@ class Case:
     causal: bool = False
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def _case(name: str, args: tuple[Tensor, ...], b: int, causal: bool = False) -> Case:
+    """``args`` (x, or q, k, v) with block size ``b``, the oracle's answer in float64, the tolerance of their dtype."""
+    wide = [a.double() for a in args]
+    expected = torch.softmax(*wide, -1) if len(args) == 1 else F.scaled_dot_product_attention(*wide, is_causal=causal)
+    return Case(name, (*args, b), expected, *((1e-5, 1e-4) if args[0].dtype == torch.float64 else (2e-5, 1e-3)),
+                b, causal)
 
 
-def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    return (1e-5, 1e-4) if dtype == torch.float64 else (2e-5, 1e-3)
-
-
-def _block_offsets(n: int, b: int, pattern: str, spread: float, g: torch.Generator) -> Tensor:
+def _offsets(n: int, b: int, pattern: str, spread: float, g: torch.Generator) -> Tensor:
     """(n,) an offset per position, constant on each block: maxima that rise, fall, or both (random steps)."""
     count, f64 = len(_blocks(n, b)), torch.float64
     if pattern != "mixed":
@@ -405,14 +388,14 @@ def _block_offsets(n: int, b: int, pattern: str, spread: float, g: torch.Generat
 
 
 def _rows(shape: tuple[int, ...], b: int, seed: int, pattern: str = "mixed", dtype=torch.float64) -> Tensor:
-    g = _gen(seed)
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) + _block_offsets(shape[-1], b, pattern, 4.0, g)).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) + _offsets(shape[-1], b, pattern, 4.0, g)).to(dtype)
 
 
 def _extreme_rows(levels: Sequence[Sequence[float]], b: int, seed: int) -> Tensor:
     """Rows whose blocks sit at the given levels (plus a little noise in [0, 5))."""
     x = torch.stack([torch.tensor(level, dtype=torch.float64).repeat_interleave(b) for level in levels])
-    return x + 5 * torch.rand(x.shape, generator=_gen(seed), dtype=torch.float64)
+    return x + 5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 #: Rows whose blocks of 4 each span 200: a reference other than the block's maximum overflows float32.
@@ -429,7 +412,7 @@ def softmax_cases() -> tuple[Case, ...]:
                              [-800, -790, -805]], 4, 7)
     extreme32 = _extreme_rows([[60, -60, 50], [-30, 30, 95], [20, -80, 15], [95, 90, 93], [-120, -110, -115]],
                               4, 8).to(f32)
-    cases = [
+    return tuple(_case(name, (x,), b) for name, x, b in [
         ("x (4, 10) whose block maxima rise, block_size 3", _rows((4, 10), 3, 1, "rising"), 3),
         ("x (3, 12) whose block maxima fall, then rise, block_size 4", _rows((3, 12), 4, 2), 4),
         ("x (4, 10) whose block maxima fall, block_size 4", _rows((4, 10), 4, 3, "falling"), 4),
@@ -444,18 +427,17 @@ def softmax_cases() -> tuple[Case, ...]:
          extreme, 4),
         ("x (5, 12) in float32 with block maxima that rise and fall by up to 125, block_size 4", extreme32, 4),
         ("x (3, 8) in float32 whose blocks span up to 200, block_size 4", _SPREAD.to(f32), 4),
-    ]
-    return tuple(Case(name, (x, b), torch.softmax(x.double(), -1), *_tolerance(x.dtype), b) for name, x, b in cases)
+    ])
 
 
 def _qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, b: int, seed: int, pattern: str = "mixed",
          dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v whose scores rise and fall key block by key block (q leans towards the all-ones direction,
     each key block is shifted along it)."""
-    g = _gen(seed)
+    g = torch.Generator().manual_seed(seed)
     q = torch.randn(*lead, n_q, d_k, generator=g, dtype=torch.float64) + 1.0
     k = torch.randn(*lead, n_k, d_k, generator=g, dtype=torch.float64)
-    k = k + _block_offsets(n_k, b, pattern, 2.0, g)[:, None]
+    k = k + _offsets(n_k, b, pattern, 2.0, g)[:, None]
     v = torch.randn(*lead, n_k, d_v, generator=g, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
@@ -463,7 +445,7 @@ def _qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, b: int, 
 def _exact_qkv(scores: Tensor, d_v: int, seed: int, dtype: torch.dtype = torch.float64) -> tuple[Tensor, ...]:
     """q, k, v with q kᵀ / √d_k equal to ``scores`` (n_q, n_k): q = scores, k = √n_k · I."""
     n_k = scores.shape[-1]
-    v = torch.randn(n_k, d_v, generator=_gen(seed), dtype=torch.float64)
+    v = torch.randn(n_k, d_v, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return scores.to(dtype), (math.sqrt(n_k) * torch.eye(n_k, dtype=torch.float64)).to(dtype), v.to(dtype)
 
 
@@ -471,30 +453,18 @@ def _extreme_qkv(levels: Sequence[Sequence[float]], b: int, d_v: int, seed: int,
     return _exact_qkv(_extreme_rows(levels, b, seed), d_v, seed + 100, dtype)
 
 
-def _attention_cases(cases: list, causal: bool) -> tuple[Case, ...]:
-    out = []
-    for name, (q, k, v), b in cases:
-        expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
-        out.append(Case(name, (q, k, v, b), expected, *_tolerance(q.dtype), b, causal))
-    return tuple(out)
-
-
-def _worked() -> tuple[Tensor, Tensor, Tensor]:
-    from ..dot import worked_example
-
-    return worked_example()
-
-
 @functools.lru_cache(maxsize=None)
 def tiled_cases() -> tuple[Case, ...]:
     """The inputs ``check_tiled_attention`` tries, in order."""
+    from ..dot import worked_example  # imported here: attn_course.dot imports matplotlib
+
     f32 = torch.float32
     extreme = _extreme_qkv([[800, -200], [-300, 300], [-700, -705], [750, 740], [100, -700], [-20, -25],
                             [-800, -790]], 4, 3, 21)
     extreme32 = _extreme_qkv([[60, -60], [-30, 30], [-100, -105], [95, 90], [20, -80], [-2, -5], [-120, -110]],
                              4, 3, 22, f32)
-    return _attention_cases([
-        ("the 4×8 worked example (n = 4, d_k = d_v = 8), block_size 2", _worked(), 2),
+    return tuple(_case(name, qkv, b) for name, qkv, b in [
+        ("the 4×8 worked example (n = 4, d_k = d_v = 8), block_size 2", worked_example(), 2),
         ("q (10, 4), k (10, 4), v (10, 5) with rising scores, block_size 4", _qkv((), 10, 10, 4, 5, 4, 11, "rising"), 4),
         ("batch × heads (2, 3), n = 37, d_k = 8, d_v = 3, block_size 16", _qkv((2, 3), 37, 37, 8, 3, 16, 12), 16),
         ("q, k (12, 4), v (12, 2), block_size 1", _qkv((), 12, 12, 4, 2, 1, 13), 1),
@@ -509,12 +479,14 @@ def tiled_cases() -> tuple[Case, ...]:
          extreme, 4),
         ("float32 scores whose tile maxima rise and fall by up to 120 (7 queries, 8 keys), block_size 4", extreme32, 4),
         ("float32 scores whose tiles span up to 200 (3 queries, 8 keys), block_size 4", _exact_qkv(_SPREAD, 3, 23, f32), 4),
-    ], causal=False)
+    ])
 
 
 @functools.lru_cache(maxsize=None)
 def causal_cases() -> tuple[Case, ...]:
     """The inputs ``check_causal_tiled_attention`` tries, in order."""
+    from ..dot import worked_example
+
     f32 = torch.float32
     extreme = _extreme_qkv([[800, -200, 700, -100], [-300, 300, -10, 900], [750, 740, 745, 748], [100, -700, 90, -650],
                             [-20, -25, -700, -10], [-800, -790, -805, -795], [-20000, -20010, -19995, -20005],
@@ -522,8 +494,8 @@ def causal_cases() -> tuple[Case, ...]:
     extreme32 = _extreme_qkv([[60, -60, 50, -20], [-30, 30, -10, 95], [95, 90, 93, 94], [20, -80, 15, -75],
                               [-2, -5, -100, -1], [-120, -110, -115, -112], [40, -50, 38, -60], [-10, 80, -20, 85]],
                              2, 3, 32, f32)
-    return _attention_cases([
-        ("the 4×8 worked example (n = 4, d_k = d_v = 8), block_size 2", _worked(), 2),
+    return tuple(_case(name, qkv, b, causal=True) for name, qkv, b in [
+        ("the 4×8 worked example (n = 4, d_k = d_v = 8), block_size 2", worked_example(), 2),
         ("q, k (10, 4), v (10, 5) with rising scores, block_size 4", _qkv((), 10, 10, 4, 5, 4, 21, "rising"), 4),
         ("batch × heads (2, 3), n = 37, d_k = 8, d_v = 3, block_size 16", _qkv((2, 3), 37, 37, 8, 3, 16, 22), 16),
         ("q, k (12, 4), v (12, 2), block_size 1", _qkv((), 12, 12, 4, 2, 1, 23), 1),
@@ -535,7 +507,7 @@ def causal_cases() -> tuple[Case, ...]:
          _qkv((1, 1), 1, 1, 5, 1, 4, 28), 4),
         ("scores from −20000 to 900 whose tile maxima rise and fall by up to 1000 (n = 8), block_size 2", extreme, 2),
         ("float32 scores whose tile maxima rise and fall by up to 120 (n = 8), block_size 2", extreme32, 2),
-    ], causal=True)
+    ])
 
 
 # ============================================================================ judging the values
@@ -561,9 +533,9 @@ def _run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Know
             raise Failure(learner_error(exc, tried=tried, expected="a tensor shaped like x" if softmax else
                                         "a tensor (..., n_q, d_v)", **explain_raise(exc, constructs, _PATTERNS))) from None
     for i, (case, out, tried) in enumerate(answers):
-        if not _right(out, case):
+        if not _right(out, case):  # the rows' outputs on the check's own cases are remembered: None where they raise
             suspects.table = [k for k in suspects.table if all(
-                (o := _output(k, c)) is None or same(a, o, atol=c.atol, rtol=c.rtol) for c, a, _ in answers[i + 1:])]
+                (o := k.make(*c.args)) is None or same(a, o, atol=c.atol, rtol=c.rtol) for c, a, _ in answers[i + 1:])]
             if not suspects.suspects(out, case.args):
                 _measure(fn, out, case, tried, softmax)
         suspects.expect(out, case.expected, case.args, tried=tried, what="your result" if softmax else "your output",
@@ -572,7 +544,7 @@ def _run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Know
     for case, out, tried in answers:  # right values, and no less precise than the input
         given = case.args[0].dtype
         if _PRECISION.get(out.dtype, 0) < _PRECISION[given]:
-            got, want = str(out.dtype).replace("torch.", ""), str(given).replace("torch.", "")
+            got, want = (str(t).replace("torch.", "") for t in (out.dtype, given))
             fail(f"result in {got} for {want} input", tried=tried,
                  got=f"a {got} result, close to the right values but with {got}'s precision",
                  expected=f"a {want} result, like the input",
@@ -582,22 +554,15 @@ def _run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Know
 
 
 def _right(out: Tensor, case: Case) -> bool:
-    return tuple(out.shape) == tuple(case.expected.shape) and same(out, case.expected, atol=case.atol, rtol=case.rtol)
-
-
-def _output(known: Known, case: Case) -> Tensor | None:
-    try:
-        out = known.make(*case.args)
-    except Exception:  # noqa: BLE001 - this mistake cannot happen on this case
-        return None
-    return out if isinstance(out, Tensor) else None
+    return same(out, case.expected, atol=case.atol, rtol=case.rtol)
 
 
 _OUTPUTS: dict[tuple[str, str, int], Any] = {}
 
 
 def _remembered(exercise: str, cases: Sequence[Case], table: Sequence[Known]) -> list[Known]:
-    """The table with each row's output on the check's own cases computed once per process (they are fixed)."""
+    """The table with each row's output on the check's own cases computed once per process (they are fixed;
+    None where the row raises)."""
     index = {id(c.args[0]): i for i, c in enumerate(cases)}
 
     def once(known: Known) -> Callable[..., Any]:
@@ -606,10 +571,7 @@ def _remembered(exercise: str, cases: Sequence[Case], table: Sequence[Known]) ->
             if i is None or any(a is not b for a, b in zip(args, cases[i].args)):
                 return known.make(*args)
             if (exercise, known.key, i) not in _OUTPUTS:
-                try:
-                    _OUTPUTS[exercise, known.key, i] = known.make(*args)
-                except Exception:  # noqa: BLE001 - this mistake cannot happen on this case
-                    _OUTPUTS[exercise, known.key, i] = None
+                _OUTPUTS[exercise, known.key, i] = call_or_skip(lambda: known.make(*args))
             return _OUTPUTS[exercise, known.key, i]
         return make
 
@@ -637,14 +599,12 @@ def _measure(fn: Learner, out: Tensor, case: Case, tried: str, softmax: bool) ->
         return  # the engine's shape diagnosis follows
     if not out.is_floating_point():
         return
-    a = out.double()
-    wrong = ~torch.isclose(a, e, atol=case.atol, rtol=case.rtol)
-    n, b = (e.shape[-1], case.block) if softmax else (e.shape[-2], case.block)
-    rows = (lambda t: t.movedim(-1, 0).reshape(n, -1)) if softmax else (lambda t: t.movedim(-2, 0).reshape(n, -1))
-    bad = rows(wrong).any(1)  # (n,) positions (columns of x, query rows) with a wrong entry
+    a, axis, b = out.double(), -1 if softmax else -2, case.block
+    n, unit = e.shape[axis], "columns" if softmax else "rows"
+    rows = lambda t: t.movedim(axis, 0).reshape(n, -1)  # noqa: E731 - (n, everything else): a row per position
+    bad = rows(~torch.isclose(a, e, atol=case.atol, rtol=case.rtol)).any(1)  # (n,) positions with a wrong entry
     ps, pe = _blocks(n, b)[-1]
-    unit = "columns" if softmax else "rows"
-    if pe - ps < b and len(_blocks(n, b)) > 1 and bad[ps:].any() and not bad[:ps].any():
+    if pe - ps < b and ps > 0 and bad[ps:].any() and not bad[:ps].any():
         fail(f"wrong only in the last, partial block ({unit} {ps}–{pe - 1})", tried=tried,
              got=f"the {unit} of every full block are right, but {unit} {ps}–{pe - 1} (the last block, {pe - ps} long "
                  f"instead of {b}) are wrong", expected="the same computation for a block shorter than block_size",
@@ -652,17 +612,25 @@ def _measure(fn: Learner, out: Tensor, case: Case, tried: str, softmax: bool) ->
                    "blocks, or a buffer of size block_size)",
              fix="use range(0, n, block_size) and slices [start:start + block_size], which stop at the end by "
                  "themselves, and size every buffer from the slice you got")
-    zero = (rows(a).abs() < 1e-30).all(1) & (rows(e).abs() > 1e-12).any(1)
-    if not softmax and bad.any() and not bad.all() and not (bad & ~zero).any():  # some rows right, the rest 0
-        shown = [int(i) for i in bad.nonzero()]
-        first, d_k = shown[0], case.args[0].shape[-1]
-        stop = f" (it stops at {first} = d_k = q.shape[-1]: n_q is q.shape[-2])" if first == d_k and shown == \
-            list(range(first, n)) else ""
-        fail(f"output rows never written ({_list(shown)})", tried=tried,
-             got=f"rows {_list(shown)} of your output are 0 (what torch.zeros or a fresh torch.empty holds); the "
-                 "other rows are right", expected="every row computed",
-             cause=f"your query loop never writes these rows{stop}",
-             fix="visit every query block: for q_start in range(0, n_q, block_size)")
+    if not softmax and bad.any() and not bad.all():  # some rows right: were the others written at all?
+        zero = (rows(a).abs() < 1e-30).all(1) & (rows(e).abs() > 1e-12).any(1)
+        # a computed row doubles when v doubles (exactly: × 2 commutes with rounding); memory never written does not
+        q, k, v, _ = case.args
+        doubled = call_or_skip(lambda: as_tensor(fn(q, k, 2 * v, b), tried=tried))
+        stale = ~rows(torch.isclose(doubled.double(), 2 * a, atol=case.atol, rtol=case.rtol, equal_nan=True)).all(1) \
+            if doubled is not None and doubled.shape == out.shape else torch.zeros_like(zero)
+        if not (bad & ~zero & ~stale).any():
+            shown = [int(i) for i in bad.nonzero()]
+            first, d_k = shown[0], case.args[0].shape[-1]
+            stop = f" (it stops at {first} = d_k = q.shape[-1]: n_q is q.shape[-2])" if first == d_k and shown == \
+                list(range(first, n)) else ""
+            fail(f"output rows never written ({_list(shown)})", tried=tried,
+                 got=f"rows {_list(shown)} of your output " + ("are 0 (what torch.zeros or a fresh torch.empty holds)"
+                     if bool(zero[bad].all()) else "are 0 or do not double when v is doubled, as computed rows do "
+                     "(torch.empty leaves whatever the memory held)") + "; the other rows are right",
+                 expected="every row computed",
+                 cause=f"your query loop never writes these rows{stop}",
+                 fix="visit every query block: for q_start in range(0, n_q, block_size)")
     if torch.isnan(a).all() and a.numel() > 1:
         fail("NaN from the first block on", tried=tried, got=f"every entry of {what} is NaN", expected="finite numbers",
              cause="the first update of the running state already gives NaN (common causes: rescaling by "
@@ -741,22 +709,18 @@ def _temperature(a: Tensor, case: Case) -> float | None:
 
 
 def _leak(fn: Learner, case: Case, tried: str) -> None:
-    """Causal: change the last key and value only; every earlier row of a causal answer must stay put."""
+    """Causal: change the last key and value only; every earlier row of a causal answer must stay put. (An answer
+    that differs between two calls on the same input, unwritten torch.empty memory, tells nothing.)"""
     q, k, v, b = case.args
     k2, v2 = k.clone(), v.clone()
     k2[..., -1, :] += 3.0
     v2[..., -1, :] -= 5.0
     try:
-        first, second = as_tensor(fn(q, k, v, b), tried=tried), as_tensor(fn(q, k2, v2, b), tried=tried)
+        first, second, again = (as_tensor(fn(q, k_, v_, b), tried=tried) for k_, v_ in ((k, v), (k2, v2), (k, v)))
     except Exception:  # noqa: BLE001 - this probe only adds evidence
         return
     n = q.shape[-2]
-    if n < 2 or tuple(first.shape) != tuple(second.shape) or first.shape[-2] != n:
-        return
-    try:  # an answer that differs between two calls on the same input (unwritten torch.empty memory) tells nothing
-        if not same(first, as_tensor(fn(q, k, v, b), tried=tried), atol=0, rtol=0):
-            return
-    except Exception:  # noqa: BLE001
+    if n < 2 or tuple(first.shape) != tuple(second.shape) or first.shape[-2] != n or not same(first, again, atol=0, rtol=0):
         return
     changed = ~torch.isclose(first[..., :-1, :].double(), second[..., :-1, :].double(), atol=1e-9, rtol=1e-7,
                              equal_nan=True)
@@ -789,14 +753,13 @@ def _reduction_rule(sizes: list[int], b: int, n: int, tried: str, *, unit: str, 
     if not sizes:
         return  # no torch reductions at all (plain Python numbers): nothing to judge by
     shown, top = ", ".join(map(str, sizes)), max(sizes)
+    whole = " (the whole row)" if top >= n else ""
     if b not in sizes:
-        fail("block_size not used", tried=tried, got=f"your maxima and sums combine {shown} numbers at a time"
-             + (" (the whole row)" if top >= n else "") + f", never block_size = {b}",
-             expected=f"blocks of block_size = {b} {unit}s",
+        fail("block_size not used", tried=tried, got=f"your maxima and sums combine {shown} numbers at a time{whole}, "
+             f"never block_size = {b}", expected=f"blocks of block_size = {b} {unit}s",
              cause=f"your loop reads a fixed number of {unit}s, whatever block_size says",
              fix=f"slice each block with block_size: {reads}")
     if top > b:
-        whole = " (the whole row)" if top >= n else ""
         fail(f"max or sum over {'the whole row' if whole else f'{top} {unit}s'} as well as blocks", tried=tried,
              got=f"your maxima and sums combine {shown} numbers at a time: blocks of {b}, but also {top}{whole}",
              expected=f"every max and sum over one block of block_size = {b} {unit}s",
@@ -857,22 +820,21 @@ def _attention_structure(fn: Learner, name: str, causal: bool) -> None:
     _reduction_rule(seen["reductions"], b, n, tried, unit="key", reads="k[..., start:start + block_size, :]")
     # Work: few large blocks, d_k ≫ d_v, so reading the keys twice or one tile too many shows by ≥ 1.3×.
     n, d_k, d_v, b = 96, 8, 1, 32
-    q, k, v = _qkv((1,), n, n, d_k, d_v, b, 42)
     tried = f"{name}(q, k, v, {b}) on q, k (1, {n}, {d_k}), v (1, {n}, {d_v}), counting matrix-multiply FLOPs"
-    flops = fn.observe("fast.trace", q, k, v, b)["flops"]
+    flops = fn.observe("fast.trace", *_qkv((1,), n, n, d_k, d_v, b, 42), b)["flops"]
     needed = _tile_work(n, d_k, d_v, b, causal=causal)
     if flops <= 1.2 * needed:
         return
-    candidates = [("every tile, also those above the diagonal", _tile_work(n, d_k, d_v, b, causal=False)),
-                  ("one tile past the diagonal per query block", _tile_work(n, d_k, d_v, b, causal=True, extra=1))
-                  ] if causal else []
-    candidates.append(("the scores twice (a first pass for the maximum, then the sums)",
+    # (summary, what the work matches, its FLOPs)
+    candidates = [("computes the tiles above the diagonal", "every tile, also those above the diagonal",
+                   _tile_work(n, d_k, d_v, b, causal=False)),
+                  ("computes one tile past the diagonal", "one tile past the diagonal per query block",
+                   _tile_work(n, d_k, d_v, b, causal=True, extra=1))] if causal else []
+    candidates.append(("reads the keys twice", "the scores twice (a first pass for the maximum, then the sums)",
                        _tile_work(n, d_k, d_v, b, causal=causal, passes=2)))
-    named = next((what for what, work in candidates if abs(flops - work) <= 0.02 * work), "")
-    above = causal and named.startswith(("every tile", "one tile"))
-    summary = ("computes one tile past the diagonal" if named.startswith("one tile") else
-               "computes the tiles above the diagonal") if above else \
-        "reads the keys twice" if named.startswith("the scores twice") else "does more work than one pass"
+    summary, named = next(((s, w) for s, w, work in candidates if abs(flops - work) <= 0.02 * work),
+                          ("does more work than one pass", ""))
+    above = "diagonal" in summary
     fail(summary, tried=tried,
          got=f"{fmt(flops)} matrix-multiply FLOPs, {fmt(flops / needed)} × what one pass needs" + (f": {named}" if named else ""),
          expected=f"{fmt(needed)}: each tile{' on or below the diagonal' if causal else ''} computed once",

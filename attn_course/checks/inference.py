@@ -1,11 +1,8 @@
-"""Checks for notebook 11 (attention at inference): KVCache, bottom_right_causal_mask, merge_partials,
-sliding_window_mask and sliding_window_attention.
-
-Oracles: ``F.scaled_dot_product_attention`` in float64 (causal, or with an explicit boolean mask); for the
-masks ``torch.ones(n_q, n_k).tril(n_k − n_q)`` (what ``causal_lower_right`` materialises); for the merge its
-definition in float64. Each check has a table of :class:`~.kit.Known` mistakes judged by one
-:class:`~.kit.Suspects`; when none reproduces a wrong answer, the check measures what it can: which keys a
-query saw, which factor each side of a merge got, in which setting (one tile, no window…) the answer goes wrong.
+"""Checks for notebook 11 (attention at inference): KVCache, the two masks, merge_partials and the tiled
+sliding_window_attention. Oracles in float64: ``F.scaled_dot_product_attention``, ``tril(n_k − n_q)`` (what
+``causal_lower_right`` builds) and the merge's definition. When no :class:`~.kit.Known` mistake reproduces a wrong
+answer, the check measures what it can: which keys a query saw, which factor each side of a merge got, in which
+setting (one tile, no window…) the answer goes wrong.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import torch.nn.functional as F
 from .boundary import probe
 from .compare import Failure, describe_mismatch, fmt, same
 from .core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, expect_shape, fail, learner_error
-from .kit import Known, Suspects, explain_raise, watch
+from .kit import Known, Suspects, call_explained, lower_precision, unpack, watch
 
 __all__ = ["check_KVCache", "check_bottom_right_causal_mask", "check_merge_partials", "check_sliding_window_mask",
            "check_sliding_window_attention"]
@@ -39,76 +36,37 @@ def _sdpa(q, k, v, mask=None) -> torch.Tensor:
     return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
 
 
-def _attn(q, k, v, *, scale=None, mask=None, dim=-1) -> torch.Tensor:
-    """softmax(q kᵀ · scale) v in float64, with a bool mask (True = keep); rows without keys give zeros."""
-    q, k, v = q.double(), k.double(), v.double()
+def _attn(q, k, v, *, scale=None, mask=None, dim=-1, naive=False) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v in float64 (rows with no kept key: 0); ``naive``: unshifted, in q's dtype."""
+    q, k, v = (q, k, v) if naive else (q.double(), k.double(), v.double())
     s = q @ k.transpose(-2, -1) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    if naive:
+        return (s.exp() / s.exp().sum(-1, keepdim=True)) @ v
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     return torch.nan_to_num(torch.softmax(s, dim=dim), nan=0.0) @ v
 
 
-def _naive_attn(q, k, v) -> torch.Tensor:
-    """Softmax without the max shift, in the input's dtype: overflows for large scores."""
-    e = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
-    return (e / e.sum(-1, keepdim=True)) @ v
-
-
-# ================================================================================== could move to the kit
-_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
-
-
-def _precision(got: torch.Tensor, dtype: torch.dtype, *, tried: str, what: str) -> None:
-    """Fail when ``got`` (right to its own precision) has a narrower floating-point dtype than the inputs."""
-    if got.is_floating_point() and _BITS.get(got.dtype, 99) < _BITS.get(dtype, 0):
-        low, inputs = _name(got.dtype), _name(dtype)
-        fail(f"computed in {low}, not {inputs}", tried=tried, got=f"{what}: {low} values, although the inputs are "
-             f"{inputs}", expected=f"the results at {inputs} precision", cause=f"part of your computation ran in {low} "
-             f"(.float(), .half(), .to({low}) or dtype={low}), which keeps fewer significant digits",
-             fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one is not)")
-
-
 #: (type, regex, cause, fix): messages whose meaning the exercises of this notebook make certain.
 _PATTERNS = [
     ("RuntimeError", r"upper bound and lower bound inconsistent with step sign",
-     "torch.arange(start, end) got start > end: a bound on the line shown is computed wrong (or the two are swapped)",
-     "print the bounds on the line shown; a range of positions runs from the smaller to the larger"),
+     "torch.arange(start, end) got start > end: a bound on the line shown is wrong (or the two are swapped)",
+     "print the bounds; a range of positions runs from the smaller to the larger"),
     ("RuntimeError", r"Subtraction, the `-` operator, with a bool tensor",
-     "a `-` met a bool tensor: a mask (True/False) stands where numbers were meant, or a mask is negated with − "
-     "instead of ~", "negate masks with ~; subtract only numbers (print the dtype of both sides on the line shown)"),
+     "a `-` met a bool tensor: a mask stands where numbers were meant, or a mask is negated with − instead of ~",
+     "negate masks with ~; subtract only numbers"),
     ("TypeError", r"'float' object cannot be interpreted as an integer",
-     "a float where Python needs an integer (a range bound, a size): a / division gives a float even for whole "
-     "numbers", "use // for positions and block counts (or int(...))"),
+     "a float where Python needs an integer (a range bound, a size): / gives a float even for whole numbers",
+     "use // for positions and block counts (or int(...))"),
 ]
-_AXIS_FROM_FRONT = ("IndexError", r"Dimension out of range",
-                    "your code names an axis by its number from the front (such as transpose(2, 3) or dim=2), which "
-                    "does not exist when there are fewer leading axes",
+_AXIS_FROM_FRONT = ("IndexError", r"Dimension out of range", "your code numbers an axis from the front (transpose(2, "
+                    "3), dim=2), which does not exist with fewer leading axes",
                     "count axes from the end: the sequence axis is dim=-2, K.transpose(-2, -1)")
-
-
-class _Suspects(Suspects):
-    """The kit's engine, matching a mistake on the case before asking whether an earlier case rules it out: the
-    same suspects, but a mistake that does not match is never computed on every passed case (could move to the kit)."""
-
-    def suspects(self, actual: torch.Tensor, case: tuple, expected: torch.Tensor | None = None) -> list[Known]:
-        tol = dict(atol=self.atol, rtol=self.rtol)
-        return [k for k in self.table if (out := k.on(case).value()) is not None and same(actual, out, **tol)
-                and not (expected is not None and same(out, expected, **tol)) and not self.ruled_out(k)]
-
-
-def _call(fn: Learner, *args: Any, tried: str, expected: str, constructs=(), patterns=_PATTERNS) -> Any:
-    """``fn(*args)``; an exception is explained by ``constructs`` / ``patterns`` (see :func:`~.kit.explain_raise`)."""
-    try:
-        return fn(*args)
-    except LearnerRaised as exc:
-        hint = explain_raise(exc, constructs, patterns)
-        raise Failure(learner_error(exc, tried=tried, expected=expected, **hint)) from None
 
 
 # ================================================================================== KVCache
 _FIX_APPEND = "torch.cat([cached, new], dim=-2): the sequence axis, new tokens after the cached ones"
 _WRONG_AXIS = "cache appended on the wrong axis"
-_STACKED = "you stacked the tokens along a new axis instead of concatenating them along the sequence axis (-2)"
 _SHARED_FIX = "create the storage in __init__: self.k = self.v = None"
 
 
@@ -116,82 +74,77 @@ def _kept(old, part):
     return part if old is None else torch.cat([old, part], dim=-2)
 
 
-#: A case of append: (old, new, shared, keys) = the right cache before this call (None at first), the new tokens,
-#: every token appended to any cache so far (two caches in use, else None), the right K (when judging V).
+#: A case of append: (old, new, keys) = the right cache before this call (None at first), the new tokens, the right
+#: K (when judging V). (Caches sharing their storage are named by _expect_cache.)
 APPEND = [
-    Known("shared", "the two caches share their storage", "two KVCache objects returned each other's tokens: the "
-          "cache lives in a class attribute (e.g. `keys = []` written in the class body), which every instance "
-          "shares", "create the storage in __init__: self.k = None (or self.keys = [])",
-          lambda old, new, shared, keys: torch.cat([shared, new], dim=-2)),
-    *[Known(f"kept_{which}", f"append kept only the {which} of several new tokens", f"when several tokens arrive at "
-            f"once (a prompt), you stored only the {which} one", "store every new token: torch.cat([cached, k], "
-            "dim=-2) takes all n_new rows of k", lambda old, new, *_, i=i: _kept(old, new[..., i:i + 1 or None, :])
-            if new.shape[-2] > 1 else None) for which, i in (("first", 0), ("last", -1))],
-    Known("new_first", "cache appended in the wrong order", "you put the new token before the cached ones "
-          "(torch.cat([new, cached]))", "new tokens go last: " + _FIX_APPEND,
-          lambda old, new, *_: torch.cat([new, old], dim=-2)),
-    Known("stale", "returned the cache before appending", "you returned the cache as it was before the new token "
-          "was added", "append first, then return the whole cache", lambda old, new, *_: old),
-    *[Known(f"cat{dim}", _WRONG_AXIS, f"you concatenated along {'the feature axis (-1)' if dim == -1 else f'axis {dim}'}"
-            ", not the sequence axis (-2)", _FIX_APPEND, lambda old, new, *_, dim=dim: torch.cat([old, new], dim=dim))
-      for dim in (-1, -3, -4)],
-    *[Known(f"stack{dim}", _WRONG_AXIS, _STACKED, _FIX_APPEND,
+    *[Known(f"kept_{which}", f"append kept only the {which} of several new tokens", f"when a prompt arrives at once, "
+            f"you stored only its {which} token", "store every new token: torch.cat([cached, k], dim=-2)",
+            lambda old, new, *_, i=i: _kept(old, new[..., i:i + 1 or None, :]) if new.shape[-2] > 1 else None)
+      for which, i in (("first", 0), ("last", -1))],
+    Known("new_first", "cache appended in the wrong order", "you put the new token before the cached ones",
+          "new tokens go last: " + _FIX_APPEND, lambda old, new, *_: torch.cat([new, old], dim=-2)),
+    Known("stale", "returned the cache before appending", "you returned the cache as it was before the new token",
+          "append first, then return the whole cache", lambda old, new, *_: old),
+    *[Known(f"cat{dim}", _WRONG_AXIS, f"you concatenated along {axis}, not the sequence axis (-2)", _FIX_APPEND,
+            lambda old, new, *_, dim=dim: torch.cat([old, new], dim=dim))
+      for dim, axis in ((-1, "the feature axis (-1)"), (-3, "axis -3"), (-4, "axis -4"))],
+    *[Known(f"stack{dim}", _WRONG_AXIS, "you stacked the tokens along a new axis instead of concatenating them along "
+            "the sequence axis (-2)", _FIX_APPEND,
             lambda old, new, *_, dim=dim: torch.stack([new] if old is None else [old, new], dim=dim))
       for dim in range(-5, 0)],
     Known("keys_as_v", "append returned the keys as V", "the second element append returns is the keys",
-          "return self.k, self.v", lambda old, new, shared, keys: keys),
+          "return self.k, self.v", lambda old, new, keys: keys),
 ]
 
-_ITSELF = ("the newest token does not attend to itself", "your query attends to the tokens before it but not to its "
-           "own key (positions off by one)", "append the new token's k and v first, then attend over every cached "
-           "key, the newest included")
+
+def _scaled(q, K, scale=None) -> torch.Tensor:
+    return q.double() @ K.double().mT * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+_ITSELF = ("the newest token does not attend to itself", "your query sees the tokens before it but not its own key",
+           "append the new k and v first, then attend over every cached key")
 #: A case of attend: (q, K, V) = the newest query (..., 1, d_k) and the right cache.
-ATTEND = [
-    Known("naive", "no maximum subtracted", "your softmax exponentiates the raw scores, so e^100 overflowed (inf/inf "
-          "= NaN)", "use torch.softmax (or subtract each row's maximum before exp)", _naive_attn),
-    Known("no_self", *_ITSELF, lambda q, K, V: _attn(q, K[..., :-1, :], V[..., :-1, :])),
-    Known("no_self_nan", *_ITSELF, lambda q, K, V: torch.full(q.shape[:-1] + V.shape[-1:], math.nan,
-                                                              dtype=torch.float64) if K.shape[-2] == 1 else None),
-    Known("unscaled", "scores not scaled", "you did not divide the scores by √d_k", "divide q Kᵀ by math.sqrt(d_k)",
-          lambda q, K, V: _attn(q, K, V, scale=1.0)),
-    Known("by_dk", "divided by d_k instead of √d_k", "you divided the scores by d_k", "divide by math.sqrt(d_k)",
-          lambda q, K, V: _attn(q, K, V, scale=1 / q.shape[-1])),
-    Known("dim", "softmax over the wrong axis", "you took the softmax over the query axis (-2): with one query every "
-          "weight is 1", "torch.softmax(scores, dim=-1): over the keys", lambda q, K, V: _attn(q, K, V, dim=-2)),
-    Known("top_left", "top-left alignment used for decode", "your query sees only key 0: with one query and several "
-          "keys, is_causal=True (or a mask built as tril over (1, t)) aligns the mask at the top-left corner",
-          "one new query may see every cached key: no mask at all (or a bottom-right aligned one)",
-          lambda q, K, V: V[..., :1, :].double() if K.shape[-2] > 1 else None),
-    Known("newest", "attended only to the newest token", "your output is the newest token's value: the query saw "
-          "one key", "attend over every cached key (the whole K and V)",
-          lambda q, K, V: V[..., -1:, :].double() if K.shape[-2] > 1 else None),
-    Known("k_as_v", "weights multiplied by K, not V", "you multiplied the weights by the keys", "output = weights @ V",
-          lambda q, K, V: _attn(q, K, K)),
-    Known("weights", "returned the weights, not the output", "attend returned softmax(q Kᵀ / √d_k), shape (..., 1, "
-          "t), without multiplying by V", "return weights @ V, shape (..., 1, d_v)",
-          lambda q, K, V: torch.softmax(q.double() @ K.double().mT / math.sqrt(q.shape[-1]), dim=-1)),
-    Known("no_softmax", "no softmax", "you multiplied V by the scaled scores themselves, not by their softmax",
-          "weights = torch.softmax(scores, dim=-1), then weights @ V",
-          lambda q, K, V: (q.double() @ K.double().mT / math.sqrt(q.shape[-1])) @ V.double()),
-    Known("mean", "uniform weights: the mean of V", "your output is the plain average of the cached values: every "
-          "key got the same weight, whatever the scores", "weight each value by softmax(q Kᵀ / √d_k)",
-          lambda q, K, V: V.double().mean(-2, keepdim=True) if K.shape[-2] > 1 else None),
-    Known("by_dv", "scores divided by √d_v instead of √d_k", "you scaled by the values' width d_v",
-          "divide by math.sqrt(q.shape[-1]) (d_k)",
-          lambda q, K, V: _attn(q, K, V, scale=1 / math.sqrt(V.shape[-1])) if V.shape[-1] != q.shape[-1] else None),
-]
+ATTEND = [Known(*row) for row in [
+    ("naive", "no maximum subtracted", "your softmax exponentiates the raw scores: e^100 overflowed (inf/inf = NaN)",
+     "use torch.softmax (or subtract each row's maximum before exp)", lambda q, K, V: _attn(q, K, V, naive=True)),
+    ("no_self", *_ITSELF, lambda q, K, V: _attn(q, K[..., :-1, :], V[..., :-1, :])),
+    ("no_self_nan", *_ITSELF, lambda q, K, V: torch.full(q.shape[:-1] + V.shape[-1:], math.nan, dtype=torch.float64)
+     if K.shape[-2] == 1 else None),
+    ("unscaled", "scores not scaled", "you did not divide the scores by √d_k", "divide q Kᵀ by math.sqrt(d_k)",
+     lambda q, K, V: _attn(q, K, V, scale=1.0)),
+    ("by_dk", "divided by d_k instead of √d_k", "you divided the scores by d_k", "divide by math.sqrt(d_k)",
+     lambda q, K, V: _attn(q, K, V, scale=1 / q.shape[-1])),
+    ("dim", "softmax over the wrong axis", "you took the softmax over the query axis (-2): with one query every "
+     "weight is 1", "torch.softmax(scores, dim=-1): over the keys", lambda q, K, V: _attn(q, K, V, dim=-2)),
+    ("top_left", "top-left alignment used for decode", "your query sees only key 0: is_causal=True (or tril over "
+     "(1, t)) aligns the mask at the top-left corner", "one new query sees every cached key: no mask (or a "
+     "bottom-right one)", lambda q, K, V: V[..., :1, :].double() if K.shape[-2] > 1 else None),
+    ("newest", "attended only to the newest token", "your output is the newest token's value: the query saw one key",
+     "attend over the whole K and V", lambda q, K, V: V[..., -1:, :].double() if K.shape[-2] > 1 else None),
+    ("k_as_v", "weights multiplied by K, not V", "you multiplied the weights by the keys", "output = weights @ V",
+     lambda q, K, V: _attn(q, K, K)),
+    ("weights", "returned the weights, not the output", "attend returned softmax(q Kᵀ / √d_k), shape (..., 1, t)",
+     "return weights @ V, shape (..., 1, d_v)", lambda q, K, V: torch.softmax(_scaled(q, K), dim=-1)),
+    ("no_softmax", "no softmax", "you multiplied V by the scaled scores, not by their softmax",
+     "weights = torch.softmax(scores, dim=-1), then weights @ V", lambda q, K, V: _scaled(q, K) @ V.double()),
+    ("mean", "uniform weights: the mean of V", "your output is the plain average of the cached values, whatever the "
+     "scores", "weight each value by softmax(q Kᵀ / √d_k)",
+     lambda q, K, V: V.double().mean(-2, keepdim=True) if K.shape[-2] > 1 else None),
+    ("by_dv", "scores divided by √d_v instead of √d_k", "you scaled by the values' width d_v",
+     "divide by math.sqrt(q.shape[-1]) (d_k)",
+     lambda q, K, V: _attn(q, K, V, scale=1 / math.sqrt(V.shape[-1])) if V.shape[-1] != q.shape[-1] else None)]]
 
 
 def _attend_constructs(q, K, V) -> list:
     """Wrong constructs whose exception attend may raise, reproduced on this call's q and cache."""
-    matmul = "use the @ operator (torch.matmul), which handles any number of leading axes"
-    return [("on batched input, K.T reverses every axis (the batch axes too)", "transpose only the last two axes: "
-             "K.transpose(-2, -1) (or K.mT)", lambda: q @ K.permute(*reversed(range(K.dim())))),
-            ("K.t() works on 2-D matrices only", "transpose only the last two axes: K.transpose(-2, -1)", lambda: K.t()),
+    matmul, last_two = "use the @ operator, which takes any leading axes", "transpose the last two axes: K.mT"
+    return [("on batched input, K.T reverses every axis (the batch axes too)", last_two,
+             lambda: q @ K.permute(*reversed(range(K.dim())))),
+            ("K.t() works on 2-D matrices only", last_two, lambda: K.t()),
             ("torch.mm multiplies 2-D matrices only", matmul, lambda: torch.mm(q, K.mT)),
             ("torch.bmm needs exactly 3-D tensors", matmul, lambda: torch.bmm(q, K.mT)),
             ("you computed the scores with V instead of K (q Vᵀ: d_v ≠ d_k here)",
-             "scores = q @ K.transpose(-2, -1) / math.sqrt(d_k); then weights @ V", lambda: q @ V.mT)]
+             "scores = q @ K.mT / math.sqrt(d_k)", lambda: q @ V.mT)]
 
 
 def _cache_cases() -> list[tuple[str, tuple, list[int]]]:
@@ -202,7 +155,8 @@ def _cache_cases() -> list[tuple[str, tuple, list[int]]]:
         return q.to(dtype), k.to(dtype), torch.randn(*lead, n, d_v, generator=g, dtype=torch.float64).to(dtype)
 
     return [("batch 2 × heads 3, 6 tokens one at a time, d_k = 8, d_v = 5", qkv((2, 3), 6, 8, 5), [1] * 6),
-            ("batch and heads of size 1, float32, 5 tokens, d_k = d_v = 4", qkv((1, 1), 5, 4, 4, torch.float32), [1] * 5),
+            ("batch and heads of size 1, float32, 5 tokens, d_k = d_v = 4", qkv((1, 1), 5, 4, 4, torch.float32),
+             [1] * 5),
             ("no batch axes (k is (1, 6)), 4 tokens, d_v = 3", qkv((), 4, 6, 3), [1] * 4),
             ("a prompt of 4 tokens appended at once, then 3 tokens one at a time, batch 2 × heads 2",
              qkv((2, 2), 7, 6, 4), [4, 1, 1, 1]),
@@ -216,152 +170,131 @@ def _rows(n: int) -> str:
     return f"{n} row" if n == 1 else f"{n} rows"
 
 
-def _construct(cls: Learner, tried: str) -> Learner:
+def _construct(cls: Learner) -> Learner:
     try:
         return cls.construct()
     except LearnerRaised as exc:
-        raise Failure(learner_error(exc, tried=tried, expected="an empty cache",
+        raise Failure(learner_error(exc, tried="KVCache()", expected="an empty cache",
                                     fix="KVCache() takes no arguments: start with self.k = self.v = None")) from None
 
 
+_SHARE = "(a class attribute such as `keys = []` in the class body)"
+_SHARED_AT_FIRST = ("RuntimeError", r"must match", f"the first append to a new KVCache() found tokens already stored: "
+                    f"every KVCache object shares the storage {_SHARE}", _SHARED_FIX)
+
+
 def _append(cache: Learner, k, v, *, tried: str, fresh: bool, expected) -> tuple[torch.Tensor, torch.Tensor]:
-    try:
-        result = cache.method("append")(k, v)
-    except LearnerRaised as exc:
-        if fresh and "must match" in exc.message:
-            raise Failure(learner_error(exc, tried=tried, expected="the new token's (K, V)", cause="the first "
-                          "append to a new KVCache() found tokens already stored: the storage is shared by every "
-                          "KVCache object (a class attribute such as `keys = []` in the class body)",
-                          fix=_SHARED_FIX)) from None
-        hint = explain_raise(exc, (), [_AXIS_FROM_FRONT, *_PATTERNS])
-        raise Failure(learner_error(exc, tried=tried, expected="the whole cache (K, V)", **hint)) from None
+    result = call_explained(cache.method("append"), k, v, tried=tried, expected="the whole cache (K, V)",
+                            patterns=[*([_SHARED_AT_FIRST] if fresh else []), _AXIS_FROM_FRONT, *_PATTERNS])
     if result is None:
         fail("append returned None", tried=tried, got="None", expected="the whole cache (K, V)",
-             cause="append stores the tokens but has no `return`",
-             fix="end append with `return self.k, self.v` (every key and value so far)")
-    if isinstance(result, torch.Tensor) or not isinstance(result, (tuple, list)) or len(result) != 2:
-        got = f"one tensor of shape {tuple(result.shape)}" if isinstance(result, torch.Tensor) else type(result).__name__
-        fail("append did not return (K, V)", tried=tried, got=got, expected="a tuple (K, V) of the whole cache",
-             fix="end append with `return self.k, self.v`")
-    for item, name in zip(result, "KV"):
-        if isinstance(item, (list, tuple)):
+             cause="append stores the tokens but has no `return`", fix="end append with `return self.k, self.v`")
+    for item, name in zip(result if isinstance(result, (tuple, list)) else (), "KV"):
+        if isinstance(item, (list, tuple)):  # more specific than unpack's words: the axis to join along
             fail(f"append returned {name} as a Python {type(item).__name__}", tried=tried,
                  got=f"a {type(item).__name__} of {len(item)} items as {name}", expected=f"{name} as one tensor",
                  fix="join the stored tokens into one tensor: torch.cat(list, dim=-2)")
-    K, V = (as_tensor(x, tried=tried, what=f"append's {n}") for x, n in zip(result, "KV"))
+    K, V = unpack(result, ("K", "V"), tried=tried, fix="end append with `return self.k, self.v`")
     if expected[0].shape != expected[1].shape and (K.shape, V.shape) == (expected[1].shape, expected[0].shape):
         fail("append returned (V, K)", tried=tried, got="the values first, then the keys", expected="(K, V)",
              fix="return self.k, self.v in that order")
     return K, V
 
 
-def _only_new_returned(cache: Learner, got, new, *, what: str, q_new, kv_all, kv_new, tried: str, tol: dict) -> None:
-    """When append returned only the tokens it was just given, ask attend whether the cache itself kept the earlier
-    ones: a cache that lost them ("overwritten") and one that kept them but returns the wrong thing are told apart."""
-    if not same(got, new, **tol):
-        return
-    try:
-        seen = as_tensor(cache.method("attend")(q_new), tried=tried, what="attend")
-    except (Failure, LearnerRaised, LearnerTimedOut):
-        seen = None
-    tokens = "the new token" if new.shape[-2] == 1 else f"the {new.shape[-2]} new tokens"
-    every = f"{_rows(kv_all[0].shape[-2])}: every token so far, oldest first"
-    if seen is not None and same(seen, _sdpa(q_new, *kv_all), **tol):
-        fail("append returned only the new tokens", tried=tried, got=f"{what} holds {tokens} only, yet attend(q) "
-             "sees every token appended so far: the cache itself is right", expected=f"{what} of the whole cache, {every}",
-             cause="append stores the tokens but returns the k and v it was given instead of the whole cache",
-             fix="end append with `return self.k, self.v`, after the concatenation")
-    if seen is not None and same(seen, _sdpa(q_new, *kv_new), **tol):
-        fail("cache overwritten", tried=tried, got=f"{what} holds {tokens} only, and attend(q) sees only {tokens} as "
-             "well", expected=every, cause="you replaced the cache with the newest token(s) instead of adding them to it",
-             fix="keep what is cached and append: " + _FIX_APPEND)
-    fail("append returned only the new tokens", tried=tried, got=f"{what} holds {tokens} only", expected=every,
-         cause="either the cache keeps only the newest token(s) (it is overwritten), or it keeps them all but append "
-               "returns the k and v it was given; attend's output is wrong as well, so it cannot tell which",
-         fix="keep what is cached and append (" + _FIX_APPEND + "), then `return self.k, self.v`")
-
-
-def _expect_cache(got, want, case, suspects: Suspects, *, tried: str, what: str, tol: dict) -> None:
+def _expect_cache(cache: Learner, got, want, case, suspects: Suspects, *, q_new, kv, tried: str, what: str,
+                  tol: dict) -> None:
+    """Judge ``got``, what append returned, against ``want`` on ``case`` of :data:`APPEND` (``kv``: the right (K, V)).
+    When it holds only the new tokens, attend(``q_new``) tells an overwritten cache from a wrong return."""
+    old, new = case[:2]
     n_got, n_want = (got.shape[-2], want.shape[-2]) if got.dim() >= 2 else (0, 0)
+    if old is not None and same(got, new, **tol):
+        try:
+            seen = as_tensor(cache.method("attend")(q_new), tried=tried, what="attend")
+        except (Failure, LearnerRaised, LearnerTimedOut):
+            seen = None
+        tokens = "the new token" if new.shape[-2] == 1 else f"the {new.shape[-2]} new tokens"
+        every = f"{_rows(n_want)}: every token so far, oldest first"
+        if seen is not None and same(seen, _sdpa(q_new, *kv), **tol):
+            fail("append returned only the new tokens", tried=tried, got=f"{what} holds {tokens} only, yet attend(q) "
+                 "sees every token so far", expected=f"{what} of the whole cache, {every}",
+                 cause="the cache itself is right, but append returns the k and v it was given",
+                 fix="end append with `return self.k, self.v`, after the concatenation")
+        if seen is not None and same(seen, _sdpa(q_new, *(x[..., -new.shape[-2]:, :] for x in kv)), **tol):
+            fail("cache overwritten", tried=tried, got=f"{what} holds {tokens} only, and attend(q) sees only "
+                 f"{tokens} as well", expected=every, cause="you replaced the cache with the newest token(s)",
+                 fix="keep what is cached and append: " + _FIX_APPEND)
+        fail("append returned only the new tokens", tried=tried, got=f"{what} holds {tokens} only", expected=every,
+             cause="either the cache is overwritten, or append returns the k and v it was given; attend is wrong "
+                   "too, so the check cannot tell which", fix=f"keep what is cached and append ({_FIX_APPEND}), then "
+                                                              "`return self.k, self.v`")
     alike = got.dim() == want.dim() and tuple(got.shape[:-2]) == tuple(want.shape[:-2])
     if alike and n_got > n_want and same(got[..., n_got - n_want:, :], want, **tol):
         right = "the right one" if n_want == 1 else f"the {n_want} right ones"
         fail(f"{what} holds tokens from another cache", tried=tried,
              got=f"{_rows(n_got)}: {right} after {_rows(n_got - n_want)} never appended to this cache",
-             expected=f"{_rows(n_want)}: the tokens appended to this cache", cause="your KVCache objects share their "
-             "storage (a class attribute such as `keys = []` in the class body), so a new cache starts with an old "
-             "one's tokens", fix=_SHARED_FIX)
+             expected=f"{_rows(n_want)}: the tokens appended to this cache",
+             cause=f"your KVCache objects share their storage {_SHARE}: a new cache starts with an old one's tokens",
+             fix=_SHARED_FIX)
     if alike and 0 < n_got < n_want and got.shape[-1] == want.shape[-1] and not suspects.suspects(got, case):
         dropped, tokens = same(got, want[..., n_want - n_got:, :], **tol), "token" if n_got == 1 else f"{n_got} tokens"
         fail(f"{what} holds {n_got} of the {n_want} tokens", tried=tried,
              got=_rows(n_got) + (": the newest ones, the oldest dropped" if dropped else ""),
              expected=f"{_rows(n_want)}: every token appended so far",
              cause=(f"your cache keeps only the last {tokens} (a window or a fixed-size buffer)" if dropped
-                    else f"your cache stopped growing at {n_got} token{'s' if n_got > 1 else ''} (a buffer of fixed size?)"),
-             fix="keep every token: grow the cache with torch.cat([cached, new], dim=-2) (or enlarge a buffer when full)")
+                    else f"your cache stopped growing at {n_got} token{'s' if n_got > 1 else ''} (a fixed buffer?)"),
+             fix="keep every token: torch.cat([cached, new], dim=-2) (or enlarge a buffer when full)")
     suspects.expect(got, want, case, tried=tried, what=what, **tol,
                     fix="append returns the whole cache: every row so far, oldest first, shape (..., t, d)")
 
 
 @check("KVCache", kind="class", expects="a class KVCache with methods append(k, v) → (K, V) and attend(q) → output")
 def check_KVCache(cls: Learner) -> str:
-    appends, attends = _Suspects(APPEND, **LOOSE), _Suspects(ATTEND, **LOOSE)
+    appends, attends = Suspects(APPEND, **LOOSE), Suspects(ATTEND, **LOOSE)
     # Two caches side by side first (before any other cache exists): each must keep its own tokens.
     _, (q, k, v), _ = _cache_cases()[0]
     tol = _tol(k.dtype)
-    caches = [(_construct(cls, "KVCache()"), k, v, "first"), (_construct(cls, "KVCache()"), k.flip(-2) + 1, v.flip(-2) - 1, "second")]
-    appended: list[torch.Tensor] = []  # every key appended to either cache, in order
+    caches = [(_construct(cls), k, v, "first"), (_construct(cls), k.flip(-2) + 1, v.flip(-2) - 1, "second")]
     for t in range(3):
         for cache, kk, vv, which in caches:
             tried = f"two KVCache() objects, appending one token to each in turn: token {t} of the {which}"
-            new, K_true = kk[..., t:t + 1, :], kk[..., :t + 1, :]
-            K, _ = _append(cache, new, vv[..., t:t + 1, :], tried=tried, fresh=t == 0, expected=(K_true, vv[..., :t + 1, :]))
-            shared = torch.cat(appended, dim=-2) if appended else None
-            if t and (shared is None or not same(K, torch.cat([shared, new], dim=-2), **tol)):
-                _only_new_returned(cache, K, new, what="the returned K", q_new=q[..., t:t + 1, :], tried=tried, tol=tol,
-                                   kv_all=(K_true, vv[..., :t + 1, :]), kv_new=(new, vv[..., t:t + 1, :]))
-            _expect_cache(K, K_true, (kk[..., :t, :] if t else None, new, shared, None), appends, tried=tried,
-                          what="the returned K", tol=tol)
-            appended.append(new)
-    outs: dict[int, tuple] = {}  # id(q) → (q, attend's output there): what the engine asks "again"
+            new, kv = kk[..., t:t + 1, :], (kk[..., :t + 1, :], vv[..., :t + 1, :])
+            K, _ = _append(cache, new, vv[..., t:t + 1, :], tried=tried, fresh=t == 0, expected=kv)
+            _expect_cache(cache, K, kv[0], (kk[..., :t, :] if t else None, new, None), appends,
+                          q_new=q[..., t:t + 1, :], kv=kv, tried=tried, what="the returned K", tol=tol)
     cases = _cache_cases()
     for name, (q, k, v), chunks in cases:
-        tol, cache, start = _tol(q.dtype), _construct(cls, "KVCache()"), 0
+        tol, cache, start = _tol(q.dtype), _construct(cls), 0
         steps: list[tuple[tuple, torch.Tensor, str]] = []  # (case, attend's output, tried): judged once all are in
         try:
             for n_new in chunks:
                 stop = start + n_new
                 tokens = f"tokens {start}…{stop - 1}" if n_new > 1 else f"token {start}"
                 tried = f"append(k, v) of {tokens}, then attend(q) of token {stop - 1}, on {name}"
-                K_true, V_true, new_k, new_v = k[..., :stop, :], v[..., :stop, :], k[..., start:stop, :], v[..., start:stop, :]
-                K, V = _append(cache, new_k, new_v, tried=tried, fresh=start == 0, expected=(K_true, V_true))
-                for got, want, new, keys, part in ((K, K_true, new_k, None, "K"), (V, V_true, new_v, K_true, "V")):
-                    if start:
-                        _only_new_returned(cache, got, new, what=f"the returned {part}", q_new=q[..., stop - 1:stop, :],
-                                           kv_all=(K_true, V_true), kv_new=(new_k, new_v), tried=tried, tol=tol)
-                    _expect_cache(got, want, (want[..., :start, :] if start else None, new, None, keys), appends,
-                                  tried=tried, what=f"the returned {part}", tol=tol)
-                    _precision(got, want.dtype, tried=tried, what=f"the returned {part}")
-                q_new = q[..., stop - 1:stop, :]
-                out = _call(cache.method("attend"), q_new, tried=tried, expected="the output (..., 1, d_v)",
-                            constructs=_attend_constructs(q_new, K_true, V_true), patterns=[_AXIS_FROM_FRONT, *_PATTERNS])
+                kv, q_new = (k[..., :stop, :], v[..., :stop, :]), q[..., stop - 1:stop, :]
+                K, V = _append(cache, k[..., start:stop, :], v[..., start:stop, :], tried=tried, fresh=start == 0,
+                               expected=kv)
+                for got, want, keys, part in ((K, kv[0], None, "K"), (V, kv[1], kv[0], "V")):
+                    case = (want[..., :start, :] if start else None, want[..., start:, :], keys)
+                    _expect_cache(cache, got, want, case, appends, q_new=q_new, kv=kv, tried=tried,
+                                  what=f"the returned {part}", tol=tol)
+                    lower_precision(got, want.dtype, tried=tried, what=f"the returned {part}", grid=False)
+                out = call_explained(cache.method("attend"), q_new, tried=tried, expected="the output (..., 1, d_v)",
+                                     constructs=_attend_constructs(q_new, *kv), patterns=[_AXIS_FROM_FRONT, *_PATTERNS])
                 if isinstance(out, (tuple, list)) and out and all(isinstance(x, torch.Tensor) for x in out):
                     fail(f"attend returned {len(out)} tensors, not one", tried=tried, got=f"a {type(out).__name__} of "
                          f"{len(out)} tensors", expected="one tensor", fix="return only the attention output (the "
                          "weights are not needed here)")
-                out = as_tensor(out, tried=tried, what="attend")
-                outs[id(q_new)] = (q_new, out)
-                steps.append(((q_new, K_true, V_true), out, tried))
+                steps.append(((q_new, *kv), as_tensor(out, tried=tried, what="attend"), tried))
                 start = stop
         except (Failure, LearnerRaised, LearnerTimedOut):
             if all(same(out, _sdpa(*case), **tol) for case, out, _ in steps):
                 raise  # otherwise the earlier wrong output is the first thing to report
         for i, (case, out, tried) in enumerate(steps):
             attends.expect(out, _sdpa(*case), case, tried=tried, what="attend's output", **tol,
-                           again=lambda q, K, V: outs[id(q)][1] if outs.get(id(q), (None,))[0] is q else None,
+                           again=lambda q, K, V: next(o for c, o, _ in steps if c[0] is q),  # attend ran once per q
                            distinguish=[s[0] for s in steps[i + 1:]],
                            fix="attend returns softmax(q Kᵀ / √d_k) V over every cached key, shape (..., 1, d_v)")
-            _precision(out, q.dtype, tried=tried, what="attend's output")
+            lower_precision(out, q.dtype, tried=tried, what="attend's output", grid=False)
     return (f"equals causal attention token by token on {len(cases)} cases (batch × heads, no batch axes, a prompt "
             "appended at once, scores ±100) and keeps two caches apart")
 
@@ -373,161 +306,141 @@ def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str) -> torch.Tenso
     if t.dtype == torch.bool:
         return t
     dtype, want = _name(t.dtype), "a bool tensor (True = may attend)"
-    if tuple(t.shape) == tuple(expected.shape):
-        if same(t.double(), expected.double(), atol=0, rtol=0):
-            fail(f"your mask has dtype {dtype}, not bool", tried=tried, got=f"the right 0/1 values as {dtype}",
-                 expected=want, cause=f"you built the mask as numbers ({dtype})",
-                 fix="build it with dtype=torch.bool, or end with .bool()")
-        if t.is_floating_point() and same(t, torch.zeros(t.shape, dtype=t.dtype).masked_fill(~expected, -math.inf),
-                                          atol=0, rtol=0):
-            fail("returned the additive form (0 / −inf), not a bool mask", tried=tried,
-                 got=f"{dtype} with 0 where allowed and −inf where blocked", expected=want,
-                 fix="return the bool mask itself; turn it into 0 / −inf only where scores are masked")
-    fail(f"your mask has dtype {dtype}, not bool", tried=tried, got=f"a {dtype} tensor of shape {tuple(t.shape)}",
-         expected=want, fix="build the mask with dtype=torch.bool (comparisons give bool)")
+    if t.is_floating_point() and same(t, torch.zeros(expected.shape, dtype=t.dtype).masked_fill(~expected, -math.inf),
+                                      atol=0, rtol=0):
+        fail("returned the additive form (0 / −inf), not a bool mask", tried=tried,
+             got=f"{dtype} with 0 where allowed and −inf where blocked", expected=want,
+             fix="return the bool mask itself; turn it into 0 / −inf only where scores are masked")
+    right = same(t.double(), expected.double(), atol=0, rtol=0)  # the right 0/1 values
+    fail(f"your mask has dtype {dtype}, not bool", tried=tried, expected=want,
+         got=f"the right 0/1 values as {dtype}" if right else f"a {dtype} tensor of shape {tuple(t.shape)}",
+         cause=f"you built the mask as numbers ({dtype})" if right else "",
+         fix="build it with dtype=torch.bool, or end with .bool()" if right else
+             "build the mask with dtype=torch.bool (comparisons give bool)")
 
 
 def _keys(row: torch.Tensor) -> str:
     """The True positions of a bool row as runs: 'keys 2 … 4', 'keys 0, 3 … 5', 'no key'."""
     on = row.nonzero().flatten().tolist()
-    if not on:
-        return "no key"
-    runs, start = [], on[0]
-    for a, b in zip(on, on[1:] + [None]):
-        if b != a + 1:
-            runs.append(str(a) if a == start else f"{start} … {a}")
-            start = b
-    return ("key " if len(on) == 1 else "keys ") + ", ".join(runs)
+    runs = zip([j for j in on if j - 1 not in on], [j for j in on if j + 1 not in on])  # (first, last) of each run
+    return ("no key" if not on else "key " if len(on) == 1 else "keys ") + ", ".join(
+        str(a) if a == b else f"{a} … {b}" for a, b in runs)
 
 
-def _expect_mask(got, expected, case, suspects: Suspects, *, tried: str, fix: str, again, others) -> None:
-    """Exact comparison of two bool masks; when no known mistake matches, say what the rows let each query see."""
-    n_q, n_k = case[:2]
-    if tuple(got.shape) == tuple(expected.shape) and got.numel() and not bool(got.any()) and bool(expected.any()):
-        alike = suspects.suspects(got, case)  # known mistakes that keep nothing on this shape
-        fail("the mask blocks every key", tried=tried, got="False everywhere: no query may attend to any key",
-             expected=f"{int(expected.sum())} of the {expected.numel()} entries True (True = may attend), at least "
-                      "one per query",
-             cause=" — or ".join(f"possibly {k.summary}: {k.cause} (on this shape that keeps no key at all)"
-                                 for k in alike) or "the conditions your mask combines exclude every key, even each "
-                                                    "query's own position, which a causal mask always keeps",
-             fix=alike[0].fix if alike else fix)
-    if got.dim() == 2 and got.shape[0] != n_q and got.shape[1] == n_k and not suspects.suspects(got, case):
-        named = {n_k: " = n_k, one per key", n_k - n_q: " = n_k − n_q", n_k + n_q: " = n_k + n_q"}.get(got.shape[0], "")
-        fail(f"wrong shape {tuple(got.shape)}, expected {(n_q, n_k)}", tried=tried, got=f"your mask of shape "
-             f"{tuple(got.shape)}", expected=f"shape {(n_q, n_k)}: one row per query", cause=f"your mask has "
-             f"{_rows(got.shape[0])}{named} where the n_q = {n_q} queries need {n_q}: the query positions run over the "
-             "wrong range (they are n_k − n_q … n_k − 1)", fix=fix)
-    try:
-        suspects.expect(got, expected, case, tried=tried, what="your mask", atol=0, rtol=0, fix=fix, again=again,
-                        distinguish=others)
-    except Failure as failure:
-        if failure.diagnosis.cause or tuple(got.shape) != tuple(expected.shape):
-            raise
-        extra, missing = (got & ~expected).nonzero().tolist(), (~got & expected).nonzero().tolist()
-        parts = [f"{len(e)} {what} (the first: query {e[0][0]}, key {e[0][1]})"
-                 for e, what in ((extra, "blocked key(s) allowed"), (missing, "allowed key(s) blocked")) if e]
-        i = min(e[0][0] for e in (extra, missing) if e)
-        fail(f"wrong entries in the mask: {' and '.join(p.split(' (')[0] for p in parts)}", tried=tried,
-             got="; ".join(parts), expected="the entries the docstring describes",
-             cause=f"your mask lets query {i} (position {i + n_k - n_q}) see {_keys(got[i])}, where it may see "
-                   f"{_keys(expected[i])}", fix=fix)
-
-
-_ALIGN_FIX = ("the n_q queries are the last n_q positions: query i sits at position i + n_k − n_q, so "
-              "mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal=n_k - n_q)")
-_SWAPPED = ("rows and columns swapped", "your mask has one row per key and one column per query",
-            "shape (n_q, n_k): one row per query")
-_POLARITY = ("mask polarity inverted", "True marks the blocked keys in your mask; in this course True means 'may "
-             "attend'", "negate it: ~mask")
+def _check_masks(fn: Learner, name: str, table: list[Known], cases: list[tuple], oracle, fix: str) -> None:
+    """Exact comparison with ``oracle``; when no known mistake matches, say which keys a wrong row lets a query see."""
+    suspects = Suspects(table, atol=0, rtol=0)
+    for case in cases:
+        (n_q, n_k, *window), expected = case, oracle(*case)
+        tried = f"{name}({n_q}, {n_k}{''.join(f', window={w}' for w in window)})"
+        answer = call_explained(fn, *case, tried=tried, expected="a bool (n_q, n_k) tensor", patterns=_PATTERNS)
+        got = _bool_mask(answer, expected, tried=tried)
+        if tuple(got.shape) == tuple(expected.shape) and got.numel() and not bool(got.any()) and bool(expected.any()):
+            alike = suspects.suspects(got, case)  # known mistakes that keep nothing on this shape
+            fail("the mask blocks every key", tried=tried, got="False everywhere: no query may attend to any key",
+                 expected=f"{int(expected.sum())} of the {expected.numel()} entries True, at least one per query",
+                 cause=" — or ".join(f"possibly {k.summary}: {k.cause} (on this shape that keeps no key at all)"
+                                     for k in alike) or "the conditions your mask combines exclude every key, even "
+                                                        "each query's own position",
+                 fix=alike[0].fix if alike else fix)
+        if got.dim() == 2 and got.shape[0] != n_q and got.shape[1] == n_k and not suspects.suspects(got, case):
+            named = {n_k: " = n_k, one per key", n_k - n_q: " = n_k − n_q", n_k + n_q: " = n_k + n_q"}.get(
+                got.shape[0], "")
+            fail(f"wrong shape {tuple(got.shape)}, expected {(n_q, n_k)}", tried=tried,
+                 got=f"your mask of shape {tuple(got.shape)}", expected=f"shape {(n_q, n_k)}: one row per query",
+                 cause=f"your mask has {_rows(got.shape[0])}{named} where the n_q = {n_q} queries need {n_q}: the "
+                       "query positions run over the wrong range (they are n_k − n_q … n_k − 1)", fix=fix)
+        try:
+            suspects.expect(got, expected, case, tried=tried, what="your mask", atol=0, rtol=0, fix=fix, again=fn,
+                            distinguish=cases)
+        except Failure as failure:
+            if failure.diagnosis.cause or tuple(got.shape) != tuple(expected.shape):
+                raise
+            extra, missing = (got & ~expected).nonzero().tolist(), (~got & expected).nonzero().tolist()
+            parts = [f"{len(e)} {what} (the first: query {e[0][0]}, key {e[0][1]})"
+                     for e, what in ((extra, "blocked key(s) allowed"), (missing, "allowed key(s) blocked")) if e]
+            i = min(e[0][0] for e in (extra, missing) if e)
+            fail(f"wrong entries in the mask: {' and '.join(p.split(' (')[0] for p in parts)}", tried=tried,
+                 got="; ".join(parts), expected="the entries the docstring describes",
+                 cause=f"your mask lets query {i} (position {i + n_k - n_q}) see {_keys(got[i])}, where it may see "
+                       f"{_keys(expected[i])}", fix=fix)
 
 
 def _ones(n_q: int, n_k: int) -> torch.Tensor:
     return torch.ones(n_q, n_k, dtype=torch.bool)
 
 
+_ALIGN_FIX = ("the n_q queries are the last n_q positions (query i at i + n_k − n_q): "
+              "torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal=n_k - n_q)")
+_SWAPPED = ("rows and columns swapped", "your mask has one row per key", "shape (n_q, n_k): one row per query")
+_POLARITY = ("mask polarity inverted", "True marks the blocked keys; in this course True means 'may attend'",
+             "negate it: ~mask")
+_NO_SELF = "positions off by one: the query does not see itself"
 #: A case of bottom_right_causal_mask: (n_q, n_k).
-BOTTOM_RIGHT = [
-    Known("top_left", "top-left alignment used for decode", "you aligned the mask at the top-left corner (query i "
-          "sees keys 0 … i, what is_causal=True does): the new queries lose the keys of the cached tokens", _ALIGN_FIX,
-          lambda n_q, n_k: _ones(n_q, n_k).tril()),
-    Known("no_self", "positions off by one: the query does not see itself", "your diagonal is one to the left: query "
-          "i sees keys before its own position but not itself", _ALIGN_FIX, lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q - 1)),
-    Known("future", "positions off by one: one future key visible", "your diagonal is one to the right: each query "
-          "also sees the key after its own position", _ALIGN_FIX, lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q + 1)),
-    Known("sign", "offset with the wrong sign", "you shifted the diagonal by n_q − n_k instead of n_k − n_q",
-          _ALIGN_FIX, lambda n_q, n_k: _ones(n_q, n_k).tril(n_q - n_k)),
-    Known("upper", "upper triangle kept", "you kept the upper triangle (keys after the query) instead of the lower "
-          "one", _ALIGN_FIX, lambda n_q, n_k: _ones(n_q, n_k).triu(n_k - n_q)),
+BOTTOM_RIGHT = [Known(key, summary, cause, _ALIGN_FIX, make) for key, summary, cause, make in [
+    ("top_left", "top-left alignment used for decode", "you aligned the mask at the top-left corner (query i sees "
+     "keys 0 … i, as is_causal=True does): the new queries lose the cached keys",
+     lambda n_q, n_k: _ones(n_q, n_k).tril()),
+    ("no_self", _NO_SELF, "your diagonal is one to the left", lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q - 1)),
+    ("future", "positions off by one: one future key visible", "your diagonal is one to the right",
+     lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q + 1)),
+    ("sign", "offset with the wrong sign", "you shifted the diagonal by n_q − n_k instead of n_k − n_q",
+     lambda n_q, n_k: _ones(n_q, n_k).tril(n_q - n_k)),
+    ("upper", "upper triangle kept", "you kept the keys after the query instead of those before it",
+     lambda n_q, n_k: _ones(n_q, n_k).triu(n_k - n_q)),
+    ("none", "no mask at all", "every key is visible to every query", _ones)]] + [
     Known("polarity", *_POLARITY, lambda n_q, n_k: ~_ones(n_q, n_k).tril(n_k - n_q)),
-    Known("none", "no mask at all", "every key is visible to every query", _ALIGN_FIX, _ones),
     Known("swapped", *_SWAPPED, lambda n_q, n_k: _ones(n_k, n_q).tril(n_k - n_q)),
-    Known("transposed", *_SWAPPED, lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q).T),
-]
+    Known("transposed", *_SWAPPED, lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q).T)]
 _MASK_CASES = [(3, 7), (1, 6), (5, 5), (1, 1), (2, 9), (4, 6), (6, 13)]
 
 
-@check("bottom_right_causal_mask", expects="a function bottom_right_causal_mask(n_q, n_k) returning a bool (n_q, n_k) tensor")
+@check("bottom_right_causal_mask",
+       expects="a function bottom_right_causal_mask(n_q, n_k) returning a bool (n_q, n_k) tensor")
 def check_bottom_right_causal_mask(fn: Learner) -> str:
-    suspects = _Suspects(BOTTOM_RIGHT, atol=0, rtol=0)
-    for n_q, n_k in _MASK_CASES:
-        tried, expected = f"bottom_right_causal_mask({n_q}, {n_k})", _ones(n_q, n_k).tril(n_k - n_q)
-        got = _bool_mask(_call(fn, n_q, n_k, tried=tried, expected="a bool (n_q, n_k) tensor"), expected, tried=tried)
-        _expect_mask(got, expected, (n_q, n_k), suspects, tried=tried, fix=_ALIGN_FIX, again=fn, others=_MASK_CASES)
+    _check_masks(fn, "bottom_right_causal_mask", BOTTOM_RIGHT, _MASK_CASES,
+                 lambda n_q, n_k: _ones(n_q, n_k).tril(n_k - n_q), _ALIGN_FIX)
     return (f"equals causal_lower_right on {len(_MASK_CASES)} shapes (decode n_q = 1, a chunk of queries over a "
             "longer cache, square)")
 
 
-_WINDOW_FIX = ("query i sits at position p = i + n_k − n_q and sees key j iff p − window < j ≤ p: exactly `window` "
-               "keys, itself included")
-
-
 def _window(n_q, n_k, window, lo=0, hi=0, top_left=False, causal=True) -> torch.Tensor:
-    """Key j visible to query i iff p − window + lo < j ≤ p + hi (p its position); not causal: |j − p| < window − lo."""
+    """Key j seen from position p iff p − window + lo < j ≤ p + hi (not causal: |j − p| < window − lo)."""
     p = torch.arange(n_q)[:, None] + (0 if top_left else n_k - n_q)
     j = torch.arange(n_k)[None, :]
     return (j > p - window + lo) & ((j <= p + hi) if causal else (j < p + window - lo))
 
 
+_WINDOW_FIX = "query i sits at position p = i + n_k − n_q and sees key j iff p − window < j ≤ p: `window` keys"
 #: A case of sliding_window_mask: (n_q, n_k, window).
-WINDOW_MASK = [
-    Known("wide", "window off by one: one key too many", "each query sees window + 1 keys (p − window ≤ j ≤ p)",
-          _WINDOW_FIX, lambda n_q, n_k, w: _window(n_q, n_k, w, lo=-1)),
-    Known("narrow", "window off by one: one key too few", "each query sees window − 1 keys", _WINDOW_FIX,
-          lambda n_q, n_k, w: _window(n_q, n_k, w, lo=1)),
-    Known("top_left", "top-left alignment used for decode", "you counted the queries' positions from 0 (query i at "
-          "position i), but they are the last n_q of the n_k positions", _WINDOW_FIX,
-          lambda n_q, n_k, w: _window(n_q, n_k, w, top_left=True)),
-    Known("acausal", "window not causal", "your band reaches `window` keys into the future too", _WINDOW_FIX,
-          lambda n_q, n_k, w: _window(n_q, n_k, w, causal=False)),
-    Known("ignored", "window ignored", "your mask is causal but keeps every earlier key", _WINDOW_FIX,
-          lambda n_q, n_k, w: _ones(n_q, n_k).tril(n_k - n_q)),
-    Known("no_self", "positions off by one: the query does not see itself", "your band stops one key before the "
-          "query's own position", _WINDOW_FIX, lambda n_q, n_k, w: _window(n_q, n_k, w, hi=-1)),
-    Known("shifted", "positions off by one: the query does not see itself", "your band is shifted one key into the "
-          "past: keys p − window … p − 1", _WINDOW_FIX, lambda n_q, n_k, w: _window(n_q, n_k, w, lo=-1, hi=-1)),
-    Known("polarity", *_POLARITY, lambda n_q, n_k, w: ~_window(n_q, n_k, w)),
-    Known("swapped", "rows and columns swapped", "your mask has one row per key", "shape (n_q, n_k): one row per query",
-          lambda n_q, n_k, w: _window(n_q, n_k, w).T),
-]
+WINDOW_MASK = [Known(key, summary, cause, _WINDOW_FIX, lambda n_q, n_k, w, band=band: _window(n_q, n_k, w, **band))
+               for key, summary, cause, band in [
+    ("wide", "window off by one: one key too many", "each query sees window + 1 keys (p − window ≤ j ≤ p)",
+     dict(lo=-1)),
+    ("narrow", "window off by one: one key too few", "each query sees window − 1 keys", dict(lo=1)),
+    ("top_left", "top-left alignment used for decode", "you put query i at position i, but the queries are the last "
+     "n_q of the n_k positions", dict(top_left=True)),
+    ("acausal", "window not causal", "your band reaches `window` keys into the future too", dict(causal=False)),
+    ("ignored", "window ignored", "your mask is causal but keeps every earlier key", dict(lo=-math.inf)),
+    ("no_self", _NO_SELF, "your band stops one key before the query's own position", dict(hi=-1)),
+    ("shifted", _NO_SELF, "your band is shifted one key into the past: keys p − window … p − 1",
+     dict(lo=-1, hi=-1))]
+               ] + [Known("polarity", *_POLARITY, lambda n_q, n_k, w: ~_window(n_q, n_k, w)),
+                    Known("swapped", *_SWAPPED, lambda n_q, n_k, w: _window(n_q, n_k, w).T)]
 _WINDOW_CASES = [(3, 10, 4), (6, 6, 3), (1, 9, 4), (5, 5, 1), (4, 4, 10), (2, 8, 8), (7, 12, 5), (1, 1, 1)]
 
 
-@check("sliding_window_mask", expects="a function sliding_window_mask(n_q, n_k, window) returning a bool (n_q, n_k) tensor")
+@check("sliding_window_mask",
+       expects="a function sliding_window_mask(n_q, n_k, window) returning a bool (n_q, n_k) tensor")
 def check_sliding_window_mask(fn: Learner) -> str:
-    suspects = _Suspects(WINDOW_MASK, atol=0, rtol=0)
-    for n_q, n_k, w in _WINDOW_CASES:
-        tried, expected = f"sliding_window_mask({n_q}, {n_k}, window={w})", _window(n_q, n_k, w)
-        got = _bool_mask(_call(fn, n_q, n_k, w, tried=tried, expected="a bool (n_q, n_k) tensor"), expected, tried=tried)
-        _expect_mask(got, expected, (n_q, n_k, w), suspects, tried=tried, fix=_WINDOW_FIX, again=fn,
-                     others=_WINDOW_CASES)
+    _check_masks(fn, "sliding_window_mask", WINDOW_MASK, _WINDOW_CASES, _window, _WINDOW_FIX)
     return (f"exact on {len(_WINDOW_CASES)} cases (decode, chunks over a longer cache, window 1, window longer "
             "than the sequence)")
 
 
 # ================================================================================== merge of partials
 def _partials(q, k, v, mask=None):
-    from ..inference import partial_attention
+    from ..inference import partial_attention  # lazily: the reference module imports matplotlib
 
     return partial_attention(q.double(), k.double(), v.double(), mask)
 
@@ -540,11 +453,8 @@ def _pack(m, l, acc) -> torch.Tensor:
 def _merge_variant(a, b, mistake: str = ""):
     """The merge in float64, or one of its classic mistakes."""
     (m_a, l_a, acc_a), (m_b, l_b, acc_b) = [[t.double() for t in p] for p in (a, b)]
-    m = {"min": torch.minimum(m_a, m_b), "logaddexp": torch.logaddexp(m_a, m_b)}.get(mistake, torch.maximum(m_a, m_b))
-    if mistake == "finite_m":  # −inf replaced by the most negative float (nan_to_num, clamp)
-        m = torch.nan_to_num(m, neginf=torch.finfo(a[0].dtype).min)
-    if mistake == "m_first_rel":  # m = m_a, both sides rescaled relative to it
-        m = m_a
+    m = {"min": torch.minimum(m_a, m_b), "logaddexp": torch.logaddexp(m_a, m_b),
+         "m_first_rel": m_a}.get(mistake, torch.maximum(m_a, m_b))  # m_first_rel: both sides rescaled relative to m_a
     shift = m if mistake == "unguarded" else torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     alpha, beta = {"inverted": (torch.exp(shift - m_a), torch.exp(shift - m_b)), "absolute": (m_a.exp(), m_b.exp()),
                    "exp2": (torch.exp2(m_a - shift), torch.exp2(m_b - shift)),
@@ -554,47 +464,45 @@ def _merge_variant(a, b, mistake: str = ""):
     pick = m_a >= m_b
     l, acc = {"winner": (torch.where(pick, l_a, l_b), torch.where(pick, acc_a, acc_b)),
               "average": ((l_a + l_b) / 2, (acc_a + acc_b) / 2), "none": (l_a + l_b, acc_a + acc_b),
-              "only_l": (l, acc_a + acc_b), "only_acc": (l_a + l_b, acc), "normalised": (l, acc / l)}.get(mistake, (l, acc))
+              "only_l": (l, acc_a + acc_b), "only_acc": (l_a + l_b, acc), "normalised": (l, acc / l)}.get(
+        mistake, (l, acc))
     m = {"m_first": m_a, "m_sum": m_a + m_b}.get(mistake, m)
     return m, l, acc
 
 
 _EACH = "l = l_a·exp(m_a − m) + l_b·exp(m_b − m), and the same for acc"
+_MAX = "m = torch.maximum(m_a, m_b)"
 #: A case of merge_partials: (part_a, part_b).
-MERGE = [Known(key, summary, cause, fix, lambda x, y, key=key: _pack(*_merge_variant(x, y, key))) for key, summary, cause, fix in [
-    ("none", "merge without rescaling", "you added l_a + l_b and acc_a + acc_b, but the two were computed relative to "
-     "different maxima m_a and m_b", "rescale each side by exp(m_side − m) with m = max(m_a, m_b) before adding"),
+MERGE = [Known(key, summary, cause, fix, lambda x, y, key=key: _pack(*_merge_variant(x, y, key)))
+         for key, summary, cause, fix in [
+    ("none", "merge without rescaling", "you added l_a + l_b and acc_a + acc_b, computed relative to different maxima",
+     "rescale each side by exp(m_side − m) with m = max(m_a, m_b) before adding"),
     ("inverted", "rescaled by exp(m − m_side) instead of exp(m_side − m)", "your factors are ≥ 1: the rescaling is "
      "the wrong way round", "multiply by exp(m_a − m) and exp(m_b − m), each ≤ 1"),
     ("absolute", "rescaled by e^m instead of e^(m_side − m)", "you multiplied by exp(m_a) and exp(m_b), which "
      "overflow and forget the new maximum", "multiply by exp(m_a − m) and exp(m_b − m) with m = max(m_a, m_b)"),
-    ("only_l", "acc not rescaled", "you rescaled l but added the two accumulators as they were",
-     "rescale acc_a and acc_b by the same factors as l_a and l_b"),
-    ("only_acc", "l not rescaled", "you rescaled the accumulators but added l_a + l_b as they were",
-     "rescale l_a and l_b by the same factors as acc_a and acc_b"),
+    ("only_l", "acc not rescaled", "you rescaled l but not the accumulators", "rescale acc_a and acc_b as l_a and l_b"),
+    ("only_acc", "l not rescaled", "you rescaled the accumulators but not l", "rescale l_a and l_b as acc_a and acc_b"),
     ("m_first", "m not updated to the larger maximum", "you returned m_a as the merged m", "return m = max(m_a, m_b)"),
-    ("m_first_rel", "m not updated to the larger maximum", "you kept m_a as the merged m and rescaled side b by "
-     "exp(m_b − m_a), which overflows when m_b is much larger", "m = max(m_a, m_b); rescale each side by exp(m_side − m)"),
-    ("m_sum", "m added instead of maximised", "you returned m_a + m_b as the merged m", "return m = torch.maximum(m_a, m_b)"),
+    ("m_first_rel", "m not updated to the larger maximum", "you kept m = m_a and rescaled side b by exp(m_b − m_a), "
+     "which overflows when m_b is much larger", "m = max(m_a, m_b); rescale each side by exp(m_side − m)"),
+    ("m_sum", "m added instead of maximised", "you returned m_a + m_b as the merged m", "return " + _MAX),
     ("normalised", "acc divided by l", "you returned the normalised output acc / l instead of the accumulator",
-     "keep acc unnormalised: the division by l happens once, after the last merge"),
+     "keep acc unnormalised: divide by l once, after the last merge"),
     ("unguarded", "NaN where neither chunk sees a key", "where m_a = m_b = −inf, exp(m_a − m) is exp(−inf − (−inf)) "
-     "= exp(NaN)", "shift by 0 where m is −inf: m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)"),
-    ("min", "m = min(m_a, m_b), not the maximum", "you took the smaller maximum, so the factors exp(m_side − m) are "
-     "≥ 1 and overflow for large scores", "m = torch.maximum(m_a, m_b)"),
-    ("logaddexp", "m = logsumexp(m_a, m_b), not max(m_a, m_b)", "you combined the two maxima with logaddexp; m is "
-     "the largest score, the max of the two", "m = torch.maximum(m_a, m_b); the sums l carry the rest"),
-    ("finite_m", "m is not −inf where neither chunk sees a key", "where both sides have m = −inf you returned a "
-     "finite m (nan_to_num or a clamp turned −inf into the most negative number)",
-     "keep m = max(m_a, m_b) as it is; guard only the shift used inside exp"),
-    ("winner", "kept only the side with the larger maximum", "you returned the l and acc of the chunk whose m is "
-     "larger and dropped the other chunk's keys; both contribute, the smaller one rescaled by exp(m_side − m)", _EACH),
+     "= exp(NaN)", "shift by 0 where m is −inf: torch.where(torch.isinf(m), torch.zeros_like(m), m)"),
+    ("min", "m = min(m_a, m_b), not the maximum", "with the smaller maximum the factors exp(m_side − m) are ≥ 1 and "
+     "overflow for large scores", _MAX),
+    ("logaddexp", "m = logsumexp(m_a, m_b), not max(m_a, m_b)", "you combined the two maxima with logaddexp",
+     _MAX + "; the sums l carry the rest"),
+    ("winner", "kept only the side with the larger maximum", "you dropped the keys of the chunk whose m is smaller; "
+     "it contributes too, rescaled by exp(m_side − m)", _EACH),
     ("average", "averaged the two sides instead of rescaling and adding", "you returned (l_a + l_b) / 2 and "
-     "(acc_a + acc_b) / 2: the chunks are neither rescaled to the common maximum nor summed", _EACH),
+     "(acc_a + acc_b) / 2", _EACH),
     ("swapped", "each side rescaled by the other side's factor", "you multiplied side a by exp(m_b − m) and side b by "
      "exp(m_a − m)", "side a gets exp(m_a − m), side b gets exp(m_b − m)"),
     ("exp2", "rescaled with 2^(m_side − m) instead of e^(m_side − m)", "you used exp2 (or 2 ** …), but m and l "
-     "were computed with the natural exponential", "use torch.exp(m_side − m)")]]
+     "come from the natural exponential", "use torch.exp(m_side − m)")]]
 
 
 def _merge_cases() -> list[tuple[str, tuple]]:
@@ -604,7 +512,8 @@ def _merge_cases() -> list[tuple[str, tuple]]:
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
     def split(q, k, v, at, masks=(None, None)):
-        return (_partials(q, k[..., :at, :], v[..., :at, :], masks[0]), _partials(q, k[..., at:, :], v[..., at:, :], masks[1]))
+        return tuple(_partials(q, k[..., part, :], v[..., part, :], mask)
+                     for part, mask in zip((slice(None, at), slice(at, None)), masks))
 
     cases = []
     q, k, v = rand(2, 2, 3, 8), rand(2, 2, 10, 8), rand(2, 2, 10, 5)
@@ -626,28 +535,22 @@ def _merge_cases() -> list[tuple[str, tuple]]:
 
 
 def _unpack_partial(result: Any, tried: str, want) -> tuple[torch.Tensor, ...]:
-    if isinstance(result, torch.Tensor):
+    if isinstance(result, torch.Tensor):  # which tensor it is, before unpack's general words
         finished = torch.where(want[1] > 0, want[2] / want[1].clamp(min=1e-300), torch.zeros_like(want[2]))
         tol = _tol(result.dtype) if result.is_floating_point() else dict(atol=0, rtol=0)
         fail("returned one tensor, not (m, l, acc)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
-             expected="a tuple (m, l, acc)", cause="you returned the finished output acc / l" if same(result, finished, **tol)
-             else "you returned only the merged acc" if same(result, want[2], **tol) else "",
-             fix="return the merged partial (m, l, acc); the division by l comes after the last merge")
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
-        got = f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list)) else \
-            ("None" if result is None else type(result).__name__)
-        fail("did not return (m, l, acc)", tried=tried, got=got, expected="a tuple (m, l, acc)",
-             fix="end with `return m, l, acc`")
-    names = ("m (first element)", "l (second element)", "acc (third element)")
-    return tuple(as_tensor(x, tried=tried, what=n) for x, n in zip(result, names))
+             expected="a tuple (m, l, acc)", fix="return the merged (m, l, acc); divide by l after the last merge",
+             cause="you returned the finished output acc / l" if same(result, finished, **tol)
+             else "you returned only the merged acc" if same(result, want[2], **tol) else "")
+    return unpack(result, ("m", "l", "acc"), tried=tried)
 
 
 _PROBE_M = ((0.0, -2.0), (-1.5, 0.5), (0.3, 0.3))  # (m_a, m_b) per row: a larger, b larger, equal
 
 
 def _measured_factors(fn: Learner, dtype: torch.dtype) -> str:
-    """The factor the learner's merge gives each side's l and acc, measured by doubling one side's sums at a time
-    (the merge is linear in l and acc): a cause when one differs from exp(m_side − m); "" when it cannot be read."""
+    """A cause naming the factor the learner's merge gives a side's l or acc where it is not exp(m_side − m), read off
+    by changing one side's sums at a time (a merge is affine in them); "" when none can be read."""
     m_a, m_b = (torch.tensor([[r[i]] for r in _PROBE_M], dtype=dtype) for i in (0, 1))
 
     def run(s_a: float, s_b: float):
@@ -662,26 +565,30 @@ def _measured_factors(fn: Learner, dtype: torch.dtype) -> str:
         base, a2, b2, lin = run(1, 1), run(2, 1), run(1, 2), run(3, 2)
     except (Failure, LearnerRaised, LearnerTimedOut, ValueError):
         return ""
-    m = torch.maximum(m_a, m_b).double()
-    rows, show = ", ".join(f"({fmt(a)}, {fmt(b)})" for a, b in _PROBE_M), lambda t: ", ".join(map(fmt, t.flatten().tolist()))
+    m_a, m_b = m_a.double(), m_b.double()
+    m = torch.maximum(m_a, m_b)
+    rows = ", ".join(f"({fmt(a)}, {fmt(b)})" for a, b in _PROBE_M)
+    def show(t: torch.Tensor) -> str:
+        return ", ".join(map(fmt, t.flatten().tolist()))
     for i, part in ((1, "l"), (2, "acc")):  # the merge as c + α·s_a + β·s_b, read off three runs, checked on a fourth
         alpha, beta = a2[i] - base[i], b2[i] - base[i]
         const = base[i] - alpha - beta
         if not same(lin[i], const + 3 * alpha + 2 * beta, **LOOSE):
             continue  # not affine in the sums: no factor to read
-        wrong = [(side, got, m_s, torch.exp(m_s - m)) for side, got, m_s in (("a", alpha, m_a.double()),
-                 ("b", beta, m_b.double())) if not same(got, torch.exp(m_s - m), **LOOSE)]
+        wrong = [(side, got, m_s, torch.exp(m_s - m)) for side, got, m_s in (("a", alpha, m_a), ("b", beta, m_b))
+                 if not same(got, torch.exp(m_s - m), **LOOSE)]
         extra = "" if same(const, 0 * const, **LOOSE) else f" adds {show(const)} to {part} that no sum multiplies"
         if not (wrong or extra):
             continue
         text = f"measured on rows with (m_a, m_b) = {rows}: your merge"
         if wrong:
             side, got, m_s, want = wrong[0]
-            label = next((name for value, name in (
-                (torch.ones_like(want), "1 in every row: not rescaled"), (torch.zeros_like(want), "0: that side's "
-                f"{part} is left out"), (-want, "minus the right factor: subtracted instead of added"), (1 / want, "the "
-                "inverse of the right factor: divided by it, or exp(m − m_side)"), (m_s - m, "m_side − m itself: the "
-                "exp is missing")) if same(got, value, **LOOSE)), "")
+            labels = ((torch.ones_like(want), "1 in every row: not rescaled"),
+                      (torch.zeros_like(want), f"0: that side's {part} is left out"),
+                      (-want, "minus the right factor: subtracted instead of added"),
+                      (1 / want, "the inverse of the right factor: divided by it, or exp(m − m_side)"),
+                      (m_s - m, "m_side − m itself: the exp is missing"))
+            label = next((name for value, name in labels if same(got, value, **LOOSE)), "")
             text += (f" multiplies part {side}'s {part} by {show(got)} where exp(m_{side} − m) is {show(want)}"
                      + (f" ({label})" if label else "") + (" and" if extra else ""))
         return text + extra
@@ -690,27 +597,26 @@ def _measured_factors(fn: Learner, dtype: torch.dtype) -> str:
 
 @check("merge_partials", expects="a function merge_partials(part_a, part_b) returning (m, l, acc)")
 def check_merge_partials(fn: Learner) -> str:
-    suspects, names = _Suspects(MERGE, **LOOSE), ("m", "l", "acc")
-    cases = _merge_cases()
+    suspects, names, cases = Suspects(MERGE, **LOOSE), ("m", "l", "acc"), _merge_cases()
     for name, (a, b) in cases:
         for order, (x, y) in (("(a, b)", (a, b)), ("(b, a)", (b, a))):
             tried, tol, want = f"merge_partials{order} on {name}", _tol(a[0].dtype), _merge_variant(x, y)
-            got = _unpack_partial(_call(fn, x, y, tried=tried, expected="(m, l, acc)"), tried, want)
+            got = _unpack_partial(call_explained(fn, x, y, tried=tried, expected="(m, l, acc)", patterns=_PATTERNS),
+                                  tried, want)
+            right = [same(g, w, **tol) for g, w in zip(got, want)]
             for perm in ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)):
-                if all(same(got[i], want[j], **tol) for i, j in enumerate(perm)) and not all(
-                        same(g, w, **tol) for g, w in zip(got, want)):
+                if not all(right) and all(same(got[i], want[j], **tol) for i, j in enumerate(perm)):
                     order = ", ".join(names[j] for j in perm)
-                    fail(f"returned ({order}), not (m, l, acc)", tried=tried, got=f"the right values in the order "
-                         f"({order})", expected="the tuple (m, l, acc)", cause=f"you returned them in the order ({order})",
-                         fix="return m, l, acc in that order")
+                    fail(f"returned ({order}), not (m, l, acc)", tried=tried,
+                         got=f"the right values in the order ({order})", expected="the tuple (m, l, acc)",
+                         cause=f"you returned them in the order ({order})", fix="return m, l, acc in that order")
             for g, w, part in zip(got, want, names):
-                if tuple(g.shape) != tuple(w.shape):
-                    expect_shape(g, w.shape, tried=tried, what=f"the merged {part}",
-                                 fix="m and l are (..., n_q, 1) and acc is (..., n_q, d_v), like the inputs")
-            if all(same(g, w, **tol) for g, w in zip(got, want)):
-                suspects.expect(_pack(*got), _pack(*want), (x, y), tried=tried, **tol)  # a right case rules out
+                expect_shape(g, w.shape, tried=tried, what=f"the merged {part}",
+                             fix="m and l are (..., n_q, 1) and acc is (..., n_q, d_v), like the inputs")
+            if all(right):
+                suspects.passed((x, y), _pack(*want))  # a right case rules out the mistakes that change it
                 for g, part in zip(got, names):
-                    _precision(g, x[0].dtype, tried=tried, what=f"the merged {part}")
+                    lower_precision(g, x[0].dtype, tried=tried, what=f"the merged {part}", grid=False)
                 continue
             empty = torch.isinf(x[0]) & torch.isinf(y[0]) & (x[0] < 0) & (y[0] < 0)  # neither chunk sees a key
             if empty.any() and torch.isfinite(got[0][empty]).all() and same(got[0][~empty], want[0][~empty], **tol):
@@ -719,22 +625,20 @@ def check_merge_partials(fn: Learner) -> str:
                      expected="m = −inf there (with l = 0 and acc = 0)",
                      cause="you turned −inf into a finite number (nan_to_num, a clamp, or a large negative fill)",
                      fix="keep m = max(m_a, m_b) as it is; guard only the shift used inside exp")
-            i = next(i for i, (g, w) in enumerate(zip(got, want)) if not same(g, w, **tol))
+            i = right.index(False)
             g_desc, e_desc, cause, summary = describe_mismatch(got[i], want[i], what=f"your {names[i]}", **tol)
             try:
                 suspects.expect(_pack(*got), _pack(*want), (x, y), tried=tried, **tol,
                                 again=lambda x, y: _pack(*fn(x, y)), distinguish=[p for _, p in cases])
             except Failure as failure:
-                d = failure.diagnosis
-                if d.cause:
+                if (d := failure.diagnosis).cause:
                     fail(d.summary, tried=tried, got=g_desc, expected=e_desc, cause=d.cause, fix=d.fix)
             if i == 0 and (side := next((s for s, p in (("a", x), ("b", y)) if same(got[0], p[0], **tol)), None)):
                 cause = f"your m equals part {side}'s m_{side} in every row, not the larger of m_a and m_b"
-            elif torch.isnan(got[i]).any() and not torch.isnan(want[i]).any() and bool(empty.any() or torch.isinf(
-                    x[0]).any() or torch.isinf(y[0]).any()):
+            elif got[i].isnan().any() and not want[i].isnan().any() and (x[0].isinf().any() or y[0].isinf().any()):
                 cause = "NaN where a chunk sees no key: with m = −inf, exp(m_a − m) can be exp(−inf − (−inf)) = NaN"
-            cause = cause or _measured_factors(fn, a[0].dtype)
-            fail(f"{names[i]}: {summary}", tried=tried, got=g_desc, expected=e_desc, cause=cause,
+            fail(f"{names[i]}: {summary}", tried=tried, got=g_desc, expected=e_desc,
+                 cause=cause or _measured_factors(fn, a[0].dtype),
                  fix="m = max(m_a, m_b); each side is rescaled by exp(m_side − m) (0 when m_side = −inf); "
                      "l and acc are the rescaled sums")
     return (f"matches the definition on {len(cases)} cases, both orders (rising and falling maxima, chunks with "
@@ -754,8 +658,8 @@ def _window_qkv(lead, n, d, seed, dtype=torch.float64):
 
 
 def _tiled(q, k, v, w, b, mistake: str = "", skip: bool = False) -> torch.Tensor:
-    """A tiled sliding-window loop (float64) with one classic mistake switched on; ``skip`` starts each query
-    block's key loop at the window's first block (instead of block 0)."""
+    """A tiled sliding-window loop (float64) with one classic mistake switched on; ``skip``: each query block's key
+    loop starts at the window's first block (not block 0)."""
     q, k, v = q.double(), k.double(), v.double()
     n = q.shape[-2]
     scale = {"no_scale": 1.0, "scale_d": 1 / q.shape[-1]}.get(mistake, 1 / math.sqrt(q.shape[-1]))
@@ -773,12 +677,13 @@ def _tiled(q, k, v, w, b, mistake: str = "", skip: bool = False) -> torch.Tensor
             rows, cols = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
             if mistake == "local":
                 rows, cols = rows - qs, cols - ks
-            blocked = {"causal_only": cols > rows, "band_only": cols <= rows - w,
-                       "no_self": (cols >= rows) | (cols <= rows - w)}.get(mistake, (cols > rows) | (cols <= rows - w))
+            blocked = {"causal_only": cols > rows, "band_only": cols <= rows - w, "no_self_tiles": (cols >= rows) | (
+                cols <= rows - w)}.get(mistake, (cols > rows) | (cols <= rows - w))
             s = s.masked_fill(blocked, -math.inf)
             m_new = {"global_max": torch.maximum(m.amax(), s.amax()).expand_as(m),  # one maximum for every row
                      "block_max": s.amax(-1, keepdim=True)}.get(mistake, torch.maximum(m, s.amax(-1, keepdim=True)))
-            shift = m_new if mistake == "unguarded" else torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            finite = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+            shift = m_new if mistake == "unguarded" else finite
             alpha, p = torch.exp(m - shift), torch.exp(s - shift)
             l = {"sum": l, "neither": l, "sum_block": 0}.get(mistake, l * alpha) + p.sum(-1, keepdim=True)
             acc = (acc if mistake in ("acc", "neither") else acc * alpha) + p @ v[..., ks:ke, :]
@@ -788,9 +693,9 @@ def _tiled(q, k, v, w, b, mistake: str = "", skip: bool = False) -> torch.Tensor
 
 
 _BAND = "keep key j for query i iff i − window < j ≤ i"
-_LOCAL = ("mask built from positions inside the tile", "you compared the row and column numbers inside each tile "
-          "instead of the global positions q_start + r and k_start + c", "compare global positions: rows = "
-          "torch.arange(q_start, q_end), cols = torch.arange(k_start, k_end)")
+_LOCAL = ("mask built from positions inside the tile", "you compared row and column numbers inside each tile, not the "
+          "positions q_start + r and k_start + c", "rows = torch.arange(q_start, q_end), cols = torch.arange(k_start, "
+          "k_end)")
 
 
 def _masked(**band):
@@ -800,79 +705,73 @@ def _masked(**band):
 _MEMO: dict[tuple, tuple] = {}  # (id(q), mistake, skip) → (q, output): the engine asks for one more than once
 
 
-def _memo_tiled(q, k, v, w, b, kind: str, skip: bool) -> torch.Tensor:
-    key = (id(q), kind, skip)
-    if key not in _MEMO or _MEMO[key][0] is not q:  # the stored q keeps its id from being reused
-        _MEMO[key] = (q, _tiled(q, k, v, w, b, kind, skip))
-    return _MEMO[key][1]
+def _loop(key: str, summary: str, cause: str, fix: str, skips=(False,)) -> list[Known]:
+    """Mistake ``key`` of :func:`_tiled`, in a loop that visits every key block and/or one that skips those outside."""
+
+    def make(q, k, v, w, b, skip):
+        if (memo := (id(q), key, skip)) not in _MEMO:  # the stored q keeps its id from being reused
+            _MEMO[memo] = (q, _tiled(q, k, v, w, b, key, skip))
+        return _MEMO[memo][1]
+
+    return [Known(f"{key}{'_skip' if skip else ''}", summary, cause, fix, lambda *case, skip=skip: make(*case, skip))
+            for skip in skips]
 
 
-def _loop(key: str, summary: str, cause: str, fix: str, kind: str, skips=(False,)) -> list[Known]:
-    """One mistake of the tiled loop, in a loop that visits every key block and/or one that skips those outside."""
-    return [Known(f"{key}{'_skip' if skip else ''}", summary, cause, fix,
-                  lambda q, k, v, w, b, skip=skip: _memo_tiled(q, k, v, w, b, kind, skip)) for skip in skips]
-
-
-BOTH = (True, False)
+BOTH, SKIP = (True, False), (True,)
+_RESCALE = "before adding the block, rescale by exp(m_old − m_new)"
+_WITHIN = "mask key j for query i unless i − window < j ≤ i, in every tile"
 #: A case of sliding_window_attention: (q, k, v, window, block_size).
 WINDOW_ATTENTION = [
     Known("wide", "window off by one: one key too many", "each query sees window + 1 keys (key ≥ query − window)",
           _BAND, _masked(lo=-1)),
     Known("narrow", "window off by one: one key too few", "each query sees window − 1 keys", _BAND, _masked(lo=1)),
     Known("ignored", "window ignored", "the output is plain causal attention: every earlier key is visible",
-          "mask keys j ≤ i − window too, and skip the blocks that hold only such keys",
-          lambda q, k, v, w, b: _attn(q, k, v, mask=_ones(q.shape[-2], q.shape[-2]).tril())),
+          "mask keys j ≤ i − window too, and skip the blocks that hold only such keys", _masked(lo=-math.inf)),
     Known("acausal", "window not causal", "your queries also see up to `window` keys in the future",
           "mask keys after the query (j > i) as well", _masked(causal=False)),
     Known("not_causal", "not causal", "every query sees every key", "mask keys j > i and j ≤ i − window",
           lambda q, k, v, w, b: _attn(q, k, v)),
-    Known("no_self", "the query does not see itself", "your band stops one key before the query", _BAND, _masked(hi=-1)),
+    Known("no_self", "the query does not see itself", "your band stops one key before the query", _BAND,
+          _masked(hi=-1)),
     Known("shifted", "the query does not see itself", "your band is shifted one key into the past (keys i − window "
           "… i − 1)", _BAND, _masked(lo=-1, hi=-1)),
-    *_loop("no_self_tiles", "the query does not see itself", "your tiles mask key j = i as well (j ≥ i instead of "
-           "j > i), so query 0 sees no key at all (0 / 0 = NaN) and every other query misses its own key", _BAND,
-           "no_self", (True,)),
-    *_loop("local", *_LOCAL, "local", BOTH),
-    *_loop("sum", "running sum not rescaled", "when the maximum grows you add to l without multiplying it by "
-           "exp(m_old − m_new)", "rescale l (and acc) by exp(m_old − m_new) before adding the block", "sum"),
-    *_loop("acc", "accumulator not rescaled", "when the maximum grows you add to acc without multiplying it by "
-           "exp(m_old − m_new)", "rescale acc (as l) by exp(m_old − m_new) before adding the block", "acc"),
-    *_loop("neither", "neither l nor acc rescaled", "when the maximum grows neither the running sum nor the "
-           "accumulator is rescaled", "multiply both by exp(m_old − m_new) before adding the block", "neither"),
-    *_loop("division", "no final division", "the output is the unnormalised accumulator", "divide acc by l once, "
-           "after the last key block", "division"),
-    *_loop("k_tail", "last key block dropped", "the last, shorter key block is never visited when n is not a multiple "
-           "of the block", "loop over key blocks with range(start, q_end, block_size): slicing stops at the end",
-           "k_tail", BOTH),
-    *_loop("global_max", "one running maximum for all rows", "you took the maximum over the whole tile (amax without "
-           "dim=-1), so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per "
-           "query row: scores.amax(dim=-1, keepdim=True)", "global_max", BOTH),
-    *_loop("zero_init", "running maximum started at 0", "you started the running maximum at 0 instead of −inf: when "
-           "every score of a row is far below 0, exp(s − 0) underflows to 0 and the row becomes 0 / 0", "start it at "
-           "−inf: torch.full(..., -math.inf)", "zero_init", BOTH),
-    *_loop("block_max", "the block's maximum instead of the running maximum", "you rescaled by each block's own "
-           "maximum: when a block's scores fall far below an earlier block's, exp(m_old − m_block) overflows",
-           "m_new = torch.maximum(m_old, block maximum)", "block_max", BOTH),
-    *_loop("unguarded", "NaN where a row sees no key of a whole tile", "for a row whose keys in this tile are all "
-           "outside the window, the running maximum is still −inf and exp(−inf − (−inf)) = NaN", "shift by 0 where "
-           "the new maximum is −inf: torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)", "unguarded", BOTH),
-    *_loop("ceil_start", "a key block inside the window skipped", "your key loop starts one block too late (the first "
-           "block rounded up instead of down), so the keys at the window's start are never seen", "start at the block "
-           "holding key max(0, q_start − window + 1): max(0, q_start − window + 1) // block_size * block_size",
-           "ceil_start"),
-    *_loop("causal_only", "window not applied inside the tiles", "you skipped the blocks outside the window but masked "
-           "only the future keys: a visited block's keys before the window still count", "mask key j for query i "
-           "unless i − window < j ≤ i, in every tile", "causal_only", (True,)),
-    *_loop("band_only", "keys after the query not masked", "your tiles mask the keys before the window but not the "
-           "keys after the query (j > i) in the diagonal tile", "mask key j for query i unless i − window < j ≤ i, "
-           "in every tile", "band_only", (True,)),
-    *_loop("sum_block", "running sum restarted in every block", "you set l to the block's own sum instead of adding "
-           "it to the rescaled running sum", "l = l·exp(m_old − m_new) + block sum", "sum_block", (True,)),
-    *_loop("no_scale", "scores not scaled", "you did not multiply q kᵀ by 1/√d_k", "scale the scores by 1 / "
-           "math.sqrt(d_k)", "no_scale"),
-    *_loop("scale_d", "divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)",
-           "scale_d"),
-]
+] + [known for key, summary, cause, fix, skips in [
+    ("no_self_tiles", "the query does not see itself", "your tiles mask key j = i too (j ≥ i, not j > i): query 0 "
+     "sees no key (0 / 0 = NaN), the others miss their own", _BAND, SKIP),
+    ("local", *_LOCAL, BOTH),
+    ("sum", "running sum not rescaled", "when the maximum grows you add to l without rescaling it",
+     _RESCALE + " (l and acc)", ()),
+    ("acc", "accumulator not rescaled", "when the maximum grows you add to acc without rescaling it",
+     _RESCALE + " (acc as l)", ()),
+    ("neither", "neither l nor acc rescaled", "when the maximum grows neither l nor acc is rescaled",
+     _RESCALE + " (both)", ()),
+    ("division", "no final division", "the output is the unnormalised accumulator",
+     "divide acc by l once, after the last key block", ()),
+    ("k_tail", "last key block dropped", "the last, shorter key block is never visited when n is not a multiple of "
+     "the block", "loop with range(start, q_end, block_size): slicing stops at the end", BOTH),
+    ("global_max", "one running maximum for all rows", "you took the maximum over the whole tile (amax without "
+     "dim=-1): a row far below another underflows to 0 / 0", "one maximum per row: scores.amax(dim=-1, "
+     "keepdim=True)", BOTH),
+    ("zero_init", "running maximum started at 0", "with every score of a row far below 0, exp(s − 0) underflows and "
+     "the row becomes 0 / 0", "start it at −inf: torch.full(..., -math.inf)", BOTH),
+    ("block_max", "the block's maximum instead of the running maximum", "when a block's scores fall far below an "
+     "earlier block's, exp(m_old − m_block) overflows", "m_new = torch.maximum(m_old, block maximum)", BOTH),
+    ("unguarded", "NaN where a row sees no key of a whole tile", "when a tile holds none of a row's keys, its "
+     "running maximum is still −inf and exp(−inf − (−inf)) = NaN", "shift by 0 where the new maximum is −inf: "
+     "torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)", BOTH),
+    ("ceil_start", "a key block inside the window skipped", "your key loop starts one block too late (rounded up, "
+     "not down): the keys at the window's start are never seen", "start at max(0, q_start − window + 1) // "
+     "block_size * block_size", ()),
+    ("causal_only", "window not applied inside the tiles", "you skipped the blocks outside the window but masked "
+     "only future keys: a visited block's keys before the window count", _WITHIN, SKIP),
+    ("band_only", "keys after the query not masked", "your tiles mask the keys before the window but not those "
+     "after the query (j > i)", _WITHIN, SKIP),
+    ("sum_block", "running sum restarted in every block", "you set l to the block's own sum instead of adding it to "
+     "the rescaled running sum", "l = l·exp(m_old − m_new) + block sum", SKIP),
+    ("no_scale", "scores not scaled", "you did not multiply q kᵀ by 1/√d_k", "scale the scores by 1 / "
+     "math.sqrt(d_k)", ()),
+    ("scale_d", "divided by d_k instead of √d_k", "you divided the scores by d_k", "scale by 1 / math.sqrt(d_k)", ()),
+] for known in _loop(key, summary, cause, fix, skips or (False,))]
 
 _ATTN_CASES = [
     ("q, k (10, 4), v (10, 5), window 3, block 4", ((), 10, 4), 3, 4),
@@ -903,64 +802,55 @@ def _attn_case(i: int) -> tuple[str, tuple]:
     return label, (q, k, v, w, b)
 
 
-_WINDOW_LOOP = ("keep key j for query i iff i − window < j ≤ i; loop over query blocks, and over the key blocks from "
-                "the one holding key max(0, q_start − window + 1) to q_end; rescale l and acc by exp(m_old − m_new) "
-                "at every block")
+_WINDOW_LOOP = (_BAND + "; visit the key blocks from the one holding key max(0, q_start − window + 1) to q_end; "
+                "rescale l and acc by exp(m_old − m_new) at every block")
 
 
-def _short_block_wrong(fn: Learner, case: tuple, tol: dict) -> bool:
-    """Whether rows that were right in a full query block go wrong as the last, shorter block of a shorter input
-    (the first n − block_size tokens, whose result a causal function must not change)."""
-    q, k, v, w, b = case
-    n = q.shape[-2] - b
+def _right_on(fn: Learner, args: tuple, expected: torch.Tensor, tol: dict, rows: slice = slice(None)) -> bool:
+    """Whether the learner's function gives ``expected`` on ``args`` (in the query rows ``rows``); raising is wrong."""
     try:
-        out = as_tensor(fn(q[..., :n, :], k[..., :n, :], v[..., :n, :], w, b), tried="", what="")
-        return not same(out[..., n - n % b:, :], _sdpa(q, k, v, _window(n + b, n + b, w))[..., n - n % b:n, :], **tol)
-    except (Failure, LearnerRaised, LearnerTimedOut):
-        return True  # it raises on the shorter input: the short block is what it cannot handle
+        return same(as_tensor(fn(*args), tried="", what="")[..., rows, :], expected[..., rows, :], **tol)
+    except (Failure, LearnerRaised, LearnerTimedOut, IndexError):  # IndexError: an answer with too few axes
+        return False
 
 
 def _window_cause(fn: Learner, out: torch.Tensor, case: tuple, tol: dict) -> tuple[str, str, str]:
-    """What the check can measure of a wrong answer no known mistake reproduces: only the last, shorter query block
-    wrong; which keys a wrong query row attended to; or in which simpler setting the function is already wrong.
-    Returns (summary or "", cause, fix)."""
+    """(summary or "", cause, fix) of a wrong answer no known mistake reproduces: only the last, shorter query block
+    wrong; which keys a wrong row attended to; or the simplest setting where the function is already wrong."""
     q, k, v, w, b = case
     n = q.shape[-2]
-    close = torch.isclose(out.double(), _sdpa(q, k, v, _window(n, n, w)), equal_nan=True, **tol).all(-1)
+    expected = _sdpa(q, k, v, _window(n, n, w))
+    close = torch.isclose(out.double(), expected, equal_nan=True, **tol).all(-1)
     close = close.reshape(-1, n).all(0)  # (n,): which query rows are right in every batch entry
-    if n % b and n > 2 * b and bool(close[:n - n % b].all()) and _short_block_wrong(fn, case, tol):
+    m = n - b  # rows right in a full query block: wrong as the last, shorter block of the first m tokens too?
+    first_m = (q[..., :m, :], k[..., :m, :], v[..., :m, :], w, b)
+    if n % b and n > 2 * b and bool(close[:n - n % b].all()) and not _right_on(
+            fn, first_m, expected[..., :m, :], tol, slice(m - m % b, None)):
         return (f"wrong only in the last, shorter query block (rows {n - n % b} … {n - 1})", f"n = {n} is not a "
                 f"multiple of block_size = {b}, and your loop mishandles the last {_rows(n % b)} (a range that stops "
-                "before them, or a block length taken as block_size)", "loop with range(0, n, block_size) and slice "
-                "q[..., q_start:q_start + block_size, :]: the last slice is simply shorter; use its own length for "
-                "the accumulators")
+                "before them, or a block length taken as block_size)", "loop with range(0, n, block_size); the last "
+                "slice is shorter: use its own length for the accumulators")
     if bool(close.all()):
         return "", "", ""  # wrong only beyond isclose's reach (nothing to locate)
     i = int((~close).nonzero()[0])
     for lo in range(i + 1):  # the keys lo … hi this row attended to, if a contiguous run explains it
         for hi in range(lo, n):
-            if same(out[..., i, :], _attn(q[..., i:i + 1, :], k[..., lo:hi + 1, :], v[..., lo:hi + 1, :])[..., 0, :], **tol):
+            seen = _attn(q[..., i:i + 1, :], k[..., lo:hi + 1, :], v[..., lo:hi + 1, :])[..., 0, :]
+            if same(out[..., i, :], seen, **tol):
                 return "", (f"query {i}'s output is attention over keys {lo} … {hi}, where it may see keys "
-                            f"{max(0, i - w + 1)} … {i} (window {w}, blocks of {b}): keys outside the window got weight, "
-                            "or keys inside it got none (the mask, the key blocks visited, or weights that underflow "
-                            "to 0)"), _BAND
-    settings = [(n, n, "one tile and no window (block_size = window = n: plain causal attention)"),
-                (w, n, f"one tile with window {w} (block_size = n)"), (n, b, f"blocks of {b} and no window (window = n)")]
+                            f"{max(0, i - w + 1)} … {i} (window {w}, blocks of {b}): check the mask, the key blocks "
+                            "visited, and weights that underflow to 0"), _BAND
+    settings = [(n, n, "one tile and no window (block_size = window = n: plain causal attention)", "the steps every "
+                 "tile takes are wrong (scores, mask, exponentials, sums or the final division)"),
+                (w, n, f"one tile with window {w} (block_size = n)", "what depends on the window is wrong (the band's "
+                 "lower edge j > i − window, or which key blocks you visit)"),
+                (n, b, f"blocks of {b} and no window (window = n)", "what changes with several blocks is wrong (the "
+                 "block loops, the running maximum, the rescaling by exp(m_old − m_new), or the running sums)")]
     right = []
-    for ww, bb, text in settings:
-        try:
-            got = as_tensor(fn(q, k, v, ww, bb), tried="", what="")
-            ok = same(got, _sdpa(q, k, v, _window(n, n, ww)), **tol)
-        except (Failure, LearnerRaised, LearnerTimedOut):
-            ok = False
-        if not ok:
-            where = {0: "so the steps every tile takes are wrong (the scores, the mask, the exponentials, the sums or "
-                        "the final division)", 1: "so what depends on the window is wrong (the band's lower edge "
-                        "j > i − window, or which key blocks the window makes you visit)",
-                     2: "so what changes with several blocks is wrong (the loops over query or key blocks, the running "
-                        "maximum, the rescaling by exp(m_old − m_new), or the running sums)"}[len(right)]
-            return "", (f"your function is right on {' and on '.join(right)}, but wrong on {text}: {where}" if right
-                        else f"your function is wrong even on {text}: {where}"), _WINDOW_LOOP
+    for ww, bb, text, where in settings:
+        if not _right_on(fn, (q, k, v, ww, bb), _sdpa(q, k, v, _window(n, n, ww)), tol):
+            verdict = f"right on {' and on '.join(right)}, but wrong on" if right else "wrong even on"
+            return "", f"your function is {verdict} {text}: so {where}", _WINDOW_LOOP
         right.append(text)
     return "", (f"your function is right on {', on '.join(right)}, and wrong only where tiles and the window meet: "
                 "which key blocks each query block visits, or the mask in the tiles the band's edge cuts"), _WINDOW_LOOP
@@ -975,87 +865,82 @@ def _needed_tiles(n: int, b: int, w: int) -> int:
 
 @probe("inference.work")
 def _work(fn, *args) -> dict[str, Any]:
-    """Learner-side: run ``fn(*args)`` and report its matrix-multiply FLOPs, the torch functions it called, the
-    shapes of the floating-point tensors it built and how many products returned each shape."""
+    """Learner-side: ``fn(*args)``'s matmul FLOPs, the torch functions it called, the shapes of the float tensors it
+    built and how many products returned each shape."""
     seen = watch(fn, *args)
     return {key: seen[key] for key in ("flops", "ops", "shapes", "products")}
 
 
-#: (n, d_k, block, window, batch) of the work measurements. The window's first key falls one past a block
-#: boundary in the first and on a boundary in the second, so a loop that starts one block early is seen
-#: there; the two block sizes differ (and differ from d_k, d_v and 64), so tiles of a fixed size are seen too.
+#: (n, d_k, block, window, batch) of the work measurements. The window's first key falls one past a block boundary
+#: in the first, on one in the second (a loop starting a block early shows); the block sizes differ from each other,
+#: d_k, d_v and 64 (so do tiles of a fixed size).
 _WORK_CASES = [(80, 6, 8, 8, 2), (80, 6, 4, 9, 2)]
 
 
 def _check_work(fn: Learner) -> None:
-    measured = []
+    measured = []  # per work case: (n, d, b, w, batch), tried, the probe's report, side s → (…, s, s) products
     for j, (n, d, b, w, batch) in enumerate(_WORK_CASES):
         tried = f"sliding_window_attention(q, k, v, window={w}, block_size={b}) on q, k ({batch}, {n}, {d})"
         work = fn.observe("inference.work", *_window_qkv((batch,), n, d, 70 + j), w, b)
-        if not isinstance(work, dict):
-            fail("the work could not be measured", tried=tried, got=repr(work), expected="a measurement",
-                 fix="run the cell again; if it repeats, tell your instructor")
-        if any("scaled_dot_product" in op or "flash_attention" in op for op in work.get("ops", [])):
+        if any("scaled_dot_product" in op or "flash_attention" in op for op in work["ops"]):
             fail("calls F.scaled_dot_product_attention", tried=tried, got="a call to a fused attention kernel",
-                 expected="the tiled loop, written out", cause="the values are right, but the exercise is the loop itself",
-                 fix="compute each tile's scores with q_block @ k_blockᵀ and keep the running max, sum and accumulator")
-        full = [tuple(s) for s in work.get("shapes", []) if tuple(s[-2:]) == (n, n)]
-        if full:
+                 expected="the tiled loop, written out", cause="the values are right, but the exercise is the loop",
+                 fix="compute each tile's scores with q_block @ k_blockᵀ; keep the running max, sum and accumulator")
+        if full := [tuple(s) for s in work["shapes"] if tuple(s[-2:]) == (n, n)]:
             fail("built the full n × n score matrix", tried=tried, got=f"a floating-point tensor of shape {full[0]}",
                  expected="no tensor larger than a (block, block) tile of scores",
                  cause="the values are right, but the memory is O(n²): that is what tiling avoids",
                  fix="compute scores one (block, block) tile at a time")
-        square: dict[int, int] = {}  # side s ≥ 2 → how many (…, s, s) matrix products the run computed
-        for shape, count in work.get("products", []):
+        square: dict[int, int] = {}
+        for shape, count in work["products"]:
             if len(shape) >= 2 and shape[-1] == shape[-2] >= 2:
                 square[shape[-1]] = square.get(shape[-1], 0) + int(count)
         measured.append(((n, d, b, w, batch), tried, work, square))
     for (n, d, b, w, batch), tried, work, square in measured:
         full_tiles = _needed_tiles(n - n % b, b, w)  # tiles of the full query blocks: every one is (b, b)
         if square.get(b, 0) < full_tiles / 2:
-            common = sorted(set.intersection(*(set(m[3]) for m in measured)) - {c[2] for c in _WORK_CASES})
-            if common:
+            if common := sorted(set.intersection(*(set(m[3]) for m in measured)) - {c[2] for c in _WORK_CASES}):
                 cause = (f"your tiles are {common[-1]} × {common[-1]} whatever block_size is passed "
                          f"(block_size = {', '.join(str(c[2]) for c in _WORK_CASES)} here): block_size is ignored")
                 fix = "cut the queries and keys into blocks of block_size (the argument), not of a fixed size"
             else:
                 cause = (f"your code computed {square.get(b, 0)} ({b}, {b}) products where the window needs "
-                         f"{full_tiles} tiles of scores: it computes the scores in pieces of another shape (row by "
-                         "row, or one slab of keys per query block)")
-                fix = ("loop over query blocks of block_size rows and, inside, over key blocks of block_size keys: "
-                       "each tile of scores is q_block @ k_blockᵀ, (block_size, block_size)")
+                         f"{full_tiles} tiles: the scores come in pieces of another shape (row by row, or one slab of "
+                         "keys per query block)")
+                fix = "loop over query blocks and, inside, key blocks: each tile is q_block @ k_blockᵀ"
             fail("scores not computed in (block_size, block_size) tiles", tried=tried,
                  got=f"{square.get(b, 0)} matrix products of shape (…, {b}, {b})",
                  expected=f"score tiles of shape (…, {b}, {b}) (shorter only at the end of the sequence)",
                  cause=cause, fix=fix)
     for (n, d, b, w, batch), tried, work, _ in measured:
         per_tile = batch * (2.0 * b * b * d + 2.0 * b * b * (d + 1))  # q·kᵀ and p·v of one full tile
-        needed, flops = per_tile * _needed_tiles(n, b, w), float(work.get("flops", 0.0))
+        needed, flops = per_tile * _needed_tiles(n, b, w), float(work["flops"])
         if flops > needed + 0.5:
             fail("blocks outside the window are computed", tried=tried,
                  got=f"{flops:.0f} matrix-multiply FLOPs ({flops / per_tile:.1f} tiles' worth)",
                  expected=f"at most {needed:.0f} ({needed / per_tile:.0f} tiles: for each query block, only the key "
                           f"blocks that hold keys q_start − window + 1 … q_end − 1)",
-                 cause="the values are right, but your loop also computes key blocks that lie wholly before the "
-                       "window (or after the diagonal), which the mask then erases entirely",
+                 cause="the values are right, but your loop also computes key blocks wholly before the window (or "
+                       "after the diagonal), which the mask then erases",
                  fix="start the key loop at the block holding key max(0, q_start − window + 1) and stop it at q_end")
 
 
 @check("sliding_window_attention",
        expects="a function sliding_window_attention(q, k, v, window, block_size) returning a tensor (..., n, d_v)")
 def check_sliding_window_attention(fn: Learner) -> str:
-    suspects = _Suspects(WINDOW_ATTENTION, **LOOSE)
+    suspects = Suspects(WINDOW_ATTENTION, **LOOSE)
     _MEMO.clear()
     for i in range(len(_ATTN_CASES)):
         label, case = _attn_case(i)
         (q, k, v, w, b), n = case, case[0].shape[-2]
         tried, tol = f"sliding_window_attention(q, k, v, window={w}, block_size={b}) on {label}", _tol(q.dtype)
-        out = as_tensor(_call(fn, *case, tried=tried, expected="a tensor (..., n, d_v)"), tried=tried)
+        out = as_tensor(call_explained(fn, *case, tried=tried, expected="a tensor (..., n, d_v)", patterns=_PATTERNS),
+                        tried=tried)
         expected = _sdpa(q, k, v, mask=_window(n, n, w))
         if tuple(out.shape) == tuple(q.shape) and q.shape[-1] != v.shape[-1]:
             fail("output as wide as q, not v", tried=tried, got=f"shape {tuple(out.shape)}",
-                 expected=f"shape {tuple(expected.shape)}", cause="you allocated the output or the accumulator with "
-                 "q's width d_k", fix="use v.shape[-1] (d_v) for the output and the accumulator")
+                 expected=f"shape {tuple(expected.shape)}", cause="you sized the output or the accumulator with d_k",
+                 fix="use v.shape[-1] (d_v) for the output and the accumulator")
         try:
             suspects.expect(out, expected, case, tried=tried, **tol, again=fn)
         except Failure as failure:
@@ -1067,7 +952,7 @@ def check_sliding_window_attention(fn: Learner) -> str:
         if out.dtype != q.dtype:
             fail(f"result in {_name(out.dtype)}, not q's {_name(q.dtype)}", tried=tried, got=_name(out.dtype),
                  expected=_name(q.dtype), cause="you created the output (or the accumulator) without dtype=q.dtype",
-                 fix="allocate with dtype=q.dtype (or torch.zeros_like / empty_like from q's tensors)")
+                 fix="allocate with dtype=q.dtype (or torch.zeros_like from q's tensors)")
     _MEMO.clear()
     _check_work(fn)
     return (f"matches F.scaled_dot_product_attention with the window mask on {len(_ATTN_CASES)} cases and computes "

@@ -1,11 +1,10 @@
 """Checks for notebook 07 (multi-head attention): split_heads, merge_heads, MultiHeadAttention.
 
-Oracles: the course's :func:`attn_course.multihead.split_heads` / ``merge_heads`` (tested against ``torch.chunk`` /
-``torch.cat``); for the module, ``torch.nn.MultiheadAttention`` with the same weights wherever it applies
-(A·d_head = d_model, no fully masked row), else :func:`_multihead`, a float64 model the tests hold equal to it.
-Each check's known mistakes are a table of :class:`~.kit.Known` rows judged by one :class:`~.kit.Suspects`.
-The learner's class is reached only through the learner boundary (``inspect``, ``construct``,
-``set_parameters``, calls).
+Oracles: the course's split_heads / merge_heads (tested against ``torch.chunk`` / ``torch.cat``); for the module,
+``torch.nn.MultiheadAttention`` with the same weights wherever it applies (A·d_head = d_model, no fully masked row),
+else :func:`_multihead`, a float64 model the tests hold equal to it. Each check judges its table of
+:class:`~.kit.Known` mistakes with one :class:`~.kit.Suspects`; the learner's class is reached only through the
+learner boundary (``inspect``, ``construct``, ``set_parameters``, calls).
 """
 
 from __future__ import annotations
@@ -20,14 +19,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..multihead import merge_heads as ref_merge
-from ..multihead import split_heads as ref_split
-from ..multihead import torch_masks
+from ..multihead import merge_heads as ref_merge, split_heads as ref_split, torch_masks
 from ..softmax import masked_softmax
 from .compare import Failure, same
-from .core import (Learner, LearnerRaised, LearnerTimedOut, Mistake, as_tensor, check, expect_close, fail, fmt,
-                   learner_error)
-from .kit import Known, Suspects, bool_hint, explain_raise, factors
+from .core import Learner, LearnerRaised, LearnerTimedOut, Mistake, check, expect_close, fail, fmt, learner_error
+from .kit import Known, Suspects, bool_hint, call_explained, explain_raise, factors, tensor_answer, unpack
+from .result import Diagnosis
 
 __all__ = ["check_split_heads", "check_merge_heads", "check_MultiHeadAttention"]
 
@@ -35,8 +32,7 @@ __all__ = ["check_split_heads", "check_merge_heads", "check_MultiHeadAttention"]
 # ============================================================================ shared by the three checks
 @dataclass(frozen=True)
 class Sized(Known):
-    """A :class:`~.kit.Known` whose texts name the case's sizes: ``{A}``, ``{k}``… filled in from
-    ``sizes(*case)`` (could move to the kit)."""
+    """A :class:`~.kit.Known` whose texts name the case's sizes: ``{A}``, ``{d_head}``… from ``sizes(*case)``."""
 
     sizes: Callable[..., dict] = lambda *case: {}
 
@@ -46,20 +42,17 @@ class Sized(Known):
 
 
 #: Exceptions whose message says what the code did (type, regex, cause, fix), before the course-wide table.
-_PATTERNS = [
-    ("RuntimeError", r"view size is not compatible|contiguous",
-     "`.view` needs memory laid out in the new shape, and `.transpose` gives a tensor whose memory is not (a "
-     "non-contiguous one)", "use `.reshape(...)`, or `.contiguous().view(...)`, after the transpose"),
-]
-_BATCH_HINT = dict(cause="your code ran with a batch of one (B = 1) but raised with a batch of several: it does not keep "
-                         "the batch axis B (it treats x as a single sequence)",
-                   fix="keep B as the first axis throughout: reshape with x.shape[0] (or -1) in front, and "
-                       "transpose the axes by position counted from the end")
+_PATTERNS = [("RuntimeError", r"view size is not compatible|contiguous", "`.view` needs memory laid out in the new "
+              "shape, and `.transpose` gives a tensor whose memory is not (a non-contiguous one)",
+              "use `.reshape(...)`, or `.contiguous().view(...)`, after the transpose")]
+_BATCH_HINT = dict(cause="your code ran with a batch of one (B = 1) but raised with a batch of several: it treats x "
+                         "as a single sequence", fix="keep B as the first axis throughout: reshape with x.shape[0] in "
+                   "front, and count the axes to transpose from the end")
 
 
 def _explain(exc: LearnerRaised, call: Callable, x: torch.Tensor) -> dict:
-    """Cause and fix of a learner's exception: a truth value asked of a tensor, code that only runs on one
-    sequence (it runs on x[:1]), else what the message says."""
+    """Cause and fix of a learner's exception: a truth value asked of a tensor, code that runs on x[:1] only, else
+    what the message says."""
     if bool_hint(exc):
         return bool_hint(exc)
     if x.shape[0] > 1:
@@ -71,65 +64,42 @@ def _explain(exc: LearnerRaised, call: Callable, x: torch.Tensor) -> dict:
     return explain_raise(exc, patterns=_PATTERNS)
 
 
-def _tensor(value, *, tried: str, what: str = "your function") -> torch.Tensor:
-    """The answer as a tensor; the docstrings ask for a torch tensor, so a NumPy array is named as such."""
-    if isinstance(value, np.ndarray):
-        fail(f"{what} returned a NumPy array, not a tensor", tried=tried,
-             got=f"a NumPy array of shape {value.shape} ({value.dtype})", expected="a torch tensor, as the docstring says",
-             cause="you converted to NumPy along the way (.numpy(), np.asarray or a NumPy function)",
-             fix="stay with torch operations (torch.from_numpy(array) turns an array back into a tensor)")
-    return as_tensor(value, tried=tried, what=what)
-
-
-def _in_symbols(shape: tuple, sizes: dict[str, int]) -> list[str] | None:
-    """``shape`` in the names of ``sizes`` (``["B·A", "n", "d_head"]``) when every axis is exactly one name or one
-    product of two names — and nothing else — on this input; else None."""
-    names, reading = list(sizes), {}
-    for i, name in enumerate(names):
-        reading.setdefault(sizes[name], []).append(name)
-        for other in names[i + 1:]:
-            reading.setdefault(sizes[name] * sizes[other], []).append(f"{name}·{other}")
-    parts = [reading.get(int(s), []) for s in shape]
-    return None if not shape or any(len(p) != 1 for p in parts) else [p[0] for p in parts]
-
-
 def _shape_in_symbols(out: torch.Tensor, want: tuple, sizes: dict[str, int], target: str, tried: str) -> None:
-    """Fail on a shape that reads, in the docstring's letters, as other axes or another order (saying what differs)."""
-    axes, letters = _in_symbols(tuple(out.shape), sizes), target[1:-1].split(", ")
-    if not axes or axes == letters:
+    """Fail on a shape that reads, in the docstring's letters, as other axes or another order: read only when every
+    axis is exactly one letter or one product of two (``B·A``), and nothing else, here."""
+    reading: dict[int, list[str]] = {}
+    for name in sizes:
+        reading.setdefault(sizes[name], []).append(name)
+    for x, y in itertools.combinations(sizes, 2):
+        reading.setdefault(sizes[x] * sizes[y], []).append(f"{x}·{y}")
+    parts, letters = [reading.get(int(s), []) for s in out.shape], target[1:-1].split(", ")
+    if not parts or any(len(p) != 1 for p in parts) or [p[0] for p in parts] == letters:
         return
-    reading = f"({', '.join(axes)})"
+    axes = [p[0] for p in parts]
+    shown = f"({', '.join(axes)})"
     if sorted(axes) == sorted(letters):
         moved = [a for a, w in zip(axes, letters) if a != w]
-        cause = f"your result has the docstring's axes in another order, {reading}: {_and(moved)} are out of place"
+        cause = f"your result has the docstring's axes in another order, {shown}: {_and(moved)} are out of place"
     else:
         extra, missing = [a for a in axes if a not in letters], [w for w in letters if w not in axes]
         cause = f"your result has {_and(extra)} where the docstring has {_and(missing)}"
-    fail(f"wrong shape {tuple(out.shape)} = {reading}, expected {target}", tried=tried,
-         got=f"a result of shape {tuple(out.shape)}, which on this input reads as {reading}",
+    fail(f"wrong shape {tuple(out.shape)} = {shown}, expected {target}", tried=tried,
+         got=f"a result of shape {tuple(out.shape)}, which on this input reads as {shown}",
          expected=f"shape {tuple(want)} = {target}", cause=cause,
          fix=f"follow the docstring's shapes step by step (print(t.shape) after each step); the result is {target}")
 
 
-_PRECISION = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}
-
-
 def _expect_same_precision(out: torch.Tensor, x: torch.Tensor, *, tried: str, what: str) -> None:
     """``what`` only moves numbers: a result in a narrower dtype than ``x`` has rounded them."""
-    if _PRECISION.get(out.dtype, 3) < _PRECISION.get(x.dtype, 0):
+    if out.is_floating_point() and out.dtype.itemsize < x.dtype.itemsize:
         got, had = str(out.dtype)[6:], str(x.dtype)[6:]
         fail(f"result rounded to {got}", tried=tried, got=f"the right numbers, but as {got}: x's {had} values rounded",
-             expected=f"x's own values, exactly: {what} only moves numbers (the docstring's equation is an equality)",
-             cause=f"you converted to {got} (.float(), .half() or dtype={got})",
-             fix="drop the conversion: reshape, transpose and cat keep x's dtype")
+             expected=f"x's own values, exactly: {what} only moves numbers", cause=f"you converted to {got} (.float(), "
+             f".half() or dtype={got})", fix="drop the conversion: reshape, transpose and cat keep x's dtype")
 
 
 def _and(words: list[str]) -> str:
     return " and ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
-def _order(perm: tuple, letters: tuple) -> str:
-    return "(" + ", ".join(letters[i] for i in perm) + ")"
 
 
 # ============================================================================ split_heads
@@ -149,41 +119,35 @@ SPLIT_MISTAKES = [
     Known("no_transpose", "heads split without a transpose", "you reshaped straight to (B, A, n, d_head), so each "
           "'head' holds pieces of several positions (heads mixed with positions)", _MIXED,
           lambda x, a: x.reshape(x.shape[0], a, x.shape[1], -1)),
-    Known("strided", "features split in the wrong order", "you reshaped the last axis as (d_head, A), so head h got "
-          "every A-th feature instead of the block h·d_head … (h+1)·d_head − 1",
-          "reshape the last axis as (A, d_head), not (d_head, A)",
+    Known("strided", "features split in the wrong order", "you reshaped the last axis as (d_head, A): head h got every "
+          "A-th feature", "reshape the last axis as (A, d_head), not (d_head, A)",
           lambda x, a: x.reshape(*x.shape[:2], -1, a).permute(0, 3, 1, 2)),
     Known("forgot_transpose", "head axis not moved in front of the positions", "you reshaped to (B, n, A, d_head) but "
-          "did not swap the axes, so the heads are still after the positions", "add .transpose(1, 2) to get "
-          "(B, A, n, d_head)", lambda x, a: x.reshape(*x.shape[:2], a, -1)),
-    Known("sizes_swapped", "n_heads used as the head width", "you split into d_head heads of width A instead of A "
-          "heads of width d_head", "reshape the last axis as (n_heads, width // n_heads)",
+          "did not swap the axes", "add .transpose(1, 2)", lambda x, a: x.reshape(*x.shape[:2], a, -1)),
+    Known("sizes_swapped", "n_heads used as the head width", "you split into d_head heads of width A", "reshape the "
+          "last axis as (n_heads, width // n_heads)",
           lambda x, a: None if a * a == x.shape[-1] else x.reshape(*x.shape[:2], -1, a).transpose(1, 2)),
-    Known("reversed", "heads in reverse order", "your head 0 holds the last block of features: the heads come out in "
-          "reverse order", "head h takes features h·d_head … (h+1)·d_head − 1, head 0 first",
-          lambda x, a: None if a == 1 else ref_split(x, a).flip(1)),
+    Known("reversed", "heads in reverse order", "your head 0 holds the last block of features", "head h takes "
+          "features h·d_head … (h+1)·d_head − 1", lambda x, a: None if a == 1 else ref_split(x, a).flip(1)),
     Known("batch_heads_merged", "batch and head axes merged into one", "you returned (B·A, n, d_head), as d2l's "
-          "transpose_qkv does; the docstring keeps them apart: (B, A, n, d_head)", "stop after the transpose: no final "
-          "reshape to (B·A, n, d_head)",
+          "transpose_qkv does", "stop after the transpose: (B, A, n, d_head)",
           lambda x, a: None if x.shape[0] == 1 or a == 1 else ref_split(x, a).flatten(0, 1)),
     Known("last_two_swapped", "positions and features swapped", "your last two axes are (d_head, n): one transpose too "
-          "many (or the wrong pair of axes)", "the result is (B, A, n, d_head): swap only the position and head axes",
+          "many", "swap only the position and head axes",
           lambda x, a: None if x.shape[1] * a == x.shape[2] else ref_split(x, a).transpose(-2, -1)),
 ]
 
 
 def _heads_count_cause(shape: tuple, b: int, n: int, a: int, width: int, previous: tuple | None) -> dict:
-    """When the answer has the layout of a split into another number of heads, say so (and whether that count or
-    width is the previous case's, i.e. hard-coded)."""
+    """A split into another number of heads, and whether that count or width is the previous case's (hard-coded)."""
     if not (len(shape) == 4 and shape[0] == b and shape[2] == n and shape[1] != a and shape[1] * shape[3] == width):
         return {}
     heads = f"your result has {shape[1]} heads of width {shape[3]}"
+    wanted = f"while n_heads = {a} asks for heads of width {width // a}"
     if previous and (shape[1], shape[3]) == previous:
-        cause = (f"{heads}, the split of the previous case: the head count or the head width is hard-coded, while "
-                 f"n_heads = {a} asks for {a} heads of width {width // a}")
+        cause = f"{heads}, the split of the previous case: the head count or width is hard-coded, {wanted}"
     elif previous and shape[3] == previous[1]:
-        cause = (f"{heads}, the head width of the previous case: the width looks hard-coded, while n_heads = {a} asks "
-                 f"for heads of width {width // a}")
+        cause = f"{heads}, the head width of the previous case: the width looks hard-coded, {wanted}"
     else:
         cause = f"{heads}, but n_heads = {a}: the head count is hard-coded or taken from somewhere else"
     return dict(cause=cause, fix="split into n_heads heads of width x.shape[-1] // n_heads, using the n_heads argument")
@@ -198,7 +162,7 @@ def check_split_heads(fn: Learner) -> str:
         x = torch.randn(b, n, a * d, generator=gen, dtype=torch.float64).to(dtype)
         tried = f"split_heads(x, {a}) with x of shape {(b, n, a * d)} ({str(dtype)[6:]}): {a} heads of width {d}"
         try:
-            out = _tensor(fn(x, a), tried=tried)
+            out = tensor_answer(fn(x, a), tried=tried)
         except LearnerRaised as exc:
             raise Failure(learner_error(exc, tried=tried, expected=f"a tensor of shape {(b, a, n, d)}",
                                         **_explain(exc, lambda t: fn(t, a), x))) from None
@@ -233,30 +197,28 @@ MERGE_MISTAKES = [
           "(B, n, A·d_head), so each output row mixes several positions (heads mixed with positions)", _UNMIXED,
           lambda x: x.reshape(_MERGED(x))),
     Known("last_two_swapped", "heads merged without a transpose", "you swapped the last two axes, (B, A, d_head, n), "
-          "instead of the head and position axes before reshaping, so each output row mixes several positions",
-          _UNMIXED, lambda x: None if x.shape[2] == x.shape[3] else x.transpose(2, 3).reshape(_MERGED(x))),
+          "instead of the head and position axes", _UNMIXED,
+          lambda x: None if x.shape[2] == x.shape[3] else x.transpose(2, 3).reshape(_MERGED(x))),
     Known("transposed_after", "heads merged without a transpose", "you reshaped to (B, A·d_head, n) and then "
-          "transposed, so each output row mixes several positions and features", _UNMIXED,
+          "transposed, so each output row mixes positions and features", _UNMIXED,
           lambda x: x.reshape(x.shape[0], -1, x.shape[2]).transpose(1, 2)),
-    Known("interleaved", "wrong concat order: features interleaved", "you put the feature axis before the head axis, so "
-          "the result is ordered (d_head, A): feature 0 of every head, then feature 1, …", _CONCAT,
-          lambda x: x.permute(0, 2, 3, 1).reshape(_MERGED(x))),
+    Known("interleaved", "wrong concat order: features interleaved", "you put the feature axis before the head axis: "
+          "feature 0 of every head, then feature 1, …", _CONCAT, lambda x: x.permute(0, 2, 3, 1).reshape(_MERGED(x))),
     Known("reversed", "wrong concat order: last head first", "you concatenated the heads in reverse order", _CONCAT,
           lambda x: ref_merge(x.flip(1))),
-    Known("not_concatenated", "heads not concatenated", "you swapped the axes but did not reshape, so the result is "
-          "still (B, n, A, d_head)", "reshape the last two axes into one of size A·d_head", lambda x: x.transpose(1, 2)),
-    Known("averaged", "heads averaged instead of concatenated", "you averaged the heads, which leaves d_head features "
-          "instead of A·d_head", _CONCAT, lambda x: x.mean(1)),
-    Known("summed", "heads summed instead of concatenated", "you summed the heads, which leaves d_head features "
-          "instead of A·d_head", _CONCAT, lambda x: x.sum(1)),
+    Known("not_concatenated", "heads not concatenated", "you swapped the axes but did not reshape: (B, n, A, d_head)",
+          "reshape the last two axes into one of size A·d_head", lambda x: x.transpose(1, 2)),
+    *(Known(key, f"heads {how} instead of concatenated", f"you {how} the heads: d_head features, not A·d_head",
+            _CONCAT, make) for key, how, make in (("averaged", "averaged", lambda x: x.mean(1)),
+                                                   ("summed", "summed", lambda x: x.sum(1)))),
     Known("head_0", "only one head kept", "you returned head 0 alone", _CONCAT, lambda x: x[:, 0]),
-    *(Sized(f"first_{k}", f"only the first {k} of {{A}} heads concatenated", f"you concatenated heads 0 … {k - 1} "
-            f"and dropped the rest: the number of heads looks hard-coded as {k}", "take the number of heads from the "
-            "input, x.shape[1]", lambda x, k=k: ref_merge(x[:, :k]) if k < x.shape[1] else None,
-            sizes=lambda x: dict(A=x.shape[1])) for k in range(2, 6)),
-    *(Known(f"permuted_{''.join(map(str, p))}", f"axes arranged as {_order(p, ('B', 'A', 'n', 'd_head'))} before the "
-            "reshape", f"you arranged the axes as {_order(p, ('B', 'A', 'n', 'd_head'))} and then reshaped to "
-            "(B, n, A·d_head): a reshape keeps the entries in memory order, so they must be (B, n, A, d_head) first",
+    *(Sized(f"first_{k}", f"only the first {k} of {{A}} heads concatenated", f"you dropped the heads after head "
+            f"{k - 1}: the number of heads looks hard-coded as {k}", "take the number of heads from x.shape[1]",
+            lambda x, k=k: ref_merge(x[:, :k]) if k < x.shape[1] else None, sizes=lambda x: dict(A=x.shape[1]))
+      for k in range(2, 6)),
+    *(Known(f"permuted_{''.join(map(str, p))}",
+            f"axes arranged as ({', '.join(('B', 'A', 'n', 'd_head')[i] for i in p)}) before the reshape",
+            "a reshape keeps the entries in memory order, so they must be (B, n, A, d_head) first",
             _UNMIXED, lambda x, p=p: x.permute(p).reshape(_MERGED(x)))
       for p in itertools.permutations(range(4)) if p not in ((0, 2, 1, 3), (0, 1, 2, 3), (0, 1, 3, 2), (0, 2, 3, 1))),
 ]
@@ -270,7 +232,7 @@ def check_merge_heads(fn: Learner) -> str:
         x = torch.randn(b, a, n, d, generator=gen, dtype=torch.float64).to(dtype)
         tried = f"merge_heads(x) with x of shape {(b, a, n, d)} ({str(dtype)[6:]}): {a} heads of width {d}"
         try:
-            out = _tensor(fn(x), tried=tried)
+            out = tensor_answer(fn(x), tried=tried)
         except LearnerRaised as exc:
             raise Failure(learner_error(exc, tried=tried, expected=f"a tensor of shape {(b, n, a * d)}",
                                         **_explain(exc, fn, x))) from None
@@ -284,13 +246,9 @@ def check_merge_heads(fn: Learner) -> str:
 
 
 # ============================================================================ the module: finding its layers
-_ROLE_TOKENS = {
-    "q": {"q", "query", "queries", "wq"},
-    "k": {"k", "key", "keys", "wk"},
-    "v": {"v", "value", "values", "wv"},
-    "o": {"o", "out", "output", "wo", "c_proj", "proj", "dense"},
-    "qkv": {"qkv", "c_attn", "in_proj", "wqkv", "attn"},
-}
+_ROLE_TOKENS = {"q": {"q", "query", "queries", "wq"}, "k": {"k", "key", "keys", "wk"},
+                "v": {"v", "value", "values", "wv"}, "o": {"o", "out", "output", "wo", "c_proj", "proj", "dense"},
+                "qkv": {"qkv", "c_attn", "in_proj", "wqkv", "attn"}}
 _ROLE_NAMES = {"q": "W^Q (q_proj)", "k": "W^K (k_proj)", "v": "W^V (v_proj)", "o": "W^O (out_proj)"}
 
 
@@ -301,35 +259,33 @@ def _role(name: str) -> str | None:
     return next((role for role in ("qkv", "q", "k", "v", "o") if tokens & _ROLE_TOKENS[role]), None)
 
 
-def _swapped(p_in: int, p_out: int, want: tuple[int, int]) -> str:
-    return (f"nn.Linear takes (in_features, out_features); yours has them the other way round: {p_in} in and {p_out} "
-            "out" if (p_in, p_out) == want[::-1] else "")
-
-
-def _sizes_cause(p_in: int, p_out: int, want: tuple[int, int], a: int, d_head: int, d_model: int) -> str:
-    """What a projection's (in, out) sizes say went wrong, when they say it."""
-    if swapped := _swapped(p_in, p_out, want):
-        return swapped
-    if p_in != want[0] or p_out == want[1]:
+def _sizes_cause(role: str, p_in: int, p_out: int, want: tuple[int, int], a: int, d_head: int, d_model: int) -> str:
+    """What a projection's (in, out) sizes say went wrong, when they say it. The heads' side (W^Q's, W^K's, W^V's
+    outputs, W^O's inputs) should be A·d_head wide."""
+    if (p_in, p_out) == want[::-1]:
+        return f"nn.Linear takes (in_features, out_features); yours has them the other way round: {p_in} in"
+    heads, other, other_want = (p_in, p_out, want[1]) if role == "o" else (p_out, p_in, want[0])
+    if role == "qkv" or other != other_want or heads == a * d_head:
         return ""
-    if p_out == d_model:
-        return (f"you projected to d_model = {d_model} features; the heads need A·d_head = {want[1]} (they differ "
-                "when d_head ≠ d_model / A)")
-    if p_out == a * (d_model // a) and d_model // a != d_head:
-        return (f"you used d_head = d_model // n_heads = {d_model // a}: the d_head argument (or its default "
-                f"⌈d_model / n_heads⌉ = {d_head}) was ignored")
-    if p_out % d_head == 0:
-        made = p_out // d_head
+    if heads == d_model:
+        return (f"you sized W^O for d_model = {d_model} inputs, but the concatenated heads have A·d_head = "
+                f"{a * d_head} features" if role == "o" else f"you projected to d_model = {d_model} features; the "
+                f"heads need A·d_head = {a * d_head}") + " (they differ when d_head ≠ d_model / A)"
+    if heads == a * (d_model // a) and d_model // a != d_head:
+        return f"you used d_model // n_heads = {d_model // a}, not d_head (default ⌈d_model / n_heads⌉ = {d_head})"
+    if heads % d_head == 0:
+        made = heads // d_head
         return (f"your projection makes {made} head{'s' if made != 1 else ''} of width d_head = {d_head}, but "
                 f"n_heads = {a}: the head count is hard-coded or taken from somewhere else")
-    if p_out % a == 0:
-        return (f"your projection makes n_heads = {a} heads of width {p_out // a}, but d_head = {d_head} here: the "
-                "head width is not the d_head argument (default ⌈d_model / n_heads⌉)")
+    if heads % a == 0:
+        return (f"your projection makes n_heads = {a} heads of width {heads // a}, but d_head = {d_head} here "
+                "(default ⌈d_model / n_heads⌉)")
     return ""
 
 
 def _layers(info: dict, d_model: int, a: int, d_head: int, tried: str) -> dict:
-    """The learner's W^Q, W^K, W^V, W^O as {"q": (linear name, first row), …} after checking their sizes."""
+    """The learner's W^Q, W^K, W^V, W^O as {"q": layer name, …} after checking their sizes, with ``linears`` (name →
+    (in, out, bias)), ``fused`` and ``guessed`` (four unnamed layers taken in creation order)."""
     linears = {name: spec for name, kind, spec in info.get("modules", []) if spec is not None}
     width = a * d_head
     found: dict[str, list[str]] = {}
@@ -347,64 +303,49 @@ def _layers(info: dict, d_model: int, a: int, d_head: int, tried: str) -> dict:
         cause = (f"no nn.Linear layer of yours is named as {_and(missing)}: it was never created in __init__, is not "
                  "an nn.Linear, or has another name" if missing else
                  f"several layers are named as one projection ({'; '.join(several)})")
-        fail("W^Q, W^K, W^V, W^O not found", tried=tried,
+        fail("W^Q, W^K, W^V, W^O not found", tried=tried, cause=cause,
              got=f"nn.Linear layers: {', '.join(f'{n} ({s[0]} → {s[1]})' for n, s in linears.items()) or 'none'}",
-             expected="nn.Linear layers q_proj, k_proj, v_proj (d_model → A·d_head) and out_proj (A·d_head → d_model), "
-                      "or one fused qkv_proj (d_model → 3·A·d_head) and out_proj", cause=cause,
+             expected="nn.Linear layers q_proj, k_proj, v_proj (d_model → A·d_head) and out_proj (A·d_head → "
+                      "d_model), or one fused qkv_proj (d_model → 3·A·d_head) and out_proj",
              fix="create the projections in __init__ as nn.Linear layers with the names in the docstring")
-    if fused:
-        name = found["qkv"][0]
-        f_in, f_out = linears[name][:2]
-        if (f_in, f_out) != (d_model, 3 * width):
-            fail(f"the fused projection is nn.Linear({f_in}, {f_out})", tried=tried,
-                 got=f"{name} = nn.Linear({f_in}, {f_out})",
-                 expected=f"nn.Linear(d_model = {d_model}, 3·A·d_head = {3 * width})",
-                 cause=_swapped(f_in, f_out, (d_model, 3 * width)),
-                 fix="one fused layer gives q, k and v side by side: nn.Linear(d_model, 3 * n_heads * d_head)")
-        roles = {"q": (name, 0), "k": (name, width), "v": (name, 2 * width)}
-    else:
-        for role in "qkv":
-            name = found[role][0]
-            p_in, p_out = linears[name][:2]
-            got = f"{name} = nn.Linear({p_in}, {p_out})"
-            want = f"nn.Linear(d_model = {d_model}, A·d_head = {a}·{d_head} = {width})"
-            cause = _sizes_cause(p_in, p_out, (d_model, width), a, d_head, d_model)
-            if p_in != d_model:
-                fail(f"W^{role.upper()} takes {p_in} inputs, not d_model = {d_model}", tried=tried, got=got,
-                     expected=want, cause=cause, fix=f"create {role}_proj = nn.Linear(d_model, n_heads * d_head)")
-            if p_out != width:
-                fail(f"W^{role.upper()} gives {p_out} outputs, not A·d_head = {width}", tried=tried, got=got,
-                     expected=want, cause=cause, fix="use the d_head you are given (default ⌈d_model / n_heads⌉): "
-                                                     f"{role}_proj = nn.Linear(d_model, n_heads * d_head)")
-        roles = {r: (found[r][0], 0) for r in "qkv"}
-    o_name = found["o"][0]
-    o_in, o_out = linears[o_name][:2]
-    got, want = f"{o_name} = nn.Linear({o_in}, {o_out})", f"nn.Linear({width}, {d_model})"
-    if o_in == d_model != width:
-        fail("W^O takes d_model inputs, not A·d_head", tried=tried, got=got,
-             expected=f"nn.Linear(A·d_head = {a}·{d_head} = {width}, d_model = {d_model})",
-             cause=f"you sized W^O for d_model = {d_model} inputs, but the concatenated heads have A·d_head = "
-                   f"{width} features (they differ when d_head ≠ d_model / A)",
-             fix="create out_proj = nn.Linear(n_heads * d_head, d_model)")
-    if (o_in, o_out) != (width, d_model):
-        fail(f"W^O takes {o_in} inputs, not A·d_head = {width}" if o_in != width else
-             f"W^O gives {o_out} outputs, not d_model = {d_model}", tried=tried, got=got, expected=want,
-             cause=_swapped(o_in, o_out, (width, d_model)),
-             fix="W^O maps the concatenated heads back to d_model: nn.Linear(n_heads * d_head, d_model)")
-    return {**roles, "o": (o_name, 0), "fused": fused, "guessed": guessed}
+    qkv = [("qkv", "the fused projection", d_model, "d_model", 3 * width, "3·A·d_head",
+            "qkv_proj = nn.Linear(d_model, 3 * n_heads * d_head): q, k and v side by side")] if fused else [
+        (r, f"W^{r.upper()}", d_model, "d_model", width, "A·d_head",
+         f"{r}_proj = nn.Linear(d_model, n_heads * d_head)") for r in "qkv"]
+    o = ("o", "W^O", width, "A·d_head", d_model, "d_model",
+         "out_proj = nn.Linear(n_heads * d_head, d_model): W^O maps the concatenated heads back to d_model")
+    for role, label, want_in, in_name, want_out, out_name, create in [*qkv, o]:
+        name = found[role][0]
+        p_in, p_out = linears[name][:2]
+        if p_in != want_in:
+            shown = "d_model" if role == "o" and p_in == d_model else p_in
+            summary = f"{label} takes {shown} inputs, not {in_name} = {want_in}"
+        elif p_out != want_out:
+            summary = f"{label} gives {p_out} outputs, not {out_name} = {want_out}"
+        else:
+            continue
+        only_width = role in ("q", "k", "v") and p_in == want_in  # the heads' side alone is wrong
+        fail(summary, tried=tried, got=f"{name} = nn.Linear({p_in}, {p_out})",
+             expected=f"nn.Linear({in_name} = {want_in}, {out_name} = {want_out}): {a} heads of d_head = {d_head}",
+             cause=_sizes_cause(role, p_in, p_out, (want_in, want_out), a, d_head, d_model),
+             fix=("use the d_head you are given (default ⌈d_model / n_heads⌉): " if only_width else "create ")
+             + create)
+    roles = {r: found["qkv" if fused and r != "o" else r][0] for r in "qkvo"}
+    return {**roles, "fused": fused, "guessed": guessed, "linears": linears}
 
 
-def _weights_for(layers: dict, linears: dict, d_model: int, width: int, gen: torch.Generator) -> tuple[dict, dict]:
+def _weights_for(layers: dict, d_model: int, width: int, gen: torch.Generator) -> tuple[dict, dict]:
     """Seeded W^Q, W^K, W^V, W^O and biases: (float64 values for the oracle, float32 tensors by parameter name)."""
-    P, params = {}, {}
-    for role, fan_in, fan_out in (("q", d_model, width), ("k", d_model, width), ("v", d_model, width), ("o", width, d_model)):
+    P, params, linears = {}, {}, layers["linears"]
+    for role in "qkvo":
+        fan_in, fan_out = (width, d_model) if role == "o" else (d_model, width)
         w = torch.randn(fan_out, fan_in, generator=gen, dtype=torch.float64) * 1.2 / math.sqrt(fan_in)
         b = 0.3 * torch.randn(fan_out, generator=gen, dtype=torch.float64)
-        if not linears[layers[role][0]][2]:
+        if not linears[layers[role]][2]:
             b = torch.zeros(fan_out, dtype=torch.float64)  # the learner's layer has no bias
         P[role] = (w.to(torch.float32).to(torch.float64), b.to(torch.float32).to(torch.float64))
-    groups = [("qkv", layers["q"][0])] if layers["fused"] else [(r, layers[r][0]) for r in "qkv"]
-    for roles, name in [*groups, ("o", layers["o"][0])]:
+    groups = [("qkv", layers["q"])] if layers["fused"] else [(r, layers[r]) for r in "qkv"]
+    for roles, name in [*groups, ("o", layers["o"])]:
         params[f"{name}.weight"] = torch.cat([P[r][0] for r in roles]).to(torch.float32)
         if linears[name][2]:
             params[f"{name}.bias"] = torch.cat([P[r][1] for r in roles]).to(torch.float32)
@@ -412,7 +353,8 @@ def _weights_for(layers: dict, linears: dict, d_model: int, width: int, gen: tor
 
 
 # ============================================================================ the module: oracle and mistakes
-_MASKING = {  # how a mistake turns the scores s (B, A, n_q, n_k) and the broadcast mask m into weights
+_MASKING = {  # how the scores s (B, A, n_q, n_k) and the broadcast mask m become weights, right or wrong
+    "ok": masked_softmax,
     "inverted": lambda s, m, dim: masked_softmax(s, ~m, dim),
     "ignored": lambda s, m, dim: torch.softmax(s, dim),
     "after": lambda s, m, dim: torch.softmax(s, dim) * m,
@@ -424,45 +366,33 @@ _MASKING = {  # how a mistake turns the scores s (B, A, n_q, n_k) and the broadc
     # a (B·A, …) mask built head-major for batch-major scores
     "heads_batch_mixed": lambda s, m, dim: masked_softmax(s, m.transpose(0, 1).reshape(m.shape), dim),
 }
-_MERGES = {  # (B, A, n_q, d_head) → (B, n_q, A·d_head), right or wrong
-    "ok": ref_merge, "no_transpose": lambda h: h.reshape(h.shape[0], h.shape[2], -1),
-    "interleaved": lambda h: h.permute(0, 2, 3, 1).flatten(2), "reversed": lambda h: ref_merge(h.flip(1)),
-}
 _POST = {"": lambda out, x: out, "residual": lambda out, x: out + x,
          "layer_norm": lambda out, x: nn.functional.layer_norm(out, out.shape[-1:]),
          "residual_layer_norm": lambda out, x: nn.functional.layer_norm(out + x, out.shape[-1:])}
 
 
 def _multihead(P: dict, x_q: torch.Tensor, x_kv: torch.Tensor | None, mask: torch.Tensor | None, a: int,
-               d_head: int, *, scale: float | None = None, split: str = "ok", merge: str = "ok", dim: int = -1,
-               out_proj: bool = True, mask_mode: str = "ok", kv_source: str = "x_kv", q_source: str = "x_q",
-               v_weights: str = "v", scale_after: float = 0.0, k_source: str | None = None, roles: str = "qkv",
-               returns: str = "weights", v_scale: float = 1.0, post: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+               d_head: int, *, scale: float | None = None, split: Callable = ref_split, merge: Callable = ref_merge,
+               roles: str = "qkv", inputs: tuple = ("x_q", "x_kv", "x_kv"), dim: int = -1, mask_mode: str = "ok",
+               scale_after: float = 1.0, v_scale: float = 1.0, out_proj: bool = True, out_bias: float = 1.0,
+               post: str = "", returns: str = "weights") -> tuple[torch.Tensor, torch.Tensor]:
     """(out, weights) of multi-head attention from plain float64 tensors, or of one classic mistake in it.
-    ``roles`` names the projections used for the queries, keys and values (``"kqv"``: W^K for the queries…);
-    ``returns`` what comes back as the weights (``"scores"``: the scaled scores after masking, ``"raw_scores"``)."""
-    x_q = x_q.to(torch.float64)
-    src = {"x_q": x_q, "x_kv": x_q if x_kv is None else x_kv.to(torch.float64)}
-    heads = {"ok": lambda t: ref_split(t, a), "no_transpose": lambda t: t.reshape(t.shape[0], a, t.shape[1], -1),
-             "strided": lambda t: t.reshape(*t.shape[:2], -1, a).permute(0, 3, 1, 2)}[split]
-    proj = lambda role, t: heads(t @ P[role][0].T + P[role][1])  # noqa: E731 - (B, A, n, d_head)
-    q = proj(roles[0], src[q_source])  # (B, A, n_q, d_head)
-    k = proj(roles[1], src[k_source or kv_source])  # (B, A, n_k, d_head)
-    v = proj(roles[2], x_q if v_weights == "v_from_x_q" else src[kv_source])  # (B, A, n_k, d_head)
+    ``split``/``merge`` make and join the heads; ``roles`` names the projections used for the queries, keys and values
+    (``"kqv"``: W^K for the queries…) and ``inputs`` what each projects; ``returns`` what comes back as the weights
+    (``"scores"``: the scaled scores after masking, ``"raw_scores"``)."""
+    src = {"x_q": x_q.to(torch.float64), "x_kv": (x_q if x_kv is None else x_kv).to(torch.float64)}
+    q, k, v = (split(src[x] @ P[r][0].T + P[r][1], a) for r, x in zip(roles, inputs))  # (B, A, n_q or n_k, d_head)
     scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(d_head) if scale is None else scale)  # (B, A, n_q, n_k)
     raw = scores
     if mask_mode == "causal":  # a causal mask built inside forward, whatever mask was given
         mask, mask_mode = torch.ones(scores.shape[-2:], dtype=torch.bool).tril(), "ok"
     full = None if mask is None else torch.broadcast_to(mask, scores.shape)
-    weights = _MASKING[mask_mode](scores, full, dim) if full is not None and mask_mode != "ok" else \
-        masked_softmax(scores, mask, dim)  # (B, A, n_q, n_k)
+    weights = _MASKING[mask_mode if full is not None else "ok"](scores, full, dim) * scale_after  # (B, A, n_q, n_k)
     if full is not None:
         scores = scores.masked_fill(~full, float("-inf"))
-    if scale_after:
-        weights = weights * scale_after  # the mistake of scaling the weights instead of the scores
-    cat = _MERGES[merge](weights @ (v * v_scale))  # (B, n_q, A·d_head)
-    out = cat @ P["o"][0].T + P["o"][1] if out_proj else cat  # (B, n_q, d_model)
-    return _POST[post](out, x_q), {"weights": weights, "scores": scores, "raw_scores": raw}[returns]
+    cat = merge(weights @ (v * v_scale))  # (B, n_q, A·d_head)
+    out = cat @ P["o"][0].T + out_bias * P["o"][1] if out_proj else cat  # (B, n_q, d_model)
+    return _POST[post](out, src["x_q"]), {"weights": weights, "scores": scores, "raw_scores": raw}[returns]
 
 
 def _fused_per_head(P: dict, a: int, d_head: int) -> dict:
@@ -479,7 +409,8 @@ def _oracle(P: dict, x_q, x_kv, mask, a: int, d_head: int, d_model: int) -> tupl
     x_q64 = x_q.to(torch.float64)
     x_kv64 = x_q64 if x_kv is None else x_kv.to(torch.float64)
     b, n_q, n_k = x_q.shape[0], x_q.shape[1], x_kv64.shape[1]
-    if a * d_head != d_model or (mask is not None and bool((~torch.broadcast_to(mask, (b, a, n_q, n_k))).all(-1).any())):
+    fully_masked = mask is not None and bool((~torch.broadcast_to(mask, (b, a, n_q, n_k))).all(-1).any())
+    if a * d_head != d_model or fully_masked:
         return (*_multihead(P, x_q, x_kv, mask, a, d_head), False)
     torch_mha = nn.MultiheadAttention(d_model, a, batch_first=True, dtype=torch.float64).eval()
     with torch.no_grad():
@@ -493,16 +424,18 @@ def _oracle(P: dict, x_q, x_kv, mask, a: int, d_head: int, d_model: int) -> tupl
 
 
 class _Case:
-    """One forward call of the module check, as the mistakes' ``make(case, view)`` sees it: the seeded weights,
-    inputs and sizes; the oracle's (out, weights) and every mistake's, each computed once."""
+    """One forward call of the module check, as the mistakes' ``make(case, view)`` see it: weights, inputs, sizes,
+    and the oracle's (out, weights) and every mistake's, each computed once."""
 
     def __init__(self, P: dict, x_q, x_kv, mask, a: int, d_head: int, d_model: int, fused: bool):
         self.P, self.x_q, self.x_kv, self.mask, self.a, self.d_head, self.fused = P, x_q, x_kv, mask, a, d_head, fused
         self.out, self.weights, self.by_torch = _oracle(P, x_q, x_kv, mask, a, d_head, d_model)
+        self.allowed = torch.broadcast_to(torch.tensor(True) if mask is None else mask, self.weights.shape)
         self.split_width = abs(d_model / a - d_head) > 1e-9  # d_head ≠ d_model / A
         self.width_differs = a * d_head != d_model
-        self.words = dict(ratio=f"{d_model / a:g}", d_head=d_head, none=" — here none was given" if mask is None else "",
-                          also="" if self.width_differs else " (here also √(A·d_head), the width of all heads together)")
+        self.words = dict(ratio=f"{d_model / a:g}", d_head=d_head, none="" if mask is not None else
+                          " — here none was given", also="" if self.width_differs else
+                          " (here also √(A·d_head), the width of all heads together)")
         self.scales = {"1/√d_model": 1 / math.sqrt(d_model), "1/d_head": 1 / d_head, "√d_head": math.sqrt(d_head),
                        "1/√(d_model/A)": 1 / math.sqrt(d_model / a), "1/√(A·d_head)": 1 / math.sqrt(a * d_head),
                        "1/√d_head": 1 / math.sqrt(d_head)}
@@ -511,8 +444,7 @@ class _Case:
     def part(self, view: str, per_head: bool = False, **kw) -> torch.Tensor | None:
         """``view`` ("out" or "weights") of the mistake that ``kw`` names (a factor by its name in ``scales``;
         ``per_head``: qkv_proj split head by head)."""
-        kw = {k: self.scales[v] if k in ("scale", "scale_after", "v_scale") and isinstance(v, str) else v
-              for k, v in kw.items()}
+        kw = {k: self.scales.get(v, v) if k in ("scale", "scale_after", "v_scale") else v for k, v in kw.items()}
         key = (per_head, *sorted(kw.items()))
         if key not in self._memo:
             P = _fused_per_head(self.P, self.a, self.d_head) if per_head else self.P
@@ -530,135 +462,118 @@ def _m(key: str, summary: str, cause: str, fix: str, when: Callable[[_Case], boo
                  sizes=lambda c, view: c.words)
 
 
-_CONCAT_FIX = "concatenate whole heads, head 0 first: transpose to (B, n_q, A, d_head), then reshape"
+def _inside(table: list[Known], key: str, step: str) -> Sized:
+    """A split_heads / merge_heads mistake (``step``: "split" or "merge"), made inside forward: the same texts."""
+    row = next(k for k in table if k.key == key)
+    return _m(f"{step}_{key}", row.summary, row.cause, row.fix, **{step: row.make})
+
+
 _MASK_FIX = "fill the scores where the mask is False with -inf before the softmax, or use masked_softmax(scores, mask)"
 _SCALE_FIX = "divide by math.sqrt(d_head)"
-_SOFTMAX_FIX = "take it over the keys, dim=-1"
-_EMPTY_FIX = "the course's rule gives such a row zero weights: use masked_softmax(scores, mask) from attn_course.softmax"
-_BLOCK = "return out_proj(concatenated heads) as it is"
+_EMPTY_FIX = "such a row gets zero weights in this course: use masked_softmax(scores, mask) from attn_course.softmax"
+_BLOCK = "return out_proj(concatenated heads) as it is: the transformer block around attention adds the rest"
 _CROSS, _MASKED = (lambda c: c.x_kv is not None), (lambda c: c.mask is not None)
 _FUSED_ORDERS = {"kqv": "k, q, v", "qvk": "q, v, k", "vkq": "v, k, q", "kvq": "k, v, q", "vqk": "v, q, k"}
+_FUSED_SPLIT = "qkv.split(n_heads * d_head, dim=-1)"
 
 MODULE_MISTAKES = [
-    _m("split_no_transpose", "heads split without a transpose", "you reshaped the projections straight to "
-       "(B, A, n, d_head), so each head mixes several positions (heads mixed with positions)",
-       "reshape to (B, n, A, d_head), then .transpose(1, 2)", split="no_transpose"),
-    _m("split_strided", "features split in the wrong order", "you reshaped the last axis as (d_head, A), so head h got "
-       "every A-th feature instead of a block of d_head", "reshape the last axis as (A, d_head)", split="strided"),
+    *(_inside(SPLIT_MISTAKES, key, "split") for key in ("no_transpose", "strided")),
     _m("sqrt_d_model", "scaled by √d_model, not √d_head", "you divided the scores by √d_model{also}; each head's dot "
        "product has only d_head terms", _SCALE_FIX, scale="1/√d_model"),
-    _m("unscaled", "scores not scaled", "you did not divide the scores by √d_head", "divide q @ kᵀ by math.sqrt(d_head)",
-       scale=1.0),
+    _m("unscaled", "scores not scaled", "you did not divide the scores by √d_head", _SCALE_FIX, scale=1.0),
     _m("d_head", "divided by d_head instead of √d_head", "you divided the scores by d_head", _SCALE_FIX,
        scale="1/d_head"),
     _m("times_sqrt", "multiplied by √d_head", "you multiplied the scores by √d_head", _SCALE_FIX, scale="√d_head"),
-    _m("softmax_queries", "softmax over the queries", "you took the softmax over axis -2 (the queries)",
-       "take it over the keys, dim=-1: each query's row of weights sums to 1", dim=-2),
-    _m("softmax_heads", "softmax over the heads", "you took the softmax over axis 1, the heads of (B, A, n_q, n_k)",
-       _SOFTMAX_FIX, dim=1),
-    _m("softmax_batch", "softmax over the batch", "you took the softmax over axis 0, the batch of (B, A, n_q, n_k)",
-       _SOFTMAX_FIX, dim=0),
+    *(_m(f"softmax_{axis}", f"softmax over the {axis}", f"you took the softmax over axis {dim}, the {axis} of "
+         "(B, A, n_q, n_k)", "take it over the keys, dim=-1: each query's row of weights sums to 1", dim=dim)
+      for dim, axis in ((-2, "queries"), (1, "heads"), (0, "batch"))),
     *(_m(f"weights_scaled{i}", "weights scaled instead of the scores", "you divided the weights by √d_head after the "
          "softmax, so the rows sum to 1/√d_head", "divide the scores q @ kᵀ by √d_head before the softmax",
          scale_after="1/√d_head", **kw) for i, kw in enumerate(({"scale": 1.0}, {}))),
-    _m("qk_swapped", "queries and keys swapped", "your scores are k·qᵀ instead of q·kᵀ (W^K used for the queries and "
-       "W^Q for the keys, or k @ q.transpose(-2, -1))", "q = q_proj(x_q), k = k_proj(x_kv), scores = "
-       "q @ k.transpose(-2, -1)", when=lambda c: not c.fused, roles="kqv"),  # fused: a split order, below
-    _m("v_with_w_k", "values projected with W^K", "you computed the values with k_proj instead of v_proj",
-       "v = v_proj(x_kv)", roles="qkk"),
-    _m("merge_no_transpose", "heads merged without a transpose", "you reshaped (B, A, n_q, d_head) straight to "
-       "(B, n_q, A·d_head), so each output row mixes several positions (heads mixed with positions)", _CONCAT_FIX,
-       merge="no_transpose"),
-    _m("merge_interleaved", "wrong concat order: features interleaved", "you concatenated feature by feature, ordered "
-       "(d_head, A), instead of head by head", _CONCAT_FIX, merge="interleaved"),
-    _m("merge_reversed", "wrong concat order: last head first", "you concatenated the heads in reverse order",
-       _CONCAT_FIX, merge="reversed"),
-    _m("no_out_proj", "W^O not applied", "you returned the concatenated heads without passing them through out_proj",
+    _m("qk_swapped", "queries and keys swapped", "your scores are k·qᵀ instead of q·kᵀ (W^K used for the queries, or "
+       "k @ q.transpose(-2, -1))", "q = q_proj(x_q), k = k_proj(x_kv), scores = q @ k.transpose(-2, -1)",
+       when=lambda c: not c.fused, roles="kqv"),  # fused: a split order, below
+    _m("v_with_w_k", "values projected with W^K", "you computed the values with k_proj", "v = v_proj(x_kv)",
+       roles="qkk"),
+    *(_inside(MERGE_MISTAKES, key, "merge") for key in ("no_transpose", "interleaved", "reversed")),
+    _m("no_out_proj", "W^O not applied", "you returned the concatenated heads without out_proj",
        "return self.out_proj(concatenated heads)", out_proj=False),
     _m("values_scaled", "values scaled instead of the scores", "you divided the values (or the heads' outputs) by "
-       "√d_head; the scaling belongs to the scores q·kᵀ, before the softmax",
-       "scale only the scores: (q @ k.transpose(-2, -1)) / math.sqrt(d_head)", v_scale="1/√d_head"),
-    _m("residual", "residual added inside attention", "your out is the attention output plus x_q: the residual "
-       "connection belongs to the transformer block around attention, not to attention itself",
-       "return out_proj(concatenated heads) without adding x_q", post="residual"),
-    _m("layer_norm", "layer norm inside attention", "you applied a layer norm to out: normalisation belongs to the "
-       "transformer block around attention, not to attention itself", _BLOCK, post="layer_norm"),
+       "√d_head", "scale only the scores: (q @ k.transpose(-2, -1)) / math.sqrt(d_head)", v_scale="1/√d_head"),
+    _m("residual", "residual added inside attention", "your out is the attention output plus x_q: the residual belongs "
+       "to the transformer block around attention", "return out_proj(concatenated heads) without adding x_q",
+       post="residual"),
+    _m("layer_norm", "layer norm inside attention", "you applied a layer norm to out", _BLOCK, post="layer_norm"),
     _m("residual_layer_norm", "residual and layer norm inside attention", "your out is layer_norm(attention output + "
-       "x_q), a whole post-norm sub-layer: the residual and the norm belong to the transformer block around attention",
-       _BLOCK, post="residual_layer_norm"),
-    _m("q_with_w_k", "queries projected with W^K", "you computed the queries with k_proj instead of q_proj",
-       "q = q_proj(x_q)", roles="kkv"),
-    _m("k_with_w_q", "keys projected with W^Q", "you computed the keys with q_proj instead of k_proj",
-       "k = k_proj(x_kv)", roles="qqv"),
+       "x_q), a whole post-norm sub-layer", _BLOCK, post="residual_layer_norm"),
+    _m("q_with_w_k", "queries projected with W^K", "you computed the queries with k_proj", "q = q_proj(x_q)",
+       roles="kkv"),
+    _m("k_with_w_q", "keys projected with W^Q", "you computed the keys with q_proj", "k = k_proj(x_kv)", roles="qqv"),
     *(_m(f"scores_returned{i}", "scores returned as the weights", "you returned the scaled scores q·kᵀ/√d_head, not "
          "their softmax", "return the weights, softmax(scores) over the keys", returns=r) for i, r in
       enumerate(("scores", "raw_scores"))),
-    _m("raw_scores_returned", "scores returned as the weights", "you returned the scores q·kᵀ (not even scaled), not "
-       "their softmax", "return the weights, softmax(q·kᵀ/√d_head) over the keys", returns="raw_scores", scale=1.0),
-    _m("always_causal", "always causal", "you applied a causal mask (each query sees itself and the keys before it) "
-       "whatever the mask argument says{none}", "use the mask you are given (None: every key allowed); a causal mask is "
-       "the caller's choice", mask_mode="causal"),
+    _m("raw_scores_returned", "scores returned as the weights", "you returned the unscaled scores q·kᵀ, not their "
+       "softmax", "return the weights, softmax(q·kᵀ/√d_head) over the keys", returns="raw_scores", scale=1.0),
+    _m("always_causal", "always causal", "you applied a causal mask whatever the mask argument says{none}",
+       "use the mask you are given (None: every key allowed)", mask_mode="causal"),
     _m("sqrt_d_model_over_a", "scaled by √(d_model / A), not √d_head", "you divided the scores by √(d_model / n_heads) "
-       "= √{ratio}; each head's dot product has d_head = {d_head} terms (d_head is given, or rounded up, so it need "
-       "not be d_model / A)", _SCALE_FIX, when=lambda c: c.split_width, scale="1/√(d_model/A)"),
-    *(_m(f"fused_{order}", f"qkv_proj split in the order {said}", f"you took qkv_proj's three blocks in the order "
-         f"{said}; the docstring orders them q, k, v", "q, k, v = qkv.split(n_heads * d_head, dim=-1), in that order",
-         when=lambda c: c.fused, roles=order) for order, said in _FUSED_ORDERS.items()),
-    _m("fused_per_head", "qkv_proj split head by head", "you reshaped qkv_proj's output to (…, A, 3·d_head) and split "
-       "each head's piece into q, k, v; the docstring's qkv_proj holds three blocks side by side, all of q, then all "
-       "of k, then all of v", "split first, into three blocks of n_heads·d_head (qkv.split(n_heads * d_head, dim=-1)), "
-       "then split each into heads", when=lambda c: c.fused, per_head=True),
+       "= √{ratio}; a head's dot product has d_head = {d_head} terms", _SCALE_FIX, when=lambda c: c.split_width,
+       scale="1/√(d_model/A)"),
+    *(_m(f"fused_{order}", f"qkv_proj split in the order {said}", f"you took qkv_proj's three blocks as {said}",
+         f"q, k, v = {_FUSED_SPLIT}, in that order", when=lambda c: c.fused, roles=order)
+      for order, said in _FUSED_ORDERS.items()),
+    _m("fused_per_head", "qkv_proj split head by head", "you split each head's piece of qkv_proj's output into q, k, "
+       "v; qkv_proj holds three blocks: all of q, then all of k, then all of v", f"split first into three blocks "
+       f"({_FUSED_SPLIT}), then each into heads", when=lambda c: c.fused, per_head=True),
     _m("sqrt_width", "scaled by √(A·d_head)", "you divided the scores by √(A·d_head), the width of all heads together",
        "divide by math.sqrt(d_head), one head's width", when=lambda c: c.width_differs, scale="1/√(A·d_head)"),
-    _m("x_kv_ignored", "x_kv ignored: keys and values from x_q", "you computed the keys and values from x_q, so this "
-       "is self-attention even when x_kv is given", "k = k_proj(x_kv), v = v_proj(x_kv); use x_q only when x_kv is "
-       "None", when=_CROSS, kv_source="x_q"),
-    _m("v_from_x_q", "values from x_q in cross-attention", "you computed the keys from x_kv but the values from x_q",
-       "v = v_proj(x_kv)", when=_CROSS, v_weights="v_from_x_q"),
-    _m("k_from_x_q", "keys from x_q in cross-attention", "you computed the values from x_kv but the keys from x_q",
-       "k = k_proj(x_kv)", when=_CROSS, k_source="x_q"),
-    _m("q_from_x_kv", "queries from x_kv in cross-attention", "you computed the queries from x_kv; they come from x_q "
-       "(the keys and values from x_kv)", "q = q_proj(x_q)", when=_CROSS, q_source="x_kv"),
-    _m("x_swapped", "x_q and x_kv swapped", "you took the queries from x_kv and the keys and values from x_q",
-       "queries come from x_q, keys and values from x_kv", when=_CROSS, q_source="x_kv", kv_source="x_q"),
-    _m("mask_inverted", "mask polarity inverted", "you blocked the positions where the mask is True; in this course (as "
-       "in F.scaled_dot_product_attention) True means 'may attend' — nn.MultiheadAttention's masks are the ones where "
-       "True means blocked", "fill the scores where the mask is False: scores.masked_fill(~mask, float('-inf'))",
-       when=_MASKED, mask_mode="inverted"),
-    _m("mask_ignored", "mask ignored", "you did not use the mask, so blocked keys still get weight", _MASK_FIX,
-       when=_MASKED, mask_mode="ignored"),
-    _m("mask_after", "mask applied after the softmax", "you zeroed the weights after the softmax, so the rows no longer "
-       "sum to 1", "mask the scores before the softmax", when=_MASKED, mask_mode="after"),
-    _m("mask_transposed", "mask transposed", "you applied the mask with its rows and columns swapped (rows are "
-       "queries, columns keys)", "use mask[..., i, j] for query i and key j, as given", when=_MASKED,
-       mask_mode="transposed"),
-    _m("mask_zero_fill", "blocked scores set to 0", "you filled the blocked scores with 0 instead of -inf, so blocked "
-       "keys still get weight (e^0 = 1 against the others)", _MASK_FIX, when=_MASKED, mask_mode="zero_fill"),
-    _m("mask_added", "bool mask added to the scores", "you added the boolean mask to the scores: True counts as +1, "
-       "which blocks nothing", _MASK_FIX, when=_MASKED, mask_mode="added"),
-    _m("mask_heads_batch", "mask matched to the wrong batch entries and heads", "you flattened the mask to "
-       "(B·A, n_q, n_k) head by head while the scores are flattened batch entry by batch entry (repeat vs "
-       "repeat_interleave)", "let the mask broadcast: a (B, 1, n_q, n_k) mask against (B, A, n_q, n_k) scores needs "
-       "no reshaping", when=_MASKED, mask_mode="heads_batch_mixed"),
-    _m("mask_nan", "NaN on a fully masked row", "a query whose keys are all blocked got softmax of -inf everywhere, "
-       "which is 0/0 = NaN", _EMPTY_FIX, when=_MASKED, mask_mode="nan"),
-    _m("mask_finite", "uniform weights on a fully masked row", "you filled blocked scores with a finite number, so a "
-       "query whose keys are all blocked spreads its weight evenly over them", _EMPTY_FIX + " (or fill with -inf and "
-       "zero the rows that are all -inf)", when=_MASKED, mask_mode="finite"),
-    Known("weights_averaged", "weights averaged over the heads", "you returned one (n_q, n_k) matrix per batch entry, "
-          "the mean over heads (nn.MultiheadAttention's default)", "return every head's weights, shaped (B, A, n_q, n_k)",
+    *(_m(key, summary, cause, fix, when=_CROSS, inputs=inputs) for key, summary, cause, fix, inputs in (
+        ("x_kv_ignored", "x_kv ignored: keys and values from x_q", "you computed the keys and values from x_q even "
+         "when x_kv is given", "k = k_proj(x_kv), v = v_proj(x_kv); x_q only when x_kv is None", ("x_q",) * 3),
+        ("v_from_x_q", "values from x_q in cross-attention", "you computed the values from x_q", "v = v_proj(x_kv)",
+         ("x_q", "x_kv", "x_q")),
+        ("k_from_x_q", "keys from x_q in cross-attention", "you computed the keys from x_q", "k = k_proj(x_kv)",
+         ("x_q", "x_q", "x_kv")),
+        ("q_from_x_kv", "queries from x_kv in cross-attention", "you computed the queries from x_kv",
+         "q = q_proj(x_q)", ("x_kv",) * 3),
+        ("x_swapped", "x_q and x_kv swapped", "you took the queries from x_kv and the keys and values from x_q",
+         "queries come from x_q, keys and values from x_kv", ("x_kv", "x_q", "x_q")))),
+    *(_m(key, summary, cause, fix, when=_MASKED, mask_mode=mode) for key, mode, summary, cause, fix in (
+        ("mask_inverted", "inverted", "mask polarity inverted", "you blocked the positions where the mask is True; "
+         "here True means 'may attend' (as in F.scaled_dot_product_attention, unlike nn.MultiheadAttention)",
+         "fill the scores where the mask is False: scores.masked_fill(~mask, float('-inf'))"),
+        ("mask_ignored", "ignored", "mask ignored", "you did not use the mask", _MASK_FIX),
+        ("mask_after", "after", "mask applied after the softmax", "you zeroed the weights after the softmax, so the "
+         "rows no longer sum to 1", "mask the scores before the softmax"),
+        ("mask_transposed", "transposed", "mask transposed", "you applied the mask with its rows (queries) and columns "
+         "(keys) swapped", "use mask[..., i, j] for query i and key j"),
+        ("mask_zero_fill", "zero_fill", "blocked scores set to 0", "you filled the blocked scores with 0 instead of "
+         "-inf, so blocked keys still get weight", _MASK_FIX),
+        ("mask_added", "added", "bool mask added to the scores", "you added the boolean mask to the scores: True "
+         "counts as +1, which blocks nothing", _MASK_FIX),
+        ("mask_heads_batch", "heads_batch_mixed", "mask matched to the wrong batch entries and heads", "you flattened "
+         "the mask to (B·A, n_q, n_k) head by head while the scores run batch entry by batch entry (repeat vs "
+         "repeat_interleave)", "let a (B, 1, n_q, n_k) mask broadcast against (B, A, n_q, n_k) scores, unreshaped"),
+        ("mask_nan", "nan", "NaN on a fully masked row", "a query whose keys are all blocked got softmax of -inf "
+         "everywhere, which is 0/0 = NaN", _EMPTY_FIX),
+        ("mask_finite", "finite", "uniform weights on a fully masked row", "you filled blocked scores with a finite "
+         "number, so a query whose keys are all blocked spreads its weight evenly over them", _EMPTY_FIX))),
+    Known("weights_averaged", "weights averaged over the heads", "you returned the mean over heads, one (n_q, n_k) "
+          "matrix per batch entry (nn.MultiheadAttention's default)", "return every head's weights: (B, A, n_q, n_k)",
           lambda c, view: c.weights.mean(1) if view == "weights" else None),
+    _m("out_bias_missing", "out_proj's bias not added", "your out lacks out_proj's bias at every position",
+       "return self.out_proj(concatenated heads)", out_bias=0.0),
+    _m("out_bias_twice", "out_proj's bias added twice", "your out has out_proj's bias twice at every position",
+       "self.out_proj(concatenated heads) adds its bias once: add no other", out_bias=2.0),
 ]
 
 
 # ============================================================================ the module: cases and check
 def _cases() -> list[dict]:
-    from ..masks import causal_mask
-
     g = torch.Generator().manual_seed(11)
-    lengths = torch.tensor([6, 3])
-    key_padding = (torch.arange(6) < lengths[:, None])[:, None, None, :]  # (2, 1, 1, 6)
-    decoder = causal_mask(5) & (torch.arange(5) < torch.tensor([5, 2])[:, None])[:, None, None, :]  # (2, 1, 5, 5)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()  # (n_q, n_k): query i sees keys 0 … i
+    key_padding = (torch.arange(6) < torch.tensor([6, 3])[:, None])[:, None, None, :]  # (2, 1, 1, 6)
+    decoder = causal & (torch.arange(5) < torch.tensor([5, 2])[:, None])[:, None, None, :]  # (2, 1, 5, 5)
     per_head = torch.rand(2, 3, 4, 6, generator=g) < 0.5  # (B, A, n_q, n_k)
     per_head[..., 0] = True  # no fully masked row here
     per_head[1, :, :, 0] = False
@@ -674,12 +589,14 @@ def _cases() -> list[dict]:
         dict(name="default d_head when 4 heads do not divide d_model = 10: ⌈10 / 4⌉ = 3", d=10, a=4, h=None, b=2, n=3),
         dict(name="one head and one position", d=4, a=1, h=4, b=3, n=1),
         dict(name="6 heads of width 1", d=6, a=6, h=1, b=2, n=4),
-        dict(name="a causal mask (5, 5)", d=12, a=3, h=4, b=2, n=5, mask=causal_mask(5)),
+        dict(name="a causal mask (5, 5)", d=12, a=3, h=4, b=2, n=5, mask=causal),
         dict(name="cross-attention, x_kv another sequence of the same length", d=10, a=2, h=4, b=2, n=5, m=5),
         dict(name="cross-attention, x_kv with n_k = 7 keys for n_q = 4 queries", d=12, a=2, h=6, b=2, n=4, m=7),
-        dict(name="cross-attention with a key-padding mask (2, 1, 1, 6)", d=12, a=3, h=4, b=2, n=3, m=6, mask=key_padding),
+        dict(name="cross-attention with a key-padding mask (2, 1, 1, 6)", d=12, a=3, h=4, b=2, n=3, m=6,
+             mask=key_padding),
         dict(name="a decoder mask (2, 1, 5, 5): causal and padding", d=8, a=2, h=4, b=2, n=5, mask=decoder),
-        dict(name="a different mask per head (2, 3, 4, 6), cross-attention", d=9, a=3, h=3, b=2, n=4, m=6, mask=per_head),
+        dict(name="a different mask per head (2, 3, 4, 6), cross-attention", d=9, a=3, h=3, b=2, n=4, m=6,
+             mask=per_head),
         dict(name="a fully masked row (query 2 of sequence 1 may attend to nothing)", d=8, a=2, h=4, b=2, n=4,
              mask=fully),
     ]
@@ -695,29 +612,14 @@ def _describe(case: dict) -> str:
 
 
 def _unpack(result, tried: str, b: int, a: int, n_q: int, n_k: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-    expected = f"a pair (out, weights): out {(b, n_q, d)}, weights {(b, a, n_q, n_k)}"
-    if isinstance(result, torch.Tensor):
-        fail("forward returned one tensor, not (out, weights)", tried=tried, got=f"one tensor of shape {tuple(result.shape)}",
-             expected=expected, fix="end forward with `return self.out_proj(...), weights`")
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        got = f"a {type(result).__name__} of {len(result)} items" if isinstance(result, (tuple, list)) else type(result).__name__
-        fail("forward did not return (out, weights)", tried=tried, got=got, expected=expected,
-             fix="end forward with `return out, weights`")
-    first, second = result
-    shape = lambda t: tuple(t.shape) if isinstance(t, (torch.Tensor, np.ndarray)) else None  # noqa: E731
-    if shape(first) == (b, a, n_q, n_k) and shape(second) == (b, n_q, d):
+    shapes = [tuple(t.shape) if isinstance(t, (torch.Tensor, np.ndarray)) else None for t in result] \
+        if isinstance(result, (tuple, list)) else []
+    if shapes == [(b, a, n_q, n_k), (b, n_q, d)]:
         fail("forward returned (weights, out), not (out, weights)", tried=tried,
              got=f"first a tensor of shape {(b, a, n_q, n_k)} (the weights), then one of shape {(b, n_q, d)} (out)",
-             expected=expected, cause="you returned the two results in the opposite order",
-             fix="end forward with `return out, weights`")
-    return (as_tensor(first, tried=tried, what="out (the first value forward returns)"),
-            as_tensor(second, tried=tried, what="the weights (the second value forward returns)"))
-
-
-def _forward_accepts_three(info: dict) -> bool:
-    sig = info.get("forward_signature") or []
-    return any(p["kind"] == "VAR_POSITIONAL" for p in sig) or \
-        len([p for p in sig if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]) >= 3
+             expected=f"out {(b, n_q, d)}, then the weights {(b, a, n_q, n_k)}",
+             cause="you returned the two results in the opposite order", fix="end forward with `return out, weights`")
+    return unpack(result, ("out", "weights"), tried=tried, fix="end forward with `return self.out_proj(...), weights`")
 
 
 def _forward_hint(exc: LearnerRaised, mask, n: int, m: int | None, wide: bool) -> dict:
@@ -725,20 +627,21 @@ def _forward_hint(exc: LearnerRaised, mask, n: int, m: int | None, wide: bool) -
     d_model)."""
     shapeish = any(w in exc.message for w in ("size", "shape", "dimension", "broadcast", "match"))
     if mask is not None and shapeish:
-        return dict(cause=f"the same module ran without a mask; with the mask {tuple(mask.shape)} it fails, so the mask "
-                          "does not broadcast against the scores (B, A, n_q, n_k): adding an axis (unsqueeze) or "
-                          "reshaping it moves its axes",
+        return dict(cause=f"the mask {tuple(mask.shape)} does not broadcast against the scores (B, A, n_q, n_k), "
+                          "though the same module ran without a mask: an added axis (unsqueeze) or a reshape moved its "
+                          "axes",
                     fix="use the mask as it is: (n_q, n_k), (B, 1, n_q, n_k), (B, 1, 1, n_k) and (B, A, n_q, n_k) all "
-                        "broadcast against (B, A, n_q, n_k)")
+                        "broadcast against the scores")
     if m is not None and m != n and shapeish:
-        return dict(cause=f"with x_kv of {m} positions and x_q of {n}, your code mixes the two lengths: keys and values "
-                          "come from x_kv (n_k rows), queries from x_q (n_q rows)",
+        return dict(cause=f"with x_kv of {m} positions and x_q of {n}, your code mixes the two lengths: keys and "
+                          "values have n_k rows (from x_kv), queries n_q (from x_q)",
                     fix="k = k_proj(x_kv), v = v_proj(x_kv); reshape each with its own length")
     if bool_hint(exc):
         return bool_hint(exc)
     if wide and shapeish:
-        return dict(cause="your forward assumes A·d_head = d_model somewhere (a reshape to d_model, or d_model // n_heads "
-                          "as the head width)", fix="reshape with n_heads and d_head, and merge to n_heads·d_head features")
+        return dict(cause="your forward assumes A·d_head = d_model somewhere (a reshape to d_model, or "
+                          "d_model // n_heads as the head width)",
+                    fix="reshape with n_heads and d_head, and merge to n_heads·d_head features")
     return explain_raise(exc, patterns=_PATTERNS)
 
 
@@ -765,33 +668,27 @@ def check_MultiHeadAttention(cls: Learner) -> str:
         d, a, b, n, m, mask = case["d"], case["a"], case["b"], case["n"], case.get("m"), case.get("mask")
         d_head = case["h"] if case["h"] is not None else -(-d // a)
         tried = _describe(case)
-        try:
-            module = cls.construct(d, a, case["h"]) if case["h"] is not None else cls.construct(d, a)
-        except LearnerRaised as exc:
-            hint = explain_raise(exc, patterns=_PATTERNS)
-            if d % a and exc.type_name in ("AssertionError", "ValueError"):
-                hint = dict(cause=f"your __init__ refuses d_model = {d} with {a} heads; with d_head given (or its "
-                                  "default ⌈d_model / n_heads⌉) A need not divide d_model",
-                            fix="drop the divisibility requirement: W^Q maps d_model → n_heads·d_head, W^O maps it back")
-            raise Failure(learner_error(exc, tried=tried, expected="a module", **hint)) from None
+        refused = [(kind, "", f"your __init__ refuses d_model = {d} with {a} heads; with d_head given (or its default "
+                    "⌈d_model / n_heads⌉) A need not divide d_model", "drop the divisibility check: W^Q maps d_model → "
+                    "n_heads·d_head, W^O maps it back") for kind in ("AssertionError", "ValueError") if d % a]
+        module = call_explained(cls.construct, d, a, *([] if case["h"] is None else [case["h"]]), tried=tried,
+                                expected="a module", patterns=[*refused, *_PATTERNS])
         minfo = module.inspect()
         if minfo.get("kind") != "module":
             fail("MultiHeadAttention(...) is not an nn.Module", tried=tried, got=str(minfo.get("type")),
                  expected="an nn.Module", fix="define `class MultiHeadAttention(nn.Module):`")
         module.method("eval")()  # a deterministic forward: dropout, if the learner added any, off
         layers = _layers(minfo, d, a, d_head, tried)
-        linears = {name: spec for name, kind, spec in minfo.get("modules", []) if spec is not None}
-        P, params = _weights_for(layers, linears, d, a * d_head, gen)
-        try:
-            module.set_parameters(params)
-        except LearnerRaised as exc:
-            raise Failure(learner_error(exc, tried=f"loading weights into {tried}", expected="nn.Linear layers")) from None
+        P, params = _weights_for(layers, d, a * d_head, gen)
+        call_explained(module.set_parameters, params, tried=f"loading weights into {tried}",
+                       expected="nn.Linear layers")
         x_q = torch.randn(b, n, d, generator=gen)
         x_kv = torch.randn(b, m, d, generator=gen) if m else None
-        if (m or mask is not None) and not _forward_accepts_three(minfo):
+        sig = minfo.get("forward_signature") or []
+        if (m or mask is not None) and not any(p["kind"] == "VAR_POSITIONAL" for p in sig) and \
+                len([p for p in sig if p["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")]) < 3:
             fail("forward does not take (x_q, x_kv=None, mask=None)", tried=tried,
-                 got=f"forward({', '.join(p['name'] for p in minfo.get('forward_signature') or [])})",
-                 expected="forward(x_q, x_kv=None, mask=None)",
+                 got=f"forward({', '.join(p['name'] for p in sig)})", expected="forward(x_q, x_kv=None, mask=None)",
                  fix="add the parameters x_kv=None (keys and values from x_q when None) and mask=None")
         args = (x_q,) if m is None and mask is None else (x_q, x_kv) if mask is None else (x_q, x_kv, mask)
         try:
@@ -809,30 +706,21 @@ def check_MultiHeadAttention(cls: Learner) -> str:
                 suspects.expect(got[view], want, (ctx, view), tried=tried, again=mine, distinguish=[(ctx, "out")],
                                 what=what, axes=axes, fix=fix if got[view].shape != want.shape else "")
         except Failure as failure:
-            _explain_mismatch(failure, module, args, result, got["out"], got["weights"], ctx, tried)
-            if layers["guessed"] and not failure.diagnosis.cause:
-                failure.diagnosis.cause = (f"your four nn.Linear layers ({', '.join(linears)}) have no names that say "
-                                           "which is which, so the check took them in the order they were created as "
-                                           "W^Q, W^K, W^V, W^O")
-                failure.diagnosis.fix = ("name them q_proj, k_proj, v_proj and out_proj as the docstring says (or create "
-                                         "them in that order); then compare your steps with the docstring")
+            if not failure.diagnosis.cause:
+                _explain_mismatch(failure.diagnosis, module, args, result, got, ctx, tried, layers)
             raise
         if case is cases[0]:
             _expect_gradient(module, P, x_q, a, d_head, tried, gen)
     return (f"matches nn.MultiheadAttention on {with_torch} cases (weights copied) and the float64 reference on "
             f"{len(cases) - with_torch} (A·d_head ≠ d_model, a fully masked row): self-, causal and cross-attention, "
             "masks of four shapes")
-def _explain_mismatch(failure: Failure, module: Learner, args: tuple, result, out: torch.Tensor,
-                      weights: torch.Tensor, ctx: _Case, tried: str) -> None:
-    """Add what the evidence says to a mismatch that neither a known mistake nor the comparison layer's probes
-    (the right values reordered, repeated or mapped) explain: another scale of the scores, weight rows that do
-    not sum to 1 or ignore the mask, out off by one vector, randomness (a second identical call gives other
-    numbers), a difference confined to fully masked queries."""
-    d = failure.diagnosis
-    if d.cause:
-        return
-    P, x_q, x_kv, mask, a, d_head = ctx.P, ctx.x_q, ctx.x_kv, ctx.mask, ctx.a, ctx.d_head
-    want_out, want_w = ctx.out, ctx.weights
+
+
+# ============================================================================ the module: measured causes
+def _explain_mismatch(d: Diagnosis, module: Learner, args: tuple, result, got: dict, ctx: _Case, tried: str,
+                      layers: dict) -> None:
+    """Add a cause to the diagnosis ``d`` of a mismatch no known mistake explains: randomness, out off by one vector,
+    another scale, a broken property of the weights, fully masked queries; else the order four unnamed layers took."""
     try:
         again = module(*args)
     except (LearnerRaised, LearnerTimedOut):
@@ -844,106 +732,94 @@ def _explain_mismatch(failure: Failure, module: Learner, args: tuple, result, ou
              cause="something random runs in forward even in eval() mode: dropout that ignores self.training "
                    "(F.dropout(w, p) drops by default, training=True) or random numbers drawn in forward",
              fix="use an nn.Dropout layer (eval() turns it off) or F.dropout(w, p, training=self.training)")
-    weights_ok = tuple(weights.shape) == tuple(want_w.shape) and same(weights, want_w, atol=2e-5, rtol=1e-4)
-    if weights_ok and tuple(out.shape) == tuple(want_out.shape):
-        diff = (out.to(torch.float64) - want_out).flatten(0, -2)  # (B·n_q, d_model)
-        if diff.shape[0] > 1 and same(diff, diff[:1].expand_as(diff), atol=2e-5, rtol=1e-4):
-            bias = P["o"][1]
-            if same(diff[0], -bias, atol=2e-5, rtol=1e-4):
-                d.summary, d.cause = "out_proj's bias not added", ("your out is the expected one minus out_proj's bias "
-                                                                  "at every position: W^O was applied without its bias")
-            elif same(diff[0], bias, atol=2e-5, rtol=1e-4):
-                d.summary, d.cause = "out_proj's bias added twice", ("your out is the expected one plus out_proj's "
-                                                                    "bias at every position")
-            else:
-                d.summary, d.cause = "out off by one vector at every position", (
-                    "your out differs from the expected one by the same vector at every batch entry and query: a "
-                    "constant (a bias) added or missing")
+    out, weights = got["out"], got["weights"]
+    weights_shaped = tuple(weights.shape) == tuple(ctx.weights.shape)
+    if weights_shaped and same(weights, ctx.weights, atol=2e-5, rtol=1e-4):
+        diff = (out.to(torch.float64) - ctx.out).flatten(0, -2) if out.shape == ctx.out.shape else None  # (B·n_q, d)
+        if diff is not None and diff.shape[0] > 1 and same(diff, diff[:1].expand_as(diff), atol=2e-5, rtol=1e-4):
+            d.summary, d.cause = "out off by one vector at every position", (
+                "your out differs from the expected one by the same vector at every batch entry and query: a constant "
+                "(a bias) added or missing")
             return
-    elif tuple(weights.shape) == tuple(want_w.shape) and weights.is_floating_point():
-        scale = _fitted_scale(P, x_q, x_kv, mask, a, d_head, weights)
-        if scale is not None:
-            named = {"1/(2·√d_head)": 1 / (2 * math.sqrt(d_head)), "1/√n_heads": 1 / math.sqrt(a),
-                     "1/(n_heads·√d_head)": 1 / (a * math.sqrt(d_head)), "1/d_head²": 1 / d_head ** 2,
-                     "2/√d_head": 2 / math.sqrt(d_head), "−1/√d_head": -1 / math.sqrt(d_head)}
-            name = next((k for k, v in named.items() if abs(scale - v) <= 1e-3 * abs(v)), "")
-            d.summary = f"scores multiplied by {name or fmt(scale)}, not 1/√d_head"
-            d.cause = (f"your weights are the softmax of q·kᵀ × {fmt(scale)} (= 1/{fmt(1 / scale)}"
-                       + (f", that is {name}" if name else "") + f"); the scale is 1/√d_head = 1/{fmt(math.sqrt(d_head))}")
-            d.fix = "divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_head), once"
-            return
-        if _weights_properties(failure, weights, want_w, mask):
-            return
-    if mask is None:
+    elif weights_shaped and weights.is_floating_point() and (
+            _fitted_scale(d, ctx, weights) or _broken_property(d, ctx, weights)):
         return
-    full = torch.broadcast_to(mask, want_w.shape)  # (B, A, n_q, n_k)
-    empty = ~full.any(-1)  # (B, A, n_q): queries that may attend to nothing
-    if not empty.any():
-        return
-    for got, want, rows, what in ((weights, want_w, empty, "weights"), (out, want_out, empty.all(1), "out")):
-        if tuple(got.shape) != tuple(want.shape) or same(got, want, atol=2e-5, rtol=1e-4):
-            continue
-        bad = ~torch.isclose(got.to(torch.float64), want, atol=2e-5, rtol=1e-4, equal_nan=True)
-        bad_rows = bad.any(-1)
-        if bad_rows.any() and not (bad_rows & ~rows).any():
-            d.summary = f"{what} wrong only for the queries that may attend to nothing"
-            verb = "differ" if what == "weights" else "differs"
-            d.cause = (f"your {what} {verb} only for the queries that may attend to nothing (every key masked): their "
-                       "weights are all 0, so their heads give zero vectors and their out is out_proj(0), the bias")
-            d.fix = ("for a fully masked row, return zero weights (masked_softmax(scores, mask) does) and let out_proj "
-                     "map the zero vector as it maps any other")
-            return
+    if not _masked_rows_only(d, ctx, out, weights) and layers["guessed"]:
+        d.cause = (f"your four nn.Linear layers ({', '.join(layers['linears'])}) have no names that say which is "
+                   "which, so the check took them in the order they were created as W^Q, W^K, W^V, W^O")
+        d.fix = "name them q_proj, k_proj, v_proj and out_proj as the docstring says (or create them in that order); " \
+                "then compare your steps with the docstring"
 
 
-def _fitted_scale(P: dict, x_q, x_kv, mask, a: int, d_head: int, weights: torch.Tensor) -> float | None:
-    """The factor c for which the learner's weights are masked_softmax(c·q·kᵀ), when there is one."""
+def _fitted_scale(d: Diagnosis, ctx: _Case, weights: torch.Tensor) -> bool:
+    """Name the factor c when the learner's weights are masked_softmax(c·q·kᵀ) for some c other than 1/√d_head."""
+    P, x_q, x_kv, mask, a, d_head = ctx.P, ctx.x_q, ctx.x_kv, ctx.mask, ctx.a, ctx.d_head
     raw = _multihead(P, x_q, x_kv, None, a, d_head, scale=1.0, returns="raw_scores")[1]  # (B, A, n_q, n_k)
     w = weights.detach().to(torch.float64)
-    allowed = torch.ones_like(raw, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, raw.shape)
-    ok = allowed & (w > 0)
+    ok = (w > 0) & ctx.allowed
     count = ok.sum(-1, keepdim=True).clamp(min=1)
-    log_w = torch.where(ok, w.clamp(min=1e-300).log(), 0.0)
-    r = torch.where(ok, raw, 0.0)
-    log_w = torch.where(ok, log_w - log_w.sum(-1, keepdim=True) / count, 0.0)
-    r = torch.where(ok, r - r.sum(-1, keepdim=True) / count, 0.0)
+    centred = lambda t: torch.where(ok, t - torch.where(ok, t, 0.0).sum(-1, keepdim=True) / count, 0.0)  # noqa: E731
+    log_w, r = centred(w.clamp(min=1e-300).log()), centred(raw)  # over each row's allowed keys
     den = float((r * r).sum())
-    if den < 1e-12:
-        return None
-    c = float((log_w * r).sum()) / den
-    if not math.isfinite(c) or abs(c) < 1e-6 or abs(c * math.sqrt(d_head) - 1) < 1e-4:
-        return None
-    return c if same(w, _multihead(P, x_q, x_kv, mask, a, d_head, scale=c)[1], atol=2e-5, rtol=1e-4) else None
+    c = float((log_w * r).sum()) / den if den >= 1e-12 else 0.0  # least squares: log w ≈ c·raw + row constant
+    if not math.isfinite(c) or abs(c) < 1e-6 or abs(c * math.sqrt(d_head) - 1) < 1e-4 or \
+            not same(w, _multihead(P, x_q, x_kv, mask, a, d_head, scale=c)[1], atol=2e-5, rtol=1e-4):
+        return False
+    named = {"1/(2·√d_head)": 1 / (2 * math.sqrt(d_head)), "1/√n_heads": 1 / math.sqrt(a),
+             "1/(n_heads·√d_head)": 1 / (a * math.sqrt(d_head)), "1/d_head²": 1 / d_head ** 2,
+             "2/√d_head": 2 / math.sqrt(d_head), "−1/√d_head": -1 / math.sqrt(d_head)}
+    name = next((k for k, v in named.items() if abs(c - v) <= 1e-3 * abs(v)), "")
+    d.summary = f"scores multiplied by {name or fmt(c)}, not 1/√d_head"
+    d.cause = (f"your weights are the softmax of q·kᵀ × {fmt(c)} (= 1/{fmt(1 / c)}"
+               + (f", that is {name}" if name else "") + f"); the scale is 1/√d_head = 1/{fmt(math.sqrt(d_head))}")
+    d.fix = "divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_head), once"
+    return True
 
 
-def _weights_properties(failure: Failure, weights: torch.Tensor, want_w: torch.Tensor, mask) -> bool:
-    """Properties every right answer's weights have: rows that sum to 1 (0 for a fully masked row), no weight on
-    a blocked key, weight on every allowed key. Names the first one the learner's weights break."""
-    d = failure.diagnosis
-    w = weights.detach().to(torch.float64)
-    full = torch.ones_like(w, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, w.shape)
-    leak = (w.abs() > 1e-6) & ~full
+def _broken_property(d: Diagnosis, ctx: _Case, weights: torch.Tensor) -> bool:
+    """Name the first property every right answer's weights have that the learner's break: no weight on a blocked
+    key, weight on every allowed key, rows that sum to 1 (0 for a fully masked row)."""
+    w, full = weights.detach().to(torch.float64), ctx.allowed
+    leak, missing = (w.abs() > 1e-6) & ~full, (w.abs() <= 1e-12) & full & (ctx.weights > 1e-6)
     if leak.any():
         where = tuple(int(i) for i in leak.nonzero()[0])
         d.summary = "weight on blocked keys"
-        d.cause = (f"your weights put {fmt(float(w[where]))} on entry {where} (batch, head, query, key), which the mask "
-                   "blocks (False = may not attend)")
-        return True
-    missing = (w.abs() <= 1e-12) & full & (want_w > 1e-6)
-    if missing.any():
+        d.cause = (f"your weights put {fmt(float(w[where]))} on entry {where} (batch, head, query, key), which the "
+                   "mask blocks (False = may not attend)")
+    elif missing.any():
         where = tuple(int(i) for i in missing.nonzero()[0])
         d.summary = "zero weight on keys the mask allows"
         d.cause = (f"your weights are exactly 0 at entry {where} (batch, head, query, key), which "
-                   + ("no mask blocks" if mask is None else "the mask allows")
+                   + ("no mask blocks" if ctx.mask is None else "the mask allows")
                    + "; a softmax over the allowed keys is never exactly 0 on one of them")
-        return True
-    live = full.any(-1)  # rows with at least one allowed key
-    sums = w.sum(-1)[live]
-    if sums.numel() and torch.isfinite(sums).all() and float((sums - 1).abs().max()) > 1e-3:
+    else:
+        sums = w.sum(-1)[full.any(-1)]  # the rows with at least one allowed key
+        if not (sums.numel() and torch.isfinite(sums).all() and float((sums - 1).abs().max()) > 1e-3):
+            return False
         lo, hi = float(sums.min()), float(sums.max())
         d.summary = "weight rows do not sum to 1"
         d.cause = ("each query's weights are a distribution over its keys and sum to 1; yours sum to "
                    + (f"{fmt(lo)}" if hi - lo < 1e-6 else f"between {fmt(lo)} and {fmt(hi)}"))
-        return True
+    return True
+
+
+def _masked_rows_only(d: Diagnosis, ctx: _Case, out: torch.Tensor, weights: torch.Tensor) -> bool:
+    """Name a difference confined to the queries that may attend to nothing (every key masked)."""
+    if ctx.mask is None:
+        return False
+    empty = ~ctx.allowed.any(-1)  # (B, A, n_q): queries that may attend to nothing
+    for got, want, rows, what in ((weights, ctx.weights, empty, "weights"), (out, ctx.out, empty.all(1), "out")):
+        if not empty.any() or tuple(got.shape) != tuple(want.shape) or same(got, want, atol=2e-5, rtol=1e-4):
+            continue
+        bad_rows = (~torch.isclose(got.to(torch.float64), want, atol=2e-5, rtol=1e-4, equal_nan=True)).any(-1)
+        if bad_rows.any() and not (bad_rows & ~rows).any():
+            d.summary = f"{what} wrong only for the queries that may attend to nothing"
+            d.cause = (f"your {what} {'differ' if what == 'weights' else 'differs'} only for the queries that may "
+                       "attend to nothing (every key masked): their weights are all 0, so their heads give zero "
+                       "vectors and their out is out_proj(0), the bias")
+            d.fix = ("for a fully masked row, return zero weights (masked_softmax(scores, mask) does) and let out_proj "
+                     "map the zero vector as it maps any other")
+            return True
     return False
 
 
@@ -962,9 +838,7 @@ def _expect_gradient(module: Learner, P: dict, x_q: torch.Tensor, a: int, d_head
     if not isinstance(got, torch.Tensor):
         fail("no gradient flows back through out", tried=tried, got="out does not depend on x_q through autograd",
              expected=f"a gradient of shape {tuple(x_q.shape)}",
-             cause="forward cut the autograd graph: .detach(), torch.no_grad(), .item()/.tolist() or a NumPy round trip, "
-                   "so W^Q, W^K, W^V, W^O could never be trained",
+             cause="forward cut the autograd graph (.detach(), torch.no_grad(), .item()/.tolist() or a NumPy round "
+                   "trip), so W^Q, W^K, W^V, W^O could never be trained",
              fix="compute out with torch operations only, without detaching it")
     expect_close(got, want, tried=tried, what="the gradient", atol=1e-4, rtol=1e-3)
-
-

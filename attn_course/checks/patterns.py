@@ -1,36 +1,30 @@
-"""Checks for notebook 08 (reading attention): the five per-query pattern metrics.
+"""Checks for notebook 08 (reading attention): the five per-query pattern metrics, each taking weights (..., n_q, n_k)
+and returning one value per query, (..., n_q), as tensors.
 
-Each metric takes attention weights (..., n_q, n_k) as a tensor and returns one value per query, (..., n_q), as a
-tensor. Oracle: the reference metrics of :mod:`attn_course.patterns` in float64 (entropy is checked against
-``torch.distributions.Categorical`` in the tests). Each metric's known mistakes are a table of :class:`~.kit.Known`
-rows, ``make(w, mask)`` on the float64 weights, judged by one :class:`~.kit.Suspects` per check run. The first case
-(two-sided weights whose row maxima differ from row to row and from the matrix's maximum) sets the known mistakes
-apart; batches, masks, non-square and size-1 inputs follow.
+Oracle: :mod:`attn_course.patterns` in float64. Each metric's known mistakes are :class:`~.kit.Known` rows,
+``make(w, mask)`` on the float64 weights, judged by one :class:`~.kit.Suspects` per run. The first case (row maxima
+that differ from row to row and from the matrix's maximum) sets them apart; batches, masks, non-square and size-1
+inputs follow.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from itertools import combinations
 from typing import Callable
 
-import numpy as np
 import torch
 
 from .. import patterns as ref
 from ..masks import causal_mask
 from .boundary import Opaque
 from .compare import Failure
-from .core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt, learner_error
-from .kit import Known, Suspects, bool_hint, explain_raise, factors
+from .core import Learner, LearnerRaised, LearnerTimedOut, check, fail, fmt, learner_error
+from .kit import Known, Suspects, bool_hint, explain_raise, factors, tensor_answer
 
-__all__ = [
-    "check_normalised_entropy",
-    "check_peak_weight",
-    "check_self_attention_weight",
-    "check_attention_distance",
-    "check_effective_positions",
-]
+__all__ = ["check_normalised_entropy", "check_peak_weight", "check_self_attention_weight", "check_attention_distance",
+           "check_effective_positions"]
 
 ATOL, RTOL = 1e-5, 1e-4
 
@@ -97,19 +91,13 @@ def _cases(*, square_only: bool = False, single_key: bool = True, masks: bool = 
     return cases
 
 
-_SIZE_IN_ERROR = re.compile(r"size of tensor [ab] \((\d+)\)")
-
-
 def _foreign_size(message: str, shape: tuple) -> int | None:
     """A size the learner's error message names that the input cannot explain (not an axis, a product of two,
     or an axis ± 1): the mark of a hard-coded size."""
     dims = [int(s) for s in shape]
-    explained = set(dims) | {a * b for i, a in enumerate(dims) for b in dims[i + 1:]} | {d + 1 for d in dims} | \
-        {d - 1 for d in dims} | {1}
-    sizes = [int(s) for s in _SIZE_IN_ERROR.findall(message)]
-    if len(sizes) == 2 and any(s in dims for s in sizes):
-        return next((s for s in sizes if s not in explained), None)
-    return None
+    explained = {1, *dims, *(d + 1 for d in dims), *(d - 1 for d in dims), *(a * b for a, b in combinations(dims, 2))}
+    sizes = [int(s) for s in re.findall(r"size of tensor [ab] \((\d+)\)", message)]
+    return next((s for s in sizes if s not in explained), None) if len(sizes) == 2 and set(sizes) & set(dims) else None
 
 
 # ============================================================================ one metric's check
@@ -145,12 +133,7 @@ class _Run:
                  expected=f"a tensor of shape {tuple(w.shape[:-1])}",
                  cause="torch.max(w, dim=-1) returns both the values and the indices",
                  fix="return its .values (or use w.amax(dim=-1))")
-        if isinstance(out, np.ndarray):
-            fail("returned a NumPy array, not a tensor", tried=tried,
-                 got=f"a NumPy array of shape {out.shape} ({out.dtype})", expected="a torch tensor, as the docstring says",
-                 cause="you converted to NumPy along the way (.numpy(), np.asarray or a NumPy function)",
-                 fix="stay with torch operations (torch.from_numpy(array) turns an array back into a tensor)")
-        return as_tensor(out, tried=tried)
+        return tensor_answer(out, tried=tried)
 
     def _raise_hint(self, exc: LearnerRaised, case: dict) -> dict:
         shape, mask, ran = tuple(case["w"].shape), case["mask"], self.ran
@@ -228,12 +211,8 @@ def _full(w: torch.Tensor, mask) -> torch.Tensor:
     return torch.ones_like(w, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, w.shape)
 
 
-def _allowed(w: torch.Tensor, mask) -> torch.Tensor:
-    return _full(w, mask).sum(-1).double()  # (..., n_q): each row's number of allowed keys
-
-
-def _plain(w: torch.Tensor) -> torch.Tensor:
-    return -(w * w.log()).sum(-1)  # NaN where a weight is 0
+_allowed = lambda w, mask: _full(w, mask).sum(-1).double()  # noqa: E731 - (..., n_q): each row's allowed keys
+_plain = lambda w: -(w * w.log()).sum(-1)  # noqa: E731 - the entropy, NaN where a weight is 0
 
 
 _LOG0 = ("log(0) gives NaN", "you computed w·log(w) directly: a weight of exactly 0 gives 0·(−inf) = NaN",
@@ -377,9 +356,8 @@ def _zero_rows(failure: Failure, out: torch.Tensor, case: dict) -> bool:
     where = [tuple(int(i) for i in idx) for idx in zero.nonzero()[:4]]
     failure.diagnosis.cause = (f"your value is 0 at index {', '.join(map(str, where))}" + ("…" if int(zero.sum()) > 4
                                else "") + f" (the last index is the query), where {fmt(float(want[where[0]]))} is "
-                               "expected there: a row's "
-                               "normalised entropy is 0 only when its weights are one-hot or it has at most one "
-                               "allowed key")
+                               "expected there: a row's normalised entropy is 0 only when its weights are one-hot or "
+                               "it has at most one allowed key")
     return True
 
 

@@ -1,32 +1,28 @@
 """Checks for notebook 03 (softmax, stably): stable_softmax, logsumexp, log_softmax, softmax_temperature.
 
-Oracle: PyTorch's ``torch.softmax``, ``torch.logsumexp`` and ``torch.log_softmax``, in float64. Every check is one
-body (:func:`_judge_cases`) run on its cases (:func:`_cases`): ordinary scores along every kind of axis (``dim=-1``,
-``0``, a middle axis, a negative axis other than -1, the default) on 1-D to 4-D inputs with size-1 axes besides the
-reduced one; float32, float64 and float16; and the edges that break careless versions — scores near ±1000 whose
-maximum sits at the start, the middle or the end of a slice, slices far apart in one tensor, ``-inf`` entries, and a
-log-probability of −1005, far below what a float64 probability can hold. Functions written for tensors or for NumPy
-arrays are both accepted (``kit.TensorOrArray``).
+Oracle: ``torch.softmax``, ``torch.logsumexp`` and ``torch.log_softmax`` in float64. The cases (:func:`_cases`): every
+kind of axis (``dim=-1``, ``0``, a middle axis, another negative axis, the default) on 1-D to 4-D inputs with size-1
+axes besides the reduced one; float32, float64 and float16; and the edges that break careless versions — scores near
+±1000 whose maximum sits at the start, middle or end of a slice, slices far apart in one tensor, ``-inf`` entries,
+and a log-probability of −1005, far below what a float64 probability can hold. Functions written for tensors or for
+NumPy arrays are both accepted (``kit.TensorOrArray``).
 
-Each check has a table of known mistakes (``kit.Known``), judged by one ``kit.Suspects`` per run: a mistake is named
-only when the answer reproduces it on the case, and not once an earlier case ruled it out. Otherwise the check
-measures what is off (:func:`explain_weights`: NaN from an overflow, slices that sum to 1 along another axis, a
-temperature other than the one asked for…). Every call hands the learner fresh copies; the probe ``kit.call``,
-asked once after the cases, says whether the function leaves its input as it was.
+Every check is one body (:func:`_judge_cases`): its table of known mistakes (``kit.Known``) judged by one
+``kit.Suspects``; what no mistake reproduces is measured (``kit.what_is_off``, :func:`explain_weights`: NaN from an
+overflow, slices that sum to 1 along another axis, another temperature…). The probe ``kit.call`` says once whether
+the function leaves its input as it was.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 import torch
 
 from . import kit
-from .compare import Failure, Mistake, describe_mismatch, same
-from .core import (Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, fmt,
-                   learner_error)
+from .compare import Failure, Mistake
+from .core import Learner, LearnerRaised, as_tensor, check, fail, fmt, learner_error
 
 __all__ = ["check_stable_softmax", "check_logsumexp", "check_log_softmax", "check_softmax_temperature",
            "describe_input", "expect_floating", "explain_weights"]
@@ -72,51 +68,17 @@ def expect_floating(out: torch.Tensor, input_dtype: torch.dtype, *, tried: str, 
 
 def raised_hint(exc: LearnerRaised, *, signature: str) -> dict[str, str]:
     """``cause``/``fix`` for an exception whose message points at one (else ``{}``: the course-wide table follows)."""
-    msg = exc.message
-    if exc.type_name == "TypeError" and exc.line is None and \
-            re.match(r"\S+\(\) (takes|got an unexpected keyword|missing \d+ required)", msg):  # before the body ran
-        return dict(cause="your function does not take the arguments the docstring lists",
-                    fix=f"keep the signature {signature}")
-    if "torch.return_types" in msg:
+    if hint := kit.signature_hint(exc, signature):
+        return hint
+    if "torch.return_types" in exc.message:
         return dict(cause="x.max(dim) returns a pair (values, indices), not a tensor",
                     fix="use x.amax(dim, keepdim=True), or x.max(dim, keepdim=True).values")
-    if "must match the size" in msg or "could not be broadcast" in msg:
-        return dict(cause="a maximum or sum reduced without keepdim=True lost the reduced axis, so it no longer lines "
-                          "up with the input's axes",
-                    fix="keep the reduced axis: .amax(dim, keepdim=True) and .sum(dim, keepdim=True) "
-                        "(NumPy: keepdims=True)")
-    if ("out of range" in msg and "imension" in msg) or "out of bounds for array" in msg:
-        return dict(cause="your code uses an axis number that this input does not have",
-                    fix="use the `dim` argument (or -1 for the last axis) rather than a fixed axis number" if "dim" in
-                    signature else "count axes from the end (-1 for the last) rather than with a fixed axis number, and "
-                    "keep every axis the input has (no .squeeze() without an axis)")
-    return {}
-
-
-def works_elsewhere(failed: tuple[int, ...], others: Sequence[tuple[tuple[int, ...], Callable[[], bool]]]) -> dict:
-    """After the learner's code raised on shape ``failed``: the first input with another number of axes (``others``:
-    a shape and a call saying whether the answer there is right) on which it works, as a ``cause``/``fix``."""
-    for shape, attempt in others:
-        if len(shape) == len(failed):
-            continue
-        try:
-            ok = attempt()
-        except (LearnerRaised, LearnerTimedOut, Failure):
-            ok = False
-        if ok:
-            text = lambda s: f"({s[0]},)" if len(s) == 1 else str(tuple(s))  # noqa: E731
-            return dict(cause=f"your code works on input of shape {text(shape)} but raises on {text(failed)}: it "
-                              "handles one number of axes only (torch.bmm, torch.dot, torch.diag, torch.outer, math "
-                              "functions or a loop over the first axis fix that number), and the docstring allows any "
-                              "number of axes",
-                        fix="write every step for any shape: reduce along `dim` with keepdim=True, no loops over "
-                            "entries")
-    return {}
+    return kit.reduction_hint(exc, dim="dim" in signature)
 
 
 # ============================================================================ one body for every check
 class _Known(kit.Known):
-    """A known mistake whose texts may name the case's ``dim`` (``{dim}``). Could move to the kit."""
+    """A known mistake whose texts may name the case's ``dim`` (``{dim}``)."""
 
     def on(self, case: tuple) -> Mistake:
         dim = str(case[1]) if len(case) > 1 else "-1"
@@ -128,13 +90,16 @@ def _dim(case: tuple) -> int:
     return (case[1] if len(case) > 1 else -1) % case[0].ndim
 
 
-def _judge_cases(fn: Learner, cases: list[tuple], *, call: Callable[[tuple], str], oracle: Callable,
-                 table: list[kit.Known], explain: Callable, expected: str, what: str, shape_fix: str,
-                 signature: str, dim: Callable[[tuple], int] = _dim, reduced: bool = True, atol: float = 1e-5
-                 ) -> kit.TensorOrArray:
+def _judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Callable, table: list[kit.Known],
+                 explain: Callable, expected: str, shape_fix: str, what: str = "your result",
+                 call: Callable[[tuple], str] | None = None,
+                 dim: Callable[[tuple], int] = _dim, reduced: bool = True, atol: float = 1e-5) -> kit.TensorOrArray:
     """Run the learner's function on every case and judge each answer against ``oracle`` (same arguments): the shape,
-    the dtype, then the values — a known mistake of ``table`` that reproduces them, else what :func:`_measure` and
-    ``explain(out, case, passed, tried)`` measure. Then whether the input is left unchanged."""
+    the dtype, then the values — a known mistake of ``table`` that reproduces them, else what ``kit.what_is_off`` and
+    ``explain(out, case, passed, tried)`` measure. Then whether the input is left unchanged. ``call`` writes a case as
+    a call (by default ``name(x, dim)``, the name taken from ``signature``)."""
+    name = signature.split("(")[0]
+    call = call or (lambda case: f"{name}(x{', ' + str(case[1]) if len(case) > 1 else ''})")
     run, suspects, passed = kit.TensorOrArray(fn), kit.Suspects(table, atol=atol, rtol=1e-4), []
     for case in cases:
         x, tried = case[0], f"{call(case)} on {describe_input(case[0])}" + (" (dim left at its default)"
@@ -142,20 +107,22 @@ def _judge_cases(fn: Learner, cases: list[tuple], *, call: Callable[[tuple], str
         try:
             result = run(*case)
         except LearnerRaised as exc:
-            hint = raised_hint(exc, signature=signature)
-            ndims = {c[0].ndim for c in passed}
+            hint, ndims = raised_hint(exc, signature=signature), {c[0].ndim for c in passed}
             if not hint or hint["cause"].startswith("your code uses an axis number"):
-                hint = works_elsewhere(tuple(x.shape), [
-                    (tuple(c[0].shape), lambda c=c: _right(run(*c), oracle(*c))) for c in cases
-                    if c[0].ndim not in ndims and c[0].dtype not in _HALF]) or hint
+                hint = kit.works_elsewhere(x.shape, [
+                    (c[0].shape, lambda c=c: kit.agrees(run(*c), oracle(*c), atol=1e-4, rtol=1e-3)) for c in cases
+                    if c[0].ndim not in ndims and c[0].dtype not in _HALF],
+                    fix="write every step for any shape: reduce along `dim` with keepdim=True, no loops over "
+                        "entries") or hint
             raise Failure(learner_error(exc, tried=tried, expected=expected, **hint)) from None
         out = as_tensor(result, tried=tried)
         expect_floating(out, x.dtype, tried=tried, what=what)
         a, r = (2e-3, 1e-2) if x.dtype in _HALF else (atol, 1e-4)
         expected_out = oracle(*case)
-        if not _right(out, expected_out, a, r) and not suspects.suspects(out, case, expected_out):
-            _measure(out, expected_out, tried=tried, what=what, reduced=dim(case) if reduced else None, atol=a, rtol=r,
-                     fix=shape_fix, explain=lambda o, case=case: explain(o, case, passed, tried))
+        if not kit.agrees(out, expected_out, atol=a, rtol=r) and not suspects.suspects(out, case, expected_out):
+            kit.what_is_off(out, expected_out, tried=tried, what=what, reduced=dim(case) if reduced else None, atol=a,
+                            rtol=r, fix=shape_fix, explain=lambda o, case=case: explain(o, case, passed, tried),
+                            along="the axis `dim`")
         suspects.expect(out, expected_out, case, tried=tried, again=run.tensor, what=what, atol=a, rtol=r,
                         fix=shape_fix if out.shape != expected_out.shape else "")
         passed.append(case)
@@ -164,68 +131,10 @@ def _judge_cases(fn: Learner, cases: list[tuple], *, call: Callable[[tuple], str
     return run
 
 
-def _right(out: Any, expected: torch.Tensor, atol: float = 1e-4, rtol: float = 1e-3) -> bool:
-    try:
-        t = as_tensor(out, tried="")
-    except Failure:
-        return False
-    return tuple(t.shape) == tuple(expected.shape) and same(t, expected, atol=atol, rtol=rtol)
-
-
-def _measure(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, reduced: int | None, atol: float,
-             rtol: float, fix: str, explain: Callable[[torch.Tensor], None]) -> None:
-    """What is off in an answer no known mistake reproduces, where the plain comparison would name no cause: a
-    reduction where the entries belong, size-1 axes dropped, NaN or inf (``explain``), half precision."""
-    got, want = tuple(out.shape), tuple(expected.shape)
-    if got != want:
-        if reduced is not None and want[reduced] > 1 and got == want[:reduced] + (1,) + want[reduced + 1:]:
-            fail("one value per slice", tried=tried, got=f"{what} of shape {got}: one number for each slice along dim",
-                 expected=f"shape {want}, one value for each entry of x",
-                 cause="you returned a reduction along dim (the maximum, or the sum) instead of the entry-wise result",
-                 fix=fix or "return the entry-wise result, shaped like x")
-        kept = tuple(s for s in want if s != 1)
-        if got == kept and len(kept) < len(want) and same(out, expected.reshape(kept), atol=atol, rtol=rtol):
-            fail("size-1 axes dropped", tried=tried, got=f"{what} of shape {got}, with the right values",
-                 expected=f"shape {want}",
-                 fix="keep every axis: squeeze nothing, or only the axis you added (.squeeze(-1))",
-                 cause="your code removes the axes of size 1: .squeeze() without an axis drops every one of them")
-        return
-    if bool((~torch.isfinite(out.double()) & torch.isfinite(expected)).any()):
-        explain(out)  # NaN or inf: where they come from says more than the plain comparison
-    mismatch = describe_mismatch(out, expected, what=what, atol=atol, rtol=rtol)
-    if not (mismatch[2] or mismatch[3].startswith(("off by a factor", "shifted by"))):
-        _precision(out, expected, tried=tried, what=what, half_only=True)
-        explain(out)
-        kit.batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol, along="the axis `dim`")
-        _precision(out, expected, tried=tried, what=what)
-
-
-def _precision(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, half_only: bool = False) -> None:
-    """Fail when ``out`` is within a few float16 rounding steps of the truth everywhere: a step in half precision when
-    every value is a half-precision number, else (unless ``half_only``) a plain "3 digits right"."""
-    a, e = out.detach().double(), expected.detach().double()
-    if not (torch.isfinite(a).all() and torch.isfinite(e).all()) or out.dtype in _HALF:
-        return
-    scale, err = float(e.abs().max()), (a - e).abs()
-    if float(err.max()) > 2.0 ** -14 * scale and bool((err <= 4 * torch.clamp(e.abs(), min=scale) * 2.0 ** -10).all()):
-        got = f"{what} agree with the expected values to about 3 significant digits only (largest difference " \
-              f"{fmt(float(err.max()))})"
-        half = next((n for n, dt in (("float16", torch.float16), ("bfloat16", torch.bfloat16))
-                     if torch.equal(a, a.to(dt).double())), "")  # only a result that went through half is made of halves
-        if half:
-            fail(f"{half} precision", tried=tried, got=got + f"; every value is a {half} number",
-                 expected="the input's precision", cause=f"your result went through {half}, which keeps about 3 "
-                 "significant digits, and was converted back afterwards",
-                 fix="compute in the input's dtype: leave out .half(), .to(torch.float16) or .to(torch.bfloat16)")
-        if not half_only:
-            fail("about 3 digits right", tried=tried, got=got, expected="the input's precision",
-                 fix="look for a step that rounds: round(…), a conversion to a smaller dtype, or values printed "
-                     "and read back")
-
-
 # ============================================================================ the cases
-def _cases(seed: int) -> list[tuple]:
-    """(scores, dim) pairs: ordinary ones first (structure mistakes show on clean data), then the edges."""
+def _cases(seed: int, *extra: tuple) -> list[tuple]:
+    """(scores, dim) pairs: ordinary ones first (structure mistakes show on clean data), then the edges (and
+    ``extra``), then scores with dim left at its default."""
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape, dtype=torch.float32, scale=2.0):
@@ -247,16 +156,14 @@ def _cases(seed: int) -> list[tuple]:
         (t([[0.0, -INF, 1.0], [2.0, 2.0, -INF], [-INF, -INF, 5.0]]), -1),  # masked scores; one key left in a row
         (t([[-INF, -20000.0, -19999.0], [-INF, 3.0, -INF]], dtype=f64), -1),  # a finite fill for -inf outweighs these
         (t([[[1000.0, 1001.0, 1002.0], [0.0, 1.0, 2.0]], [[-1000.0, -998.0, -999.0], [5.0, 4.0, 3.0]]]), -1),
-        (t([[10.0, 11.0, 12.0], [30.0, 28.0, 20.0]], dtype=torch.float16), -1),
+        (t([[10.0, 11.0, 12.0], [30.0, 28.0, 20.0]], dtype=torch.float16), -1), *extra,
+        (2 * torch.randn(3, 4, generator=torch.Generator().manual_seed(11 * seed)),),
     ]
 
 
-def _with_default(cases: list[tuple], seed: int) -> list[tuple]:
-    return cases + [(2 * torch.randn(3, 4, generator=torch.Generator().manual_seed(seed)),)]  # dim left at its default
-
-
-def _call(name: str) -> Callable[[tuple], str]:
-    return lambda case: f"{name}(x{', ' + str(case[1]) if len(case) > 1 else ''})"
+def _axis(o: int, dim: int | None, x: torch.Tensor) -> bool:
+    """Whether axis ``o`` is another axis than ``dim`` (given, not left at its default) of ``x``."""
+    return dim is not None and o < x.ndim and o != dim % x.ndim
 
 
 def _default(key: str, text: str, op: Callable) -> list[kit.Known]:
@@ -266,30 +173,19 @@ def _default(key: str, text: str, op: Callable) -> list[kit.Known]:
                       lambda x, dim=None, o=o: op(x, o) if dim is None and o < x.ndim - 1 else None) for o in range(3)]
 
 
-def _axis(o: int, dim: int | None, x: torch.Tensor) -> bool:
-    """Whether axis ``o`` is another axis than ``dim`` (given, not left at its default) of ``x``."""
-    return dim is not None and o < x.ndim and o != dim % x.ndim
-
-
 # ============================================================================ stable_softmax: its mistakes
-def _norm(e: torch.Tensor, dim: int) -> torch.Tensor:
-    return e / e.sum(dim, keepdim=True)
-
-
-def _eps(e: torch.Tensor, dim: int) -> torch.Tensor:  # a denominator kept from 0 (an epsilon, a clamp): 0 for 0/0
-    return e / e.sum(dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
-
-
-def _e(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.exp(x - x.amax(dim, keepdim=True))
-
-
+# Shorthands for the tables: e normalised along dim; the same with the denominator kept from 0 (an epsilon, a clamp:
+# 0/0 gives 0); e^(x − max) along dim.
+_norm = lambda e, dim: e / e.sum(dim, keepdim=True)  # noqa: E731
+_eps = lambda e, dim: e / e.sum(dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)  # noqa: E731
+_e = lambda x, dim: torch.exp(x - x.amax(dim, keepdim=True))  # noqa: E731
 _NAIVE = ("maximum not subtracted", "you exponentiated the scores as they are: e^x overflows to inf for scores near "
           "1000 (and underflows to 0 near -1000), and inf/inf or 0/0 is NaN", _SHIFT_FIX)
 _WHOLE = ("maximum taken over the whole tensor", "you subtracted the maximum of the whole tensor, not of each slice: a "
           "slice whose scores lie far below that maximum underflows to 0 (0/0 = NaN, or zeros behind an epsilon)",
           _SHIFT_FIX)
 _AXIS_FIX = "use `dim` in both the maximum and the sum: x.amax(dim, keepdim=True), e.sum(dim, keepdim=True)"
+_SUM_FIX = "divide by the sum along dim: e / e.sum(dim, keepdim=True)"
 _KEEPDIM = ("keepdim missing", "you reduced without keepdim=True, so the result broadcast against the wrong axis of x "
             "(each slice got another slice's value)", "keep the reduced axis: x.amax(dim, keepdim=True) and "
             "e.sum(dim, keepdim=True)")
@@ -309,26 +205,21 @@ SOFTMAX = [
       "mean still overflows e^x (only the maximum guarantees every exponent ≤ 0)", _SHIFT_FIX,
       lambda x, dim=-1: _norm(torch.exp(x - x.mean(dim, keepdim=True)), dim)),
     K("whole-sum", "divided by the sum of the whole tensor", "you divided by the sum of e^(x − max) over every entry of "
-      "the tensor, not over each slice along dim", "divide by the sum along dim: e / e.sum(dim, keepdim=True)",
-      lambda x, dim=-1: _e(x, dim) / _e(x, dim).sum()),
+      "the tensor, not over each slice along dim", _SUM_FIX, lambda x, dim=-1: _e(x, dim) / _e(x, dim).sum()),
     K("mean-sum", "divided by the mean, not the sum", "you divided e^(x − max) by its mean along dim where softmax "
-      "divides by its sum, so every weight is n times too large (n = the slice's length)",
-      "divide by the sum along dim: e / e.sum(dim, keepdim=True)",
+      "divides by its sum, so every weight is n times too large (n = the slice's length)", _SUM_FIX,
       lambda x, dim=-1: _e(x, dim) / _e(x, dim).mean(dim, keepdim=True)),
-]
-for _o in range(4):
-    SOFTMAX += [
-        K(f"axis-{_o}", f"softmax along axis {_o}, not dim={{dim}}", f"you normalised along axis {_o}, so the slices "
-          f"along axis {_o} sum to 1, not those along dim={{dim}}", _AXIS_FIX,
-          lambda x, dim=None, o=_o: torch.softmax(x, o) if _axis(o, dim, x) else None),
-        K(f"max-axis-{_o}", "maximum taken along the wrong axis", f"you took the maximum along axis {_o}, not along "
-          "dim={dim}: that shift changes from entry to entry of a slice, so it does not cancel", _AXIS_FIX,
-          lambda x, dim=None, o=_o: _norm(torch.exp(x - x.amax(o, keepdim=True)), dim) if _axis(o, dim, x) else None),
-        K(f"sum-axis-{_o}", "sum taken along the wrong axis",
-          f"you divided by the sum along axis {_o}, not along dim={{dim}}", _AXIS_FIX,
-          lambda x, dim=None, o=_o: _e(x, dim) / _e(x, dim).sum(o, keepdim=True) if _axis(o, dim, x) else None),
-    ]
-SOFTMAX += [
+] + [row for o in range(4) for row in (
+    K(f"axis-{o}", f"softmax along axis {o}, not dim={{dim}}", f"you normalised along axis {o}, so the slices along "
+      f"axis {o} sum to 1, not those along dim={{dim}}", _AXIS_FIX,
+      lambda x, dim=None, o=o: torch.softmax(x, o) if _axis(o, dim, x) else None),
+    K(f"max-axis-{o}", "maximum taken along the wrong axis", f"you took the maximum along axis {o}, not along "
+      "dim={dim}: that shift changes from entry to entry of a slice, so it does not cancel", _AXIS_FIX,
+      lambda x, dim=None, o=o: _norm(torch.exp(x - x.amax(o, keepdim=True)), dim) if _axis(o, dim, x) else None),
+    K(f"sum-axis-{o}", "sum taken along the wrong axis",
+      f"you divided by the sum along axis {o}, not along dim={{dim}}", _AXIS_FIX,
+      lambda x, dim=None, o=o: _e(x, dim) / _e(x, dim).sum(o, keepdim=True) if _axis(o, dim, x) else None))
+] + [
     K("keepdim-max", *_KEEPDIM, lambda x, dim=-1: _norm(torch.exp(x - x.amax(dim)), dim)),
     K("keepdim-sum", *_KEEPDIM, lambda x, dim=-1: _e(x, dim) / _e(x, dim).sum(dim)),
     K("keepdim-both", *_KEEPDIM, lambda x, dim=-1: torch.exp(x - x.amax(dim)) / torch.exp(x - x.amax(dim)).sum(dim)),
@@ -336,8 +227,8 @@ SOFTMAX += [
       lambda x, dim=-1: torch.softmax(x.flatten(), 0).reshape(x.shape)),
     K("no-exp", "no exponential", "you divided the scores by their sum without exponentiating: weights can be negative "
       "or explode", "exponentiate first: e^(x - max) / Σ e^(x - max)", lambda x, dim=-1: _norm(x, dim)),
-    K("unnormalised", "not normalised", "you returned e^(x - max) without dividing by the sum",
-      "divide by the sum along dim: e / e.sum(dim, keepdim=True)", lambda x, dim=-1: _e(x, dim)),
+    K("unnormalised", "not normalised", "you returned e^(x - max) without dividing by the sum", _SUM_FIX,
+      lambda x, dim=-1: _e(x, dim)),
     K("log-softmax", "log-softmax returned", "you returned x - logsumexp(x), the log of the weights",
       "return the weights themselves: exp of that, or e / e.sum(dim, keepdim=True)",
       lambda x, dim=-1: torch.log_softmax(x, dim)),
@@ -357,47 +248,6 @@ SOFTMAX += [
 
 
 # ============================================================================ what is measurably wrong with weights
-def _limits(dtype: torch.dtype) -> tuple[float, float]:
-    """Above the first, e^z overflows to inf; below the second (half the smallest subnormal), it rounds to 0."""
-    exponent = {torch.float16: -24, torch.bfloat16: -133, torch.float64: -1074}.get(dtype, -149)
-    return math.log(torch.finfo(dtype).max), (exponent - 1) * math.log(2.0)
-
-
-def _kinds(o: torch.Tensor) -> str:
-    return " and ".join(k for k, hit in (("NaN", torch.isnan(o).any()), ("inf", torch.isinf(o).any())) if hit)
-
-
-def explain_nonfinite(slices: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype, *, tried: str, got: str, kinds: str,
-                      expected: str, scaled: str = "x") -> None:
-    """Fail saying where NaN or inf come from. ``slices`` marks (shaped like the float64 scores ``xs``) the slices
-    whose answer is not finite; ``dtype`` is the one the learner computed in. Scores beyond e^z's range, or spread
-    wider than it, mean the slice's own maximum was not what was subtracted; -inf scores, an operation on -inf."""
-    scores, (hi, lo), name = xs[slices & torch.isfinite(xs)], _limits(dtype), str(dtype).replace("torch.", "")
-    if scores.numel():
-        top, bottom = float(scores.max()), float(scores.min())
-        if top > hi:
-            fail(f"{kinds} from an overflow", tried=tried, got=got, expected=expected, fix=_SHIFT_FIX,
-                 cause=f"in those slices {scaled} reaches {fmt(top)}, and in {name} e^z is inf for z > {hi:.2f}: you "
-                       "exponentiated without subtracting the slice's own maximum")
-        if top < lo:
-            fail(f"{kinds} from an underflow", tried=tried, got=got, expected=expected, fix=_SHIFT_FIX,
-                 cause=f"in those slices every score is below {lo:.1f}, where e^z rounds to 0 in {name}, so the sum is "
-                       "0 (0/0 is NaN, log 0 is -inf): you exponentiated without subtracting the slice's own maximum")
-        if top - bottom > hi:
-            fail(f"{kinds} in slices of widely spread scores", tried=tried, got=got, expected=expected, fix=_SHIFT_FIX,
-                 cause=f"in those slices {scaled} spans {fmt(top - bottom)} (from {fmt(bottom)} to {fmt(top)}). In "
-                       f"{name}, e^(x − c) neither overflows nor underflows to all zeros only for a shift c between "
-                       f"max − {hi:.2f} and max + {-lo:.1f}, and yours was outside (the mean, the minimum or the first "
-                       "entry of such a slice lies far from its maximum)")
-    if torch.isneginf(xs)[slices].any():
-        fail(f"{kinds} where scores are -inf", tried=tried, got=got + " (in slices holding -inf scores)",
-             expected=expected + " (a -inf score contributes e^-inf = 0)",
-             cause="an operation on -inf gave NaN: -inf - (-inf), -inf · 0, or inf / inf",
-             fix="let exp turn -inf into 0: subtract the slice maximum (finite here), then exponentiate")
-    fail(f"{kinds} in the result", tried=tried, got=got, expected=expected,
-         fix="look for a division by zero or a log of 0 in your steps")
-
-
 def _epsilon(o: torch.Tensor, xs: torch.Tensor, d: int, *, tried: str, what: str) -> None:
     """Fail when every slice of ``o`` is the softmax times S / (S + ε) for one small ε > 0, S being the slice's sum
     of e^(x − max) (or of e^x): an epsilon added to the denominator."""
@@ -451,15 +301,15 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
     ``temperature``): NaN or inf and where they come from, weight on -inf scores, an epsilon in the denominator,
     slices of zeros, equal weights for different scores, negative weights, slices that do not sum to 1 (or do along
     another axis), or weights of another temperature (``known`` names the temperatures the mistakes still possible
-    would give). ``normalise_fix``: the advice for slices that do not sum to 1. Returns when it finds nothing."""
+    would give; at T = 1 by default a sign slip). ``normalise_fix``: the advice for slices that do not sum to 1.
+    Returns when it finds nothing."""
     d = dim % x.ndim
     o, xs, dtype = out.detach().double(), x.detach().double() / temperature, x.dtype
     if (bad := ~torch.isfinite(o)).any():
-        kinds = _kinds(o)
-        explain_nonfinite(bad.any(d, keepdim=True).expand_as(xs), xs, dtype, tried=tried, kinds=kinds,
-                          got=f"{what} hold {kinds} in {int(bad.sum())} of {o.numel()} entries",
-                          expected="finite weights",
-                          scaled="x / T" if temperature != 1.0 else "x")
+        kinds = kit.nan_or_inf(o)
+        kit.explain_nonfinite(bad.any(d, keepdim=True).expand_as(xs), xs, dtype, tried=tried, kinds=kinds,
+                              got=f"{what} hold {kinds} in {int(bad.sum())} of {o.numel()} entries",
+                              expected="finite weights", scaled="x / T" if temperature != 1.0 else "x")
     if (masked := torch.isneginf(xs) & (o.abs() > 1e-12)).any():
         fail("weight on -inf scores", tried=tried, expected="weight 0 wherever the score is -inf (e^-inf = 0)",
              got=f"{int(masked.sum())} entries whose score is -inf get weight "
@@ -467,14 +317,12 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
              cause="your code changes -inf scores into finite numbers before the exponential",
              fix="leave -inf scores as they are: exp(-inf - max) is 0, which is the weight they need")
     _epsilon(o, xs, d, tried=tried, what=what)
-    sums = o.sum(d)
+    sums, weights_fix = o.sum(d), "weights = e / e.sum(dim, keepdim=True) with e = exp(x - max)"
     if (zero := sums.abs() < 1e-12).any():
         # What made a slice all 0 shows in its scores: beyond e^z's range (an overflow whose NaN was turned into 0),
         # or far below the tensor's largest score (shifted by that, every e^z is tiny or 0).
-        top = xs.masked_fill(torch.isnan(xs), -math.inf)
-        slice_top, hi = top.amax(d)[zero], _limits(dtype)[0]
-        cause = ""
-        if bool((slice_top > hi).all()):
+        top, hi, cause = xs.masked_fill(torch.isnan(xs), -math.inf), kit.exp_limits(dtype)[0], ""
+        if bool(((slice_top := top.amax(d)[zero]) > hi).all()):
             cause = (f"those slices hold scores above {hi:.2f}, where e^z overflows to inf in "
                      f"{str(dtype).replace('torch.', '')}: inf/inf is NaN, and something (nan_to_num, a where) turned "
                      "it into 0; you exponentiated without subtracting the slice's own maximum")
@@ -483,40 +331,34 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
                      "taken over the whole tensor, not per slice, their e^z are tiny or underflow to 0, and an epsilon "
                      "or a clamp in the denominator hid the 0/0")
         fail("slices of zeros", tried=tried, got=f"{int(zero.sum())} slice(s) along dim={dim} are all 0",
-             expected="every slice along dim summing to 1", cause=cause,
-             fix=_SHIFT_FIX if cause else "weights = e / e.sum(dim, keepdim=True) with e = exp(x - max)")
+             expected="every slice along dim summing to 1", cause=cause, fix=_SHIFT_FIX if cause else weights_fix)
     if ties := _tie(o, torch.softmax(xs, d), d):
-        fail("different scores, equal weights", tried=tried,
+        fail("different scores, equal weights", tried=tried, expected="a larger weight for every larger score",
              got=f"{what} give equal weights to scores that differ ({ties})",
-             expected="a larger weight for every larger score",
              cause="your code maps different scores to the same value before the exponential (a clamp, for example)",
              fix="exponentiate x - max exactly: no clamp is needed once the maximum is subtracted")
     if (o < -1e-12).any():
-        fail("negative weights", tried=tried,
-             got=f"{int((o < -1e-12).sum())} negative entries, down to {fmt(float(o.min()))}",
-             expected="weights ≥ 0 (e^z / Σ e^z is never negative)", fix="weights = e / e.sum(dim, keepdim=True) with "
-             "e = exp(x - max)", cause="a step that does not exponentiate, or subtracts after exponentiating")
+        fail("negative weights", tried=tried, got=f"{int((o < -1e-12).sum())} negative entries, down to "
+             f"{fmt(float(o.min()))}", expected="weights ≥ 0 (e^z / Σ e^z is never negative)", fix=weights_fix,
+             cause="a step that does not exponentiate, or subtracts after exponentiating")
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
         span = f"{fmt(float(sums.min()))} … {fmt(float(sums.max()))}"
+        expected = f"every slice along dim={dim} summing to 1"
         for other in (o_ for o_ in range(x.ndim) if o_ != d):
             if torch.allclose(o.sum(other), torch.ones_like(o.sum(other)), atol=1e-4):
-                fail(f"normalised along axis {other}, not dim={dim}", tried=tried, cause=f"you divided by a sum along "
-                     f"axis {other}", got=f"slices along axis {other} sum to 1; along dim={dim} they sum to {span}",
-                     expected=f"every slice along dim={dim} summing to 1",
-                     fix="use `dim` in both the maximum and the sum")
+                fail(f"normalised along axis {other}, not dim={dim}", tried=tried, expected=expected,
+                     got=f"slices along axis {other} sum to 1; along dim={dim} they sum to {span}",
+                     cause=f"you divided by a sum along axis {other}", fix="use `dim` in both the maximum and the sum")
         fail("slices do not sum to 1", tried=tried, got=f"{what}: slices along dim={dim} sum to {span}",
-             expected=f"every slice along dim={dim} summing to 1",
+             expected=expected,
              fix=normalise_fix or "divide e = exp(x - max) by its sum along dim: e / e.sum(dim, keepdim=True)")
     t_eff, t = _temperature_of(o, x.detach().double(), d), temperature
     if t_eff is not None and abs(t_eff - t) > 1e-3 * max(1.0, t):
-        names = known if known is not None else {"-1 (a sign slip)": -1.0} if t == 1.0 else {
-            "1/T (you multiplied by T)": 1 / t, "1 (the temperature is not used)": 1.0,
-            "T² (you divided by T twice)": t * t, "√T": math.sqrt(t), "-T (a sign slip)": -t}
+        names = {"-1 (a sign slip)": -1.0} if known is None else known
         named = next((n for n, v in names.items() if abs(t_eff - v) <= 1e-3 * max(1.0, abs(v))), "")
-        fail(f"weights of temperature {fmt(t_eff)}, not {fmt(t)}", tried=tried, got=f"{what} equal softmax(x / "
-             f"{fmt(t_eff)})", expected=f"softmax(x / {fmt(t)})",
-             cause=f"your weights are those of temperature {named}" if named else
-             f"your scores end up divided by {fmt(t_eff)} before the softmax",
+        fail(f"weights of temperature {fmt(t_eff)}, not {fmt(t)}", tried=tried, expected=f"softmax(x / {fmt(t)})",
+             got=f"{what} equal softmax(x / {fmt(t_eff)})", cause=f"your weights are those of temperature {named}" if
+             named else f"your scores end up divided by {fmt(t_eff)} before the softmax",
              fix="divide the scores by the temperature exactly once, then take the stable softmax" if t != 1.0 else
              "exponentiate x - max, unscaled")
 
@@ -524,12 +366,11 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
 # ============================================================================ stable_softmax
 @check("stable_softmax", expects="a function stable_softmax(x, dim=-1) returning weights shaped like x")
 def check_stable_softmax(fn: Learner) -> str:
-    cases = _with_default(_cases(3), 33)
-    run = _judge_cases(fn, cases, call=_call("stable_softmax"),
-                       oracle=lambda x, dim=-1: torch.softmax(x.double(), dim),
-                       table=_default("sm", "normalised", torch.softmax) + SOFTMAX, expected="weights shaped like x",
+    cases = _cases(3)
+    run = _judge_cases(fn, cases, signature="stable_softmax(x, dim=-1)", what="your weights",
+                       oracle=lambda x, dim=-1: torch.softmax(x.double(), dim), expected="weights shaped like x",
+                       table=_default("sm", "normalised", torch.softmax) + SOFTMAX,
                        explain=lambda o, case, passed, tried: explain_weights(o, case[0], _dim(case), tried=tried),
-                       what="your weights", signature="stable_softmax(x, dim=-1)",
                        shape_fix="the weights have the shape of x: keep the reduced axis with keepdim=True before "
                                  "dividing")
     return (f"matches torch.softmax on {len(cases)} cases ({run.kind}): any axis, 1-D to 4-D, float16/32/64, "
@@ -541,15 +382,8 @@ _LSE = "logsumexp(x) = m + log Σ e^(x − m), m = x.amax(dim, keepdim=True)"
 _NO_EXP = ("exponential missing", "you summed x − m (or its log) where logsumexp sums e^(x − m): those terms are ≤ 0, "
            "so the log of their sum is NaN", _LSE)
 _LOG_BASE = ("log base 2 or 10", "you used log2 or log10 where logsumexp uses the natural log", "use torch.log (ln)")
-
-
-def _m(x: torch.Tensor, dim: int) -> torch.Tensor:
-    return x.amax(dim, keepdim=True)
-
-
-def _s(z: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.exp(z).sum(dim, keepdim=True)
-
+_m = lambda x, dim: x.amax(dim, keepdim=True)  # noqa: E731 - the maximum m of each slice, kept
+_s = lambda z, dim: torch.exp(z).sum(dim, keepdim=True)  # noqa: E731 - Σ e^z along dim, kept
 
 #: Wrong versions of logsumexp with the reduced axis kept, (key, summary, cause, fix, value(x, dim)): the logsumexp
 #: check squeezes them, the log_softmax check subtracts them from x.
@@ -633,15 +467,15 @@ def _explain_lse(out: torch.Tensor, case: tuple, passed: list, tried: str) -> No
     x, d = case[0], _dim(case)
     o, e = out.detach().double(), torch.logsumexp(x.double(), d)
     if (bad := ~torch.isfinite(o) & torch.isfinite(e)).any():
-        explain_nonfinite(bad.unsqueeze(d).expand_as(x), x.double(), x.dtype, tried=tried, kinds=_kinds(o[bad]),
-                          got=f"{_kinds(o[bad])} in {int(bad.sum())} of {o.numel()} entries", expected="finite values")
+        kinds = kit.nan_or_inf(o[bad])
+        kit.explain_nonfinite(bad.unsqueeze(d).expand_as(x), x.double(), x.dtype, tried=tried, kinds=kinds,
+                              got=f"{kinds} in {int(bad.sum())} of {o.numel()} entries", expected="finite values")
     wrong, masked = ~torch.isclose(o, e, atol=1e-4, rtol=1e-4, equal_nan=True), torch.isneginf(x).any(d)
     if not wrong.any() or (wrong & ~masked).any() or not torch.isfinite(o[wrong]).all():
         return
     # Had every -inf score been replaced by one finite c, each wrong slice would give o = log(e^e + k·e^c): solve for
     # c (k = the slice's number of -inf scores) and see whether one c explains them all.
-    gap = (o - e)[wrong]
-    k = torch.isneginf(x).sum(d).double()[wrong]
+    gap, k = (o - e)[wrong], torch.isneginf(x).sum(d).double()[wrong]
     fills = o[wrong] + torch.log(-torch.expm1(-gap.clamp(min=1e-300))) - torch.log(k)
     one = bool((gap > 0).all()) and float(fills.max() - fills.min()) <= 1e-3 * max(1.0, float(fills.abs().max()))
     c = float(fills.mean())
@@ -658,11 +492,10 @@ def _explain_lse(out: torch.Tensor, case: tuple, passed: list, tried: str) -> No
 
 @check("logsumexp", expects="a function logsumexp(x, dim=-1) returning log Σ e^x along dim, dim removed")
 def check_logsumexp(fn: Learner) -> str:
-    cases = _with_default(_cases(4), 44)
-    run = _judge_cases(fn, cases, call=_call("logsumexp"), atol=1e-4, reduced=False,
-                       oracle=lambda x, dim=-1: torch.logsumexp(x.double(), dim),
+    cases = _cases(4)
+    run = _judge_cases(fn, cases, signature="logsumexp(x, dim=-1)", expected="log Σ e^x along dim, dim removed",
+                       oracle=lambda x, dim=-1: torch.logsumexp(x.double(), dim), atol=1e-4, reduced=False,
                        table=_default("lse", "reduced", torch.logsumexp) + LOGSUMEXP, explain=_explain_lse,
-                       expected="log Σ e^x along dim, dim removed", what="your result", signature="logsumexp(x, dim=-1)",
                        shape_fix="the result has the shape of x with `dim` removed, like torch.logsumexp(x, dim)")
     return f"matches torch.logsumexp on {len(cases)} cases ({run.kind}): any axis, 1-D to 4-D, finite at ±1000"
 
@@ -706,11 +539,9 @@ LOG_SOFTMAX = [
 
 def _explain_log_softmax(out: torch.Tensor, case: tuple, passed: list, tried: str) -> None:
     x, d = case[0], _dim(case)
-    o, expected, floor = out.detach().double(), torch.log_softmax(x.double(), d), _limits(x.dtype)[1]
-    tail = torch.isfinite(expected) & (expected < floor)
-    wrong = ~torch.isclose(o, expected, atol=1e-4, rtol=1e-5, equal_nan=True)
-    bad = ~torch.isfinite(o) & torch.isfinite(expected)
-    name = str(x.dtype).replace("torch.", "")
+    o, expected, floor = out.detach().double(), torch.log_softmax(x.double(), d), kit.exp_limits(x.dtype)[1]
+    tail, bad = torch.isfinite(expected) & (expected < floor), ~torch.isfinite(o) & torch.isfinite(expected)
+    wrong, name = ~torch.isclose(o, expected, atol=1e-4, rtol=1e-5, equal_nan=True), str(x.dtype).replace("torch.", "")
 
     def tail_fail(hit: torch.Tensor, summary: str, rounds: str) -> None:
         i = tuple(int(k) for k in hit.nonzero()[0])
@@ -724,9 +555,10 @@ def _explain_log_softmax(out: torch.Tensor, case: tuple, passed: list, tried: st
         tail_fail(bad, "-inf for very unlikely entries" if torch.isneginf(o[bad]).all() else
                   "wrong for very unlikely entries", ", and log 0 = -inf")
     if bad.any():
-        explain_nonfinite(bad.any(d, keepdim=True).expand_as(x), x.double(), x.dtype, tried=tried, kinds=_kinds(o[bad]),
-                          got=f"{_kinds(o[bad])} in {int(bad.sum())} of {o.numel()} entries",
-                          expected="finite log-probabilities wherever x is finite")
+        kinds = kit.nan_or_inf(o[bad])
+        kit.explain_nonfinite(bad.any(d, keepdim=True).expand_as(x), x.double(), x.dtype, tried=tried, kinds=kinds,
+                              got=f"{kinds} in {int(bad.sum())} of {o.numel()} entries",
+                              expected="finite log-probabilities wherever x is finite")
     if tail.any() and wrong.any() and not (wrong & ~tail).any():
         tail_fail(wrong, "wrong for very unlikely entries",
                   " (or to whatever floor you clamp it to), so its log is lost")
@@ -748,13 +580,10 @@ def _explain_log_softmax(out: torch.Tensor, case: tuple, passed: list, tried: st
 
 @check("log_softmax", expects="a function log_softmax(x, dim=-1) returning log-probabilities shaped like x")
 def check_log_softmax(fn: Learner) -> str:
-    cases = _with_default(_cases(5) + [(torch.tensor([[0.0, -1000.0, 5.0], [-2000.0, 2.0, 1.0]], dtype=torch.float64),
-                                        -1)], 55)  # a log-probability of −1005 in float64
-    run = _judge_cases(fn, cases, call=_call("log_softmax"), atol=1e-4,
-                       oracle=lambda x, dim=-1: torch.log_softmax(x.double(), dim),
+    cases = _cases(5, (torch.tensor([[0.0, -1000.0, 5.0], [-2000.0, 2.0, 1.0]], dtype=torch.float64), -1))  # −1005
+    run = _judge_cases(fn, cases, signature="log_softmax(x, dim=-1)", expected="log-probabilities shaped like x",
+                       oracle=lambda x, dim=-1: torch.log_softmax(x.double(), dim), atol=1e-4,
                        table=_default("ls", "normalised", torch.log_softmax) + LOG_SOFTMAX, explain=_explain_log_softmax,
-                       expected="log-probabilities shaped like x", what="your result",
-                       signature="log_softmax(x, dim=-1)",
                        shape_fix="log-probabilities have the shape of x: subtract logsumexp computed with keepdim=True")
     lowest = min(float(torch.log_softmax(c[0].double(), _dim(c)).nan_to_num(neginf=0.0).min()) for c in cases)
     return (f"matches torch.log_softmax on {len(cases)} cases ({run.kind}): any axis, float16/32/64, finite for "
@@ -826,11 +655,10 @@ def _explain_temperature(out: torch.Tensor, case: tuple, passed: list, tried: st
 @check("softmax_temperature", expects="a function softmax_temperature(x, temperature) returning weights shaped like x")
 def check_softmax_temperature(fn: Learner) -> str:
     cases = _temperature_cases()
-    run = _judge_cases(fn, cases, call=lambda c: f"softmax_temperature(x, {c[1]:g})",
-                       oracle=lambda x, t: torch.softmax(x.double() / t, -1), table=TEMPERATURE,
-                       explain=_explain_temperature, dim=lambda c: c[0].ndim - 1, expected="weights shaped like x",
-                       what="your weights", signature="softmax_temperature(x, temperature)",
-                       shape_fix="the weights have the shape of x")
+    run = _judge_cases(fn, cases, signature="softmax_temperature(x, temperature)", what="your weights",
+                       oracle=lambda x, t: torch.softmax(x.double() / t, -1), expected="weights shaped like x",
+                       table=TEMPERATURE, explain=_explain_temperature, shape_fix="the weights have the shape of x",
+                       call=lambda c: f"softmax_temperature(x, {c[1]:g})", dim=lambda c: c[0].ndim - 1)
     temps = sorted({t for _, t in cases})
     return (f"matches torch.softmax(x / T) on {len(cases)} cases, T from {temps[0]:g} to {temps[-1]:g} "
             f"({run.kind}), stable at ±1000")

@@ -44,6 +44,7 @@ import copy
 import hashlib
 import importlib
 import json
+import pickle
 import re
 import sys
 import time
@@ -272,8 +273,9 @@ def mutants_of(exercise: str, source: str) -> Iterator[Mutant]:
     sites = _Sites(first, last, _defaults(tree, nbmeta.defined_name(source) or exercise))
     sites.visit(tree)
     seen: set[str] = set()
+    tree_bytes = pickle.dumps(tree)
     for op, index, where, make in sites.sites:
-        mutated_tree = _Apply(index, make).visit(copy.deepcopy(tree))
+        mutated_tree = _Apply(index, make).visit(pickle.loads(tree_bytes))  # a fresh copy; pickle is ~10× faster than deepcopy
         _fill_empty_bodies(mutated_tree)
         try:
             text = ast.unparse(ast.fix_missing_locations(mutated_tree))

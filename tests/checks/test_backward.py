@@ -809,3 +809,15 @@ def test_tiled_backward_names_more_causes(bug, phrases, rejects):
 @pytest.mark.slow
 def test_tiled_tile_bug_without_a_bug_is_right(accepts):
     accepts(check_tiled_attention_backward, tiled_tile_bug(""))
+
+
+@pytest.mark.slow
+def test_attention_backward_names_two_mistakes_at_once(rejects):
+    """dQ without its 1/√d_k and dV with one: two known mistakes, each reproducing the gradients it changes."""
+    def two_bugs(q, k, v, dout, mask=None):
+        dq, dk, _ = chain_rule(q, k, v, dout, mask, bug="no_scale_dq")
+        return dq, dk, chain_rule(q, k, v, dout, mask, bug="dv_scaled")[2]
+
+    result = rejects(check_attention_backward, two_bugs, "1/√d_k missing in dQ; and dV scaled by 1/√d_k",
+                     "2 mistakes at once")
+    assert "dq, dv are wrong" in result.diagnosis.got

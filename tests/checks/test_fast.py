@@ -520,6 +520,9 @@ CA_WRONG = {
     "weak fill −30": (C(fill=-30.0), "masked scores filled with a finite value"),
     "fill +inf": (C(fill=math.inf), "masked scores filled with +inf"),
     "key blocks to the end": (C(k_end=lambda s, b: 10 ** 9), "key blocks run to the end of the sequence"),
+    # no known mistake reproduces these: changing only the last key and value moves earlier rows
+    "mask key > query + 2": (C(hide=lambda r, c, qs, ks: c > r + 2), "queries see future keys"),
+    "masked scores filled with −1": (C(fill=-1.0), "queries see future keys"),
     "mask key >= query on every tile": (C(hide=lambda r, c, qs, ks: c >= r, masked=lambda qs, qe, ks, ke: True),
                                         "mask hides the query's own key"),
     "arange with its end below its start": (ca_tile_positions, "torch.arange(start, end) got an end below its start"),

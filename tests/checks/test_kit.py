@@ -213,3 +213,164 @@ def test_batch_entries_names_the_entries_that_are_wrong():
         batch_entries(some, expected, tried="f(x)", what="your weights", atol=1e-6, rtol=1e-6, along="-1")
     assert info.value.diagnosis.summary == "wrong for some batch entries"
     batch_entries(expected + 1, expected, tried="f(x)", what="w", atol=1e-6, rtol=1e-6, along="-1")  # all wrong: silent
+
+
+def test_judge_cases_names_a_known_mistake_measures_the_rest_and_passes_keyword_arguments_on():
+    from attn_course.checks import kit
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(2, 3, generator=g, dtype=torch.float64), torch.randn(4, generator=g, dtype=torch.float64)
+    cases = [kit.TensorCase("a (2, 3) x", (x,), 3 * x), kit.TensorCase("a (4,) x", (y,), 3 * y),
+             kit.TensorCase("scale=5", (y,), 5 * y, kwargs={"scale": 5.0}, tags=frozenset({"scaled"}))]
+    table = kit.known_rows(("squared", "squared, not scaled", "x * x", "multiply by scale", lambda x, s=3.0: x * x))
+
+    def judged(fn):
+        try:
+            kit.judge_cases(Learner(fn), cases, table, call="f(x)", arg_names=("x",), oracle="scale * x",
+                            tags={"scaled": ("a given scale", "a scale other than the default")})
+        except Failure as failure:
+            return failure.diagnosis
+        return None
+
+    def in_place(x, scale=3.0):
+        x *= scale
+        return x.clone()
+
+    assert judged(lambda x, scale=3.0: scale * x) is None
+    assert judged(lambda x, scale=3.0: x * x).summary == "squared, not scaled"  # the row, run in float64
+    assert judged(in_place).summary == "changed its input x in place"
+    assert judged(lambda x, scale=3.0: torch.ones_like(x)).summary == "the result does not depend on x"
+    assert judged(lambda x, scale=3.0: 3 * x).summary == "wrong with a given scale only"  # scale=5 was passed on
+    assert judged(lambda x, scale=3.0: (3 * x).numpy()).summary == "returned a NumPy array, not a tensor"
+    raised = judged(lambda x, scale=3.0: x @ torch.ones(7, dtype=x.dtype))
+    assert "raised" in raised.summary and raised.tried == "f(x) with a (2, 3) x"
+    with pytest.raises(Failure) as info:
+        kit.expect_signature(Learner(lambda x, scale: x), ["scale"], call="f(x, scale=5)", signature="f(x, scale=3.0)")
+    assert info.value.diagnosis.summary == "scale has no default value"
+
+
+def test_tensor_answer_names_a_numpy_array():
+    import numpy as np
+
+    from attn_course.checks import kit
+
+    t = torch.ones(2)
+    assert kit.tensor_answer(t, tried="f(x)") is t
+    with pytest.raises(Failure) as info:
+        kit.tensor_answer(np.ones((2, 3)), tried="f(x)")
+    d = info.value.diagnosis
+    assert d.summary == "returned a NumPy array, not a tensor" and "(2, 3)" in d.got and "torch.from_numpy" in d.fix
+    with pytest.raises(Failure) as info:
+        kit.tensor_answer([1.0, 2.0], tried="f(x)", what="forward")
+    assert info.value.diagnosis.summary == "forward returned a Python list"
+
+
+def test_call_explained_returns_the_answer_or_ends_the_check_with_the_exception_explained():
+    from attn_course.checks import kit
+
+    def learner(x):
+        raise _raised(lambda: torch.arange(3, 1))  # "upper bound and lower bound inconsistent with step sign"
+
+    assert kit.call_explained(lambda x: x + 1, 1, tried="f(1)", expected="2") == 2
+    pattern = ("RuntimeError", r"upper bound and lower bound", "start > end", "swap them")
+    with pytest.raises(Failure) as info:
+        kit.call_explained(learner, 1, tried="f(1)", expected="a tensor", patterns=[pattern])
+    d = info.value.diagnosis
+    assert (d.tried, d.expected, d.cause, d.fix) == ("f(1)", "a tensor", "start > end", "swap them")
+    assert d.got.startswith("RuntimeError: upper bound")
+    construct = ("arange with start > end", "count upwards", lambda: torch.arange(3, 1))
+    with pytest.raises(Failure) as info:  # a construct that raises the very same message comes first
+        kit.call_explained(learner, 1, tried="f(1)", expected="a tensor", constructs=[construct], patterns=[pattern])
+    assert info.value.diagnosis.cause == "arange with start > end"
+
+
+def _diagnosis(call):
+    with pytest.raises(Failure) as info:
+        call()
+    return info.value.diagnosis
+
+
+def test_agrees_and_the_hints_for_a_signature_a_reduction_and_code_that_works_on_another_number_of_axes():
+    import numpy as np
+
+    from attn_course.checks import kit
+
+    e = torch.tensor([0.25, 0.75], dtype=torch.float64)
+    assert kit.agrees(np.array([0.25, 0.75]), e, atol=1e-6, rtol=0) and not kit.agrees(e[None], e, atol=1, rtol=0)
+    assert not kit.agrees(None, e, atol=1, rtol=0) and not kit.agrees(e + 1e-3, e, atol=1e-6, rtol=0)
+    raised = lambda message, kind="RuntimeError", line=3: LearnerRaised(  # noqa: E731
+        {"type": kind, "message": message, "line": line}, "f(x)")
+    takes = raised("f() takes 1 positional argument but 2 were given", "TypeError", None)
+    assert kit.signature_hint(takes, "f(x, dim=-1)")["fix"] == "keep the signature f(x, dim=-1)"
+    assert kit.signature_hint(raised("f() takes 1 positional argument", "TypeError"), "f(x)") == {}  # in the body
+    size = raised("The size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 1")
+    assert "keepdim=True" in kit.reduction_hint(size, dim=True)["cause"]
+    axis = raised("Dimension out of range (expected to be in range of [-1, 0], but got 1)", "IndexError")
+    assert "`dim` argument" in kit.reduction_hint(axis, dim=True)["fix"]
+    assert "from the end" in kit.reduction_hint(axis, dim=False)["fix"] and kit.reduction_hint(takes, dim=True) == {}
+    others = [((3, 4), lambda: False), ((5,), lambda: True), ((2, 2), lambda: True)]
+    hint = kit.works_elsewhere((2, 3), others, fix="write it for any shape")
+    assert "works on input of shape (5,) but raises on (2, 3)" in hint["cause"] and hint["fix"] == "write it for any shape"
+    assert kit.works_elsewhere((2, 3), [((4,), lambda: kit.agrees(None, e, atol=1, rtol=0))], fix="") == {}
+
+
+def test_what_is_off_names_a_reduction_dropped_axes_half_precision_and_three_digits_else_returns():
+    from attn_course.checks import kit
+
+    x = torch.randn(3, 1, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    e = x.softmax(-1)
+    judge = lambda out, **kw: kit.what_is_off(out, e, tried="f(x)", what="your result", atol=1e-6, rtol=1e-5,  # noqa: E731
+                                              fix="keep x's shape", **kw)
+    d = _diagnosis(lambda: judge(e.sum(-1, keepdim=True), reduced=2))
+    assert (d.summary, d.fix) == ("one value per slice", "keep x's shape")
+    assert _diagnosis(lambda: judge(e.squeeze())).summary == "size-1 axes dropped"
+    assert judge(e[:2]) is None  # another wrong shape: the plain comparison says it
+    assert _diagnosis(lambda: judge(e.half().double())).summary == "float16 precision"
+    d = _diagnosis(lambda: judge(e + 3e-4 * torch.rand(e.shape, generator=torch.Generator().manual_seed(1))))
+    assert d.summary == "about 3 digits right"
+    assert judge(e * 2) is None  # a constant factor: the plain comparison says it better
+    seen = []
+    judge(torch.where(e > 0.3, float("nan"), e), explain=seen.append)  # NaN where the truth is finite: explained
+    assert len(seen) >= 1 and bool(seen[0].isnan().any())
+
+
+def test_explain_nonfinite_says_where_nan_comes_from():
+    from attn_course.checks import kit
+
+    assert kit.exp_limits(torch.float32)[0] == pytest.approx(88.72, abs=0.01)
+    assert kit.nan_or_inf(torch.tensor([float("nan"), float("inf"), 1.0])) == "NaN and inf"
+    xs = torch.tensor([[1000.0, 1001.0], [0.0, 1.0]], dtype=torch.float64)
+    rows = torch.tensor([[True, True], [False, False]])
+    explain = lambda xs, rows, **kw: kit.explain_nonfinite(rows, xs, torch.float32, tried="f(x)", got="NaN in 2",  # noqa: E731
+                                                           kinds="NaN", expected="finite", **kw)
+    d = _diagnosis(lambda: explain(xs, rows))
+    assert d.summary == "NaN from an overflow" and "x reaches 1001" in d.cause and "amax" in d.fix
+    assert _diagnosis(lambda: explain(-xs, rows)).summary == "NaN from an underflow"
+    spread = torch.tensor([[-80.0, 80.0]], dtype=torch.float64)
+    assert _diagnosis(lambda: explain(spread, torch.tensor([[True, True]]))).summary == \
+        "NaN in slices of widely spread scores"
+    masked = torch.tensor([[float("-inf"), 1.0]], dtype=torch.float64)
+    assert _diagnosis(lambda: explain(masked, torch.tensor([[True, True]]))).summary == "NaN where scores are -inf"
+    plain = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    assert _diagnosis(lambda: explain(plain, torch.tensor([[True, True]]))).summary == "NaN in the result"
+    assert explain(plain, torch.tensor([[True, True]]), last=False) is None
+
+
+def test_unpack_names_what_came_back_instead_of_the_tuple():
+    from attn_course.checks import kit
+
+    names = ("output", "weights")
+    unpack = lambda r: kit.unpack(r, names, tried="attention(Q, K, V)")  # noqa: E731
+    t = torch.ones(2, 3)
+    out, w = unpack((t, t * 2))
+    assert torch.equal(out, t) and torch.equal(w, 2 * t)
+    d = _diagnosis(lambda: unpack(t))
+    assert d.summary == "returned one tensor, not (output, weights)" and "(2, 3)" in d.got
+    assert "return output, weights" in d.fix
+    d = _diagnosis(lambda: unpack(None))
+    assert d.summary == "did not return (output, weights)" and d.got == "None" and "no `return`" in d.cause
+    assert _diagnosis(lambda: unpack((t, t, t))).got == "a tuple of 3 items"
+    d = _diagnosis(lambda: unpack((t.numpy(), t)))
+    assert d.summary == "returned NumPy arrays, not tensors" and "output: a NumPy array" in d.got
+    d = _diagnosis(lambda: unpack((t, [t[:1], t[1:]])))
+    assert d.summary == "weights returned as a list of 2 tensors" and "(1, 3), (1, 3)" in d.got
+    assert "second element" in _diagnosis(lambda: unpack((t, "text"))).summary

@@ -234,6 +234,9 @@ def test_decoder_key_only_answer_gets_no_note(accepts, rejects):
      & (torch.arange(ids.shape[1]) > 0)[:, None], ["whole query rows blocked", "(0, 0, 0)"]),
     # the padding part inverted alone (== where != belongs)
     (lambda ids, pad: causal(ids.shape[1]) & (ids == pad)[:, None, None, :], ["padding part inverted (== pad_id)"]),
+    # `and` between two masks asks a tensor for one truth value
+    (lambda ids, pad: causal(ids.shape[1]) and real(ids, pad)[:, None, None, :],
+     ["raised RuntimeError", "combine masks with & and |"]),
 ])
 def test_decoder_rejects(fn, phrases, rejects):
     rejects(check_decoder_mask, fn, *phrases)
@@ -476,6 +479,15 @@ def ms_float32_inside(scores, mask):
      .masked_fill(~m.any(-2, keepdim=True), 0.0), ["fully masked rows looked for over axis -2", "mask.any(dim=-2)"]),
     (lambda s, m: ~m.any(dim=-1, keepdim=True), ["returned a bool tensor, not weights", "fully masked rows"]),
     (lambda s, m: ms_solution(s.float(), m).to(s.dtype), ["computed in float32, not float64"]),
+    # no known mistake: the property that is off is named
+    (lambda s, m: ms_nan_to_num(s, m).masked_fill(ms_nan_to_num(s, m) > 0.3, float("nan")),
+     ["NaN in rows that have an allowed key"]),
+    (lambda s, m: ms_nan_to_num(s, m) * 0.9 + 0.1 / s.shape[-1] * ~torch.broadcast_to(m, s.shape),
+     ["weight on blocked keys"]),
+    (lambda s, m: torch.where(m.any(-1, keepdim=True), 0.99 * ms_nan_to_num(s, m), float("nan")),
+     ["rows do not sum to 1"]),
+    (lambda s, m: (lambda e: torch.where(e.sum(-1, keepdim=True) > 0, e / e.sum(-1, keepdim=True), 0.0))(
+        torch.exp(s) * m), ["softmax without subtracting the maximum", "e^score is inf"]),
 ])
 def test_masked_softmax_names_unforeseen_mistakes(fn, phrases, rejects):
     result = rejects(check_masked_softmax, fn, *phrases)

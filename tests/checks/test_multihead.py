@@ -454,7 +454,7 @@ def test_mha_accepts_alternatives(cls, accepts):
     (make_mha(mask_mode="finite"), ["uniform weights on a fully masked row"]),
     (make_mha(mask_mode="unsqueeze"), ["not broadcast against the scores"]),
     (make_mha(mask_mode="repeat"), ["mask matched to the wrong batch entries and heads"]),
-    (make_mha(returns="out"), ["forward returned one tensor, not (out, weights)"]),
+    (make_mha(returns="out"), ["returned one tensor, not (out, weights)"]),
     (make_mha(returns="averaged"), ["weights averaged over the heads"]),
     (make_mha(returns="swapped"), ["forward returned (weights, out), not (out, weights)"]),
     (make_mha(signature="x_only"), ["forward does not take (x_q, x_kv=None, mask=None)"]),
@@ -482,7 +482,7 @@ def test_mha_values_from_x_q_named_when_lengths_agree(rejects):
          for r, n in zip("qkvo", ("q_proj", "k_proj", "v_proj", "out_proj"))}
     x_q, x_kv = torch.randn(2, case["n"], case["d"]), torch.randn(2, case["m"], case["d"])
     got = module(x_q, x_kv)[0].detach().double()
-    wrong = C._multihead(P, x_q, x_kv, None, case["a"], case["h"], v_weights="v_from_x_q")[0]
+    wrong = C._multihead(P, x_q, x_kv, None, case["a"], case["h"], inputs=("x_q", "x_kv", "x_q"))[0]
     torch.testing.assert_close(got, wrong, atol=1e-5, rtol=1e-4)
 
 

@@ -912,7 +912,7 @@ def test_check_equivariance_test_explains_more(fn, phrases, rejects):
         q, k, v, W_q, W_k, w, mask)[1:] * 2, ["the output is the right weights"]),
     (check_rope_decode_step, lambda q_new, k_new, k_cache: (ref.rope_decode_step(q_new, k_new, k_cache)[0], [
         k_cache, ref.apply_rope(k_new, torch.arange(k_cache.shape[-2], k_cache.shape[-2] + k_new.shape[-2]))]),
-     ["the k_cache is a list of 2 tensors"]),
+     ["k_cache returned as a list of 2 tensors"]),
 ])
 def test_wrong_shapes_are_measured(check, fn, phrases, rejects):
     rejects(check, fn, *phrases)
