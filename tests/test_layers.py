@@ -4,7 +4,7 @@
   tooling — never imports ``attn_course.tools`` (a learner's kernel never loads the instructor's tools);
 * no two modules of the package import each other, directly or round a circle;
 * no module imports another module's private name (``from .x import _name``): what two modules share
-  has a public name, in the module that owns it (``attn_course/checks/kit.py`` for what several
+  has a public name, in the module that owns it (``attn_course/checks/kit/`` for what several
   topics' checks share).
 """
 

@@ -1,0 +1,46 @@
+"""The check kit: what every topic's checks are written with, beyond :mod:`..core` and :mod:`..compare`.
+
+A topic's checks module (``checks/<topic>.py``) imports only this kit (with :mod:`..core`, :mod:`..compare`,
+:mod:`..boundary`, :mod:`..result`) and the reference modules — never another topic's names: what two topics
+share lives here, under a public name, in the module that has its job:
+
+* :mod:`.mistakes` — ONE model of a known mistake, as data (:class:`Known`: key, summary, cause, fix, and how to
+  reproduce it on the check's case), and ONE engine that judges a check's cases against a table of them
+  (:class:`Suspects`); :func:`fits` (a mistake that explains every wrong case), :func:`known_rows` (a table from
+  rows), :func:`factors` (names for a constant factor);
+* :mod:`.raises` — ONE explanation of a learner's exception (:func:`explain_raise`: a construct of the topic that
+  raises the very same message, a pattern of the topic, the course-wide table), :func:`call_explained` (the
+  learner's call, its exception explained), and shared hints (:func:`bool_hint`, :func:`signature_hint`,
+  :func:`reduction_hint`);
+* :mod:`.answers` — what came back, as tensors: :func:`tensor_answer`, :func:`unpack` (a tuple), :func:`preview`;
+* :mod:`.measure` — what is off when no known mistake fits: :func:`what_is_off`, :func:`batch_entries`,
+  :func:`lower_precision`, :func:`explain_nonfinite`, :func:`works_elsewhere`;
+* :mod:`.calls` — the learner-side probes :func:`call` / :func:`call_with` (which inputs a call changed in place),
+  :func:`expect_unchanged`, :class:`TensorOrArray` (tensors or NumPy arrays), :func:`expect_signature`;
+* :mod:`.watch` — ONE watcher of the learner's torch calls (:class:`Watch` / :func:`watch`: ops, tensors, FLOPs);
+* :mod:`.cases` — a tensor function judged on its cases (:func:`judge_cases`, :class:`TensorCase`).
+
+Topics write ``from . import kit`` and ``kit.Known``, ``kit.unpack``…: every public name is here.
+"""
+
+from __future__ import annotations
+
+from .answers import preview, tensor_answer, unpack
+from .calls import CALL, CALL_WITH, TensorOrArray, arrays, call, call_with, expect_signature, expect_unchanged
+from .cases import TensorCase, judge_cases
+from .measure import (agrees, batch_entries, exp_limits, explain_nonfinite, lower_precision, nan_or_inf,
+                      what_is_off, works_elsewhere)
+from .mistakes import Case, Known, Suspects, factors, fits, known_rows
+from .raises import (BOOL_HINT, Construct, Pattern, bool_hint, call_explained, explain_raise, reduction_hint,
+                     reproduce, signature_hint)
+from .watch import Watch, einsum_flops, watch
+
+__all__ = ["Known", "Suspects", "Case", "fits", "known_rows", "factors",
+           "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
+           "signature_hint", "reduction_hint",
+           "tensor_answer", "unpack", "preview",
+           "what_is_off", "batch_entries", "lower_precision", "agrees", "works_elsewhere", "exp_limits", "nan_or_inf",
+           "explain_nonfinite",
+           "CALL", "call", "CALL_WITH", "call_with", "expect_unchanged", "TensorOrArray", "arrays", "expect_signature",
+           "Watch", "watch", "einsum_flops",
+           "TensorCase", "judge_cases"]
