@@ -12,8 +12,9 @@ import pytest
 
 from attn_course.tools import bench, cli
 
+# Small enough for a test: what is checked is the files and their columns, not the timings' quality.
 SMALL = ["--device", "cpu", "--n", "32", "64", "--head-dims", "16", "--tokens", "64", "--hidden", "32",
-         "--min-run-time", "0.005", "--no-progress"]
+         "--min-run-time", "0.005", "--max-run-time", "0.1", "--roofline-size", "256", "--no-progress"]
 
 
 def test_help_through_the_course_cli(capsys):
@@ -103,7 +104,8 @@ def test_a_wrong_result_makes_the_exit_code_1(tmp_path, monkeypatch):
 @pytest.mark.slow  # a fresh Python process imports torch and runs the quick benchmark
 def test_quick_runs_from_a_fresh_process_without_library_warnings(tmp_path):
     done = subprocess.run([sys.executable, "-W", "error::UserWarning", "-m", "attn_course", "bench", "--quick",
-                           "--device", "cpu", "--n", "64", "--min-run-time", "0.005", "--no-progress",
+                           "--device", "cpu", "--n", "64", "--min-run-time", "0.005", "--max-run-time", "0.1",
+                           "--roofline-size", "256", "--no-progress",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr and "warn" not in done.stdout.lower()
