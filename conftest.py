@@ -4,13 +4,19 @@ Every solution-notebook cell that nbval collects is marked ``slow`` (it belongs 
 run), so ``pytest -m "not slow"`` is the quick loop: package, checks and tools tests only. (Run in
 parallel with pytest-xdist's ``--dist loadfile``, as ``python3 course.py test`` does, a notebook's cells
 stay together, in order, on one worker; so a file of long tests holds one worker for its whole length:
-keep such files short, as tests/notebooks/ does by putting the unfilled notebooks' runs in two files.)
+keep such files short. In file order the longest files are handed out first — the browser's, then
+whole notebooks, then tools tests, then check tests, each group largest file first — so that short files
+fill the end of the run rather than one worker finishing a long file alone (2 cores: the last worker
+finished 50 s after the others when the browser tests came last). `course.py test` passes
+``--no-loadscope-reorder`` so that pytest-xdist keeps this order.)
 
 A notebook's cells run top to bottom whatever reorders the tests: under ``-p randomly`` (test files
 and tests in an order drawn from a seed) each notebook's cells are put back in their own order.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
@@ -30,3 +36,16 @@ def pytest_collection_modifyitems(config, items):
     in_order = [cell for group in notebooks.values() for cell in sorted(group, key=lambda c: getattr(c, "cell_num", 0))]
     for k, cell in zip(cells, in_order):
         items[k] = cell
+    if not config.pluginmanager.hasplugin("randomly"):  # a drawn order stays as drawn
+        tests_in = Counter(item.path for item in items)
+        items.sort(key=lambda item: (_tier(item), -tests_in[item.path]))  # stable: a file's tests keep their order
+
+
+def _tier(item) -> int:
+    """Files handed out first to last: browsers; whole notebooks; tools and reference tests (subprocesses,
+    figures); check tests (many short tests, the best filling for the end of a parallel run)."""
+    if item.get_closest_marker("browser"):
+        return 0
+    if item.path.suffix == ".ipynb" or item.path.parent.name == "notebooks":
+        return 1
+    return 3 if item.path.parent.name == "checks" else 2

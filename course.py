@@ -236,8 +236,9 @@ def test(python: Path, rest: list[str]) -> int:
         # One worker more than cores: part of the suite waits (kernels starting, a browser, a grader's
         # subprocesses) and a spare worker fills those waits (2 cores, whole suite: 356-394 s with 3 workers,
         # 376-428 s with 2).
-        # --dist loadfile: a notebook's cells stay on one worker, in order.
-        parallel = ["-n", str((os.cpu_count() or 1) + 1), "--dist", "loadfile"]
+        # --dist loadfile: a notebook's cells stay on one worker, in order. --no-loadscope-reorder: files are
+        # handed out in collection order, longest first (conftest.py), not by their number of tests.
+        parallel = ["-n", str((os.cpu_count() or 1) + 1), "--dist", "loadfile", "--no-loadscope-reorder"]
     return run(python, "-m", "pytest", *parallel, *rest, check=False, env=env_with_venv())
 
 

@@ -7,7 +7,8 @@ Starts JupyterLab on 127.0.0.1 with a token in a temporary folder, then:
 * then, in that kernel (the stub defined), types a syntax error into an exercise cell and runs *Run All*
   again: the check names the syntax error with its line and caret, never "not attempted" for the stub
   that is still defined (a check never grades a definition older than its cell's last run);
-* opens the same notebook with a wrong answer in one exercise and a syntax error in another: the wrong
+* opens the same notebook, cut to its set-up, exercise and check cells, with a wrong answer in one
+  exercise and a syntax error in another: the wrong
   answer's output shows the diagnosis (tried / got / expected / cause / to do) in a box with a red edge,
   and no frame of the course's code; the syntax error is named with its line; Run All still reaches the
   end (checks do not raise in a notebook);
@@ -36,6 +37,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+
+from attn_course.tools import nbmeta
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -240,6 +243,8 @@ def test_run_all_reaches_the_end_and_failures_read_like_a_tutor(lab):
     unfilled = nbformat.read(source, as_version=4)
     nbformat.write(unfilled, lab["work"] / "unfilled.ipynb")
     wrong = nbformat.read(source, as_version=4)
+    # Cut to what grading runs (set-up, exercise and check cells): the demonstrations ran in the first Run All.
+    wrong.cells = [c for c in wrong.cells if nbmeta.role(c) in (nbmeta.SETUP, nbmeta.EXERCISE, nbmeta.CHECK)]
     for cell in wrong.cells:
         if cell.cell_type == "code" and cell.source.startswith("def attention("):
             cell.source = cell.source.replace(

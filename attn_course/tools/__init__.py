@@ -11,3 +11,13 @@
 * :mod:`.solutions` — re-execute solution notebooks in place;
 * :mod:`.schedule` — learner minutes per notebook and workshop schedules.
 """
+
+import sys
+
+# nbformat imports jsonschema, and jsonschema imports rfc3987_syntax whenever it is installed (Jupyter's own
+# packages install it: jupyter-events needs jsonschema[format-nongpl]). That module builds its IRI parsers
+# when imported — 1.2-1.5 s of every grading or course command on a 2-core machine — for a format check
+# nbformat never makes (it validates without a format checker). Blocked here, in the course's tool processes
+# only: the import then fails, and jsonschema goes on without its "iri" formats (python-jsonschema/jsonschema
+# issue 1428). Never done where rfc3987_syntax is already imported.
+sys.modules.setdefault("rfc3987_syntax", None)

@@ -1,7 +1,8 @@
 """Both sides of every notebook: the exercise copies are generated from the solutions and up to date,
 and an unfilled exercise notebook runs top to bottom as front-ends that ignore the ``raises-exception``
 tag run it (VS Code, Colab) — with no error in any cell — while every check reports "not attempted"
-(read from the result data, never from text). A check never grades a definition older than its exercise
+(read from the result data, never from text). Of an unfilled notebook, the run needs only the cells that
+can run differently from the solution (:mod:`tests.notebooks.differ`); nbval runs all the others. A check never grades a definition older than its exercise
 cell's last run, and under ``pytest --nbval-lax`` a wrong answer still fails (the course's plugin).
 
 (That every solution passes its checks and reproduces its stored outputs is proven by nbval, which runs
@@ -24,6 +25,7 @@ from attn_course.checks.result import MIME, Status, result_from_output
 from attn_course.tools import nbmeta
 from attn_course.tools.exercises import BEGIN, END, generate, make_exercise
 from attn_course.tools.runner import execute
+from tests.notebooks.differ import cells_that_can_differ
 from tests.tools._grading import ATTENTION, BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,16 +82,17 @@ def without_raises_tags(nb):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("solution", WITH_EXERCISES[0::2], ids=lambda p: p.stem)
+@pytest.mark.parametrize("solution", WITH_EXERCISES, ids=lambda p: p.stem)
 def test_unfilled_notebook_runs_to_the_end_and_reports_not_attempted(solution, tmp_path):
-    """Half of the notebooks; test_unfilled_more.py runs the other half (a file runs on one worker)."""
-    check_unfilled_notebook(solution, tmp_path)
-
-
-def check_unfilled_notebook(solution, tmp_path):
-    # Generated afresh: a learner's edits to notebooks/ never decide this test. Every `raises-exception`
-    # tag removed and errors not allowed: Run All must reach the last cell where no front-end honours tags.
-    exercise = without_raises_tags(make_exercise(read(solution), f"solutions/{solution.name}"))
+    # Generated afresh: a learner's edits to notebooks/ never decide this test. Run: the cells whose run can
+    # differ from the solution's (tests/notebooks/differ.py; nbval runs every other cell, in the solution,
+    # with no error allowed). Every `raises-exception` tag removed and errors not allowed: Run All must reach
+    # the last cell where no front-end honours tags.
+    solved = read(solution)
+    exercise = make_exercise(solved, f"solutions/{solution.name}")
+    kept = cells_that_can_differ(solved, exercise)
+    exercise.cells = [c for i, c in enumerate(exercise.cells) if i in kept or c.cell_type != "code"]
+    exercise = without_raises_tags(exercise)
     assert not any(nbmeta.RAISES in c.get("metadata", {}).get("tags", []) for c in exercise.cells)
     run = execute(exercise, cwd=tmp_path, cell_timeout=120, allow_errors=False, env=FRONT_END)
     assert run.problem is None, f"Run All stopped early: {run.problem}"

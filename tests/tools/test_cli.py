@@ -55,3 +55,18 @@ def test_a_python_without_the_courses_libraries_gets_told_which_python_to_use(in
     assert "python3 course.py grade" in out.stderr and ".venv/bin/python -m attn_course grade" in out.stderr
     assert "use JupyterLab's terminal" not in out.stderr and "(`python3 course.py lab`)" not in out.stderr
     assert ("pyenv or conda" in out.stderr) == in_jupyter_terminal
+
+
+@pytest.mark.slow  # a fresh Python process
+def test_tool_processes_read_notebooks_without_building_jsonschemas_iri_parsers():
+    """attn_course/tools/__init__.py keeps rfc3987_syntax out (1.2-1.5 s per process); notebooks are still
+    read and validated by nbformat as before."""
+    code = ("import sys; import attn_course.tools, nbformat; "
+            "nb = nbformat.read('solutions/05_attention.ipynb', as_version=4); nbformat.validate(nb); "
+            "bad = nbformat.v4.new_notebook(); bad.cells = [{'cell_type': 'nonsense'}]; "
+            "print(sys.modules.get('rfc3987_syntax', 'absent'), nbformat.validator.isvalid(bad))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(cli.__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    blocked, bad_is_valid = done.stdout.split()
+    assert blocked == "None" and bad_is_valid == "False", done.stdout
