@@ -31,7 +31,13 @@ class Names:
         self.checks = False  # imports from attn_course.checks (a check reads the learner's namespace)
         python = TransformerManager().transform_cell(source)
         self.magic = python != source and "get_ipython()" in python  # %magic or !shell: names hide in strings
-        self._visit(ast.parse(python), top=True)
+        try:
+            tree = ast.parse(python)
+        except SyntaxError:  # a cell that shows a syntax error: nothing known of it, so it is kept
+            self.unknown = True
+            return
+        self.unknown = False
+        self._visit(tree, top=True)
 
     def _visit(self, node, top: bool) -> None:
         if isinstance(node, ast.Name):
@@ -70,10 +76,11 @@ def _root(node):
 def cells_that_can_differ(solution: nbformat.NotebookNode, exercise: nbformat.NotebookNode) -> list[int]:
     """Indices of the exercise notebook's code cells whose run can differ from the solution's.
 
-    Kept: set-up, exercise and check cells; any cell tagged ``raises-exception``, using a magic, reaching
-    names indirectly (``globals()``, ``eval`` …) or importing from ``attn_course.checks``; any cell that reads
-    a name an exercise cell binds (in either version) or that such a cell binds or mutates (modules aside),
-    and so on down the notebook; then every earlier cell binding a name a kept cell reads, and so on up.
+    Kept: set-up, exercise and check cells; any cell tagged ``raises-exception``, that does not parse, uses
+    a magic, reaches names indirectly (``globals()``, ``eval`` …) or imports from ``attn_course.checks``;
+    any cell that reads a name an exercise cell binds (in either version) or that such a cell binds or
+    mutates (modules aside), and so on down the notebook; then every earlier cell binding a name a kept
+    cell reads, and so on up.
     """
     assert len(solution.cells) == len(exercise.cells), "the exercise is made cell for cell from its solution"
     code = [i for i, c in enumerate(exercise.cells) if c.cell_type == "code" and c.source.strip()]
@@ -85,7 +92,7 @@ def cells_that_can_differ(solution: nbformat.NotebookNode, exercise: nbformat.No
         if nbmeta.role(cell) == nbmeta.EXERCISE:
             tainted |= here.binds | Names(solution.cells[i].source).binds
             kept.add(i)
-        elif (nbmeta.role(cell) in (nbmeta.SETUP, nbmeta.CHECK) or here.magic or here.checks
+        elif (nbmeta.role(cell) in (nbmeta.SETUP, nbmeta.CHECK) or here.magic or here.unknown or here.checks
               or nbmeta.RAISES in cell.get("metadata", {}).get("tags", []) or here.reads & (tainted | INDIRECT)):
             kept.add(i)
             if here.reads & tainted:

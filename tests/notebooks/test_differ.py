@@ -30,6 +30,7 @@ CELLS = [  # (source, tags, kept?)
     ("from attn_course.checks import dot", [], True),  # a check reads the learner's namespace
     ("def g(t):\n    return f(t)", [], True),  # reads the answer when called
     ("print(w + 1)", [], False),
+    ("def broken(:\n    pass", [], True),  # does not parse: nothing is known of it
 ]
 
 
