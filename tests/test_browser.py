@@ -4,9 +4,10 @@ Starts JupyterLab on 127.0.0.1 with a token in a temporary folder, then:
 
 * opens an unfilled exercise notebook and runs *Run All*: every cell runs to the last one, and each
   check shows its "not attempted" verdict without stopping the notebook;
-* then, in that kernel (the stub defined), types a syntax error into an exercise cell and runs *Run All*
-  again: the check names the syntax error with its line and caret, never "not attempted" for the stub
-  that is still defined (a check never grades a definition older than its cell's last run);
+* then, in that kernel (the stub defined), types a syntax error into an exercise cell and runs it and
+  its check cell (Shift+Enter on each): the check names the syntax error with its line and caret, never
+  "not attempted" for the stub that is still defined (a check never grades a definition older than its
+  cell's last run);
 * opens the same notebook, cut to its set-up, exercise and check cells, with a wrong answer in one
   exercise and a syntax error in another: the wrong
   answer's output shows the diagnosis (tried / got / expected / cause / to do) in a box with a red edge,
@@ -216,21 +217,6 @@ def _wait_until_every_cell_ran(page, seconds: float = 240) -> list[str]:
     return prompts
 
 
-def _run_all_again(page, seconds: float = 240) -> list[str]:
-    """Run All in the open notebook once more; wait until every cell ran again (new execution counts)."""
-    before = _prompts(page)
-    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
-    deadline = time.time() + seconds
-    prompts = before
-    while time.time() < deadline:
-        prompts = _prompts(page)
-        if prompts and prompts[-1] != before[-1] and all(p.strip("[]: ").isdigit() for p in prompts):
-            break
-        page.wait_for_timeout(500)
-    return prompts
-
-
 def _cell_output(page, cell_text: str):
     """The output area of the code cell whose source contains ``cell_text``."""
     cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea", has_text=cell_text)).first
@@ -285,9 +271,18 @@ def test_run_all_reaches_the_end_and_failures_read_like_a_tutor(lab):
         page.keyboard.insert_text(stub_source.replace(
             "    # YOUR CODE HERE\n    raise NotImplementedError()",
             "    scores = (Q @ K.transpose(-2, -1)\n    return scores @ V"))
-        prompts = _run_all_again(page)
-        assert all(p.strip("[]: ").isdigit() for p in prompts), f"Run All stopped: {prompts}"
+        # As a learner does after an edit: Shift+Enter on the exercise cell, then on its check cell.
+        page.keyboard.press("Shift+Enter")
         stale = _cell_output(page, "check_attention()")
+        before = stale.locator(".jp-InputPrompt").inner_text()
+        stale.locator(".cm-content").first.click()
+        page.keyboard.press("Shift+Enter")
+        deadline = time.time() + 120
+        while time.time() < deadline and not (
+                stale.locator(".jp-InputPrompt").inner_text() != before
+                and stale.locator(".jp-InputPrompt").inner_text().strip("[]: ").isdigit()):
+            page.wait_for_timeout(250)
+        assert stale.locator(".jp-InputPrompt").inner_text() != before, "the check cell did not run again"
         stale.screenshot(path=str(ARTIFACTS / "stale-definition-syntax-error-check.png"))
         text = stale.locator(".jp-OutputArea").inner_text()
         line = 1 + stub_source.split("\n").index("    # YOUR CODE HERE")
