@@ -39,7 +39,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attn_course.tools import nbmeta
+from tests.tools._grading import graded_cells_only
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -229,8 +229,7 @@ def test_run_all_reaches_the_end_and_failures_read_like_a_tutor(lab):
     unfilled = nbformat.read(source, as_version=4)
     nbformat.write(unfilled, lab["work"] / "unfilled.ipynb")
     wrong = nbformat.read(source, as_version=4)
-    # Cut to what grading runs (set-up, exercise and check cells): the demonstrations ran in the first Run All.
-    wrong.cells = [c for c in wrong.cells if nbmeta.role(c) in (nbmeta.SETUP, nbmeta.EXERCISE, nbmeta.CHECK)]
+    graded_cells_only(wrong)  # the demonstrations ran in the first Run All
     for cell in wrong.cells:
         if cell.cell_type == "code" and cell.source.startswith("def attention("):
             cell.source = cell.source.replace(
@@ -274,15 +273,15 @@ def test_run_all_reaches_the_end_and_failures_read_like_a_tutor(lab):
         # As a learner does after an edit: Shift+Enter on the exercise cell, then on its check cell.
         page.keyboard.press("Shift+Enter")
         stale = _cell_output(page, "check_attention()")
-        before = stale.locator(".jp-InputPrompt").inner_text()
+        prompt = stale.locator(".jp-InputPrompt")
+        before = prompt.inner_text()
         stale.locator(".cm-content").first.click()
         page.keyboard.press("Shift+Enter")
         deadline = time.time() + 120
-        while time.time() < deadline and not (
-                stale.locator(".jp-InputPrompt").inner_text() != before
-                and stale.locator(".jp-InputPrompt").inner_text().strip("[]: ").isdigit()):
-            page.wait_for_timeout(250)
-        assert stale.locator(".jp-InputPrompt").inner_text() != before, "the check cell did not run again"
+        while time.time() < deadline and (prompt.inner_text() == before
+                                          or not prompt.inner_text().strip("[]: ").isdigit()):
+            page.wait_for_timeout(250)  # "[*]" while it runs, then its new count
+        assert prompt.inner_text() != before, "the check cell did not run again"
         stale.screenshot(path=str(ARTIFACTS / "stale-definition-syntax-error-check.png"))
         text = stale.locator(".jp-OutputArea").inner_text()
         line = 1 + stub_source.split("\n").index("    # YOUR CODE HERE")

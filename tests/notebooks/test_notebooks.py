@@ -2,8 +2,9 @@
 and an unfilled exercise notebook runs top to bottom as front-ends that ignore the ``raises-exception``
 tag run it (VS Code, Colab) — with no error in any cell — while every check reports "not attempted"
 (read from the result data, never from text). Of an unfilled notebook, the run needs only the cells that
-can run differently from the solution (:mod:`tests.notebooks.differ`); nbval runs all the others. A check never grades a definition older than its exercise
-cell's last run, and under ``pytest --nbval-lax`` a wrong answer still fails (the course's plugin).
+can run differently from the solution (:mod:`tests.notebooks.differ`); nbval runs all the others. A check
+never grades a definition older than its exercise cell's last run, and under ``pytest --nbval-lax`` a
+wrong answer still fails (the course's plugin).
 
 (That every solution passes its checks and reproduces its stored outputs is proven by nbval, which runs
 solutions/ in strict mode as part of the same test command.)
@@ -26,7 +27,7 @@ from attn_course.tools import nbmeta
 from attn_course.tools.exercises import BEGIN, END, generate, make_exercise
 from attn_course.tools.runner import execute
 from tests.notebooks.differ import cells_that_can_differ
-from tests.tools._grading import ATTENTION, BYTES
+from tests.tools._grading import ATTENTION, BYTES, graded_cells_only
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -118,8 +119,7 @@ def test_unfilled_notebook_runs_to_the_end_and_reports_not_attempted(solution, t
 def _answered(source: str, answers: dict[str, str]) -> nbformat.NotebookNode:
     """The exercise notebook with these answers, cut to what grading runs: its set-up, exercise and check
     cells, in order (the demonstrations between them are other tests' business, and cost a minute)."""
-    nb = without_raises_tags(make_exercise(read(source), f"solutions/{source.name}"))
-    nb.cells = [c for c in nb.cells if nbmeta.role(c) in (nbmeta.SETUP, nbmeta.EXERCISE, nbmeta.CHECK)]
+    nb = graded_cells_only(without_raises_tags(make_exercise(read(source), f"solutions/{source.name}")))
     for ex in nbmeta.exercises(nb):
         if ex.id in answers:
             nb.cells[ex.cell].source = answers[ex.id]

@@ -127,6 +127,12 @@ def learner_notebook(slug: str = NOTEBOOK_05, answers: dict[str, str] | None = N
     return nb
 
 
+def graded_cells_only(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``nb`` cut, in place, to what grading runs: its set-up, exercise and check cells, in order."""
+    nb.cells = [c for c in nb.cells if nbmeta.role(c) in (nbmeta.SETUP, nbmeta.EXERCISE, nbmeta.CHECK)]
+    return nb
+
+
 def write(nb: nbformat.NotebookNode, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
