@@ -7,7 +7,8 @@ Conventions that follow from it:
 
 * the check of exercise ``x`` is ``check_x`` in the notebook's checks module;
 * reference module ``attn_course/<m>.py`` is tested by ``tests/test_<m>.py``, checks module
-  ``attn_course/checks/<m>.py`` by ``tests/checks/test_<m>.py``.
+  ``attn_course.checks.<m>`` (``checks/<m>.py``, or the package ``checks/<m>/``) by
+  ``tests/checks/test_<m>.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from attn_course import backward as ref
 from attn_course import fast, plots
-from attn_course.checks.backward import _watch_probe
+from attn_course.checks.backward.probes import _watch_probe
 from attn_course.softmax import masked_softmax
 
 

@@ -5,7 +5,11 @@
 * no two modules of the package import each other, directly or round a circle;
 * no module imports another module's private name (``from .x import _name``): what two modules share
   has a public name, in the module that owns it (``attn_course/checks/kit/`` for what several
-  topics' checks share).
+  topics' checks share);
+* a topic's checks (``attn_course.checks.<topic>``, a module or a package) import only the check kit and
+  the layers under it, their own package, and the course's reference code — never another topic's checks;
+* no file of a topic's checks is over :data:`TOPIC_FILE_LINES` lines: a topic that needs more is a
+  package with one module per exercise or per job.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import functools
 from pathlib import Path
 
 import pytest
+
+from attn_course import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "attn_course"
@@ -59,6 +65,24 @@ def imports(module: str) -> list[tuple[str, str | None, int]]:
                 elif owner := _owner(source):
                     found.append((owner, alias.name, node.lineno))
     return found
+
+
+#: What every topic's checks are written with: the kit and the layers it stands on.
+CHECK_LAYERS = ("attn_course.checks.kit", "attn_course.checks.core", "attn_course.checks.compare",
+                "attn_course.checks.boundary", "attn_course.checks.result", "attn_course.checks.cells")
+TOPICS = [nb.checks for nb in registry.NOTEBOOKS if nb.checks]
+#: A topic's checks read top to bottom as a specification: past this many lines a file is split.
+TOPIC_FILE_LINES = 600
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _topic_may_import(topic: str, target: str) -> bool:
+    """Whether the checks of ``topic`` may import ``target``: the kit's layers, their own package, reference code."""
+    reference = not _within(target, "attn_course.checks") and not _within(target, "attn_course.tools")
+    return reference or _within(target, topic) or any(_within(target, layer) for layer in CHECK_LAYERS)
 
 
 def _where(module: str, line: int) -> str:
@@ -107,3 +131,32 @@ def test_the_layer_reader_sees_imports_of_every_kind():
     found = {(t, n) for t, n, _ in imports("attn_course.tools.grading.learner")}
     assert ("attn_course.checks.boundary", "RECORD_ENV") in found  # inside a function, three levels up
     assert ("attn_course", None) in {(t, n) for t, n, _ in imports("attn_course.tools.grading.learner")}  # import attn_course
+
+
+def test_a_topics_checks_import_only_the_kit_their_own_package_and_reference_code():
+    assert TOPICS and all(t in MODULES for t in TOPICS), "a registered checks module is not in attn_course/"
+    strays = []
+    for topic in TOPICS:
+        for module in [m for m in MODULES if _within(m, topic)]:
+            strays += [f"{_where(module, line)} imports {target}" for target, _, line in imports(module)
+                       if not _topic_may_import(topic, target)]
+    assert not strays, ("a topic's checks import another topic's checks (move what they share into "
+                        "attn_course/checks/kit/ or a reference module):\n" + "\n".join(strays))
+
+
+@pytest.mark.parametrize("target, allowed", [
+    ("attn_course.checks.kit.mistakes", True), ("attn_course.checks.core", True), ("attn_course.softmax", True),
+    ("attn_course.checks.masks.answers", True), ("attn_course.checks.masks", True), ("attn_course", True),
+    ("attn_course.checks.inference.oracle", False), ("attn_course.checks.masksx", False),
+    ("attn_course.tools.tables", False), ("attn_course.checks", False)])
+def test_the_topic_rule_tells_the_kit_and_reference_code_from_another_topics_checks(target, allowed):
+    assert _topic_may_import("attn_course.checks.masks", target) is allowed
+
+
+def test_no_file_of_a_topics_checks_is_over_the_size_a_reader_takes_in():
+    sizes = {MODULES[m]: len(MODULES[m].read_text(encoding="utf-8").splitlines())
+             for topic in TOPICS for m in MODULES if _within(m, topic)}
+    assert len(sizes) >= len(TOPICS)
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path, n in sizes.items() if n > TOPIC_FILE_LINES]
+    assert not long, (f"over {TOPIC_FILE_LINES} lines (split the topic into a package: one module per exercise, "
+                      "what its checks share in modules named for their job):\n" + "\n".join(long))

@@ -1,4 +1,5 @@
-"""One check per exercise, one module per notebook (``attn_course.checks.<topic>``).
+"""One check per exercise, one module per notebook (``attn_course.checks.<topic>``: a module, or a package of
+modules of at most 600 lines once its checks outgrow one file).
 
 The parts every check shares:
 

@@ -634,9 +634,9 @@ def test_check_attention_bad_types_and_shapes(rejects):
 
 def test_every_mask_shape_and_size_one_axis_is_tried():
     """The check's own inputs cover what its docstring promises: masks of several shapes, n_q ≠ n_k, size-1 axes."""
-    from attn_course.checks.attention import _cases
+    from attn_course.checks.attention.cases import attention_cases
 
-    cases = _cases()
+    cases = attention_cases()
     mask_shapes = {tuple(c.mask.shape) for c in cases if c.mask is not None}
     assert len({len(s) for s in mask_shapes}) >= 3 and any(len(s) == 1 for s in mask_shapes)
     assert any(c.Q.shape[-2] != c.K.shape[-2] for c in cases)

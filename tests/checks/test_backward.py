@@ -716,7 +716,7 @@ def test_tiled_backward_rejects_shortcuts_and_bad_calls(rejects, unfinished):
 
 
 def test_tiled_structure_probe_reports_plain_numbers():
-    from attn_course.checks.backward import _watch_probe
+    from attn_course.checks.backward.probes import _watch_probe
 
     g = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(1, 256, 8, generator=g) for _ in range(4))

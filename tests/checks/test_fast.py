@@ -615,7 +615,7 @@ def test_the_cases_tell_every_known_mistake_apart(exercise, mistakes, cases):
     """Each mistake is wrong on some case, and two mistakes with different names differ on some case (so
     "explains every case" never has to choose between them)."""
     cases = cases()
-    mistakes = cf._remembered(exercise, cases, mistakes)  # the outputs the checks use (computed once)
+    mistakes = cf.judge._remembered(exercise, cases, mistakes)  # the outputs the checks use (computed once)
 
     def output(m, c):
         try:

@@ -500,7 +500,7 @@ def test_masked_softmax_not_attempted(rejects, unfinished):
 
 
 def test_masked_softmax_cases_hold_fully_masked_rows_of_every_kind():
-    from attn_course.checks.masks import _softmax_cases
+    from attn_course.checks.masks.masked_softmax import _softmax_cases
 
     cases = _softmax_cases()
     empty_rows = [~torch.broadcast_to(c.mask, c.scores.shape).any(-1) for c in cases]

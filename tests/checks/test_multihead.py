@@ -468,7 +468,7 @@ def test_mha_names_each_pitfall(cls, phrases, rejects):
 def test_mha_values_from_x_q_named_when_lengths_agree(rejects):
     """With n_k = n_q the mistake runs and gives wrong values: named by its output (the check meets this case
     before the one with n_k ≠ n_q, where the same code raises)."""
-    from attn_course.checks import multihead as C
+    from attn_course.checks.multihead import module as C, module_mistakes as M
 
     cls = make_mha(kv="values_from_q")
     cases = C._cases()
@@ -482,7 +482,7 @@ def test_mha_values_from_x_q_named_when_lengths_agree(rejects):
          for r, n in zip("qkvo", ("q_proj", "k_proj", "v_proj", "out_proj"))}
     x_q, x_kv = torch.randn(2, case["n"], case["d"]), torch.randn(2, case["m"], case["d"])
     got = module(x_q, x_kv)[0].detach().double()
-    wrong = C._multihead(P, x_q, x_kv, None, case["a"], case["h"], inputs=("x_q", "x_kv", "x_q"))[0]
+    wrong = M.multihead(P, x_q, x_kv, None, case["a"], case["h"], inputs=("x_q", "x_kv", "x_q"))[0]
     torch.testing.assert_close(got, wrong, atol=1e-5, rtol=1e-4)
 
 
@@ -527,7 +527,7 @@ def test_mha_bad_classes(rejects, unfinished):
 
 def test_mha_oracle_model_equals_torch():
     """The float64 model of the check (used where nn.MultiheadAttention cannot be) equals it where it can."""
-    from attn_course.checks import multihead as C
+    from attn_course.checks.multihead import module_mistakes as C
 
     g = torch.Generator().manual_seed(0)
     P = {r: (torch.randn(12, 12, generator=g, dtype=torch.float64) / 3, torch.randn(12, generator=g, dtype=torch.float64))
@@ -536,7 +536,7 @@ def test_mha_oracle_model_equals_torch():
     mask = torch.rand(2, 3, 4, 6, generator=g) < 0.6
     mask[..., 0] = True
     for kv, m in ((None, None), (x_kv, None), (x_kv, mask), (None, torch.ones(4, 4, dtype=torch.bool).tril())):
-        ours = C._multihead(P, x_q, kv, m, 3, 4)
+        ours = C.multihead(P, x_q, kv, m, 3, 4)
         theirs = C._oracle(P, x_q, kv, m, 3, 4, 12)
         assert theirs[2]  # computed by nn.MultiheadAttention
         torch.testing.assert_close(ours[0], theirs[0])
@@ -703,7 +703,7 @@ def test_mha_accepts_red_team_alternatives(source, changes, accepts):
 def test_first_case_separates_the_scale_mistakes():
     """On the first case the classic scales give different numbers: 1/√d_head, 1/d_head, 1/(2√d_head), 1/√d_model,
     1/√A and 1 are all distinct (with d_head = 4, 2·√d_head = d_head would make two mistakes one)."""
-    from attn_course.checks import multihead as C
+    from attn_course.checks.multihead import module as C
 
     first = C._cases()[0]
     d, a, h = first["d"], first["a"], first["h"]

@@ -518,7 +518,7 @@ def test_scaled_scores_names_each_mistake(fn, phrases, named, rejects):
 
 def test_scaled_scores_cases_tell_the_sizes_apart():
     # every d_k but 1 is not a perfect square, and in each case the axis sizes differ where it matters
-    from attn_course.checks.scaling import _scaled_cases
+    from attn_course.checks.scaling.scaled_scores import _scaled_cases
 
     for case in _scaled_cases():
         Q, K = case.args

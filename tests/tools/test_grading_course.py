@@ -67,7 +67,7 @@ def test_a_check_that_cannot_be_replayed_is_named(tmp_path):
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
         if "check_score_matrix_bytes()" in cell.source:
-            cell.source = "from attn_course.checks.attention import fail as check_score_matrix_bytes\ncheck_score_matrix_bytes()"
+            cell.source = "from attn_course.checks.core import fail as check_score_matrix_bytes\ncheck_score_matrix_bytes()"
     nbformat.write(nb, path)
     fresh = Course(tmp_path / "solutions")
     assert "not a check that can be replayed" in fresh.notebooks[NOTEBOOK_05].exercises["score_matrix_bytes"].problem

@@ -1,7 +1,8 @@
 """The check kit: what every topic's checks are written with, beyond :mod:`..core` and :mod:`..compare`.
 
-A topic's checks module (``checks/<topic>.py``) imports only this kit (with :mod:`..core`, :mod:`..compare`,
-:mod:`..boundary`, :mod:`..result`) and the reference modules — never another topic's names: what two topics
+A topic's checks (``checks/<topic>.py``, or the package ``checks/<topic>/``) import only this kit (with
+:mod:`..core`, :mod:`..compare`, :mod:`..boundary`, :mod:`..result`), their own package and the reference
+modules — never another topic's checks (``tests/test_layers.py``): what two topics
 share lives here, under a public name, in the module that has its job:
 
 * :mod:`.mistakes` — ONE model of a known mistake, as data (:class:`Known`: key, summary, cause, fix, and how to

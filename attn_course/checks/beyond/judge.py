@@ -1,0 +1,114 @@
+"""What notebook 13's checks share: their cases drawn (q, k, v), the verdict at the input dtype's tolerance,
+what a measurement of a wrong answer shows (which rows or blocks are right), and the probe :func:`work` with
+the test built on it (no (n, n) matrix)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..boundary import probe
+from ..compare import Failure, fail, same
+from ..core import Learner
+from ..kit import Known, Suspects, watch
+
+Tensor = torch.Tensor
+
+
+def table(variant: Callable[..., Tensor], rows: list[tuple[str, str, str, str]]) -> list[Known]:
+    """Known mistakes (key, summary, cause, fix) whose output is ``variant(*case, key)``."""
+    return [Known(key, s, c, f, lambda *case, key=key: variant(*case, key)) for key, s, c, f in rows]
+
+
+def qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int, *, scale: float = 1.0,
+        dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*lead, n, d, generator=g, dtype=torch.float64)
+               for n, d in ((n_q, d_k), (n_k, d_k), (n_k, d_v)))
+    return (scale * q).to(dtype), (scale * k).to(dtype), v.to(dtype)
+
+
+def dtype(label: str) -> torch.dtype:
+    return torch.float32 if "float32" in label else torch.float64
+
+
+def tol(dtype: torch.dtype) -> dict[str, float]:
+    return dict(atol=1e-10, rtol=1e-9) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-3)
+
+
+def expect_close(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str,
+                 measured: Callable[[Failure], None] | None = None, **compare: Any) -> None:
+    """The engine's verdict at the tolerance of the input's dtype (``case[0]``); a float64 answer right only to
+    float32's precision is named; then ``measured`` may name what a measurement of the answer shows. Last, the
+    result must have the input's dtype."""
+    dtype = case[0].dtype
+    try:
+        suspects.expect(out, expected, case, tried=tried, **tol(dtype), **compare)
+    except Failure as failure:
+        d = failure.diagnosis
+        if not d.cause and dtype == torch.float64 and same(out, expected, **tol(torch.float32)):
+            fail("computed in float32, not the input's float64", tried=tried, got=d.got,
+                 expected="the values to float64's precision (the inputs are float64)",
+                 cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "
+                       "and torch.empty make float32 by default), or a conversion, made part of the work float32",
+                 fix=_DTYPE_FIX)
+        if measured is not None and not d.cause:
+            measured(failure)
+        raise
+    if out.dtype != dtype:
+        got, want = (str(t).replace("torch.", "") for t in (out.dtype, dtype))
+        fail(f"result in {got}, not the input's {want}", tried=tried, got=f"a {got} tensor",
+             expected=f"a {want} tensor, like the input",
+             cause="a tensor you created without dtype= (torch.zeros and torch.empty make float32 by default), or a "
+                   "conversion", fix=_DTYPE_FIX)
+
+
+_DTYPE_FIX = "create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)"
+
+
+def rows_right(out: Tensor, expected: Tensor) -> Tensor:
+    """(..., n) whether each output row is right (float32's tolerance; NaN where NaN is expected counts as right)."""
+    return torch.isclose(out.double(), expected, atol=2e-5, rtol=2e-3, equal_nan=True).all(-1)
+
+
+def blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
+    """For each block of ``size`` rows (the last may be shorter): are all its rows right in every batch entry?
+    None if the shapes differ."""
+    if tuple(out.shape) != tuple(expected.shape):
+        return None
+    right = rows_right(out, expected).reshape(-1, out.shape[-2]).all(0)  # (n,)
+    return [bool(right[s:s + size].all()) for s in range(0, right.shape[0], size)]
+
+
+def refail(failure: Failure, summary: str, cause: str, fix: str) -> None:
+    """Fail again with what the first failure showed, now with a measured cause."""
+    d = failure.diagnosis
+    fail(summary, tried=d.tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
+
+
+# ============================================================================ the probe: what the code builds
+@probe("beyond.work")
+def work(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """Learner-side: run ``fn(*args)`` under :class:`~..kit.Watch` and report the torch functions it called
+    (``ops``), the shapes of the floating-point tensors it built (``shapes``), the shapes its matrix products
+    returned with counts (``products``) and their FLOPs (``flops``)."""
+    return watch(fn, *args)
+
+
+def squares(seen: dict[str, Any], n: int) -> list[tuple[int, ...]]:
+    """The shapes of the floating-point tensors built whose last two axes are (n, n)."""
+    return [tuple(s) for s in seen["shapes"] if tuple(s[-2:]) == (n, n)]
+
+
+def no_square(fn: Learner, n: int, tried: str, fix: str, *args: Any) -> dict[str, Any]:
+    """What the probe saw of ``fn(*args)``, after failing when it built a floating-point (n, n) tensor."""
+    seen = fn.observe("beyond.work", *args)
+    if full := squares(seen, n):
+        fail(f"builds the full {n} × {n} matrix", tried=tried,
+             got=f"a floating-point tensor of shape {full[0]}: one number per (query, key) pair",
+             expected="nothing with one entry per (query, key) pair: only (d_k, d_v) sums over the keys",
+             cause="the values are right, but computing φ(q) φ(k)ᵀ (or the scores) costs O(n²) time and memory, "
+                   "which is exactly what linear attention removes",
+             fix=fix)
+    return seen

@@ -1,0 +1,109 @@
+"""Check of notebook 13's exercise 4, ``positive_random_features``: its cases, the feature map with its known
+mistakes, and the float32 case whose exponents overflow when taken separately."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..compare import as_tensor, fail, same
+from ..core import Learner, check
+from ..kit import Suspects
+from .judge import dtype, expect_close, table, tol
+
+Tensor = torch.Tensor
+
+
+# ============================================================================ exercise 4: random features
+_RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(n_f), with n_f = omega.shape[0]"
+
+
+def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
+    x, omega = x.double(), omega.double()
+    r = omega.shape[0]
+    proj = x if mistake == "no_proj" else x @ (omega if mistake == "transposed" else omega.T)
+    sq = {"mean": (x * x).mean(-1, keepdim=True), "col": (x * x).sum(-2, keepdim=True),
+          "unsquared": x.sum(-1, keepdim=True)}.get(mistake, (x * x).sum(-1, keepdim=True))
+    half = {"no_half": sq, "norm": sq.sqrt() / 2, "none": 0 * sq, "plus": -sq / 2}.get(mistake, sq / 2)
+    scale = {"no_scale": 1.0, "r": 1 / r, "sqrt_d": 1 / math.sqrt(x.shape[-1])}.get(mistake, 1 / math.sqrt(r))
+    if mistake == "no_exp":
+        return (proj - half) * scale
+    if mistake == "trig":
+        return torch.cat([torch.sin(proj), torch.cos(proj)], -1) * torch.exp(sq / 2) / math.sqrt(r)
+    return torch.exp(proj - half) * scale
+
+
+_RF_TABLE = table(_features, [
+    ("no_scale", "features not rescaled: 1/√n_f missing", "you left out the division by √n_f, so φ(x)·φ(y) sums n_f "
+     "terms instead of averaging them", "divide by math.sqrt(omega.shape[0])"),
+    ("r", "features divided by n_f instead of √n_f", "you divided each feature by n_f; φ(x)·φ(y) multiplies two "
+     "features, so each gets 1/√n_f", "divide by math.sqrt(omega.shape[0])"),
+    ("sqrt_d", "features divided by √d instead of √n_f", "you divided by the square root of the input width d, not "
+     "of the number of features n_f = omega.shape[0]", "divide by math.sqrt(omega.shape[0])"),
+    ("none", "features not rescaled: exp(−|x|²/2) missing", "you computed exp(ω·x) without the factor exp(−|x|²/2), "
+     "so φ(x)·φ(y) estimates exp(x·y + |x|²/2 + |y|²/2), not exp(x·y)", _RF_FIX),
+    ("no_half", "|x|² not halved", "you subtracted |x|² instead of |x|²/2", _RF_FIX),
+    ("norm", "|x| instead of |x|²", "you subtracted the norm |x| (halved), not the squared norm |x|²/2", _RF_FIX),
+    ("plus", "sign of |x|²/2 reversed", "you added |x|²/2 instead of subtracting it", _RF_FIX),
+    ("no_proj", "random projection missing: x instead of ω·x", "you used x itself in the exponent instead of its "
+     "projections x Ωᵀ; with n_f = d the shapes still fit", _RF_FIX),
+    ("mean", "|x|² as a mean", "you took the mean of the squares (.mean) instead of their sum, which is |x|²/d",
+     "(x * x).sum(dim=-1, keepdim=True)"),
+    ("col", "|x|² summed over the rows", "you summed x * x over dim=-2 (over the n vectors) instead of over each "
+     "vector's d entries (dim=-1)", "(x * x).sum(dim=-1, keepdim=True)"),
+    ("unsquared", "|x|² without the squares", "you summed the entries of x, not their squares: Σ x_i instead of |x|² "
+     "= Σ x_i²", "(x * x).sum(dim=-1, keepdim=True)"),
+    ("transposed", "projection transposed", "you multiplied by omega instead of omega.T; with n_f = d the shapes "
+     "still fit, but feature i must be ω_i·x, the dot product with row i of omega", "x @ omega.T"),
+    ("no_exp", "exp missing: features not positive", "you returned the exponent ω·x − |x|²/2 (divided by √n_f) "
+     "without taking exp, so features are negative", _RF_FIX),
+    ("trig", "trigonometric features instead of positive ones", "you returned sin and cos features (the random "
+     "Fourier features of the Gaussian kernel): they take negative values, and the docstring asks for n_f positive "
+     "features", _RF_FIX),
+])
+_RF_CASES = [("x (4, 3), Ω (3, 3) (as many features as inputs)", ((4, 3), 3), 1.0),
+             ("x (5, 4), Ω (16, 4)", ((5, 4), 16), 1.0),
+             ("x (2, 3, 6, 4) (batch × heads), Ω (8, 4)", ((2, 3, 6, 4), 8), 1.0),
+             ("x (3, 5), Ω (1, 5) (one feature)", ((3, 5), 1), 1.0),
+             ("x (6, 8) of norm ≈ 4, Ω (32, 8)", ((6, 8), 32), 1.5),
+             ("x (4, 5) in float32, Ω (10, 5)", ((4, 5), 10), 1.0)]
+
+
+def _rf_cases() -> list[tuple[str, Tensor, Tensor]]:
+    """``_RF_CASES`` drawn, then float32 x with |x|²/2 ≈ 98 and rows of Ω nearly parallel to x, so ω·x ≈ 90:
+    exp(ω·x) overflows and exp(−|x|²/2) underflows in float32, while exp(ω·x − |x|²/2) is an ordinary number."""
+    cases = []
+    for i, (label, (shape, r), scale) in enumerate(_RF_CASES):
+        g = torch.Generator().manual_seed(400 + i)
+        x = scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+        omega = torch.randn(r, shape[-1], generator=g, dtype=torch.float64)
+        cases.append((label, x.to(dtype(label)), omega.to(dtype(label))))
+    g = torch.Generator().manual_seed(406)
+    x = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    x = 14 * x / x.norm(dim=-1, keepdim=True)  # |x| = 14
+    omega = torch.randn(8, 6, generator=g, dtype=torch.float64)
+    omega[:3] = 6.6 * x / 14 + 0.05 * omega[:3]  # ω·x ≈ 92 for row i = x_i
+    return cases + [("float32 x (3, 6) with |x|²/2 ≈ 98 and ω·x up to ≈ 92, Ω (8, 6)", x.float(), omega.float())]
+
+
+@check("positive_random_features",
+       expects="a function positive_random_features(x, omega) returning a tensor (..., n, n_f)")
+def check_positive_random_features(fn: Learner) -> str:
+    suspects, cases = Suspects(_RF_TABLE), _rf_cases()
+    for label, x, omega in cases:
+        tried = f"positive_random_features(x, omega) on {label}"
+        out, expected = as_tensor(fn(x, omega), tried=tried), _features(x, omega)
+        split = (torch.exp(x @ omega.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(omega.shape[0])
+        if "98" in label and not same(out, expected, **tol(x.dtype)) and same(out, split, atol=0, rtol=0):
+            fail("exp(ω·x) and exp(−|x|²/2) taken separately: overflow", tried=tried,
+                 got="inf, NaN or 0 where the right features are ordinary numbers",
+                 expected="finite features (the combined exponent ω·x − |x|²/2 is small)",
+                 cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
+                       "underflows to 0) separately before multiplying, so inf · 0 = NaN",
+                 fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
+        expect_close(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
+                     oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
+                     factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
+    return (f"matches exp(ω·x − |x|²/2)/√n_f on {len(cases)} cases (batch × heads, n_f = d, one feature, float32, "
+            "exponents that overflow when split)")

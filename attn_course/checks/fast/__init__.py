@@ -1,0 +1,53 @@
+"""Checks for notebook 09 (fast attention): ``online_softmax``, ``tiled_attention``, ``causal_tiled_attention``.
+
+Oracles: ``torch.softmax`` and ``F.scaled_dot_product_attention`` (``is_causal``), in float64, on cases that vary
+every argument (block sizes 1, equal to, longer than and not dividing n; 1-D to batch × heads; n_q ≠ n_k, d_k ≠
+d_v; float32 and float64; block maxima that rise, fall and sit hundreds apart). A wrong answer is named by the
+kit's engine from the tables below, each row the algorithm (:class:`Pass`, :class:`Loop`) with one step changed;
+when no row reproduces it, a property of it is measured (:func:`_measure`). How the result is computed is
+checked on the learner's side by the probe :func:`trace`: no torch.softmax or fused attention, every max and sum
+over one block, no tensor larger than a tile, the matrix-multiply work of one pass (none above the diagonal).
+"""
+
+from __future__ import annotations
+
+from ..core import Learner, check
+from ..kit import Known
+from .cases import causal_cases, softmax_cases, tiled_cases
+from .judge import run
+from .mistakes import CAUSAL_MISTAKES, SOFTMAX_MISTAKES, SOFTMAX_RAISES, TILED_MISTAKES, TILED_RAISES
+from .probe import attention_structure, softmax_structure, trace
+from .steps import Loop, Pass
+
+__all__ = ["check_online_softmax", "check_tiled_attention", "check_causal_tiled_attention", "trace",
+           "Known", "Pass", "Loop", "SOFTMAX_MISTAKES", "TILED_MISTAKES", "CAUSAL_MISTAKES"]
+
+
+# ============================================================================ the checks
+@check("online_softmax", expects="a function online_softmax(x, block_size=1) returning a tensor shaped like x")
+def check_online_softmax(fn: Learner) -> str:
+    cases = softmax_cases()
+    run(fn, "online_softmax", cases, SOFTMAX_MISTAKES, SOFTMAX_RAISES)
+    softmax_structure(fn)
+    return (f"matches torch.softmax on {len(cases)} cases (block sizes 1…16, 1-D to 3-D, maxima rising and falling, "
+            "values near ±1000) and reads x in blocks, once")
+
+
+@check("tiled_attention",
+       expects="a function tiled_attention(q, k, v, block_size=64) returning a tensor (..., n_q, d_v)")
+def check_tiled_attention(fn: Learner) -> str:
+    cases = tiled_cases()
+    run(fn, "tiled_attention", cases, TILED_MISTAKES, TILED_RAISES)
+    attention_structure(fn, "tiled_attention", causal=False)
+    return (f"matches F.scaled_dot_product_attention on {len(cases)} cases (blocks 1…32, n_q ≠ n_k, d_k ≠ d_v, "
+            "extreme scores) and holds only (block, block) tiles, each computed once")
+
+
+@check("causal_tiled_attention",
+       expects="a function causal_tiled_attention(q, k, v, block_size=64) returning a tensor (..., n, d_v)")
+def check_causal_tiled_attention(fn: Learner) -> str:
+    cases = causal_cases()
+    run(fn, "causal_tiled_attention", cases, CAUSAL_MISTAKES, TILED_RAISES)
+    attention_structure(fn, "causal_tiled_attention", causal=True)
+    return (f"matches causal F.scaled_dot_product_attention on {len(cases)} cases and never computes a tile above "
+            "the diagonal")

@@ -1,0 +1,124 @@
+"""How the result is computed, measured on the learner's side by the probe ``fast.trace``: no torch.softmax
+or fused attention, every max and sum over one block, no tensor larger than a tile, one pass of work."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..boundary import probe
+from ..core import Learner, fail, fmt
+from ..kit import watch
+from .cases import qkv, rows
+from .mistakes import DIAG_FIX
+from .steps import blocks
+
+
+# ============================================================================ how it is computed: a probe
+_SOFTMAX_FUNCTIONS = {"softmax", "log_softmax", "_softmax", "_log_softmax", "_safe_softmax"}
+_FUSED_FUNCTIONS = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                    "_scaled_dot_product_attention_math", "multi_head_attention_forward"}
+
+
+@probe("fast.trace")
+def trace(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """Run ``fn(*args)`` under the kit's watcher: the torch functions called (``ops``), the largest tensor
+    created (``largest`` elements, ``shape``), how many inputs one output of each max or sum combined
+    (``reductions``) and the matrix-multiply FLOPs (``flops``). Plain data only."""
+    return watch(fn, *args)
+
+
+def _reduction_rule(sizes: list[int], b: int, n: int, tried: str, *, unit: str, reads: str) -> None:
+    """Every max and sum covers one block: some cover exactly ``b`` numbers, none more (n ≥ 8·b here)."""
+    if not sizes:
+        return  # no torch reductions at all (plain Python numbers): nothing to judge by
+    shown, top = ", ".join(map(str, sizes)), max(sizes)
+    whole = " (the whole row)" if top >= n else ""
+    if b not in sizes:
+        fail("block_size not used", tried=tried, got=f"your maxima and sums combine {shown} numbers at a time{whole}, "
+             f"never block_size = {b}", expected=f"blocks of block_size = {b} {unit}s",
+             cause=f"your loop reads a fixed number of {unit}s, whatever block_size says",
+             fix=f"slice each block with block_size: {reads}")
+    if top > b:
+        fail(f"max or sum over {'the whole row' if whole else f'{top} {unit}s'} as well as blocks", tried=tried,
+             got=f"your maxima and sums combine {shown} numbers at a time: blocks of {b}, but also {top}{whole}",
+             expected=f"every max and sum over one block of block_size = {b} {unit}s",
+             cause="besides the blocks, you reduce over more at once (a maximum found before the loop, or a "
+                   "normalisation after it): that is a second pass, where the algorithm makes one",
+             fix="inside the loop, reduce only the current block and fold it into the running m and l; after the "
+                 "loop, divide by l")
+
+
+def _tile_work(n: int, d_k: int, d_v: int, b: int, *, causal: bool, extra: int = 0, passes: int = 1) -> float:
+    """Matrix-multiply FLOPs of the tiled loop (one head): per visited tile q kᵀ (2·b_q·b_k·d_k, ``passes``
+    times) and p v (2·b_q·b_k·d_v); ``extra`` more key blocks per query block when causal."""
+    return sum(2.0 * (qe - qs) * (ke - ks) * (passes * d_k + d_v) for qs, qe in blocks(n, b)
+               for ks, ke in blocks(n, b) if not causal or ks < qe + extra * b)
+
+
+def softmax_structure(fn: Learner) -> None:
+    n, b = 48, 6
+    tried = f"online_softmax(x, {b}) on x (3, {n}), watching which torch functions run"
+    seen = fn.observe("fast.trace", rows((3, n), b, 40), b)
+    if set(seen["ops"]) & _SOFTMAX_FUNCTIONS:
+        fail("calls torch.softmax", tried=tried, got="your function calls torch.softmax (or log_softmax)",
+             expected="a softmax built from a running max and a running sum",
+             cause="the values are right, but torch.softmax does the exercise for you",
+             fix="build it yourself: a running max m and sum l over the blocks, then exp(x − m) / l")
+    _reduction_rule(seen["reductions"], b, n, tried, unit="column", reads="x[..., start:start + block_size]")
+
+
+def attention_structure(fn: Learner, name: str, causal: bool) -> None:
+    # Memory: many small tiles; a full score matrix, a full mask or a row of tiles stands out by a factor ≥ 4.
+    lead, n, d_k, d_v, b = 2, 192, 2, 1, 16
+    q, k, v = qkv((lead,), n, n, d_k, d_v, b, 41)
+    tried = f"{name}(q, k, v, {b}) on q, k ({lead}, {n}, {d_k}), v ({lead}, {n}, {d_v}), watching what it creates"
+    seen = fn.observe("fast.trace", q, k, v, b)
+    if any(op in _FUSED_FUNCTIONS or "attention" in op for op in seen["ops"]):
+        fail("calls a fused attention", tried=tried, got="your function calls F.scaled_dot_product_attention "
+             "(or another fused attention)", expected="the tiled loop, written out",
+             cause="the values are right, but the fused function does the exercise for you",
+             fix="compute each tile's scores with @ and keep the running max, sum and accumulator yourself")
+    limit = 2 * max(lead * b * b, q.numel(), k.numel(), v.numel(), lead * n * d_v)
+    elements, shape = seen["largest"], tuple(seen["shape"])
+    if elements > limit:
+        big = [s for s in shape if s > b]
+        if len(big) >= 2 and n in shape:
+            summary, what = f"builds a full {n} × {n} matrix", f"a full {n} × {n} matrix (scores, probabilities or a mask)"
+        elif len(big) == 1 and n in shape:
+            summary, what = "builds a whole row of tiles at once", f"a whole row or column of tiles ({n} positions by a block)"
+        elif any(s > b for s in shape[-2:]):
+            summary, what = "tiles larger than block_size", f"tiles larger than block_size = {b}"
+        else:
+            summary, what = "builds a tensor larger than a tile", "a large tensor"
+        fail(summary, tried=tried, got=f"your function creates a tensor of shape {shape} ({elements} numbers): {what}",
+             expected=f"nothing larger than the inputs, the output and a ({b}, {b}) tile (at most {limit // 2} numbers "
+                      "here)",
+             cause="the values are right, but holding that tensor is what tiling avoids: its memory grows like n²",
+             fix="compute one (block_size, block_size) tile of scores at a time, and mask (causal) tile by tile "
+                 "from global positions")
+    _reduction_rule(seen["reductions"], b, n, tried, unit="key", reads="k[..., start:start + block_size, :]")
+    # Work: few large blocks, d_k ≫ d_v, so reading the keys twice or one tile too many shows by ≥ 1.3×.
+    n, d_k, d_v, b = 96, 8, 1, 32
+    tried = f"{name}(q, k, v, {b}) on q, k (1, {n}, {d_k}), v (1, {n}, {d_v}), counting matrix-multiply FLOPs"
+    flops = fn.observe("fast.trace", *qkv((1,), n, n, d_k, d_v, b, 42), b)["flops"]
+    needed = _tile_work(n, d_k, d_v, b, causal=causal)
+    if flops <= 1.2 * needed:
+        return
+    # (summary, what the work matches, its FLOPs)
+    candidates = [("computes the tiles above the diagonal", "every tile, also those above the diagonal",
+                   _tile_work(n, d_k, d_v, b, causal=False)),
+                  ("computes one tile past the diagonal", "one tile past the diagonal per query block",
+                   _tile_work(n, d_k, d_v, b, causal=True, extra=1))] if causal else []
+    candidates.append(("reads the keys twice", "the scores twice (a first pass for the maximum, then the sums)",
+                       _tile_work(n, d_k, d_v, b, causal=causal, passes=2)))
+    summary, named = next(((s, w) for s, w, work in candidates if abs(flops - work) <= 0.02 * work),
+                          ("does more work than one pass", ""))
+    above = "diagonal" in summary
+    fail(summary, tried=tried,
+         got=f"{fmt(flops)} matrix-multiply FLOPs, {fmt(flops / needed)} × what one pass needs" + (f": {named}" if named else ""),
+         expected=f"{fmt(needed)}: each tile{' on or below the diagonal' if causal else ''} computed once",
+         cause=("the values are right, but the tiles above the diagonal are entirely masked: computing them is "
+                "wasted work, and skipping them is what halves a causal attention's cost" if above else
+                "the values are right, but the algorithm is a single pass: each tile's scores computed once, with a "
+                "running maximum instead of a maximum found beforehand"),
+         fix=DIAG_FIX if above else "visit each key block once per query block, updating m, l and acc as you go")

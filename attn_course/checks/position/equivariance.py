@@ -1,0 +1,198 @@
+"""The learner's test is_permutation_equivariant: run learner-side (probe ``position.permutation_test``) on
+attentions that treat positions alike and ones that see them; the pattern of its verdicts names its flaw.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ... import position as ref
+from ..boundary import Opaque, probe
+from ..compare import fail, fmt
+from ..core import Learner, check
+from .judge import call
+
+
+# ================================================================================== the learner's test
+SEED = 12  #: torch's, NumPy's and Python's seed while the learner's test runs
+
+
+@probe("position.permutation_test")
+def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
+    """Learner side: the learner's test on one attention variant: its verdict, whether an ``assert`` failed, and
+    what it passed to attn."""
+    attn, calls = ref.attention_variant(variant), []
+
+    def watched(x):
+        if (isinstance(x, torch.Tensor) or isinstance(x, np.ndarray) and x.dtype.kind == "f") and len(calls) < 50:
+            t = torch.from_numpy(np.array(x, dtype=np.float64)) if isinstance(x, np.ndarray) else x.detach()
+            x_ = t.double() if t.is_floating_point() else None
+            calls.append({"shape": list(x.shape), "absmax": float(x_.abs().max()) if x_ is not None and x_.numel()
+                          else 0.0})
+            if len(calls) <= 8 and x_ is not None and x_.numel() <= 4096:
+                calls[-1]["x"] = x_.clone()
+        return attn(x)
+
+    watched.__name__ = attn.__name__
+    np_state, py_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):  # the learner's unseeded draws: the same every run
+            torch.manual_seed(SEED)
+            np.random.seed(SEED)
+            random.seed(SEED)
+            verdict = test(watched)
+    except AssertionError:
+        return {"verdict": False, "asserted": True, "calls": calls}
+    finally:
+        np.random.set_state(np_state)
+        random.setstate(py_state)
+    if isinstance(verdict, torch.Tensor) and verdict.numel() == 1:
+        verdict = bool(verdict.item()) if verdict.dtype == torch.bool else verdict.item()
+    return {"verdict": verdict, "asserted": False, "calls": calls}
+
+
+def _as_verdict(verdict: Any, tried: str) -> bool:
+    """True (equivariant) or False; None counts as a pytest-style pass."""
+    if verdict is None or isinstance(verdict, (bool, np.bool_)) or isinstance(verdict, (int, np.integer)) and \
+            verdict in (0, 1):
+        return verdict is None or bool(verdict)
+    got = verdict.text if isinstance(verdict, Opaque) else repr(verdict)[:60]
+    many = isinstance(verdict, torch.Tensor) and verdict.numel() > 1
+    fail("the test did not return True or False", tried=tried, got=f"{type(verdict).__name__}: {got}",
+         expected="True (equivariant) or False (not)",
+         cause=f"your test returns a tensor of shape {tuple(verdict.shape)}: an output or an entry-by-entry "
+               "comparison, where torch.allclose gives one bool" if many else "",
+         fix="end with `return torch.allclose(...)` (a bool), or assert it pytest-style")
+
+
+def _row_permutation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """perm with b = a[..., perm, :], when b reorders a's (distinct) rows and is not a itself; else None."""
+    if a.shape != b.shape or a.dim() < 2 or a.shape[-2] < 2:
+        return None
+    rows_a, rows_b = (t.movedim(-2, 0).reshape(t.shape[-2], -1) for t in (a, b))  # (n, rest)
+    perm = [(rows_a == row).all(-1).nonzero().flatten() for row in rows_b]
+    if torch.equal(rows_a, rows_b) or any(len(p) != 1 for p in perm) or len({int(p) for p in perm}) < len(perm):
+        return None
+    return torch.tensor([int(p) for p in perm])
+
+
+def _evidence(runs: list[list[dict]]) -> dict[str, Any]:
+    """What the inputs passed to attn show over all runs: identical rows, one input only, a reordering of a
+    batch axis, or a true reordering of one x's tokens (x and perm)."""
+    xss = [[c["x"] for c in calls if isinstance(c.get("x"), torch.Tensor) and c["x"].dim() >= 2] for calls in runs]
+    found: dict[str, Any] = {
+        "identical": bool(xss) and all(xs and all(x.shape[-2] > 1 and bool((x == x[..., :1, :]).all()) for x in xs)
+                                       for xs in xss),
+        "single": bool(xss) and all(xs and all(x.shape == xs[0].shape and torch.equal(x, xs[0]) for x in xs)
+                                    for xs in xss)}
+    for xs in xss:
+        pairs = [(a, b) for i, a in enumerate(xs) for b in xs[i + 1:]]
+        for a, b in pairs:  # a reordering of a leading (batch) axis instead of the tokens
+            if a.dim() >= 3 and a.shape == b.shape and not torch.equal(a, b) and \
+                    _row_permutation(a.flatten(1)[None], b.flatten(1)[None]) is not None:
+                found.setdefault("batch_axis", tuple(a.shape))
+        for a, b in pairs + [(b, a) for a, b in pairs]:
+            if "perm" not in found and (perm := _row_permutation(a, b)) is not None:
+                found.update(x=a, perm=perm)
+    return found
+
+
+_TEST_FIX = ("x = torch.randn(n, d) (n ≥ 3, d ≥ 2), perm = torch.randperm(n), not the identity or the reversal; "
+             "return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
+_SAME_ROWS = "every row of your x is the same vector, so reordering the rows changes nothing"
+
+
+def _blind_cause(results: dict, sizes: list[int], evidence: dict, seen_x: bool) -> str:
+    """Why a test calls every attention equivariant, from what it passed to attn."""
+    if sizes == [1]:
+        return "your inputs have a single token (n = 1): there is nothing to permute"
+    if all(r.get("verdict") is None and not r.get("asserted") for r in results.values()):
+        return "your function returns None and never fails an assert: it computes a comparison but does not return it"
+    if evidence["identical"]:
+        return _SAME_ROWS
+    if "batch_axis" in evidence:
+        return (f"your permutation reorders the batch axis (axis 0 of x, shape {evidence['batch_axis']}), not the "
+                "tokens (axis -2): batch entries are computed apart, so nothing can differ")
+    if evidence["single"]:
+        return ("your test never runs attn on a reordering of x: it calls attn on one and the same x (an output "
+                "compared with itself, or a permutation that leaves every token in place)")
+    if "perm" in evidence:
+        gap, worst = max((ref.permutation_gap(ref.attention_variant(n), evidence["x"], evidence["perm"]), n)
+                         for n in ref.POSITION_AWARE)
+        return (f"your test runs attn on x and on x reordered, but for {worst} the outputs differ by up to "
+                f"{fmt(gap)} and it says equivariant: the comparison lets that through (a tolerance far too loose, "
+                "or a comparison with something that does not move with the rows)")
+    if seen_x:
+        return ("your test never runs attn on a reordering of the same x (the permutation leaves every token in "
+                "place, or a new x is drawn): nothing can differ")
+    return "your test never permutes the input (or leaves every token in place, or compares an output with itself)"
+
+
+@check("is_permutation_equivariant", expects="a function is_permutation_equivariant(attn) returning True or False")
+def check_is_permutation_equivariant(fn: Learner) -> str:
+    results: dict[str, dict] = {}
+    verdicts: dict[str, bool] = {}
+    attn_hint = [("ValueError", "attn takes", "you called attn with something other than a tensor of shape (n, d)",
+                  "call attn(x) with x = torch.randn(n, d)")]
+    for name in ref.EQUIVARIANT + ref.POSITION_AWARE:
+        tried = f"is_permutation_equivariant(attn) with attn = {name}"
+        result = call(fn.observe, ("position.permutation_test", name), tried, "True or False", patterns=attn_hint,
+                      tensor=False)
+        results[name] = result if isinstance(result, dict) else {"verdict": result}
+        verdicts[name] = _as_verdict(results[name].get("verdict"), tried)
+    runs = [[c for c in r.get("calls", []) if isinstance(c, dict)] for r in results.values()]
+    calls = [c for run in runs for c in run]
+    sizes = sorted({c["shape"][-2] for c in calls if len(c.get("shape", [])) >= 2})
+    missed = [n for n in ref.POSITION_AWARE if verdicts[n]]
+    rejected = [n for n in ref.EQUIVARIANT if not verdicts[n]]
+    words = dict(tried=f"is_permutation_equivariant(attn) on {len(ref.EQUIVARIANT)} permutation-equivariant functions "
+                       f"and {len(ref.POSITION_AWARE)} position-aware attentions",
+                 got="; ".join(f"{n}: {'equivariant' if verdicts[n] else 'not equivariant'}" for n in verdicts))
+    first = f"equivariant for the first {len(ref.EQUIVARIANT)}"
+    for hit, summary, expected, cause, fix in [
+        (not calls, "the test never calls attn", "a verdict computed from attn's outputs",
+         "your function returns without running the attention it is given", _TEST_FIX),
+        (set(rejected) == set(ref.EQUIVARIANT) and set(missed) == set(ref.POSITION_AWARE),
+         "the test's verdicts are the wrong way round",
+         f"True (equivariant) for the first {len(ref.EQUIVARIANT)}, False for the others",
+         "your test returns True when the outputs differ (a `not` too many, or an assert of the opposite)",
+         "return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5): True means equivariant"),
+        ("elementwise tanh" in rejected, "the test rejects functions that ignore positions",
+         f"{first} (even tanh(x))", "your comparison fails even where the answer is exact: compare attn(x[perm]) "
+         "with attn(x)[perm], not with attn(x) or with the inverse permutation", _TEST_FIX),
+        ("feature mixing" in rejected, "the test rejects functions that ignore positions", first,
+         "your test rejects a function that only mixes each token's own features: your permutation moves the "
+         "features (the last axis), not the tokens (the rows)",
+         "permute the rows: x[perm] (or x[..., perm, :] with batch axes)"),
+        (rejected, "the test rejects attention without positions", "equivariant for plain attention and its variants",
+         "attention adds its sums in another order once the rows move, and you compared without a tolerance "
+         "(==, torch.equal) or with one too tight for rounding", "compare with torch.allclose(a, b, atol=1e-5)")]:
+        if hit:
+            fail(summary, expected=expected, cause=cause, fix=fix, **words)
+    evidence = _evidence(runs)
+    if len(missed) == len(ref.POSITION_AWARE):
+        fail("the test calls everything equivariant", **words,
+             expected="not equivariant for the five attentions that see positions (even a causal mask)",
+             cause=_blind_cause(results, sizes, evidence, any("x" in c for c in calls)), fix=_TEST_FIX)
+    if missed:
+        cause, fix = "", _TEST_FIX
+        if evidence["identical"]:
+            cause, fix = _SAME_ROWS, "draw x = torch.randn(n, d): different tokens"
+        elif missed == ["symmetric distance bias"]:
+            cause = ("your permutation keeps every distance |i − j| (a reversal does, or a swap in a sequence of 2), "
+                     "so a bias of |i − j| goes unnoticed")
+            fix = "perm = torch.randperm(n) with n ≥ 3, drawn again while it is the identity or the reversal"
+        elif max(c.get("absmax", 1.0) for c in calls) < 0.1:
+            cause = "your inputs are tiny (|x| < 0.1): the scores barely differ and positional effects vanish"
+            fix = "use inputs of a typical size: x = torch.randn(n, d)"
+        elif sizes and max(sizes) <= 2:
+            cause = f"your inputs have only {max(sizes)} tokens: a permutation of 2 is a reversal or nothing"
+            fix = "use a few more tokens (n ≥ 3) and a random permutation"
+        fail(f"the test misses {', '.join(missed)}", expected=f"not equivariant for {', '.join(missed)}", cause=cause,
+             fix=fix, **words)
+    return (f"tells {len(ref.EQUIVARIANT)} permutation-equivariant functions from {len(ref.POSITION_AWARE)} attentions "
+            "that see positions")

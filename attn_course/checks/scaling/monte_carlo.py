@@ -1,0 +1,290 @@
+"""check_mc_score_variance: the learner's estimates, replayed on a few samples, then judged statistically in five
+settings; a wrong estimate is named by the mistake that predicts it, else measured."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ...scaling import mc_standard_error
+from ..boundary import Opaque
+from ..compare import Failure
+from ..core import Check, Learner, LearnerRaised, check, fail, fmt, learner_error
+from ..kit import expect_signature
+from .predictions import (BOTH, DENOMINATORS, DRAW, DRAWS, LOOK_ALIKES, MC_PROBE, MEAN, PREDICTIONS, RECIPE,
+                          REPLAY_CALLS, RIGHT, SUM_FIX, VAR_FIX, Z, dots, matches, same_number, var)
+
+
+DEFAULT_N = 20_000
+#: (d_k, sigma, n_samples): every argument varies; None means "not passed" (the default is used).
+VARIANCE_CASES = [(64, None, None), (16, 2.0, 5_000), (128, 0.5, 20_000), (1, 1.0, 20_000), (8, 3.0, 10_000)]
+#: n_samples = 2 on these many seeds: a function that ignores n_samples gives 8 accurate estimates.
+SPREAD_SEEDS, SPREAD_DK = 8, 16
+#: The scatter test: this many estimates with d_k = 1 and n_samples = SCATTER_N. Their relative variance, divided
+#: by the theory 8/n, is 1 ± 0.12 for a correct sampler and 0.25 ± 0.03 when q or k is not random (2000
+#: simulations each: ranges 0.60–1.50 and 0.16–0.37); the accepted range is ≥ 4 standard deviations from both.
+SCATTER_SEEDS, SCATTER_N, SCATTER_RANGE = 150, 1000, (0.45, 3.0)
+
+
+# ============================================================================ replaying the learner's draws
+def _replay(fn: Learner, seed: int) -> None:
+    """Redo each common way of drawing on the learner's few-sample calls: the sample variance (either convention) is
+    fine; a named wrong number on every call is that mistake, for sure; else only the statistical tests judge."""
+    values = [_estimate(fn, d, s, n, seed * 1000 + r)[0] for d, s, n, r in REPLAY_CALLS]
+    d, s, n, r = REPLAY_CALLS[0]
+    tried = f"{_describe_call(d, s, n, seed * 1000 + r)} (and {len(REPLAY_CALLS) - 1} more calls with few samples)"
+    for order, draw in DRAWS.items():
+        draws = [draw(torch.Generator().manual_seed(seed * 1000 + r_), n_, d_, s_) for d_, s_, n_, r_ in REPLAY_CALLS]
+        if any(all(same_number(v, right(q, k)) for v, (q, k) in zip(values, draws)) for right in RIGHT):
+            return
+        for cand in LOOK_ALIKES:
+            if all(same_number(v, cand.make(q, k)) for v, (q, k) in zip(values, draws)):
+                fail(cand.summary, tried=tried, got=f"{fmt(values[0])}, exactly the {cand.summary.lower()} for "
+                     f"the {n} pairs that generator gives ({order})", cause=cand.cause, fix=cand.fix,
+                     expected=f"their sample variance: {fmt(var(dots(*draws[0]), 1))} (or "
+                              f"{fmt(var(dots(*draws[0]), 0))} dividing by n_samples)")
+        # the sum of squared deviations divided by a wrong number
+        ss = [float(((dots(q, k) - dots(q, k).mean()) ** 2).sum()) for q, k in draws]
+        for name, over in DENOMINATORS.items():
+            if all(same_number(v, x / over(n_, d_)) for v, x, (d_, s_, n_, r_) in zip(values, ss, REPLAY_CALLS)):
+                fail(f"divided by {name}", tried=tried, got=f"{fmt(values[0])}: the sum of the squared deviations of "
+                     f"the {n} dot products that generator gives ({order}) divided by {over(n, d)} ({name})",
+                     expected=f"that sum divided by n_samples − 1 = {n - 1} (or n_samples = {n}): "
+                              f"{fmt(ss[0] / (n - 1))}", fix=VAR_FIX,
+                     cause=f"your variance divides by {name}; the sample variance by n_samples − 1 (or n_samples)")
+
+
+# ============================================================================ the Monte-Carlo check
+def _number(value: Any, tried: str) -> float:
+    """The learner's estimate as a float, or a diagnosis of what came back instead."""
+    expected = "one number (a float, or a tensor holding one value)"
+    if isinstance(value, (bool, np.bool_)):
+        fail("returned a bool", tried=tried, got=repr(value), expected=expected, fix="return the variance itself")
+    if isinstance(value, (int, np.integer)) or (isinstance(value, (torch.Tensor, np.ndarray)) and
+                                                value.dtype in (torch.int64, torch.int32, np.int64, np.int32)):
+        fail("returned an integer", tried=tried, got=f"the integer {int(value)}", expected=expected, fix="return the "
+             "variance as a float", cause="int(…), // or an integer tensor dropped the fractional part of the estimate")
+    if isinstance(value, (float, np.generic)):
+        return float(value)
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        t = torch.as_tensor(value)
+        if t.numel() != 1:
+            fail(f"returned shape {tuple(t.shape)}, not one number", tried=tried, got=f"a tensor of shape "
+                 f"{tuple(t.shape)}", expected=expected, cause="you took a variance (or sum) per sample or per entry"
+                 if t.dim() and t.shape[-1] != 1 else "", fix="compute scores = (q * k).sum(dim=-1) (shape "
+                 "(n_samples,)), then return scores.var()")
+        if t.is_complex():
+            fail("returned a complex number", tried=tried, got=str(value), expected=expected,
+                 fix="return the variance of real dot products")
+        if t.dtype in (torch.float16, torch.bfloat16):
+            have = str(t.dtype)[6:]
+            fail(f"returned a {have} tensor", tried=tried, got=f"a {have} tensor ({fmt(float(t.reshape(()).item()))})",
+                 expected="a float, or a float32/float64 tensor holding one value", cause=f"your computation ran in "
+                 f"{have}, which keeps only about 3 significant digits", fix="compute in float32 or float64")
+        return float(t.reshape(()).item())
+    if value is None:
+        fail("returned None", tried=tried, got="None", expected=expected, cause="your function has no `return`",
+             fix="end the function with `return` and the estimate")
+    got = f"a {type(value).__name__}" if not isinstance(value, Opaque) else f"a {value.type_name}"
+    fail(f"returned {got}", tried=tried, got=got if not isinstance(value, (list, tuple)) else
+         f"a {type(value).__name__} of {len(value)} items", expected=expected,
+         fix="return one number: scores.var() (a 0-d tensor) or its .item()")
+
+
+def _describe_call(d: int, s: float | None, n: int | None, seed: int | None) -> str:
+    parts = [str(d)] + ([f"sigma={s:g}"] if s is not None else []) + ([f"n_samples={n}"] if n is not None else [])
+    parts.append(f"generator=torch.Generator().manual_seed({seed})" if seed is not None else "(no generator)")
+    return f"mc_score_variance({', '.join(parts)})"
+
+
+def _estimate(fn: Learner, d: int, s: float | None, n: int | None, seed: int | None, *, disturb: bool = False,
+              expected: str = "one number", seeds: Sequence[int] = (), tried: str = "") -> Any:
+    """(estimate, whether the generator was drawn from); with ``seeds``, the estimate for each seed."""
+    kwargs = {k: v for k, v in (("sigma", s), ("n_samples", n)) if v is not None}
+    try:
+        result = fn.observe(MC_PROBE, d, seed=seed, disturb=disturb, seeds=seeds, **kwargs)
+    except LearnerRaised as exc:
+        raise Failure(learner_error(exc, tried=tried or _describe_call(d, s, n, seed), expected=expected)) from None
+    if seeds:
+        return [_number(value, _describe_call(d, s, n, g)) for (value, _), g in zip(result, seeds)]
+    return _number(result[0], _describe_call(d, s, n, seed)), result[1]
+
+
+def _mc_body(fn: Learner, seed: int = 0) -> str:
+    expect_signature(fn, ["sigma", "n_samples", "generator"], call="mc_score_variance(d_k, sigma=…, n_samples=…, "
+                     "generator=…)", signature="mc_score_variance(d_k, sigma=1.0, n_samples=20_000, generator=None)")
+    seeds = [seed * 1000 + i for i in range(len(VARIANCE_CASES))]
+    settings = [(d, 1.0 if s is None else s, DEFAULT_N if n is None else n) for d, s, n in VARIANCE_CASES]
+    calls = [_describe_call(d, s, n, g_seed) for (d, s, n), g_seed in zip(VARIANCE_CASES, seeds)]
+    estimates, used = zip(*(_estimate(fn, d, s, n, g_seed, expected=f"≈ σ⁴·d_k = {fmt(s_used**4 * d)}")
+                            for (d, s, n), (_, s_used, _), g_seed in zip(VARIANCE_CASES, settings, seeds)))
+    if all(e == s_**4 * d_ for e, (d_, s_, n_) in zip(estimates, settings)):
+        fail("returned σ⁴·d_k itself", tried=calls[0], got=f"exactly {fmt(estimates[0])} = σ⁴·d_k, and exactly σ⁴·d_k "
+             f"in all {len(estimates)} settings", expected="a Monte-Carlo estimate: close to σ⁴·d_k, but never exactly",
+             cause="your function returns the formula's value instead of measuring it", fix=RECIPE)
+    _replay(fn, seed)
+    if not all(math.isfinite(e) for e in estimates):
+        _name_variance_mistake(estimates, settings, calls, fn, seed)
+    never_drawn = all(u is False for u in used)
+    not_drawn = "`generator` was never drawn from (you used the global random state, or a generator of your own)"
+
+    # The same seed must give the same estimate, even when the global random state has moved on.
+    d, s, n = VARIANCE_CASES[3]
+    again, _ = _estimate(fn, d, s, n, seeds[3], disturb=True)
+    if not math.isclose(again, estimates[3], rel_tol=1e-9, abs_tol=1e-12):
+        fail("the generator was not used" if never_drawn else "some draws ignore the generator",
+             tried=f"{_describe_call(d, s, n, seeds[3])} twice, the global random state moved in between",
+             got=f"{fmt(estimates[3])}, then {fmt(again)}", expected="the same estimate twice: the seed fixes it",
+             cause=not_drawn if never_drawn else "part of your sampling does not follow the generator (a draw without "
+                   "generator=generator, NumPy's random state, or a re-seed with generator.seed())",
+             fix="pass generator=generator to every random draw")
+
+    # Different seeds: estimates with n_samples = 2 must scatter (and must differ at all).
+    tried_spread = f"mc_score_variance({SPREAD_DK}, n_samples=2, generator=…) with {SPREAD_SEEDS} different seeds"
+    spread = _estimate(fn, SPREAD_DK, None, 2, None, seeds=[seed * 1000 + 100 + i for i in range(SPREAD_SEEDS)],
+                       tried=tried_spread)
+    if not all(math.isfinite(e) for e in spread):
+        bad = next(e for e in spread if not math.isfinite(e))
+        fail(f"{fmt(bad)} with n_samples = 2", tried=tried_spread, got=", ".join(fmt(e) for e in spread),
+             expected="finite estimates: the sample variance of 2 dot products is a number (≥ 0)",
+             fix="return scores.var() of scores = (q * k).sum(dim=-1), shape (n_samples,): any n_samples ≥ 2 works")
+    if len(set(spread)) == 1:
+        fail("the generator was not used" if never_drawn else "the seed makes no difference", tried=tried_spread,
+             got=f"{fmt(spread[0])} every time", expected="a different estimate for each seed",
+             cause=not_drawn if never_drawn else "you re-seed the generator inside your function "
+                   "(generator.manual_seed(…)), so every seed gives the same draws",
+             fix="pass generator=generator, as it is passed in, to every torch.randn call")
+
+    close = sum(abs(e - SPREAD_DK) <= 0.1 * SPREAD_DK for e in spread)
+    if close >= SPREAD_SEEDS - 2:
+        fail("n_samples ignored", tried=tried_spread, got=f"{close} of the {SPREAD_SEEDS} estimates within 10 % of "
+             f"σ⁴·d_k = {SPREAD_DK}: " + ", ".join(fmt(e) for e in spread), expected="estimates scattered widely: "
+             "the variance of 2 dot products is far from exact", cause="your function draws a fixed number of "
+             "samples, whatever n_samples says", fix=f"draw n_samples pairs: {DRAW}")
+
+    # Each estimate within Z standard errors of the theory.
+    if any(abs(est - s**4 * d) > Z * mc_standard_error(d, s, n) for est, (d, s, n) in zip(estimates, settings)):
+        _name_variance_mistake(estimates, settings, calls, fn, seed)
+
+    # The estimates must scatter as a sample variance of n_samples random dot products does: with d_k = 1,
+    # σ = 1, their variance is 8/n (E[s⁴] = 9). A q (or k) that is not random makes q·k Gaussian, 2/n.
+    spread = _scatter(fn, seed)
+    if not SCATTER_RANGE[0] <= spread <= SCATTER_RANGE[1]:
+        narrow = spread < SCATTER_RANGE[0]
+        fail("the estimates scatter too " + ("little" if narrow else "much"), tried=TRIED_SCATTER,
+             got=f"estimates whose relative variance is {fmt(spread)} × what a sample variance of {SCATTER_N} "
+                 "random dot products has", expected=f"between {SCATTER_RANGE[0]:g} and {SCATTER_RANGE[1]:g} × (1 "
+                 "within sampling error): relative to σ⁴·d_k, such estimates have variance (2 + 6/d_k)/n_samples",
+             cause="one of q and k is not random (q = sigma, not sigma * torch.randn(…)): a fixed vector times a "
+                   "random one is exactly Gaussian" if narrow and 0.15 <= spread <= 0.4 else "",
+             fix=f"draw both q and k afresh for every sample: {DRAW}")
+
+    # generator=None (the default) must work too.
+    d, s, n = 32, 1.0, DEFAULT_N
+    est, _ = _estimate(fn, d, s, n, None, expected=f"≈ {d}")
+    se = mc_standard_error(d, s, n)
+    if not math.isfinite(est) or abs(est - d) > Z * se:
+        fail("wrong without a generator", tried=_describe_call(d, s, n, None), got=fmt(est), expected=f"σ⁴·d_k = {d} "
+             f"± {fmt(Z * se)} ({Z:g} standard errors)", cause="with generator=None your function samples differently",
+             fix="pass generator=generator to torch.randn: None is what torch.randn expects for 'no generator'")
+    return (f"within {Z:g} standard errors of σ⁴·d_k in {len(estimates)} settings (d_k 1–128, σ 0.5–3, "
+            "n_samples 5000–20000); seeded")
+
+
+TRIED_SCATTER = (f"mc_score_variance(1, n_samples={SCATTER_N}, generator=…) with {SCATTER_SEEDS} different seeds, "
+                 "to see how much the estimates scatter")
+
+
+def _scatter(fn: Learner, seed: int) -> float:
+    """The relative variance (variance / mean²) of SCATTER_SEEDS estimates with d_k = 1, σ = 1 over the theory's
+    8 / n_samples: 1 for a correct sampler, whatever constant factor the estimates are off by."""
+    scatter = _estimate(fn, 1, None, SCATTER_N, None, seeds=[seed * 1000 + 500 + i for i in range(SCATTER_SEEDS)],
+                        tried=TRIED_SCATTER)
+    finite = [e for e in scatter if math.isfinite(e)]
+    if len(finite) < 3 or np.mean(finite) <= 0:
+        return float("nan")
+    return float(np.var(finite, ddof=1) / np.mean(finite) ** 2) / (8 / SCATTER_N)
+
+
+def _name_variance_mistake(estimates: list[float], settings: list[tuple[int, float, int]], calls: list[str],
+                           fn: Learner, seed: int) -> None:
+    """Some estimate is off (or not finite): name the mistake that predicts all of them, or measure how they are off."""
+    i = next(i for i, (e, (d, s, n)) in enumerate(zip(estimates, settings))
+             if not math.isfinite(e) or abs(e - s**4 * d) > Z * mc_standard_error(d, s, n))
+    est, (d, s, n), tried = estimates[i], settings[i], calls[i]
+    got = fmt(est)
+    expected = f"σ⁴·d_k = {fmt(s**4 * d)} ± {fmt(Z * mc_standard_error(d, s, n))} ({Z:g} standard errors with " \
+               f"n_samples = {n})"
+    found = [p for p in PREDICTIONS if matches(p, estimates, settings)]
+    if not found and matches(MEAN, estimates, settings):
+        found = [MEAN]  # after the variance of the mean, which is ≈ 0 too but always σ⁴·d_k / n_samples
+    if len(found) == 1:
+        fail(found[0].summary, tried=tried, got=got, expected=expected, cause=found[0].cause, fix=found[0].fix)
+    not_finite = [d_ for e, (d_, s_, n_) in zip(estimates, settings) if not math.isfinite(e)]
+    if not_finite == [1]:
+        j = next(j for j, (d_, s_, n_) in enumerate(settings) if d_ == 1)
+        fail("NaN when d_k = 1", tried=calls[j], got=f"{fmt(estimates[j])} (all your estimates: " + "; ".join(
+             f"d_k = {d_}: {fmt(e)}" for e, (d_, s_, n_) in zip(estimates, settings)) + ")",
+             expected=f"a finite number ≈ {fmt(settings[j][1] ** 4)}",
+             cause="your estimate is NaN only when each pair has a single entry: you take a variance over each pair's "
+                   "d_k products (undefined for one) instead of adding them into one dot product",
+             fix=SUM_FIX)
+    if not math.isfinite(est):
+        seen = fn.observe(MC_PROBE, d, seed=seed * 1000 + i, watched=True, sigma=s, n_samples=n)[0]
+        one = 1 in seen["reductions"] and {"var", "std", "var_mean", "std_mean"} & set(seen["calls"])
+        fail("NaN: the variance of a single number" if one and est != est else f"{got} for d_k = {d}", tried=tried,
+             got=got, expected=f"a finite number ≈ {fmt(s**4 * d)}",
+             cause="your function took .var() or .std() over a single value, and the variance of one number is NaN"
+             if one and est != est else "", fix="print the shape of the tensor whose variance you take: it should be "
+             "(n_samples,), one dot product per sample (the variance of a single number is NaN)")
+    if all(e < 0 for e in estimates):
+        fail("negative estimates", tried=tried, got=f"{got} (every estimate is below 0)", expected=expected,
+             cause="a variance is never negative: a sign slipped into your estimate", fix="return scores.var()")
+    ratios = [e / (s_**4 * d_) for e, (d_, s_, n_) in zip(estimates, settings)]
+    all_estimates = "; ".join(f"d_k = {d_}, σ = {s_:g}: {fmt(e)}" for e, (d_, s_, n_) in zip(estimates, settings))
+    # Settings 0 and 3 differ only in d_k (64 and 1, σ = 1): the theory says 64 times apart.
+    small, large = estimates[3], estimates[0]
+    if small > 0 and large > 0 and max(small, large) <= 1.3 * min(small, large):
+        fail("the estimate does not grow with d_k", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+             expected=expected, cause=f"your estimates for d_k = 1 and d_k = 64 (σ = 1 both) are about equal "
+             f"({fmt(small)} and {fmt(large)}): the function does not use d_k", fix=f"draw q and k as {DRAW}")
+    mean_ratio = sum(ratios) / len(ratios) if all(math.isfinite(r) for r in ratios) else float("nan")
+    # A constant factor: the estimates agree with each other far better than with the theory.
+    if math.isfinite(mean_ratio) and mean_ratio > 0 and \
+            all(abs(r - mean_ratio) <= min(0.1 * mean_ratio, 0.75 * abs(mean_ratio - 1)) for r in ratios):
+        fail(f"off by a factor of {fmt(mean_ratio)}", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+             expected=expected, cause="", fix=f"every estimate is about {fmt(mean_ratio)} × σ⁴·d_k: look for a "
+             "constant that scales q, k or the result")
+    # No common factor, estimates on both sides of the theory, but too far from it: too few samples.
+    if all(math.isfinite(r) for r in ratios) and min(ratios) < 1 < max(ratios):
+        per_setting = [2 + 6 / d_ for d_, s_, n_ in settings]
+        effective = sum(per_setting) / sum((r - 1) ** 2 for r in ratios)
+        # (below 30 pairs the estimates are too far off for sampling noise: the scatter test below names that)
+        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4:
+            fail("fewer samples than n_samples", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+                 expected=expected, cause=f"your estimates land on both sides of σ⁴·d_k, as far as from about "
+                 f"{fmt(effective)} pairs: your function uses fewer pairs than n_samples (a cap, or part of the draws)",
+                 fix=f"draw n_samples pairs, {DRAW}, and use all of them")
+    spread = _scatter(fn, seed)
+    if spread > 30:
+        fail("the estimates scatter far too much", tried=tried, got=f"{got} (all your estimates: {all_estimates}); "
+             f"and {SCATTER_SEEDS} estimates for d_k = 1 scatter {fmt(spread)} × as much as they should",
+             expected=expected, cause="such estimates rest on far fewer independent dot products than n_samples: a q "
+             "or a k drawn once and shared by all the pairs", fix=f"draw n_samples independent pairs: {BOTH}")
+    fail(f"{fmt(est)}, expected {fmt(s**4 * d)}", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
+         expected=expected, fix=RECIPE)
+
+
+_MC_EXPECTS = "a function mc_score_variance(d_k, sigma=1.0, n_samples=20000, generator=None) returning a number"
+
+
+def make_mc_check(seed: int) -> Check:
+    """The Monte-Carlo check with another set of generator seeds (the tests run it on many)."""
+    return check("mc_score_variance", expects=_MC_EXPECTS)(functools.partial(_mc_body, seed=seed))
+
+
+check_mc_score_variance = make_mc_check(0)
