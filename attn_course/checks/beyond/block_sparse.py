@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ..compare import Failure, as_tensor, call_or_skip, fail, same
 from ..core import Learner, check
 from ..kit import Known, Suspects
-from .judge import blocks_right, dtype, expect_close, qkv, refail, squares, table, tol
+from .judge import blocks_right, dtype_of, expect_close_at_dtype, qkv, refail, squares, table, tolerance
 
 Tensor = torch.Tensor
 
@@ -136,7 +136,7 @@ def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
     mine = call_or_skip(lambda: as_tensor(fn(q, k, v, one, b), tried=failure.diagnosis.tried))
     if mine is None or tuple(mine.shape) != tuple(out.shape) or bool((layout.sum(-1) == 1).all()):
         return
-    if same(mine, _sdpa(q, k, v, _mask(q, k, one, b)), **tol(torch.float32)):
+    if same(mine, _sdpa(q, k, v, _mask(q, k, one, b)), **tolerance(torch.float32)):
         refail(failure, "right with one tile per query block, wrong with several", "with a layout that keeps one key "
                "block per query block your function is right, with several it is not: what goes wrong is "
                + _COMBINED, _SPARSE_FIX)
@@ -172,16 +172,16 @@ def check_block_sparse_attention(fn: Learner) -> str:
     suspects = Suspects(_SPARSE_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), b) in enumerate(_SPARSE_CASES):
         big = "hundreds" in label
-        q, k, v = qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if big else 1.0, dtype=dtype(label))
+        q, k, v = qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if big else 1.0, dtype=dtype_of(label))
         if big:
             q[..., 0, :] *= 100.0
         layout = _layout(-(-n_q // b), -(-n_k // b), 510 + i)
         case, tried = (q, k, v, layout, b), f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
         out, expected = as_tensor(fn(*case), tried=tried), _sdpa(q, k, v, _mask(q, k, layout, b))
-        expect_close(suspects, out, expected, case, tried=tried, again=fn, fix=_SPARSE_FIX,
-                     oracle="F.scaled_dot_product_attention with the layout's mask",
-                     factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
-                     measured=lambda failure: _sparse_measured(fn, failure, out, expected, case))
+        expect_close_at_dtype(suspects, out, expected, case, tried=tried, again=fn, fix=_SPARSE_FIX,
+                              oracle="F.scaled_dot_product_attention with the layout's mask",
+                              factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
+                              measured=lambda failure: _sparse_measured(fn, failure, out, expected, case))
     n, d_k, d_v, b = 48, 6, 2, 8
     layout = _layout(n // b, n // b, 521)
     tried = f"block_sparse_attention(q, k, v, layout, {b}) on q, k ({n}, {d_k}), v ({n}, {d_v}), counting its work"

@@ -29,25 +29,25 @@ def qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int
     return (scale * q).to(dtype), (scale * k).to(dtype), v.to(dtype)
 
 
-def dtype(label: str) -> torch.dtype:
+def dtype_of(label: str) -> torch.dtype:
     return torch.float32 if "float32" in label else torch.float64
 
 
-def tol(dtype: torch.dtype) -> dict[str, float]:
+def tolerance(dtype: torch.dtype) -> dict[str, float]:
     return dict(atol=1e-10, rtol=1e-9) if dtype == torch.float64 else dict(atol=2e-5, rtol=2e-3)
 
 
-def expect_close(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str,
-                 measured: Callable[[Failure], None] | None = None, **compare: Any) -> None:
+def expect_close_at_dtype(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str,
+                          measured: Callable[[Failure], None] | None = None, **compare: Any) -> None:
     """The engine's verdict at the tolerance of the input's dtype (``case[0]``); a float64 answer right only to
     float32's precision is named; then ``measured`` may name what a measurement of the answer shows. Last, the
     result must have the input's dtype."""
     dtype = case[0].dtype
     try:
-        suspects.expect(out, expected, case, tried=tried, **tol(dtype), **compare)
+        suspects.expect(out, expected, case, tried=tried, **tolerance(dtype), **compare)
     except Failure as failure:
         d = failure.diagnosis
-        if not d.cause and dtype == torch.float64 and same(out, expected, **tol(torch.float32)):
+        if not d.cause and dtype == torch.float64 and same(out, expected, **tolerance(torch.float32)):
             fail("computed in float32, not the input's float64", tried=tried, got=d.got,
                  expected="the values to float64's precision (the inputs are float64)",
                  cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "

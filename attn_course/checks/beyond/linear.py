@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from ..compare import Failure, as_tensor, call_or_skip, fail, same
 from ..core import Learner, check
 from ..kit import Known, Suspects
-from .judge import blocks_right, dtype, expect_close, no_square, qkv, refail, rows_right, table, tol
+from .judge import blocks_right, dtype_of, expect_close_at_dtype, no_square, qkv, refail, rows_right, table, tolerance
 
 Tensor = torch.Tensor
 
@@ -114,11 +114,11 @@ _LINEAR_CASES = [  # (label, (batch axes, n_q, n_k, d_k, d_v), scale of q and k)
 def check_linear_attention(fn: Learner) -> str:
     suspects = Suspects(_LINEAR_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), scale) in enumerate(_LINEAR_CASES):
-        q, k, v = qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=dtype(label))
+        q, k, v = qkv(lead, n_q, n_k, d_k, d_v, 100 + i, scale=scale, dtype=dtype_of(label))
         tried = f"linear_attention(q, k, v) on {label}"
-        expect_close(suspects, as_tensor(fn(q, k, v), tried=tried), _kernel(_elu1(q), _elu1(k), v), (q, k, v),
-                     tried=tried, again=fn, oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64",
-                     fix=_LINEAR_FIX, factors={"n_k": float(n_k)})
+        expect_close_at_dtype(suspects, as_tensor(fn(q, k, v), tried=tried), _kernel(_elu1(q), _elu1(k), v), (q, k, v),
+                              tried=tried, again=fn, oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64",
+                              fix=_LINEAR_FIX, factors={"n_k": float(n_k)})
     no_square(fn, 64, "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds",
               "sum over the keys first: kv = φ(k)ᵀ v and u = φ(k).sum(-2); then φ(q) @ kv and φ(q) @ u",
               *qkv((), 64, 64, 3, 2, 120))
@@ -216,7 +216,7 @@ def _run_causal(fn: Learner, name: str, table: list[Known], seed: int, *, chunke
     over d_k covers right (:func:`_loop_bound`)? and for chunks, which chunks are wrong (:func:`_chunks_measured`)?"""
     suspects = Suspects(table)
     for i, (label, (lead, n, d_k, d_v), scale, c) in enumerate(_CAUSAL_CASES):
-        q, k, v = qkv(lead, n, n, d_k, d_v, seed + i, scale=scale, dtype=dtype(label))
+        q, k, v = qkv(lead, n, n, d_k, d_v, seed + i, scale=scale, dtype=dtype_of(label))
         case = (q, k, v, c) if chunked else (q, k, v)
         tried = f"{name}(q, k, v{f', {c}' if chunked else ''}) on {label}"
         out = as_tensor(fn(*case), tried=tried)
@@ -227,9 +227,9 @@ def _run_causal(fn: Learner, name: str, table: list[Known], seed: int, *, chunke
             if chunked:
                 _chunks_measured(fn, failure, out, expected, case)
 
-        expect_close(suspects, out, expected, case, tried=tried, again=fn, measured=measured, fix=fix,
-                     oracle="causal kernel attention computed densely in float64",
-                     factors=None if chunked else {"d_k": float(d_k)})
+        expect_close_at_dtype(suspects, out, expected, case, tried=tried, again=fn, measured=measured, fix=fix,
+                              oracle="causal kernel attention computed densely in float64",
+                              factors=None if chunked else {"d_k": float(d_k)})
 
 
 def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, d_k: int, c: int) -> None:
@@ -371,7 +371,7 @@ def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
     whole = call_or_skip(lambda: as_tensor(fn(q, k, v, n), tried=failure.diagnosis.tried))
     if whole is None or tuple(whole.shape) != tuple(out.shape):
         return
-    if same(whole, expected, **tol(torch.float32)):
+    if same(whole, expected, **tolerance(torch.float32)):
         refail(failure, "right as one chunk, wrong with several", f"with chunk_size = n (one chunk) your function is "
                f"right, with chunks of {c} it is not: what goes wrong is what passes from chunk to chunk (the state C "
                "and u: how they are updated, or how φ(q_c) C and φ(q_c) u are added)", _CHUNK_FIX)

@@ -10,7 +10,7 @@ import torch
 from ..compare import as_tensor, fail, same
 from ..core import Learner, check
 from ..kit import Suspects
-from .judge import dtype, expect_close, table, tol
+from .judge import dtype_of, expect_close_at_dtype, table, tolerance
 
 Tensor = torch.Tensor
 
@@ -78,7 +78,7 @@ def _rf_cases() -> list[tuple[str, Tensor, Tensor]]:
         g = torch.Generator().manual_seed(400 + i)
         x = scale * torch.randn(*shape, generator=g, dtype=torch.float64)
         omega = torch.randn(r, shape[-1], generator=g, dtype=torch.float64)
-        cases.append((label, x.to(dtype(label)), omega.to(dtype(label))))
+        cases.append((label, x.to(dtype_of(label)), omega.to(dtype_of(label))))
     g = torch.Generator().manual_seed(406)
     x = torch.randn(3, 6, generator=g, dtype=torch.float64)
     x = 14 * x / x.norm(dim=-1, keepdim=True)  # |x| = 14
@@ -95,15 +95,15 @@ def check_positive_random_features(fn: Learner) -> str:
         tried = f"positive_random_features(x, omega) on {label}"
         out, expected = as_tensor(fn(x, omega), tried=tried), _features(x, omega)
         split = (torch.exp(x @ omega.T) * torch.exp(-(x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(omega.shape[0])
-        if "98" in label and not same(out, expected, **tol(x.dtype)) and same(out, split, atol=0, rtol=0):
+        if "98" in label and not same(out, expected, **tolerance(x.dtype)) and same(out, split, atol=0, rtol=0):
             fail("exp(ω·x) and exp(−|x|²/2) taken separately: overflow", tried=tried,
                  got="inf, NaN or 0 where the right features are ordinary numbers",
                  expected="finite features (the combined exponent ω·x − |x|²/2 is small)",
                  cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
                        "underflows to 0) separately before multiplying, so inf · 0 = NaN",
                  fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
-        expect_close(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
-                     oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
-                     factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
+        expect_close_at_dtype(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
+                              oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
+                              factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
     return (f"matches exp(ω·x − |x|²/2)/√n_f on {len(cases)} cases (batch × heads, n_f = d, one feature, float32, "
             "exponents that overflow when split)")

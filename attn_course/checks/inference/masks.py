@@ -11,7 +11,7 @@ import torch
 from ..compare import Failure, same
 from ..core import Learner, as_tensor, check, fail
 from ..kit import Known, Suspects, call_explained
-from .oracle import PATTERNS, name, rows, window
+from .oracle import PATTERNS, dtype_name, rows, window
 
 
 def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str) -> torch.Tensor:
@@ -19,7 +19,7 @@ def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str) -> torch.Tenso
     t = as_tensor(value, tried=tried, what="your function", expected="a bool tensor")
     if t.dtype == torch.bool:
         return t
-    dtype, want = name(t.dtype), "a bool tensor (True = may attend)"
+    dtype, want = dtype_name(t.dtype), "a bool tensor (True = may attend)"
     if t.is_floating_point() and same(t, torch.zeros(expected.shape, dtype=t.dtype).masked_fill(~expected, -math.inf),
                                       atol=0, rtol=0):
         fail("returned the additive form (0 / −inf), not a bool mask", tried=tried,

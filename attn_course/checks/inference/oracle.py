@@ -15,7 +15,7 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     return dict(atol=1e-6, rtol=1e-5) if dtype == torch.float64 else dict(LOOSE)
 
 
-def name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 

@@ -12,7 +12,7 @@ from ..boundary import probe
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail
 from ..kit import Known, Suspects, call_explained, watch
-from .oracle import LOOSE, PATTERNS, attn, name, rows, sdpa, tolerance, window
+from .oracle import LOOSE, PATTERNS, attn, dtype_name, rows, sdpa, tolerance, window
 
 
 def _window_qkv(lead, n, d, seed, dtype=torch.float64):
@@ -319,8 +319,9 @@ def check_sliding_window_attention(fn: Learner) -> str:
             summary, cause, fix = _window_cause(fn, out, case, tol)
             fail(summary or d.summary, tried=tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
         if out.dtype != q.dtype:
-            fail(f"result in {name(out.dtype)}, not q's {name(q.dtype)}", tried=tried, got=name(out.dtype),
-                 expected=name(q.dtype), cause="you created the output (or the accumulator) without dtype=q.dtype",
+            fail(f"result in {dtype_name(out.dtype)}, not q's {dtype_name(q.dtype)}", tried=tried,
+                 got=dtype_name(out.dtype), expected=dtype_name(q.dtype),
+                 cause="you created the output (or the accumulator) without dtype=q.dtype",
                  fix="allocate with dtype=q.dtype (or torch.zeros_like from q's tensors)")
     _MEMO.clear()
     _check_work(fn)
