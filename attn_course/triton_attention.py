@@ -289,6 +289,14 @@ def _pick_backward_blocks(device: torch.device) -> dict[str, tuple[int, int]]:
     return {"dk_dv": (32, 64), "dq": (64, 32)}
 
 
+def _pick_backward_warps(head_dim: int) -> tuple[int, int]:
+    """Backward num_warps, num_stages. With d_head = 128 and the (32, 64) tiles of :func:`_pick_backward_blocks`,
+    Triton 3.6 on an H100 built, for 4 warps and 2 stages, a dK/dV kernel whose dK was wrong (a quarter off, in
+    every key block; dQ and dV right), and with 8 warps, or 1 stage, a right one: the tests of
+    scripts/gpu_finale.py caught it (docs/results/nvidia-h100-80gb-hbm3/, docs/gpu-results.md). 8 warps there."""
+    return (4, 2) if head_dim <= 64 else (8, 2)
+
+
 def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     reason = unavailable_reason(q.device)
     if reason:
@@ -347,12 +355,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
              dout: torch.Tensor, *, causal: bool = False, scale: float | None = None,
-             blocks: dict[str, tuple[int, int]] | None = None,
-             num_warps: int = 4, num_stages: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             blocks: dict[str, tuple[int, int]] | None = None, num_warps: int | None = None,
+             num_stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward kernels: (dq, dk, dv) shaped like (q, k, v), from what the forward saved.
 
     q, k, v, o, dout = ∂ℒ/∂O: (..., n, d_head); lse: (..., n) from :func:`forward`. ``blocks`` overrides
-    the (BLOCK_M, BLOCK_N) of the ``"dk_dv"`` and ``"dq"`` kernels. D = rowsum(dO ∘ O) is computed
+    the (BLOCK_M, BLOCK_N) of the ``"dk_dv"`` and ``"dq"`` kernels, ``num_warps``/``num_stages`` those of
+    :func:`_pick_backward_warps`. D = rowsum(dO ∘ O) is computed
     here in float32, then the two kernels run (module docstring: why dQ has a pass of its own).
     """
     _validate(q, k, v)
@@ -366,7 +375,8 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
     chosen = {**_pick_backward_blocks(q.device), **(blocks or {})}
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    extra = {} if q.device.type != "cuda" else {"num_warps": num_warps, "num_stages": num_stages}
+    warps, stages = _pick_backward_warps(d)
+    extra = {} if q.device.type != "cuda" else {"num_warps": num_warps or warps, "num_stages": num_stages or stages}
     kernels = _kernels()
     heads = q3.shape[0]
     bm, bn = chosen["dk_dv"]

@@ -10,7 +10,10 @@ On a machine with a CUDA GPU it
    total budget (:data:`TOTAL_BUDGET_S`) would be passed;
 4. merges the pieces into ``docs/results/<gpu-name>/attention-bench.{json,csv}`` and one figure per
    dtype and mode, every row stamped (GPU model, driver, CUDA, torch, Triton, dtype, shapes). No
-   number is ever written by hand.
+   number is ever written by hand;
+5. after notebook 09's piece, measures the course's kernels with a few other block sizes, warps and
+   stages against the best fused PyTorch backend (``triton-tuning.json``): where the kernels stand,
+   and what another choice of tiles would give.
 
 ``--dry-run`` runs the same path on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, set
 by the script) on tiny shapes, writing to a temporary folder (never docs/results/); CI runs it so that
@@ -35,6 +38,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PIECE_TIMEOUT_S = 180  # each piece: ≤ 3 minutes on an H100 (a piece that takes longer is cut and reported)
 TOTAL_BUDGET_S = 450  # all pieces: under 8 minutes; a piece is not started when it could pass this
 TESTS_TIMEOUT_S = 300
+TUNE_TIMEOUT_S = 150  # the tuning step (a process of its own)
+
+# The tuning step: forward (BLOCK_M, BLOCK_N, num_warps, num_stages) and backward ({kernel: (BLOCK_M,
+# BLOCK_N)}, num_warps, num_stages), the kernels' own choice first; float16, B·n = 16384 tokens,
+# A·d_head = 1024, non-causal and causal.
+FORWARD_CONFIGS = [None, (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                   (128, 32, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4)]
+BACKWARD_CONFIGS = [None, ({"dk_dv": (64, 64), "dq": (64, 64)}, 4, 2), ({"dk_dv": (64, 128), "dq": (128, 64)}, 8, 2),
+                    ({"dk_dv": (32, 128), "dq": (128, 32)}, 4, 3), ({"dk_dv": (64, 128), "dq": (128, 64)}, 8, 3)]
+TUNE_SHAPES = [(4096, 64), (4096, 128), (16384, 64), (16384, 128)]  # (n, d_head)
+CHECK_N, CHECK_TOL = 512, 2e-2  # each configuration's check: n, and its largest error relative to max |reference|
+DRY_TUNE = {"forward": [None, (16, 16, 1, 1), (32, 16, 1, 1)],
+            "backward": [None, ({"dk_dv": (16, 32), "dq": (32, 16)}, 1, 1)],
+            "shapes": [(48, 16)], "tokens": 48, "hidden": 32}
 
 # Notebook 09's configurations: its GPU cell first (n = 4096, d_k 64 and 128, float16, B·n = 8192,
 # A·d_k = 1024), then its "full sweep" (n = 512 … 16384, float16 and bfloat16, forward and
@@ -117,31 +134,171 @@ def run_tests(out: Path, env: dict) -> dict:
     return summary
 
 
-def run_pieces(pieces, out: Path, env: dict, device: str) -> list[dict]:
-    """Each piece as `python -m attn_course bench` in its own process, with a time limit each and overall."""
+def run_pieces(pieces, out: Path, env: dict, device: str, *, budget_s: float = TOTAL_BUDGET_S,
+               piece_timeout_s: float = PIECE_TIMEOUT_S, started: float | None = None) -> list[dict]:
+    """Each piece as `python -m attn_course bench` in its own process, with a time limit each and overall
+    (the overall one counted from ``started``)."""
     log = []
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     for name, args in pieces:
         spent = time.perf_counter() - started
-        if spent + PIECE_TIMEOUT_S > TOTAL_BUDGET_S and log:
-            log.append({"piece": name, "status": "not started", "reason": f"total budget {TOTAL_BUDGET_S} s"})
-            print(f"[gpu_finale] {name}: not started (the total budget of {TOTAL_BUDGET_S} s could be passed)")
+        if spent + piece_timeout_s > budget_s and log:
+            log.append({"piece": name, "status": "not started", "reason": f"total budget {budget_s:g} s"})
+            print(f"[gpu_finale] {name}: not started (the total budget of {budget_s:g} s could be passed)")
             continue
         folder = out / "pieces" / name
         cmd = [sys.executable, "-m", "attn_course", "bench", "--device", device, *args, "--out", str(folder),
                "--no-progress", "--no-plot"]
         t0 = time.perf_counter()
         try:
-            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=PIECE_TIMEOUT_S)
+            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=piece_timeout_s)
             status = {0: "ok", 1: "a WRONG result"}.get(done.returncode, f"exit code {done.returncode}")
             (out / "pieces").mkdir(parents=True, exist_ok=True)
             (out / "pieces" / f"{name}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
         except subprocess.TimeoutExpired:
-            status = f"cut at {PIECE_TIMEOUT_S} s"
+            status = f"cut at {piece_timeout_s:g} s"
         wall = round(time.perf_counter() - t0, 1)
         print(f"[gpu_finale] {name}: {status} in {wall} s")
         log.append({"piece": name, "status": status, "wall_s": wall, "args": args})
     return log
+
+
+def _ms(fn, cuda: bool) -> float:
+    """Median milliseconds of ``fn()``: ``triton.testing.do_bench`` on a GPU, the best of three calls otherwise."""
+    if cuda:
+        import triton
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return min(times)
+
+
+def tune(dry_run: bool, path: Path) -> dict:
+    """The course's Triton kernels with other tiles, warps and stages, and the best fused PyTorch backend,
+    on the same inputs: forward TFLOP/s, and backward TFLOP/s (2.5 × the forward's FLOPs, as FlashAttention-2
+    counts; causal halves both). The backends' backward time is their forward + backward minus their forward.
+    ``path`` (``triton-tuning.json``) is rewritten after every shape, so a step cut short keeps what it measured."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from attn_course import triton_attention
+
+    cuda = not dry_run
+    device, dtype = ("cuda", torch.float16) if cuda else ("cpu", torch.float32)
+    forward_configs = DRY_TUNE["forward"] if dry_run else FORWARD_CONFIGS
+    backward_configs = DRY_TUNE["backward"] if dry_run else BACKWARD_CONFIGS
+    shapes = DRY_TUNE["shapes"] if dry_run else TUNE_SHAPES
+    tokens, hidden = (DRY_TUNE["tokens"], DRY_TUNE["hidden"]) if dry_run else (16384, 1024)
+    backends = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION}
+    rows = []
+    result = {"device": device, "dtype": str(dtype).replace("torch.", ""),
+              "timing": "triton.testing.do_bench, median" if cuda else "best of three calls (dry run)", "rows": rows}
+    for n, d in shapes:
+        for causal in (False, True):
+            b, a = max(1, tokens // n), max(1, hidden // d)  # (B, A): B·n tokens, A·d_head = hidden
+            g = torch.Generator().manual_seed(0)
+            q, k, v, dout = (torch.randn(b, a, n, d, generator=g).to(device=device, dtype=dtype) for _ in range(4))
+            fwd_flops = 4 * b * a * n * n * d / (2 if causal else 1)
+            # Each configuration is first checked on a small input against float64 (a wrong kernel is not timed).
+            small = [t[:1, :4, :min(n, CHECK_N)].contiguous() for t in (q, k, v, dout)]
+            leaves64 = [t.double().requires_grad_(True) for t in small[:3]]
+            o64 = F.scaled_dot_product_attention(*leaves64, is_causal=causal)
+            want = (o64.detach(), *torch.autograd.grad(o64, leaves64, small[3].double()))
+
+            def rel_error(got, want=want):
+                return max((g.double() - w).abs().max().item() / w.abs().max().item() for g, w in zip(got, want))
+
+            row = {"n": n, "d_head": d, "B": b, "A": a, "dtype": str(dtype).replace("torch.", ""), "causal": causal,
+                   "forward_flops": fwd_flops, "backward_flops": 2.5 * fwd_flops, "backends": {}, "forward": [],
+                   "backward": []}
+            for name, backend in backends.items():
+                leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+                def fwd(leaves=leaves, backend=backend):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+                def fwd_bwd(leaves=leaves, fwd=fwd):
+                    return torch.autograd.grad(fwd(), leaves, dout)
+
+                try:
+                    f_ms = _ms(lambda fwd=fwd: fwd(), cuda)
+                    fb_ms = _ms(fwd_bwd, cuda)
+                    row["backends"][name] = {"forward_ms": f_ms, "backward_ms": max(fb_ms - f_ms, 1e-9),
+                                             "forward_tflops": fwd_flops / f_ms / 1e9,
+                                             "backward_tflops": 2.5 * fwd_flops / max(fb_ms - f_ms, 1e-9) / 1e9}
+                except Exception as exc:  # noqa: BLE001 - a backend this GPU or dtype lacks: say so
+                    row["backends"][name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            for config in forward_configs:
+                entry = {"config": "the kernel's own choice" if config is None else
+                         dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), config))}
+                kwargs = {} if config is None else dict(zip(("block_m", "block_n", "num_warps", "num_stages"), config))
+                try:
+                    error = rel_error(triton_attention.forward(*small[:3], causal=causal, **kwargs)[:1])
+                    entry.update(max_rel_error=error, correct=error < CHECK_TOL)
+                    if entry["correct"]:
+                        ms = _ms(lambda kwargs=kwargs: triton_attention.forward(q, k, v, causal=causal, **kwargs), cuda)
+                        entry.update(ms=ms, tflops=fwd_flops / ms / 1e9)
+                except Exception as exc:  # noqa: BLE001 - out of shared memory or registers: recorded
+                    entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                row["forward"].append(entry)
+            o, lse = triton_attention.forward(q, k, v, causal=causal)
+            o_small, lse_small = triton_attention.forward(*small[:3], causal=causal)
+            for config in backward_configs:
+                entry = {"config": "the kernel's own choice" if config is None else
+                         {"blocks": config[0], "num_warps": config[1], "num_stages": config[2]}}
+                kwargs = {} if config is None else {"blocks": config[0], "num_warps": config[1],
+                                                    "num_stages": config[2]}
+                try:
+                    grads = triton_attention.backward(*small[:3], o_small, lse_small, small[3], causal=causal, **kwargs)
+                    error = rel_error((o_small, *grads))
+                    entry.update(max_rel_error=error, correct=error < CHECK_TOL)
+                    if entry["correct"]:
+                        ms = _ms(lambda kwargs=kwargs: triton_attention.backward(q, k, v, o, lse, dout, causal=causal,
+                                                                                 **kwargs), cuda)
+                        entry.update(ms=ms, tflops=2.5 * fwd_flops / ms / 1e9)
+                except Exception as exc:  # noqa: BLE001
+                    entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                row["backward"].append(entry)
+            for part in ("forward", "backward"):
+                measured = [b[f"{part}_tflops"] for b in row["backends"].values() if f"{part}_tflops" in b]
+                best = max(measured, default=None)
+                row[f"best_backend_{part}_tflops"] = best
+                for entry in row[part]:
+                    if best and "tflops" in entry:
+                        entry["share_of_best_backend"] = entry["tflops"] / best
+            rows.append(row)
+            path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            shares = [row[part][0].get("share_of_best_backend") for part in ("forward", "backward")]
+            print(f"[gpu_finale] tuning n={n} d={d} causal={causal}: the kernels' own choice at "
+                  + ", ".join(f"{'?' if x is None else f'{x:.0%}'} ({part})"
+                              for x, part in zip(shares, ("forward", "backward")))
+                  + " of the best backend", flush=True)
+    return result
+
+
+def run_tune(out: Path, env: dict, dry_run: bool) -> dict:
+    """:func:`tune` in a process of its own, with a time limit; its result in ``triton-tuning.json``."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--tune-only", "--out", str(out)]
+    cmd += ["--dry-run"] if dry_run else []
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TUNE_TIMEOUT_S)
+        status = "ok" if done.returncode == 0 else f"exit code {done.returncode}"
+        (out / "tuning.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+        print(done.stdout, end="")
+    except subprocess.TimeoutExpired:
+        status = f"cut at {TUNE_TIMEOUT_S} s"
+    wall = round(time.perf_counter() - started, 1)
+    print(f"[gpu_finale] tuning: {status} in {wall} s")
+    return {"piece": "tuning", "status": status, "wall_s": wall}
 
 
 def merge(out: Path, env_info: dict, pieces_log: list[dict], tests: dict) -> list[Path]:
@@ -174,7 +331,24 @@ def main(argv: list[str] | None = None) -> int:
                              "writes to a temporary folder")
     parser.add_argument("--out", help="output folder (default: docs/results/<gpu-name>, or a temporary folder "
                                       "with --dry-run)")
+    parser.add_argument("--budget", type=float, default=TOTAL_BUDGET_S,
+                        help="seconds for the benchmark pieces and the tuning step together (default "
+                             f"{TOTAL_BUDGET_S}); "
+                             "a piece that could pass it is not started, and says so")
+    parser.add_argument("--piece-timeout", type=float, default=PIECE_TIMEOUT_S,
+                        help=f"seconds at most for one piece (default {PIECE_TIMEOUT_S})")
+    parser.add_argument("--keep-logs", action="store_true", help="keep each piece's log next to the results")
+    parser.add_argument("--pieces", nargs="+", metavar="NAME",
+                        help="run only these benchmark pieces (default: all; 'none' for the tests and tuning alone)")
+    parser.add_argument("--no-tuning", action="store_true", help="leave out the tuning step")
+    parser.add_argument("--tune-only", action="store_true", help=argparse.SUPPRESS)  # run_tune's own process
     args = parser.parse_args(argv)
+    if args.tune_only:
+        if args.dry_run:
+            os.environ["TRITON_INTERPRET"] = "1"
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        tune(args.dry_run, Path(args.out) / "triton-tuning.json")
+        return 0
     started = time.perf_counter()
     env = dict(os.environ)
     if args.dry_run:
@@ -206,14 +380,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[gpu_finale] Triton tests: {tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
           f"in {tests['wall_s']} s ({', '.join(tests['dtypes']) or 'no dtype passed'})")
 
-    pieces = run_pieces(DRY_PIECES if args.dry_run else GPU_PIECES, out, env, "cpu" if args.dry_run else "cuda")
+    # Notebook 09's piece first, then the tuning step, then the other pieces, all within one budget.
+    all_pieces = DRY_PIECES if args.dry_run else GPU_PIECES
+    if args.pieces:
+        unknown = set(args.pieces) - {name for name, _ in all_pieces} - {"none"}
+        if unknown:
+            parser.error(f"no piece named {', '.join(sorted(unknown))}: {', '.join(name for name, _ in all_pieces)}")
+        all_pieces = [(name, a) for name, a in all_pieces if name in args.pieces]
+    device = "cpu" if args.dry_run else "cuda"
+    budget = dict(budget_s=args.budget, piece_timeout_s=args.piece_timeout, started=time.perf_counter())
+    pieces = run_pieces(all_pieces[:1], out, env, device, **budget)
+    tuning = {"status": "ok"} if args.no_tuning else run_tune(out, env, args.dry_run)
+    pieces += run_pieces(all_pieces[1:], out, env, device, **budget)
     written = merge(out, info, pieces, tests)
     if not args.dry_run:
-        shutil.rmtree(out / "pieces", ignore_errors=True)  # merged: the pieces' own files are not kept
+        for folder in (out / "pieces").glob("*/"):  # merged: the pieces' own result files are not kept
+            shutil.rmtree(folder, ignore_errors=True)
+        if not args.keep_logs:
+            shutil.rmtree(out / "pieces", ignore_errors=True)
+            (out / "tuning.log").unlink(missing_ok=True)
     wall = round(time.perf_counter() - started, 1)
-    print(f"[gpu_finale] wrote {', '.join(p.name for p in written)} and triton-tests.json, environment.json to {out} "
+    print(f"[gpu_finale] wrote {', '.join(p.name for p in written)} and triton-tests.json, triton-tuning.json, "
+          f"environment.json to {out} "
           f"in {wall} s")
-    ok = tests["failed"] == 0 and tests["passed"] > 0 and all(p["status"] == "ok" for p in pieces) and written
+    ok = (tests["failed"] == 0 and tests["passed"] > 0 and all(p["status"] == "ok" for p in pieces) and written
+          and tuning["status"] == "ok")
     if not args.dry_run:
         print("Next: commit docs/results/ and open a pull request (docs/gpu-results.md).")
     return 0 if ok else 1
