@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 import sys
 import time
 import warnings
@@ -851,15 +852,20 @@ def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtyp
     ok = [r for r in ok if r["dtype"] == dtype]
     if not ok:
         return None
+    # A line joins points of one sweep: B·n tokens and A·d_k held fixed. Rows merged from runs at other
+    # sizes (a recorded GPU's notebook cell beside its sweep) stay in the table, not in the figure.
+    sizes = Counter((r["batch"] * r["n"], r["heads"] * r["head_dim"]) for r in ok)
+    (tokens, hidden), _ = sizes.most_common(1)[0]
+    left_out = sum(count for size, count in sizes.items() if size != (tokens, hidden))
+    ok = [r for r in ok if (r["batch"] * r["n"], r["heads"] * r["head_dim"]) == (tokens, hidden)]
     dims = sorted({r["head_dim"] for r in ok})
     causals = sorted({r["causal"] for r in ok})
     fig, axes = plt.subplots(2 * len(dims), len(causals), figsize=(4.7 * len(causals), 3.4 * 2 * len(dims)),
                              squeeze=False)
     impls = list(dict.fromkeys(r["impl"] for r in ok))
     markers = "osD^vP*X"
-    shapes = info.get("shapes", {})
-    fixed = (f"B·n = {shapes.get('tokens (B·n)', '?')} tokens, A·d_k = {shapes.get('hidden (A·d_k)', '?')}"
-             if shapes else "")
+    fixed = f"B·n = {tokens} tokens, A·d_k = {hidden}" + (
+        f" (the table's {left_out} measurements at other sizes are not drawn)" if left_out else "")
     for i, d in enumerate(dims):
         for j, causal in enumerate(causals):
             time_ax, mem_ax = axes[2 * i][j], axes[2 * i + 1][j]
@@ -885,7 +891,7 @@ def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtyp
     axes[0][0].legend(fontsize=9)
     fig.suptitle(f"{info.get('device', '?')} · torch {info.get('torch', '?')}"
                  + (f" · triton {info['triton']}" if info.get("triton") else "")
-                 + (f"\n{fixed} held fixed" if fixed else ""), fontsize=10)
+                 + f"\n{fixed.replace(' (', ' held fixed (', 1) if left_out else fixed + ' held fixed'}", fontsize=10)
     fig.tight_layout()
     return fig
 

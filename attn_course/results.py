@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 
 from . import benchmark, datasheet, timing
 
-__all__ = ["Recorded", "load", "summary", "show", "NONE_RECORDED"]
+__all__ = ["Recorded", "load", "summary", "standing", "show", "NONE_RECORDED"]
 
 NONE_RECORDED = ("No GPU results are recorded yet: nothing in {root} was measured on a GPU.\n"
                  "With a CUDA GPU, run `python scripts/gpu_finale.py` (docs/gpu-results.md) and re-run this cell.")
@@ -71,7 +71,13 @@ def _stamp_lines(rec: Recorded) -> list[str]:
     if versions:
         lines.append("  " + " · ".join(versions))
     shapes = s.get("shapes") or {}
-    if shapes:
+    if isinstance(shapes.get("pieces"), dict):  # merged from several runs of `bench`: each run's sizes
+        for piece, o in shapes["pieces"].items():
+            lines.append(f"  {piece}: " + ("not run" if not o else
+                         f"n = {', '.join(map(str, o['ns']))}; d_k = {', '.join(map(str, o['head_dims']))}; "
+                         f"B·n = {o['tokens']} tokens, A·d_k = {o['hidden']}; {', '.join(o['dtypes'])}; "
+                         f"{', '.join(o['modes'])}"))
+    elif shapes:
         lines.append("  shapes: " + ", ".join(f"{k} = {v}" for k, v in shapes.items()))
     if s.get("peak_source"):
         lines.append(f"  peaks: {s['peak_source']}")
@@ -102,8 +108,58 @@ def summary(root: str | Path, *, mode: str = "fwd", min_n: int = 0) -> str:
         lines = _stamp_lines(rec)
         rows = _selected(rec, mode, min_n)
         lines.append(benchmark.results_table(rows) if rows else f"  (no {mode} rows with n ≥ {min_n} recorded)")
+        lines += standing(rec, mode=mode, min_n=min_n)
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def standing(rec: Recorded, *, mode: str = "fwd", min_n: int = 0) -> list[str]:
+    """Where the course's Triton kernel stands: at each recorded point with n ≥ ``min_n``, its TFLOP/s and its
+    share of the fastest PyTorch backend (``sdpa-*``) on the same inputs; then, from ``triton-tuning.json``
+    when recorded, the same share for the kernel's own tiles and for the best other tiles it tried."""
+    rows = [r for r in _selected(rec, mode, min_n) if r.get("status") == "ok" and r.get("tflops")]
+    lines = []
+    for r in (r for r in rows if r["impl"] == "triton"):
+        rivals = [o for o in rows if o["impl"].startswith("sdpa-") and all(
+            o[key] == r[key] for key in ("dtype", "n", "head_dim", "causal", "batch", "heads"))]
+        if rivals:
+            best = max(rivals, key=lambda o: o["tflops"])
+            kind = "causal" if r["causal"] else "non-causal"
+            lines.append(f"  triton at n = {r['n']}, d_k = {r['head_dim']}, {kind}, B×A = {r['batch'] * r['heads']}: "
+                         f"{r['tflops']:.0f} TFLOP/s, {r['tflops'] / best['tflops']:.0%} of {best['impl']} "
+                         f"({best['tflops']:.0f})")
+    if lines:
+        lines.insert(0, f"The course's Triton kernel against the fastest fused backend ({mode}, n ≥ {min_n}):")
+    path = rec.folder / "triton-tuning.json"
+    part = "forward" if mode == "fwd" else "backward"
+    try:
+        tuning = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    except (OSError, ValueError):
+        tuning = None
+    if tuning and tuning.get("rows"):
+        lines.append(f"Other tiles for the {part} kernel{'s' if part == 'backward' else ''} (triton-tuning.json: "
+                     f"{tuning.get('dtype')}, {tuning.get('timing')}; {part} TFLOP/s as a share of the fastest "
+                     f"backend's {part}; every configuration first checked against float64):")
+        for row in tuning["rows"]:
+            timed = [e for e in row.get(part, []) if "share_of_best_backend" in e]
+            if not timed:
+                continue
+            own, best = timed[0], max(timed, key=lambda e: e["share_of_best_backend"])
+            kind = "causal" if row["causal"] else "non-causal"
+            lines.append(f"  n = {row['n']}, d_k = {row['d_head']}, {kind}: own tiles "
+                         f"{own['share_of_best_backend']:.0%}, best tried {best['share_of_best_backend']:.0%} "
+                         f"({_config_text(best['config'])})")
+    return lines
+
+
+def _config_text(config: Any) -> str:
+    if not isinstance(config, dict):
+        return str(config)
+    if "blocks" in config:
+        blocks = "; ".join(f"{k} {tuple(v)}" for k, v in config["blocks"].items())
+        return f"{blocks}; {config['num_warps']} warps, {config['num_stages']} stages"
+    return (f"BLOCK_M {config['BLOCK_M']}, BLOCK_N {config['BLOCK_N']}, {config['num_warps']} warps, "
+            f"{config['num_stages']} stages")
 
 
 def show(root: str | Path, *, mode: str = "fwd", min_n: int = 0) -> list[plt.Figure]:

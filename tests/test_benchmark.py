@@ -214,6 +214,15 @@ def test_results_table_and_figure():
     assert benchmark.plot_results(results, info, mode="fwd+bwd") is None  # nothing measured in that mode
     two_dims, info2 = benchmark.run_sweep(tiny(ns=[32], head_dims=[8, 16], impls=["naive"]), progress=False, log=quiet)
     assert readability_problems(benchmark.plot_results(two_dims, info2)) == []
+    # Rows of another run at other sizes (a recorded GPU's notebook cell beside its sweep) are not joined
+    # to the sweep's lines: the figure draws the sweep and says how many table rows it leaves out.
+    other, _ = benchmark.run_sweep(tiny(ns=[64], impls=["naive"], tokens=256), progress=False, log=quiet)
+    fig = benchmark.plot_results(results + other, info)
+    title = fig._suptitle.get_text()
+    # n = 128 > B·n = 64 tokens: there B is 1, so those rows hold 128 tokens, not 64, and are not drawn either
+    apart = len(other) + sum(r.status == "ok" and r.mode == "fwd" and r.n == 128 for r in results)
+    assert "B·n = 64 tokens, A·d_k = 32 held fixed" in title and f"{apart} measurements at other sizes" in title
+    assert {x for line in fig.axes[0].lines for x in line.get_xdata()} == {32, 64}
 
 
 def test_recorded_results_are_found(tmp_path):

@@ -64,3 +64,29 @@ def test_a_real_recording_is_not_labelled_a_fixture_and_broken_files_are_skipped
 def test_docs_results_holds_no_fixture():
     for path in (ROOT / "docs" / "results").glob("*/*.json"):
         assert "fixture" not in json.loads(path.read_text(encoding="utf-8")).get("stamp", {}), path
+
+
+def test_the_kernels_standing_is_its_share_of_the_fastest_backend_at_the_same_point(tmp_path):
+    shutil.copytree(FIXTURE / "example-gpu", tmp_path / "gpu")
+    (rec,) = results.load(tmp_path)
+    lines = results.standing(rec, mode="fwd", min_n=4096)
+    ok = [r for r in rec.rows if r["status"] == "ok" and r["mode"] == "fwd" and r["n"] >= 4096 and r.get("tflops")]
+    kernel = [r for r in ok if r["impl"] == "triton"]
+    assert lines[0].startswith("The course's Triton kernel against the fastest fused backend") and kernel
+    for r, line in zip(kernel, lines[1:]):
+        best = max((o for o in ok if o["impl"].startswith("sdpa-") and o["n"] == r["n"] and o["head_dim"] == r["head_dim"]
+                    and o["causal"] == r["causal"] and o["batch"] == r["batch"]), key=lambda o: o["tflops"])
+        assert f"{r['tflops'] / best['tflops']:.0%} of {best['impl']}" in line, line
+    # A tuning file adds the kernel's own tiles and the best tried, as shares of the fastest backend.
+    tuning = {"dtype": "float16", "timing": "do_bench", "rows": [{"n": 4096, "d_head": 64, "causal": False, "forward": [
+        {"config": "the kernel's own choice", "share_of_best_backend": 0.5},
+        {"config": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}, "share_of_best_backend": 0.75},
+        {"config": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}, "error": "OutOfResources"}],
+        "backward": []}]}
+    (tmp_path / "gpu" / "triton-tuning.json").write_text(json.dumps(tuning), encoding="utf-8")
+    (rec,) = results.load(tmp_path)
+    tail = results.standing(rec, mode="fwd", min_n=4096)[len(lines):]
+    assert tail[0].startswith("Other tiles for the forward kernel")
+    assert tail[1:] == ["  n = 4096, d_k = 64, non-causal: own tiles 50%, best tried 75% (BLOCK_M 64, BLOCK_N 64, "
+                        "4 warps, 3 stages)"]
+    assert results.standing(rec, mode="fwd+bwd", min_n=4096)[-1].startswith("Other tiles for the backward")
