@@ -864,7 +864,7 @@ def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtyp
                              squeeze=False)
     impls = list(dict.fromkeys(r["impl"] for r in ok))
     markers = "osD^vP*X"
-    fixed = f"B·n = {tokens} tokens, A·d_k = {hidden}" + (
+    fixed = f"B·n = {tokens} tokens, A·d_k = {hidden} held fixed" + (
         f" (the table's {left_out} measurements at other sizes are not drawn)" if left_out else "")
     for i, d in enumerate(dims):
         for j, causal in enumerate(causals):
@@ -891,7 +891,7 @@ def plot_results(results: Iterable[Result | dict], info: dict[str, Any], *, dtyp
     axes[0][0].legend(fontsize=9)
     fig.suptitle(f"{info.get('device', '?')} · torch {info.get('torch', '?')}"
                  + (f" · triton {info['triton']}" if info.get("triton") else "")
-                 + f"\n{fixed.replace(' (', ' held fixed (', 1) if left_out else fixed + ' held fixed'}", fontsize=10)
+                 + f"\n{fixed}", fontsize=10)
     fig.tight_layout()
     return fig
 
