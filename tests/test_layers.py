@@ -69,7 +69,8 @@ def imports(module: str) -> list[tuple[str, str | None, int]]:
 
 #: What every topic's checks are written with: the kit and the layers it stands on.
 CHECK_LAYERS = ("attn_course.checks.kit", "attn_course.checks.core", "attn_course.checks.compare",
-                "attn_course.checks.boundary", "attn_course.checks.result", "attn_course.checks.cells")
+                "attn_course.checks.boundary", "attn_course.checks.result", "attn_course.checks.cells",
+                "attn_course.checks.exceptions")
 TOPICS = [nb.checks for nb in registry.NOTEBOOKS if nb.checks]
 #: A topic's checks read top to bottom as a specification: past this many lines a file is split.
 TOPIC_FILE_LINES = 600

@@ -38,8 +38,8 @@ from . import cells
 from .boundary import (DEFAULT_TIMEOUT, RECORD_ENV, WALL_FACTOR, Clock, Learner, LearnerNotAttempted, LearnerRaised,
                        LearnerTimedOut, LocalSession, MachineBusy, RecordingSession, ReplayMismatch, ReplaySession,
                        Session, capped_timeout)
-from .compare import (Failure, Mistake, as_tensor, expect_close, expect_equal, expect_finite, expect_shape,
-                      explain_exception, fail, fmt)
+from .compare import Failure, Mistake, as_tensor, expect_close, expect_equal, expect_finite, expect_shape, fail, fmt
+from .exceptions import explain_exception
 from .result import CheckResult, Diagnosis, Status
 
 __all__ = [

@@ -185,7 +185,7 @@ def test_expected_never_says_only_the_expected_values():
     ("AttributeError", "module 'math' has no attribute 'rsqrt'", "math.rsqrt does not exist"),
 ])
 def test_common_exceptions_are_explained(kind, message, phrase):
-    from attn_course.checks.compare import explain_exception
+    from attn_course.checks.exceptions import explain_exception
 
     cause, fix = explain_exception(kind, message)
     assert phrase in cause and fix

@@ -1,5 +1,5 @@
 """A learner's exception explained: a construct of the topic that raises the very same message, else a
-pattern of the topic, else the course-wide table of :func:`~..compare.explain_exception`
+pattern of the topic, else the course-wide table of :func:`~..exceptions.explain_exception`
 (:func:`explain_raise`; :func:`call_explained` calls the learner's function and ends the check with it); and
 the hints several topics share (a tensor asked for one truth value, a signature not kept, a reduction along
 the wrong axis)."""
@@ -11,7 +11,8 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from ..boundary import LearnerRaised
-from ..compare import Failure, explain_exception
+from ..compare import Failure
+from ..exceptions import explain_exception
 from ..core import learner_error
 
 __all__ = ["Construct", "Pattern", "explain_raise", "call_explained", "reproduce", "BOOL_HINT", "bool_hint",
@@ -29,7 +30,7 @@ def explain_raise(exc: LearnerRaised, constructs: Sequence[Construct] = (), patt
 
     First a construct of the topic that, run here, raises the very same type and message (so it is named only
     when it surely is what the learner wrote); then a pattern of the topic; then the course-wide table
-    (:func:`~.compare.explain_exception`). ``{0}``, ``{1}``… in a pattern's cause and fix are the regex's match
+    (:func:`~..exceptions.explain_exception`). ``{0}``, ``{1}``… in a pattern's cause and fix are the regex's match
     and groups."""
     for cause, fix, attempt in constructs:
         try:
