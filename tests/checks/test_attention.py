@@ -281,6 +281,14 @@ def attn_mask_times_scores(Q, K, V, mask=None):
     return w @ V, w
 
 
+def attn_blocked_filled_with_zero(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    if mask is not None:
+        s = torch.where(mask, s, 0.0)
+    w = torch.softmax(s, -1)
+    return w @ V, w
+
+
 def attn_nan_additive(Q, K, V, mask=None):
     s = scaled_scores(Q, K)
     if mask is not None:
@@ -413,6 +421,7 @@ WRONG = [
     (attn_if_mask, ["if mask:"]),
     (attn_boolean_index, ["does not broadcast", "masked_fill"]),
     (attn_mask_times_scores, ["mask multiplied into the scores"]),
+    (attn_blocked_filled_with_zero, ["mask multiplied into the scores", "filled with 0"]),
     (attn_nan_additive, ["0 × (-inf) = NaN"]),
     (attn_scores_as_weights, ["scores returned as weights"]),
     (attn_output_unmasked, ["output from the unmasked weights"]),

@@ -276,7 +276,20 @@ def chunk_float64_inside(q, k, v, chunk_size):
     return chunk_ref(q.double(), k.double(), v.double(), chunk_size).to(q.dtype)
 
 
-@pytest.mark.parametrize("answer", [chunk_ref, chunk_split_einsum, chunk_float64_inside])
+def chunk_batched(q, k, v, chunk_size):  # every chunk's A in one batched product over a padded (m, c) view
+    n, c = q.shape[-2], chunk_size
+    m = -(-n // c)
+    fq, fk, vv = (F.pad(t, (0, 0, 0, m * c - n)).unflatten(-2, (m, c)) for t in (phi(q), phi(k), v))
+    a = (fq @ fk.mT).tril()  # (..., m, c, c)
+    kv = fk.mT @ vv  # (..., m, d_k, d_v): each chunk's own sum
+    C = kv.cumsum(-3) - kv  # the state before each chunk
+    z = fk.sum(-2)
+    u = z.cumsum(-2) - z  # (..., m, d_k)
+    out = (a @ vv + fq @ C) / (a.sum(-1, keepdim=True) + fq @ u[..., None])
+    return out.flatten(-3, -2)[..., :n, :]
+
+
+@pytest.mark.parametrize("answer", [chunk_ref, chunk_split_einsum, chunk_float64_inside, chunk_batched])
 def test_chunked_linear_attention_accepts(accepts, answer):
     accepts(check_chunked_linear_attention, answer)
 
@@ -457,6 +470,24 @@ def bs_ref_global_max(q, k, v, layout, block_size):  # amax over the whole tile 
     return out
 
 
+def bs_inverted(q, k, v, layout, block_size):  # True taken as "masked out", as key_padding_mask means it
+    scale, b = 1 / math.sqrt(q.shape[-1]), block_size
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for i in range(layout.shape[0]):
+        qb = q[..., i * b:(i + 1) * b, :] * scale
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for j in (~layout[i]).nonzero().flatten().tolist():
+            s = qb @ k[..., j * b:(j + 1) * b, :].mT
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - new)
+            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
+            acc = acc * torch.exp(m - new) + p @ v[..., j * b:(j + 1) * b, :]
+            m = new
+        out[..., i * b:(i + 1) * b, :] = acc / l
+    return out
+
+
 def bs_unscaled(q, k, v, layout, block_size):
     return bs_ref(q * math.sqrt(q.shape[-1]), k, v, layout, block_size)
 
@@ -468,6 +499,7 @@ def test_block_sparse_attention_accepts(accepts, answer):
 
 @pytest.mark.parametrize("answer,phrases", [
     (bs_transposed, ["block layout transposed"]),
+    (bs_inverted, ["block layout inverted", "True means the tile is kept"]),
     (bs_dense_masked, ["skipped blocks still computed"]),
     (bs_all_tiles_then_skip, ["skipped blocks still computed"]),
     (bs_unscaled, ["scores not scaled"]),

@@ -343,12 +343,17 @@ def rows_loop_2d(Q, K):
     return S
 
 
+def every_axis_reversed(Q, K):  # K.T's error with no ".T" in the line that raised it: named by the rows that raise
+    return Q @ K.permute(*reversed(range(K.ndim)))  # it and that no right 2-D result rules out (K @ Q.T gives K Qᵀ)
+
+
 SCORE_WRONG = [
     W(lambda Q, K: Q @ K, "K not transposed", "K.transpose(-2, -1)"),
     W(lambda Q, K: K @ Q.mT, "rows and columns swapped"),
     W(lambda Q, K: torch.einsum("...qd,...kd->...kq", Q, K), "rows and columns swapped", "einsum"),
     W(lambda Q, K: (Q @ K.mT).mT, "rows and columns swapped"),
     W(lambda Q, K: Q @ K.T, "K.T on batched input", "K.mT"),
+    W(every_axis_reversed, "K.T on batched input"),
     W(lambda Q, K: Q @ K.transpose(0, 1), "transpose(0, 1)"),
     W(lambda Q, K: Q @ K.transpose(1, 2), "transpose(1, 2)"),
     W(lambda Q, K: Q @ K.permute(0, 2, 1), "permute(0, 2, 1)"),

@@ -75,7 +75,7 @@ def os_float64_inside(x, block_size=1):
     return os_ref(x.double(), block_size).to(x.dtype)
 
 
-def os_numpy(x, block_size=1):  # NumPy inside, a NumPy array out
+def os_numpy(x, block_size=1):  # NumPy inside (float64), a NumPy array of x's dtype out
     a = np.asarray(x, dtype=np.float64)
     m = np.full(a.shape[:-1] + (1,), -np.inf)
     l = np.zeros_like(m)
@@ -84,7 +84,7 @@ def os_numpy(x, block_size=1):  # NumPy inside, a NumPy array out
         new = np.maximum(m, blk.max(-1, keepdims=True))
         l = l * np.exp(m - new) + np.exp(blk - new).sum(-1, keepdims=True)
         m = new
-    return np.exp(a - m) / l
+    return (np.exp(a - m) / l).astype(np.asarray(x).dtype)
 
 
 def _os(x, b, *, factor="shrink", newmax="running", final="ok", stop=None, end=lambda s, b: s + b, m0=-math.inf):
@@ -120,6 +120,16 @@ def os_no_keepdim(x, block_size=1):
 def os_global_max(x, block_size=1):  # two passes: the row's maximum first
     m = x.amax(-1, keepdim=True)
     l = sum(torch.exp(x[..., s:s + block_size] - m).sum(-1, keepdim=True) for s in range(0, x.shape[-1], block_size))
+    return torch.exp(x - m) / l
+
+
+def os_two_pass_blocks(x, block_size=1):  # two passes, both in blocks: every block's maximum, then the sums
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        m = torch.maximum(m, x[..., s:s + block_size].amax(-1, keepdim=True))
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], block_size):
+        l = l + torch.exp(x[..., s:s + block_size] - m).sum(-1, keepdim=True)
     return torch.exp(x - m) / l
 
 
@@ -171,6 +181,8 @@ OS_WRONG = {
     "torch.softmax": (lambda x, b=1: torch.softmax(x, -1), "calls torch.softmax"),
     "F.log_softmax": (lambda x, b=1: F.log_softmax(x, -1).exp(), "calls torch.softmax"),
     "global max first": (os_global_max, "the whole row"),
+    "global max first, in blocks": (os_two_pass_blocks, "two passes over x: every maximum before any sum"),
+    "float64 result for float32 input": (lambda x, b=1: os_ref(x.double(), b), "result in float64 for float32 input"),
     "renormalised over the whole row": (lambda x, b=1: (lambda e: e / e.sum(-1, keepdim=True))(os_ref(x, b)),
                                         "the whole row"),
     "block_size ignored (1)": (lambda x, b=1: os_ref(x, 1), "block_size not used"),
@@ -414,6 +426,8 @@ TA_RIGHT = {"reference": ta_ref, "options at their right values": T(), "keys out
             "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype)}
 
 TA_WRONG = {
+    "float64 result for float32 input": (lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b),
+                                         "result in float64 for float32 input"),
     "not scaled": (T(scale=lambda q, k, v, b: 1.0), "scores not scaled"),
     "divided by d_k": (T(scale=lambda q, k, v, b: 1 / q.shape[-1]), "divided by d_k instead of √d_k"),
     "multiplied by √d_k": (T(scale=lambda q, k, v, b: math.sqrt(q.shape[-1])), "multiplied by √d_k"),

@@ -668,6 +668,8 @@ class CacheFloat32(ref.KVCache):
     (cache_class(attend_rule=lambda q, K, V: torch.softmax(q @ V.mT / math.sqrt(q.shape[-1]), -1) @ V),
      ["scores with V instead of K"]),
     (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V).float()), ["computed in float32"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q.double(), K.double(), V.double())),
+     ["attend's output in float64, not float32"]),
 ])
 @pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
 def test_check_kvcache_red_team_pitfalls(cls, phrases, rejects):
@@ -681,6 +683,11 @@ def test_check_kvcache_tells_top_left_from_a_missing_self(rejects):
     assert "attend to itself" not in result.text()
     result = rejects(check_KVCache, cache_class(attend_rule=lambda q, K, V: attend_over(q, K[..., :-1, :], V[..., :-1, :])
                                                 if K.shape[-2] > 1 else torch.zeros_like(q[..., :V.shape[-1]])),
+                     "does not attend to itself")
+    assert "top-left" not in result.text()
+    # the same with a guard that lets a lone first token see itself: right at t = 1, so told apart at t = 3
+    result = rejects(check_KVCache, cache_class(attend_rule=lambda q, K, V: attend_over(q, K[..., :-1, :], V[..., :-1, :])
+                                                if K.shape[-2] > 1 else attend_over(q, K, V)),
                      "does not attend to itself")
     assert "top-left" not in result.text()
 
@@ -701,6 +708,8 @@ def test_check_kvcache_tells_top_left_from_a_missing_self(rejects):
     (lambda a, b: (a[0], a[1] + b[1] * torch.exp(b[0] - a[0]), a[2] + b[2] * torch.exp(b[0] - a[0])),
      ["m not updated to the larger maximum"]),
     (lambda a, b: tuple(t.float() for t in ref.merge_partials(a, b)), ["computed in float32"]),
+    (lambda a, b: ref.merge_partials(tuple(t.double() for t in a), tuple(t.double() for t in b)),
+     ["in float64, not float32", "convert the result back"]),
 ])
 def test_check_merge_red_team_pitfalls(fn, phrases, rejects):
     rejects(check_merge_partials, fn, *phrases)

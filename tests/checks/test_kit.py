@@ -170,6 +170,10 @@ def test_lower_precision_names_the_narrower_dtype():
     with pytest.raises(Failure) as info:
         kit.lower_precision(x.half(), torch.float64, tried="t", what="the output", grid=False)
     assert info.value.diagnosis.summary == "computed in float16, not float64"
+    # the calls named are those that give that dtype: .half() for float16, never .float()
+    assert ".half()" in info.value.diagnosis.cause and ".float()" not in info.value.diagnosis.cause
+    assert kit.narrowing_calls(torch.float32) == ".float(), .to(torch.float32) or dtype=torch.float32"
+    assert kit.narrowing_calls(torch.bfloat16).startswith(".bfloat16(), ")
 
 
 def test_suspects_the_learner_disagrees_with_on_another_case_are_not_named():
@@ -246,6 +250,30 @@ def test_judge_cases_names_a_known_mistake_measures_the_rest_and_passes_keyword_
     with pytest.raises(Failure) as info:
         kit.expect_signature(Learner(lambda x, scale: x), ["scale"], call="f(x, scale=5)", signature="f(x, scale=3.0)")
     assert info.value.diagnosis.summary == "scale has no default value"
+
+
+def test_judge_cases_names_an_exception_only_by_a_row_no_right_result_rules_out():
+    from attn_course.checks import kit
+    g = torch.Generator().manual_seed(1)
+    flat, batched = torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g,
+                                                                                         dtype=torch.float64)
+    cases = [kit.TensorCase("a 2-D x", (flat,), 2 * flat), kit.TensorCase("a 3-D x", (batched,), 2 * batched)]
+
+    def raises_on_3d(right):  # the learner's code, or a row's: `right` on 2-D input, the same error on 3-D
+        def fn(x):
+            if x.ndim > 2:
+                raise RuntimeError("only 2-D input")
+            return right(x)
+        return fn
+
+    # both rows raise the learner's very message on the 3-D case; the first one gives -x on 2-D input, which the
+    # learner's right 2-D result rules out
+    table = kit.known_rows(("negated", "negated", "-x", "keep the sign", raises_on_3d(lambda x: -2 * x)),
+                           ("flat-only", "2-D input only", "a 2-D step", "work on any axes", raises_on_3d(lambda x: 2 * x)))
+    with pytest.raises(Failure) as info:
+        kit.judge_cases(Learner(raises_on_3d(lambda x: 2 * x)), cases, table, call="f(x)", arg_names=("x",),
+                        oracle="2 * x")
+    assert info.value.diagnosis.summary == "2-D input only"
 
 
 def test_tensor_answer_names_a_numpy_array():

@@ -422,6 +422,9 @@ def ms_log_softmax(scores, mask):
     (lambda s, m: (torch.softmax(s, -1) * m) / (torch.softmax(s, -1) * m).sum(-1, keepdim=True), ["renormalised"]),
     (lambda s, m: torch.nan_to_num((torch.softmax(s, -1) * m) / (torch.softmax(s, -1) * m).sum(-1, keepdim=True)),
      ["renormalised", "underflow"]),
+    # the same, with the division guarded: no NaN, the row comes out 0
+    (lambda s, m: (lambda e: torch.where(e.sum(-1, keepdim=True) > 0, e / e.sum(-1, keepdim=True), 0.0))(
+        torch.exp(s - s.amax(-1, keepdim=True)) * m), ["renormalised", "row came out 0"]),
     (lambda s, m: ms_nan_to_num(s, m).masked_fill(~m.all(-1, keepdim=True), 0.0), ["any blocked key set to 0"]),
     (lambda s, m: torch.where(m.any(-1, keepdim=True), ms_nan_to_num(s, m), torch.ones_like(s)), ["filled with 1"]),
     (lambda s, m: torch.where(m.any(-1, keepdim=True), ms_nan_to_num(s, m), torch.softmax(s, -1)),
@@ -478,7 +481,9 @@ def ms_float32_inside(scores, mask):
         s.masked_fill(~m, float("-inf")).masked_fill(~m.any(-2, keepdim=True), 0.0), -1)
      .masked_fill(~m.any(-2, keepdim=True), 0.0), ["fully masked rows looked for over axis -2", "mask.any(dim=-2)"]),
     (lambda s, m: ~m.any(dim=-1, keepdim=True), ["returned a bool tensor, not weights", "fully masked rows"]),
-    (lambda s, m: ms_solution(s.float(), m).to(s.dtype), ["computed in float32, not float64"]),
+    (lambda s, m: ms_solution(s.float(), m).to(s.dtype), ["computed in float32, not float64", ".float()"]),
+    (lambda s, m: torch.nan_to_num(torch.softmax(s.half().masked_fill(~m, float("-inf")), -1)).to(s.dtype),
+     ["computed in float16, not float64", ".half()"]),
     # no known mistake: the property that is off is named
     (lambda s, m: ms_nan_to_num(s, m).masked_fill(ms_nan_to_num(s, m) > 0.3, float("nan")),
      ["NaN in rows that have an allowed key"]),

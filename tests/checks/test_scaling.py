@@ -360,7 +360,7 @@ MC_WRONG = [
     W(sigma_on_one_side, "σ²·d_k instead of σ⁴·d_k", "only one of q and k"),
     W(sqrt_sigma_both, "σ²·d_k instead of σ⁴·d_k", "both by √σ"),
     W(sigma_ignored, "σ ignored"),
-    W(std_returned, "standard deviation"),
+    W(std_returned, "standard deviation", "exactly the number this mistake gives"),
     W(uniform_draws, "torch.rand"),
     W(mean_returned, "mean, not the variance"),
     W(summed_over_samples, "summed over the samples"),

@@ -139,8 +139,8 @@ def mistakes_of_weights(cases: list[Case]) -> list[Known]:
             lambda s, m: (w := soft(s) * m) / w.sum(-1, keepdim=True)),
         *[raw(f"polarity{fill}", *_POLARITY, lambda s, m, fill=fill: soft(s.masked_fill(m, fill)))
           for fill in (-math.inf, -1e9)],
-        raw("times-mask", "mask multiplied into the scores", "you multiplied the scores by the mask: a blocked score "
-            "becomes 0, not -inf, and e^0 = 1 still gives it weight", "fill the blocked scores with -inf "
+        raw("times-mask", "mask multiplied into the scores", "a blocked score became 0 (the scores multiplied by the "
+            "mask, or the blocked ones filled with 0), not -inf, and e^0 = 1 still gives it weight", "fill the blocked scores with -inf "
             "(masked_fill or torch.where)", lambda s, m: soft(s * m)),
         raw("nan-additive", "0 × (-inf) = NaN in an additive mask", "you built the additive mask as (~mask) * "
             "float('-inf'): 0 × (-inf) is NaN, so every row with an allowed key became NaN", "build it with "

@@ -91,6 +91,10 @@ _SPARSE_TABLE = table(_sparse_tiles, [
           "instead of layout[i, j]: rows of the layout are query blocks, columns key blocks",
           "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()",
           lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout.T, b))),
+    Known("block_layout_inverted", "block layout inverted: the skipped tiles visited", "you visited the key blocks "
+          "with layout[i, j] False and skipped those with True: in the layout, True means the tile is kept (computed), "
+          "not masked out", "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()",
+          lambda q, k, v, layout, b: _sparse_tiles(q, k, v, ~layout, b, "")),
     Known("layout_ignored_dense_attention", "layout ignored: dense attention", "every query sees every key: the "
           "layout's skipped tiles are not left out", _SPARSE_FIX, lambda q, k, v, layout, b: _sdpa(q, k, v, None)),
     Known("skipped_tiles_kept_with", "skipped tiles kept with weight", "the skipped tiles' scores were set to 0 "

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -389,10 +391,12 @@ def check_chunked_linear_attention(fn: Learner) -> str:
         tried = f"chunked_linear_attention(q, k, v, {c}) on q, k ({n}, {d_k}), v ({n}, {d_v}), watching what it builds"
         seen = no_square(fn, n, tried, "work chunk by chunk: only (chunk_size, chunk_size) blocks of φ(q) φ(k)ᵀ",
                          *qkv((), n, n, d_k, d_v, seed), c)
-        squares = sum(int(count) for shape, count in seen["products"] if tuple(shape[-2:]) == (c, c))
+        # (c, c) blocks made by matrix products: one product per chunk, or one batched over every chunk
+        squares = sum(int(count) * math.prod(shape[:-2]) for shape, count in seen["products"]
+                      if tuple(shape[-2:]) == (c, c))
         if squares < n // c:
             fail("not computed in chunks of chunk_size", tried=tried,
-                 got=f"{squares} matrix products of shape (…, {c}, {c})",
+                 got=f"{squares} ({c}, {c}) blocks from matrix products",
                  expected=f"at least {n // c}: one (chunk_size, chunk_size) block φ(q_c) φ(k_c)ᵀ per chunk",
                  cause="the values are right, but your code works another way (one token at a time, or chunks of "
                        "another size): chunk_size is not used as the docstring asks",

@@ -51,14 +51,21 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                         oracle="torch.softmax" if softmax else "F.scaled_dot_product_attention")
     for case, out, tried in answers:  # right values, and no less precise than the input
         given = case.args[0].dtype
+        got, want = (str(t).replace("torch.", "") for t in (out.dtype, given))
+        first = "x" if softmax else "q"
         if _PRECISION.get(out.dtype, 0) < _PRECISION[given]:
-            got, want = (str(t).replace("torch.", "") for t in (out.dtype, given))
             fail(f"result in {got} for {want} input", tried=tried,
                  got=f"a {got} result, close to the right values but with {got}'s precision",
                  expected=f"a {want} result, like the input",
                  cause="a tensor you created without dtype= (torch.empty, zeros and full make float32 by default)"
                        if out.dtype == torch.float32 and given == torch.float64 else f"your computation converted to {got}",
-                 fix=f"create every tensor with dtype={'x' if softmax else 'q'}.dtype (or with *_like functions)")
+                 fix=f"create every tensor with dtype={first}.dtype (or with *_like functions)")
+        if out.dtype != given:  # right values at a wider precision: still not what the docstring returns
+            fail(f"result in {got} for {want} input", tried=tried, got=f"a {got} result with the right values",
+                 expected=f"a {want} result: the docstring returns {first}'s dtype",
+                 cause=f"your computation converted to {got} (.double(), or a tensor created with dtype={out.dtype}) "
+                       "and the result was not converted back",
+                 fix=f"computing in a wider dtype is fine; convert the result back at the end: .to({first}.dtype)")
 
 
 def _right(out: Tensor, case: Case) -> bool:

@@ -1,5 +1,6 @@
 """How the result is computed, measured on the learner's side by the probe ``fast.trace``: no torch.softmax
-or fused attention, every max and sum over one block, no tensor larger than a tile, one pass of work."""
+or fused attention, every max and sum over one block (online_softmax: each block's sum right after its maximum, one
+pass), no tensor larger than a tile, one pass of work."""
 
 from __future__ import annotations
 
@@ -65,6 +66,16 @@ def softmax_structure(fn: Learner) -> None:
              cause="the values are right, but torch.softmax does the exercise for you",
              fix="build it yourself: a running max m and sum l over the blocks, then exp(x − m) / l")
     _reduction_rule(seen["reductions"], b, n, tried, unit="column", reads="x[..., start:start + block_size]")
+    kinds = seen["reduction_kinds"]
+    if kinds.count("m") >= 2 and kinds.count("s") >= 2 and kinds.rindex("m") < kinds.index("s"):
+        fail("two passes over x: every maximum before any sum", tried=tried,
+             got=f"your blocks' maxima ({kinds.count('m')}) all come before their sums ({kinds.count('s')})",
+             expected="one pass: after each block's maximum, that block's sum, folded into the running l",
+             cause="the values are right, but a first loop finds the row's maximum and a second adds exp(x − m): "
+                   "that is the two-pass softmax the online algorithm replaces, reading x once and rescaling l "
+                   "whenever the maximum grows",
+             fix="one loop over the blocks: m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); "
+                 "m = m_new; after the loop, exp(x − m) / l")
 
 
 def attention_structure(fn: Learner, name: str, causal: bool) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, learner_error
-from ..kit import Known, Suspects, call_explained, lower_precision, unpack
+from ..kit import Known, Suspects, call_explained, expect_dtype, lower_precision, unpack
 from .oracle import LOOSE, PATTERNS, attn, rows, sdpa, tolerance
 
 _AXIS_FROM_FRONT = ("IndexError", r"Dimension out of range", "your code numbers an axis from the front (transpose(2, "
@@ -58,6 +58,9 @@ ATTEND = [Known(*row) for row in [
     ("naive", "no maximum subtracted", "your softmax exponentiates the raw scores: e^100 overflowed (inf/inf = NaN)",
      "use torch.softmax (or subtract each row's maximum before exp)", lambda q, K, V: attn(q, K, V, naive=True)),
     ("no_self", *_ITSELF, lambda q, K, V: attn(q, K[..., :-1, :], V[..., :-1, :])),
+    # the same, where a lone first token does see itself (a guard): no verdict on that first token
+    ("no_self_after_first", *_ITSELF, lambda q, K, V: attn(q, K[..., :-1, :], V[..., :-1, :]) if K.shape[-2] > 1
+     else None),
     ("no_self_nan", *_ITSELF, lambda q, K, V: torch.full(q.shape[:-1] + V.shape[-1:], math.nan, dtype=torch.float64)
      if K.shape[-2] == 1 else None),
     ("unscaled", "scores not scaled", "you did not divide the scores by √d_k", "divide q Kᵀ by math.sqrt(d_k)",
@@ -224,6 +227,7 @@ def check_KVCache(cls: Learner) -> str:
                     _expect_cache(cache, got, want, case, appends, q_new=q_new, kv=kv, tried=tried,
                                   what=f"the returned {part}", tol=tol)
                     lower_precision(got, want.dtype, tried=tried, what=f"the returned {part}", grid=False)
+                    expect_dtype(got, want.dtype, tried=tried, what=f"the returned {part}")
                 out = call_explained(cache.method("attend"), q_new, tried=tried, expected="the output (..., 1, d_v)",
                                      constructs=_attend_constructs(q_new, *kv), patterns=[_AXIS_FROM_FRONT, *PATTERNS])
                 if isinstance(out, (tuple, list)) and out and all(isinstance(x, torch.Tensor) for x in out):
@@ -241,6 +245,7 @@ def check_KVCache(cls: Learner) -> str:
                            distinguish=[s[0] for s in steps[i + 1:]],
                            fix="attend returns softmax(q Kᵀ / √d_k) V over every cached key, shape (..., 1, d_v)")
             lower_precision(out, q.dtype, tried=tried, what="attend's output", grid=False)
+            expect_dtype(out, q.dtype, tried=tried, what="attend's output")
     return (f"equals causal attention token by token on {len(cases)} cases (batch × heads, no batch axes, a prompt "
             "appended at once, scores ±100) and keeps two caches apart")
 

@@ -9,7 +9,7 @@ import torch
 
 from ..compare import Failure, describe_mismatch, fmt, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, check, expect_shape, fail
-from ..kit import Known, Suspects, call_explained, lower_precision, unpack
+from ..kit import Known, Suspects, call_explained, expect_dtype, lower_precision, unpack
 from .oracle import LOOSE, PATTERNS, tolerance
 
 
@@ -191,6 +191,7 @@ def check_merge_partials(fn: Learner) -> str:
                 suspects.passed((x, y), _pack(*want))  # a right case rules out the mistakes that change it
                 for g, part in zip(got, names):
                     lower_precision(g, x[0].dtype, tried=tried, what=f"the merged {part}", grid=False)
+                    expect_dtype(g, x[0].dtype, tried=tried, what=f"the merged {part}")
                 continue
             empty = torch.isinf(x[0]) & torch.isinf(y[0]) & (x[0] < 0) & (y[0] < 0)  # neither chunk sees a key
             if empty.any() and torch.isfinite(got[0][empty]).all() and same(got[0][~empty], want[0][~empty], **tol):

@@ -119,9 +119,10 @@ def judge_cases(fn: Any, cases: Sequence[TensorCase], table: Sequence[Known], *,
         expect(valued[0])  # a known mistake gives this very result: named
     if (exc := outs[wrong[0]][1]) is not None:  # an exception: named when a mistake raises the very same message
         case = cases[wrong[0]]
-        hint = explain_raise(exc, [(k.key, k.fix, lambda k=k: k.make(*case.key)) for k in suspects.table])
+        live = [k for k in suspects.table if not suspects.ruled_out(k)]  # none that a right result contradicts
+        hint = explain_raise(exc, [(k.key, k.fix, lambda k=k: k.make(*case.key)) for k in live])
         d = learner_error(exc, tried=tries[wrong[0]], expected=preview(case.expected))
-        k = next((k for k in suspects.table if k.key == hint.get("cause")), None)
+        k = next((k for k in live if k.key == hint.get("cause")), None)
         raise Failure(replace(d, summary=k.summary, cause=k.cause, fix=k.fix) if k else d)
     i, values = valued[0], [o[0] for o in outs]
     if measure:

@@ -12,8 +12,8 @@ import torch
 from ..boundary import LearnerRaised, LearnerTimedOut
 from ..compare import Failure, as_tensor, describe_mismatch, fail, fmt, same
 
-__all__ = ["agrees", "works_elsewhere", "what_is_off", "batch_entries", "lower_precision", "exp_limits", "nan_or_inf",
-           "explain_nonfinite"]
+__all__ = ["agrees", "works_elsewhere", "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype",
+           "exp_limits", "nan_or_inf", "explain_nonfinite"]
 
 
 def agrees(out: Any, expected: torch.Tensor, *, atol: float, rtol: float) -> bool:
@@ -147,10 +147,31 @@ def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, 
     fail(f"computed in {name}, not {inputs}", tried=tried, got=f"{what}: {name} values" + (
         "" if got.dtype == low else f" (every entry exactly representable in {name})") + f", although the inputs are "
          f"{inputs}", expected=f"the results at {inputs} precision",
-         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} (.float(), "
-               f".half(), .to({name}) or dtype={name}), which keeps about {_DIGITS[low]} significant digits: too few "
-               "for these inputs",
+         cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} "
+               f"({narrowing_calls(low)}), which keeps about {_DIGITS[low]} significant digits: too few for these "
+               "inputs",
          fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one is not)")
+
+
+def expect_dtype(got: torch.Tensor, dtype: torch.dtype, *, tried: str, what: str) -> None:
+    """Fail when ``got`` (right values, at least ``dtype``'s precision: :func:`lower_precision` has looked) is not
+    of ``dtype``, the dtype the docstring returns: a wider result that was never converted back."""
+    if got.dtype == dtype:
+        return
+    name, want = (str(t).replace("torch.", "") for t in (got.dtype, dtype))
+    fail(f"{what} in {name}, not {want}", tried=tried, got=f"{what}: {name}, with the right values",
+         expected=f"{want}, the inputs' dtype", cause=f"your computation converted to {name} ({narrowing_calls(got.dtype)}) "
+         "and the result was not converted back", fix=f"computing in a wider dtype is fine; convert the result back at "
+         f"the end: .to({dtype})")
+
+
+def narrowing_calls(dtype: torch.dtype) -> str:
+    """The calls that turn a tensor into ``dtype``, for a diagnosis: ``.half(), .to(torch.float16) or
+    dtype=torch.float16``."""
+    full = str(dtype)
+    method = {torch.float32: ".float()", torch.float16: ".half()", torch.bfloat16: ".bfloat16()",
+              torch.float64: ".double()"}.get(dtype)
+    return f"{method + ', ' if method else ''}.to({full}) or dtype={full}"
 
 
 def exp_limits(dtype: torch.dtype) -> tuple[float, float]:

@@ -22,6 +22,7 @@ _SECOND_OPERAND = {"addmm", "baddbmm", "addbmm", "addmv", "__rmatmul__"}  # the 
 _REDUCTIONS = {"amax", "amin", "max", "min", "sum", "nansum", "mean", "logsumexp", "prod", "norm", "std", "var"}
 
 
+_MAXIMA, _SUMS = {"amax", "max"}, {"sum", "nansum"}  # what a softmax's two reductions are written with
 _EXPS = {"exp", "exp_", "exp2", "exp2_"}
 
 
@@ -37,7 +38,9 @@ class Watch(TorchFunctionMode):
       — their FLOPs, 2 per multiply–add;
     * ``exp_elements`` / ``exp_tile`` / ``zero_tiles`` — what went through ``exp``: elements, the largest
       2-D tile, and how many tiles came out all zero (every score in them masked);
-    * ``reductions`` — for max/sum-like reductions, how many inputs one output combined.
+    * ``reductions`` — for max/sum-like reductions, how many inputs one output combined;
+    * ``reduction_kinds`` — the order of the maxima (``m``) and sums (``s``) over more than one input: "msms…" is
+      one pass (a sum after each maximum), "mm…ss…" two (every maximum before any sum).
     (A torch-function mode costs nothing to enter; PyTorch's FlopCounterMode imports torch._dynamo,
     seconds on a small machine.)"""
 
@@ -51,6 +54,7 @@ class Watch(TorchFunctionMode):
         self.flops = 0.0
         self.exp_elements, self.exp_tile, self.zero_tiles = 0, (), 0
         self.reductions: set[int] = set()
+        self.reduction_kinds: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -61,8 +65,12 @@ class Watch(TorchFunctionMode):
         if outs and (name == "einsum" or name in _PRODUCTS):
             self._product(name, args, outs[0])
         if outs and name in _REDUCTIONS and args and isinstance(args[0], torch.Tensor) and outs[0].numel():
+            combined = args[0].numel() // outs[0].numel()
             if len(self.reductions) < 32:
-                self.reductions.add(args[0].numel() // outs[0].numel())
+                self.reductions.add(combined)
+            kind = "m" if name in _MAXIMA else "s" if name in _SUMS else ""
+            if kind and combined > 1 and len(self.reduction_kinds) < 256:
+                self.reduction_kinds.append(kind)
         for t in outs:
             self._tensor(name, t)
         return out
@@ -101,7 +109,8 @@ class Watch(TorchFunctionMode):
                 "shapes": [list(s) for s in sorted(self.shapes)],
                 "products": [[list(s), c] for s, c in sorted(self.products.items())], "flops": float(self.flops),
                 "exp_elements": int(self.exp_elements), "exp_tile": [int(s) for s in self.exp_tile],
-                "zero_tiles": int(self.zero_tiles), "reductions": sorted(self.reductions)}
+                "zero_tiles": int(self.zero_tiles), "reductions": sorted(self.reductions),
+                "reduction_kinds": "".join(self.reduction_kinds)}
 
 
 def watch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:

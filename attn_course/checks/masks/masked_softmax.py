@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from .. import kit
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, as_tensor, check, fail, fmt
-from ..kit import Suspects
+from ..kit import Suspects, narrowing_calls
 from .answers import POLARITY, call, table
 
 
@@ -92,7 +92,8 @@ def _softmax_mistakes(s: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
          "longer sum to 1", before, after),
         ("renorm", renormalised[0], renormalised[1] + "0/0 = NaN in fully masked rows and where the allowed weights "
          "underflow", before, after / after.sum(-1, keepdim=True)),
-        ("renorm-nan0", renormalised[0], renormalised[1] + "where the allowed weights underflow, that is 0/0", before,
+        ("renorm-nan0", renormalised[0], renormalised[1] + "where every allowed weight underflows to 0 the row sum is 0 too, and "
+         "such a row came out 0 (0/0 turned into 0) instead of a softmax over its allowed keys", before,
          torch.nan_to_num(after / after.sum(-1, keepdim=True))),
         ("all", "rows with any blocked key set to 0", "you zeroed every row with a blocked key (all instead of any)",
          f"zero only the rows with no allowed key: {_EMPTY_ROWS}", plain.masked_fill(~full.all(-1, keepdim=True), 0.0)),
@@ -109,8 +110,8 @@ def _softmax_mistakes(s: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
         ("any-2", "fully masked rows looked for over axis -2", "mask.any(dim=-2) looks down each column (over the "
          "queries), not along each row", f"{_EMPTY_ROWS}: one True/False per query row",
          lambda: torch.softmax(s.masked_fill(~mask, inf).masked_fill(empty_q, 0.0), -1).masked_fill(empty_q, 0.0)),
-        *[(f"in-{name}", f"computed in {name}, not float64", f"part of your computation ran in {name} (.float(), "
-           f".half() or dtype={low}), too few digits for these inputs", "keep the scores' dtype (or a wider one)",
+        *[(f"in-{name}", f"computed in {name}, not float64", f"part of your computation ran in {name} "
+           f"({narrowing_calls(low)}), too few digits for these inputs", "keep the scores' dtype (or a wider one)",
            lambda low=low: _softmax_oracle(s.to(low), mask).to(s.dtype) if s.dtype == torch.float64 else None)
           for low, name in ((torch.float32, "float32"), (torch.float16, "float16"))],  # right, but computed narrower
         *[(f"weak{fill}", "a fill value too weak for these scores", "next to scores of ±3·10⁴, a finite fill still "

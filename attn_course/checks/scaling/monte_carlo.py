@@ -43,7 +43,7 @@ def _replay(fn: Learner, seed: int) -> None:
             return
         for cand in LOOK_ALIKES:
             if all(same_number(v, cand.make(q, k)) for v, (q, k) in zip(values, draws)):
-                fail(cand.summary, tried=tried, got=f"{fmt(values[0])}, exactly the {cand.summary.lower()} for "
+                fail(cand.summary, tried=tried, got=f"{fmt(values[0])}: exactly the number this mistake gives on "
                      f"the {n} pairs that generator gives ({order})", cause=cand.cause, fix=cand.fix,
                      expected=f"their sample variance: {fmt(var(dots(*draws[0]), 1))} (or "
                               f"{fmt(var(dots(*draws[0]), 0))} dividing by n_samples)")
