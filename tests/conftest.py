@@ -70,11 +70,34 @@ def rejects(request, tmp_path_factory):
         result = _evaluate(check, fn, tmp_path_factory, replay)
         assert result.status is status, f"expected {status}, got:\n{result.text()}"
         text = result.text()
+        said = _said_without_the_echoed_line(result)
         for phrase in phrases:
             assert phrase in text, f"{phrase!r} not in:\n{text}"
+            # A test's own line, echoed as "line N of your cell: …", holds the phrases it asks for: a phrase
+            # quoted there must also be said by the check itself.
+            assert phrase in said or not _quoted_in_the_echo(result, phrase), (
+                f"{phrase!r} is only in the echo of the test's own line, not in what the check says:\n{text}")
         return result
 
     return run
+
+
+def _echo(result: CheckResult) -> str:
+    got = result.diagnosis.got if result.diagnosis else ""
+    return got.split(" of your cell", 1)[1] if " of your cell" in got else ""
+
+
+def _quoted_in_the_echo(result: CheckResult, phrase: str) -> bool:
+    echo = _echo(result)
+    return f'"{phrase}' in echo or f"'{phrase}" in echo
+
+
+def _said_without_the_echoed_line(result: CheckResult) -> str:
+    d = result.diagnosis
+    if d is None:
+        return result.text()
+    got = d.got.split(" of your cell", 1)[0]
+    return "\n".join([result.headline(), d.summary, d.tried, got, d.expected, d.cause, d.fix])
 
 
 @pytest.fixture

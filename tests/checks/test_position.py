@@ -574,7 +574,7 @@ def additive_pairwise(q, k, v, W_q, W_k, w, mask=None):
 
 
 @pytest.mark.parametrize("fn,phrases", [
-    (additive_rule(project=lambda x, W: x @ W), ["transposed"]),
+    (additive_rule(project=lambda x, W: x @ W), ["you computed q @ W_q", "W_q q_i is q @ W_q.T"]),
     (additive_rule(combine=lambda a, b: a + b), ["tanh missing"]),
     (additive_rule(combine=lambda a, b: torch.tanh(a) + torch.tanh(b)), ["tanh applied to each projection"]),
     (additive_rule(use_w=False), ["w ignored"]),
