@@ -530,6 +530,8 @@ CA_WRONG = {
     "diagonal tile skipped": (C(k_range=lambda n, nk, b, qs, qe: range(0, qs, b)), "diagonal tile skipped"),
     "diagonal tile skipped, zeros": (C(k_range=lambda n, nk, b, qs, qe: range(0, qs, b), zero_guard=True),
                                      "diagonal tile skipped"),
+    "diagonal tile skipped after the first block": (C(k_range=lambda n, nk, b, qs, qe: range(0, qs if qs else qe, b)),
+                                                    "diagonal tile skipped after the first query block"),
     "weak fill −1e4": (C(fill=-1e4), "masked scores filled with a finite value"),
     "weak fill −30": (C(fill=-30.0), "masked scores filled with a finite value"),
     "fill +inf": (C(fill=math.inf), "masked scores filled with +inf"),

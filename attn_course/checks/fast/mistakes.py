@@ -204,6 +204,11 @@ CAUSAL_MISTAKES: list[Known] = [
           "stop the key loop at", "visit key blocks up to and including"), _C(k_blocks=_BEFORE_DIAG)),
     Known("skip_diag_zeros", "diagonal tile skipped", _SKIPPED.format("(its rows come out as 0)"), DIAG_FIX.replace(
           "stop the key loop at", "visit key blocks up to and including"), _C(k_blocks=_BEFORE_DIAG, finish=_SAFE_DIV)),
+    Known("skip_diag_after_first", "diagonal tile skipped after the first query block", "your key loop stops "
+          "before the diagonal tile (range(0, q_start, …)) in every query block but the first (which would see no key "
+          "at all): from the second block on, every query misses the keys of its own block, itself included",
+          DIAG_FIX.replace("stop the key loop at", "visit key blocks up to and including"),
+          _C(k_blocks=lambda n, b, qs, qe, c: [t for t in blocks(n, b) if t[0] < (qs or qe)])),
     *[Known(k.key, k.summary, k.cause, k.fix, dataclasses.replace(k.make, causal=True)) for k in TILED_MISTAKES],
 ]
 
