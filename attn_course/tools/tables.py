@@ -67,7 +67,9 @@ def write_csv(path: str | os.PathLike, rows: Iterable[Row], fields: Sequence[str
 
     Rows are mappings (keys not in ``fields`` are left out) or sequences in the order of ``fields``.
     The file is UTF-8 with a byte-order mark (Excel reads accents right), ``None`` is an empty cell,
-    dicts and lists are written as JSON text.
+    dicts and lists are written as JSON text. A text cell that a spreadsheet would run as a formula (it starts
+    with =, +, -, @, a tab or a carriage return: a learner's name or message can) gets a leading ' so that it
+    is shown as text; numbers are written as numbers.
     """
     fields = [str(f) for f in fields]
 
@@ -75,8 +77,9 @@ def write_csv(path: str | os.PathLike, rows: Iterable[Row], fields: Sequence[str
         if value is None:
             return ""
         if isinstance(value, (Mapping, list, tuple, set)) or dataclasses.is_dataclass(value):
-            return json.dumps(to_plain(value), ensure_ascii=False)
-        return to_plain(value)
+            return _as_text(json.dumps(to_plain(value), ensure_ascii=False))
+        plain = to_plain(value)
+        return _as_text(plain) if isinstance(plain, str) else plain
 
     def write(f) -> None:
         writer = csv.writer(f)
@@ -85,6 +88,11 @@ def write_csv(path: str | os.PathLike, rows: Iterable[Row], fields: Sequence[str
             writer.writerow([cell(v) for v in row_cells(row, fields)])
 
     return _replace(Path(path), write, encoding="utf-8-sig", newline="")
+
+
+def _as_text(text: str) -> str:
+    """``text``, with a leading ' when a spreadsheet would read it as a formula (OWASP's advice on CSV injection)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def write_json(path: str | os.PathLike, data: Any, *, indent: int = 1) -> Path:

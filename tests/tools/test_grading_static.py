@@ -56,7 +56,31 @@ def test_an_honest_answer_raises_no_flag():
     ("f.__code__ = g.__code__", "rewrites function code"),
     ("torch.matmul = lambda a, b: a", "replaces a library attribute (torch.matmul)"),
     ("setattr(torch.Tensor, 'allclose', f)", "uses setattr() on torch"),
+    ("vars(torch)['eq' + 'ual'] = lambda a, b: True", "reaches a library's namespace (vars(torch))"),
+    ("torch.__dict__['equal'] = lambda a, b: True", "reaches an object's __dict__"),
     ("from torch.overrides import TorchFunctionMode\nclass M(TorchFunctionMode): pass", "overrides torch functions"),
 ])
 def test_tricks_are_flagged(source, flag):
     assert flag in static.suspicious(source)
+
+
+def test_an_exercise_wrapping_the_reference_code_of_its_notebook_is_flagged():
+    setup = {"attention_steps": "attn_course.attention.attention_steps", "print_matrix": "attn_course.dot.print_matrix",
+             "ref": "attn_course.backward", "pos": "attn_course.position"}
+    uses = static.reference_uses
+    wrapper = "def attention(Q, K, V, mask=None):\n    s = attention_steps(Q, K, V, mask)\n    return s[4][1], s[3][1]"
+    assert uses(wrapper, setup, exercise="attention", reference="attn_course.attention") == [
+        "uses `attention_steps`, the course's reference code (attn_course.attention.attention_steps)"]
+    copied = "def attention_backward(q, k, v, dout, mask=None):\n    return ref.attention_backward(q, k, v, dout, mask)"
+    assert uses(copied, setup, exercise="attention_backward", reference="attn_course.backward") == [
+        "uses `ref.attention_backward`, the course's reference version of this exercise"]
+    # what docstrings allow: another exercise's reference (AttentionFunction's backward, rope_decode_step's
+    # pos.apply_rope), a helper of another module, and a local name that shadows a set-up one
+    assert uses("class AttentionFunction:\n    def backward(ctx, g):\n        return ref.attention_backward(g)",
+                setup, exercise="AttentionFunction", reference="attn_course.backward") == []
+    assert uses("def rope_decode_step(q, k, c):\n    return pos.apply_rope(q), c", setup, exercise="rope_decode_step",
+                reference="attn_course.position") == []
+    assert uses("def attention(Q, K, V, mask=None):\n    print_matrix(Q)\n    return Q", setup, exercise="attention",
+                reference="attn_course.attention") == []
+    assert uses("def attention(Q, K, V, mask=None):\n    attention_steps = 1\n    return attention_steps", setup,
+                exercise="attention", reference="attn_course.attention") == []

@@ -214,6 +214,17 @@ def test_an_answer_using_the_course_function_imported_elsewhere_is_flagged(tmp_p
 
 
 @pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
+def test_an_answer_wrapping_the_reference_code_the_setup_imports_is_flagged(tmp_path):
+    # The set-up cell imports attention_steps for the demonstrations: a wrapper passes every check unwritten.
+    wrapper = "def attention(Q, K, V, mask=None):\n    steps = attention_steps(Q, K, V, mask)\n    return steps[4][1], steps[3][1]"
+    rows = grade_notebook(learner_notebook(answers={"attention": wrapper, "score_matrix_bytes": BYTES}), tmp_path)
+    assert _status(rows) == "passed", rows_text(rows)
+    assert "its exercise cell uses `attention_steps`, the course's reference code (attn_course.attention" \
+           ".attention_steps)" in rows["attention"].flags, rows_text(rows)
+    assert rows["score_matrix_bytes"].flags == [], rows_text(rows)
+
+
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
 def test_a_log_forged_with_the_courses_reference_is_flagged(tmp_path):
     forge = ("import os, attn_course.attention as ref\n"
              "from attn_course.checks.attention import check_attention\n"

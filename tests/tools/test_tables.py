@@ -66,6 +66,14 @@ class Row:
     values: tuple
 
 
+def test_csv_text_a_spreadsheet_would_run_as_a_formula_is_written_as_text(tmp_path):
+    names = ['=HYPERLINK("http://x.example","ok")', "+1", "-2+3", "@SUM(A1)", "\tx", "José", "a=b"]
+    path = write_csv(tmp_path / "grades.csv", [{"learner": n, "score": -1.5} for n in names], ["learner", "score"])
+    rows = list(csv.reader(path.open(encoding="utf-8-sig", newline="")))[1:]
+    assert [r[0] for r in rows] == ["'" + n for n in names[:5]] + names[5:]
+    assert {r[1] for r in rows} == {"-1.5"}  # a number stays a number
+
+
 def test_json_is_plain_utf8_data(tmp_path):
     data = {"rows": [Row("Ñúñez", Path("a/b"), (1, float("nan")))], "colour": Colour.RED, "tags": {"b", "a"}}
     path = write_json(tmp_path / "out.json", data)

@@ -21,7 +21,7 @@ import symtable
 from dataclasses import dataclass
 
 __all__ = ["Syntax", "python_source", "syntax_error", "defines", "bound_names", "used_names", "suspicious",
-           "course_names"]
+           "course_names", "reference_uses"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,7 @@ _ATTRIBUTES = {
     "__builtins__": (None, "touches __builtins__"), "__globals__": (None, "reaches a function's globals"),
     "f_globals": (None, "reaches a frame's globals"), "f_back": (None, "walks frames"),
     "__subclasses__": (None, "walks class hierarchies"), "__torch_function__": (None, "overrides torch functions"),
+    "__dict__": (None, "reaches an object's __dict__"),
 }
 _STRINGS = ("attn_course", "ATTN_COURSE", ".npz", "check_", "vnd.attn-course")
 
@@ -211,6 +212,9 @@ def suspicious(source: str, *, allowed_imports: frozenset[str] = frozenset()) ->
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
                 and node.args and _base_name(node.args[0]) in _LIBRARIES:
             add(f"uses {node.func.id}() on {_base_name(node.args[0])}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "vars" and node.args \
+                and _base_name(node.args[0]) in _LIBRARIES:
+            add(f"reaches a library's namespace (vars({_base_name(node.args[0])}))")
         elif isinstance(node, ast.Name) and node.id in ("TorchFunctionMode", "TorchDispatchMode"):
             add("overrides torch functions")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -248,6 +252,27 @@ def course_names(source: str, *, allowed_imports: frozenset[str] = frozenset()) 
             for alias in node.names:
                 if alias.name.split(".")[0] == "attn_course" and alias.name not in allowed_imports:
                     found[alias.asname or alias.name.split(".")[0]] = alias.name
+    return found
+
+
+def reference_uses(source: str, setup: dict[str, str], *, exercise: str, reference: str) -> list[str]:
+    """What of the course's reference code, imported by the set-up cells (``setup``: local name -> full name,
+    as :func:`course_names` gives), an exercise cell's ``source`` calls on: a function of the notebook's own
+    reference module ``reference`` (``attention_steps``), or that module's version of this very ``exercise``
+    (``ref.attention_backward`` in ``attention_backward``). A wrapper around either passes every check while
+    the learner wrote nothing: what the "defined in the course's code" verdict cannot see."""
+    tree = _parse(source)
+    if tree is None:
+        return []
+    used = used_names(source)
+    found = [f"uses `{name}`, the course's reference code ({full})" for name, full in sorted(setup.items())
+             if name in used and full.rsplit(".", 1)[0] == reference]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr == exercise and \
+                setup.get(node.value.id) == reference:
+            flag = f"uses `{node.value.id}.{exercise}`, the course's reference version of this exercise"
+            if flag not in found:
+                found.append(flag)
     return found
 
 

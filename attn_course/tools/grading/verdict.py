@@ -71,6 +71,16 @@ def unreadable_rows(sub: Submission) -> list[Row]:
             for ident in sub.notebook.exercises]
 
 
+def _reference_module(slug: str) -> str | None:
+    """The notebook's module of reference implementations (the registry's), None for a notebook it does not list."""
+    try:
+        from ...registry import by_slug
+
+        return by_slug(slug).reference
+    except Exception:  # noqa: BLE001 - a course notebook the registry does not list (yet)
+        return None
+
+
 def judge(sub: Submission, cells: list[PlanCell], run: Run) -> list[Row]:
     """One row per exercise of ``sub``'s course notebook (see the module docstring)."""
     course_nb = sub.notebook
@@ -91,6 +101,8 @@ def judge(sub: Submission, cells: list[PlanCell], run: Run) -> list[Row]:
                 if flag not in notebook_flags:
                     notebook_flags.append(flag)
     notes = _notes(cells, run)
+    setup = {name: full for src in course_nb.setup for name, full in static.course_names(src).items()}
+    reference = _reference_module(course_nb.slug)
     rows = []
     for ident, ex in course_nb.exercises.items():
         source = sub.nb.cells[mine[ident]].source if ident in mine else None
@@ -100,6 +112,9 @@ def judge(sub: Submission, cells: list[PlanCell], run: Run) -> list[Row]:
             flags += [f"its exercise cell {f}" for f in found]
             for name in sorted(static.used_names(source) & set(imported)):
                 flags.append(f"its exercise cell uses `{name}`, the course's code ({imported[name]})")
+            if reference:
+                flags += [f"its exercise cell {f}" for f in static.reference_uses(source, setup, exercise=ident,
+                                                                                 reference=reference)]
         ex_entry = run.cell(position.get(("exercise", ident), -1))
         check_entry = run.cell(position.get(("check", ident), -1))
         status, message = _verdict(ex, source, ex_entry, check_entry, run, flags)
