@@ -213,19 +213,20 @@ def render(estimates: list[Estimate], *, wpm: float, code_lpm: float, exercise_m
     three, left3 = build(estimates, length=180, opening=10, closing=10, breaks=[(80, 15, "Break")],
                          priority=THREE_HOUR_PRIORITY)
     lines += ["## 3-hour workshop", "",
-              f"The path to attention first ({', '.join(THREE_HOUR_PRIORITY[:4])}), then "
-              f"{', '.join(THREE_HOUR_PRIORITY[4:])} while they fit (every notebook stands on its own); "
-              "one 15-minute break at the first notebook boundary after 80 minutes.", ""]
+              f"Notebooks in the order {', '.join(THREE_HOUR_PRIORITY)} (the path to attention first), each one "
+              "that still fits in the time left (every notebook stands on its own); one 15-minute break at the "
+              "first notebook boundary after 80 minutes.", ""]
     lines += _table(three, start)
     lines += ["", "Take-home (does not fit): " + (", ".join(f"{e.notebook[:-6]} ({e.minutes} min)" for e in left3)
                                                   or "nothing") + ".", ""]
 
-    day, left_day = build(estimates, length=480, opening=15, closing=15,
-                          breaks=[(90, 15, "Break"), (195, 60, "Lunch"), (345, 15, "Break")],
+    day_breaks = [(90, 15, "Break"), (195, 60, "Lunch"), (345, 15, "Break")]
+    day, left_day = build(estimates, length=480, opening=15, closing=15, breaks=day_breaks,
                           priority=[e.notebook[:2] for e in estimates],
                           extras=[(15, "GPU demo: `python -m attn_course bench` on the venue GPU (instructor)")])
     lines += ["## Full-day workshop", "",
-              "All notebooks in course order; breaks near 10:30 and 15:00 and lunch near 12:15, each at the "
+              f"All notebooks in course order; breaks planned for {_clock(start, day_breaks[0][0])} and "
+              f"{_clock(start, day_breaks[2][0])} and lunch for {_clock(start, day_breaks[1][0])}, each taken at the "
               "first notebook boundary after its planned time; a 15-minute GPU demo before the wrap-up.", ""]
     lines += _table(day, start)
     lines += ["", "Take-home (does not fit): " + (", ".join(f"{e.notebook[:-6]} ({e.minutes} min)"
