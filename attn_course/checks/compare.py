@@ -83,9 +83,13 @@ class Mistake:
 
 
 def same(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float) -> bool:
-    """Same shape and equal within tolerance, compared in float64 (NaN equals NaN, ±inf equal themselves)."""
-    if tuple(a.shape) != tuple(b.shape):
+    """Same shape and equal within tolerance, compared in float64 (NaN equals NaN, ±inf equal themselves); a complex
+    tensor equals only a complex one (converting it to float64 would drop its imaginary part)."""
+    if tuple(a.shape) != tuple(b.shape) or a.is_complex() != b.is_complex():
         return False
+    if a.is_complex():
+        return bool(torch.allclose(a.detach().to(torch.complex128), b.detach().to(torch.complex128), atol=atol,
+                                   rtol=rtol, equal_nan=True))
     return bool(torch.allclose(a.detach().to(torch.float64), b.detach().to(torch.float64), atol=atol, rtol=rtol,
                                equal_nan=True))
 
@@ -115,6 +119,12 @@ def _blame(found: list[Mistake], tried: str, got: str, expected: str) -> NoRetur
 def as_tensor(value: Any, *, tried: str, what: str = "your function", expected: str = "a torch.Tensor") -> torch.Tensor:
     """The answer as a tensor (a NumPy array or a number is converted), or a diagnosis of what came back."""
     if isinstance(value, torch.Tensor):
+        if value.is_complex():
+            fail(f"{what} returned a complex tensor", tried=tried,
+                 got=f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}",
+                 expected=f"{expected} of real numbers", cause="a complex number entered the computation (1j, "
+                 "torch.polar, torch.view_as_complex) and the result kept it",
+                 fix="return real values: torch.view_as_real, or .real where the imaginary part is meant to vanish")
         if value.device.type == "meta":
             fail(f"{what} returned a tensor on the meta device", tried=tried,
                  got=f"a tensor of shape {tuple(value.shape)} on the 'meta' device, which holds no numbers",

@@ -62,11 +62,21 @@ def test_batch_order_is_recognised():
 
 @pytest.mark.parametrize("value,phrase", [
     (None, "None"), ([1, 2], "Python list"), (Opaque("Gen", "x"), "Gen"), ("text", "str"),
-    (torch.empty(2, device="meta"), "meta"),
+    (torch.empty(2, device="meta"), "meta"), (torch.ones(2, dtype=torch.complex64), "complex"),
 ])
 def test_as_tensor_explains_what_came_back(value, phrase):
     d = diagnosis(lambda: as_tensor(value, tried="f(x)"))
     assert phrase in d.summary + d.got
+
+
+def test_same_never_drops_an_imaginary_part():
+    from attn_course.checks.compare import same
+
+    real = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert not same(real.to(torch.complex128) + 5j, real, atol=1e-6, rtol=1e-6)  # float64 of it would equal
+    assert not same(real.to(torch.complex128), real, atol=1e-6, rtol=1e-6)  # a complex answer is not a real one
+    assert same(real + 1j, real.to(torch.complex64) + 1j, atol=1e-6, rtol=1e-6)
+    assert not same(real + 1j, real + 2j, atol=1e-6, rtol=1e-6)
 
 
 def test_as_tensor_accepts_numpy_and_numbers():

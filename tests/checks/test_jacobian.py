@@ -587,7 +587,8 @@ def test_gradcheck_runs_through_learner_operations_only(tmp_path):
     import json
 
     ops = [e["op"] for e in json.loads(data["__events__"].tobytes().decode())]
-    assert ops.count("vjp") > 20 and ops.count("observe") == 2  # gradcheck's backward calls; the input and cost probes
+    # gradcheck's backward calls; the probes: input unchanged (float32 case, then float64) and cost
+    assert ops.count("vjp") > 20 and ops.count("observe") == 3
     assert check_SoftmaxFunction.evaluate(session=ReplaySession(log)).to_json() == live.to_json()
 
 
@@ -811,7 +812,37 @@ class RtBmmBackward(torch.autograd.Function):
         return p * (grad - torch.bmm(grad.unsqueeze(1), p.unsqueeze(2)).squeeze(2))
 
 
+class RtFloat32Backward(torch.autograd.Function):  # within gradcheck's tolerance, but float32's 7 digits
+    @staticmethod
+    def forward(ctx, z):
+        p = _stable(z)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return _product(p.float(), grad.float())
+
+
+class RtInPlaceThroughDouble(torch.autograd.Function):  # .double() of float64 input is the input itself
+    @staticmethod
+    def forward(ctx, z):
+        y = z.double()
+        y -= y.amax(-1, keepdim=True)
+        p = (y.exp() / y.exp().sum(-1, keepdim=True)).to(z.dtype)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return _product(p, grad)
+
+
 @pytest.mark.parametrize("cls,phrases,absent", [
+    (RtFloat32Backward, ["backward not in float64 precision", "about 7 correct digits"], []),
+    (RtInPlaceThroughDouble, ["z changed in place", "returned x itself"], []),
     (RtSavesX, ["z used as p in backward"], []),
     (RtSavesE, ["unnormalised e used as p in backward"], []),
     (RtNumpyForward, ["forward returned a NumPy array"], ["detach"]),

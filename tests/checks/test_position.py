@@ -72,6 +72,12 @@ def test_check_equivariance_test_accepts(fn, accepts):
     accepts(check_is_permutation_equivariant, fn)
 
 
+def no_redraw_of_3(attn):
+    x = torch.randn(3, 8)
+    perm = torch.randperm(3)
+    return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
 def no_return(attn):
     x = torch.randn(5, 4)
     perm = torch.randperm(5)
@@ -107,6 +113,13 @@ def no_return(attn):
     (lambda attn: False, ["never calls attn"]),
     (perm_test(make_x=lambda g: torch.randn(8, 8, generator=g),
                compare=lambda a, b, perm: True), ["calls everything equivariant"]),
+    # comparisons blind to where the rows go: every variant above changes values, not only their places
+    (perm_test(compare=lambda a, b, perm: torch.allclose(a.sort(0).values, b[perm].sort(0).values, atol=1e-5)),
+     ["the test ignores where the rows go", "sorted rows"]),
+    (perm_test(compare=lambda a, b, perm: torch.allclose(a.mean(0), b[perm].mean(0), atol=1e-5)),
+     ["the test ignores where the rows go"]),
+    # no second draw when randperm(3) is the identity or the reversal: right on the first seed by luck
+    (no_redraw_of_3, ["misses symmetric distance bias on other random draws", "the identity or the reversal"]),
 ])
 def test_check_equivariance_test_names_each_pitfall(fn, phrases, rejects):
     rejects(check_is_permutation_equivariant, fn, *phrases)

@@ -902,6 +902,13 @@ def rt_in_place(x, dim=-1):  # right values, but the caller's scores are overwri
     return x / x.sum(dim, keepdim=True)
 
 
+def rt_in_place_through_float64(x, dim=-1):  # .to(torch.float64) of float64 input is x itself
+    y = x.to(torch.float64)
+    y -= y.amax(dim, keepdim=True)
+    e = torch.exp(y)
+    return (e / e.sum(dim, keepdim=True)).to(x.dtype)
+
+
 @pytest.mark.parametrize("fn,phrases,absent", [
     (rt_max_added, ["maximum added instead of subtracted"], ["maximum not subtracted"]),
     (rt_first_entry_shift, ["own maximum"], []),
@@ -910,6 +917,7 @@ def rt_in_place(x, dim=-1):  # right values, but the caller's scores are overwri
     (rt_squeeze, ["size-1 axes dropped", ".squeeze()"], ["keepdim"]),
     (rt_rounded, ["about 3 digits right"], ["float16"]),
     (rt_in_place, ["x changed in place", "in-place"], []),
+    (rt_in_place_through_float64, ["x changed in place", "returned x itself"], []),
     (rt_second_batch_entry_sharper, ["wrong for some batch entries", "right for batch entry 0"], []),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_stable_softmax_red_team(fn, phrases, absent, rejects):

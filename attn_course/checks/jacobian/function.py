@@ -184,6 +184,15 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
         atol=lambda c: 10 * grad_atol(c), hint=_saved_hint, signature="forward(ctx, z) and backward(ctx, grad)",
         explain=lambda o, case, said: explain_vjp(o, case, said, z=case[0]),
         shape_fix="backward returns ∂ℒ/∂z shaped like z")
+    # a backward computed in float32 passes the tolerance above and gradcheck's: its float64 cases show it
+    error = _float64_error(backward, backward_oracle)
+    if error > 1e-10 and _float64_error(forward, forward_oracle) <= 1e-10:  # (a lossy forward: gradcheck blames it)
+        fail("backward not in float64 precision", tried="SoftmaxFunction.apply(z), then backward, on the float64 "
+             "cases above", got=f"your gradient is off by up to {error:.1e} of the largest value (about "
+             f"{-math.log10(error):.0f} correct digits)", expected="float64's ~16 digits: the gradient in grad's dtype",
+             cause="your backward computes in a narrower dtype (.float(), .to(torch.float32) or float32 constants), "
+                   "and autograd converts the result back to float64 without a word",
+             fix="compute in grad's dtype: leave out .float(), .to(torch.float32) or float32 constants")
     # 3. gradcheck: backward agrees with finite differences of the learner's own forward (float64)
     z = torch.randn(3, 4, generator=torch.Generator().manual_seed(11), dtype=torch.float64).requires_grad_(True)
     tried = "torch.autograd.gradcheck(SoftmaxFunction.apply, z) with z of shape (3, 4), float64"

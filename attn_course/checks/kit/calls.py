@@ -49,22 +49,37 @@ def call(fn: Callable, *args: Any, numpy: bool = False, apply: bool = False,
                                        if b is not None and not _unchanged(a, b)]
 
 
+def _in_the_other_float(args: tuple) -> tuple | None:
+    """``args`` with every float32 tensor made float64 and every float64 one float32 (None when there is none): a
+    conversion to the dtype a tensor already has (``x.to(torch.float64)``, ``x.double()``) returns the tensor itself,
+    so an in-place step after it changes the caller's tensor for that dtype only."""
+    other = {torch.float32: torch.float64, torch.float64: torch.float32}
+    if not any(isinstance(a, torch.Tensor) and a.dtype in other for a in args):
+        return None
+    return tuple(a.to(other[a.dtype]) if isinstance(a, torch.Tensor) and a.dtype in other else a for a in args)
+
+
 def expect_unchanged(fn: Any, args: tuple, *, call: str, name: str, shown: str, numpy: bool = False,
                      apply: bool = False) -> None:
     """Fail when the learner's code changes its first argument (called ``name``; ``shown`` describes it) in place,
-    measured once by the probe :func:`call` on ``args``. Raising or timing out here says nothing: the cases already
-    ran this code."""
-    try:
-        _, changed = fn.observe(CALL, *args, numpy=numpy, apply=apply, result=False)
-    except (LearnerRaised, LearnerTimedOut):
-        return
-    if 0 in changed:
-        fail(f"{name} changed in place", tried=f"{call} on {shown}, comparing {name} with a copy taken before the call",
-             got=f"after the call, {name} no longer holds the values it was given",
-             expected=f"{name} left as it was: the function only reads it",
-             cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites "
-                   "the caller's tensor",
-             fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
+    measured by the probe :func:`call` on ``args`` and on the same values in the other floating dtype (float32 ↔
+    float64). Raising or timing out here says nothing: the cases already ran this code."""
+    for given, where in ((args, shown), (_in_the_other_float(args), "the same values in the other floating dtype")):
+        if given is None:
+            continue
+        try:
+            _, changed = fn.observe(CALL, *given, numpy=numpy, apply=apply, result=False)
+        except (LearnerRaised, LearnerTimedOut):
+            continue
+        if 0 in changed:
+            fail(f"{name} changed in place", tried=f"{call} on {where}, comparing {name} with a copy taken before the "
+                 "call", got=f"after the call, {name} no longer holds the values it was given",
+                 expected=f"{name} left as it was: the function only reads it",
+                 cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites "
+                       "the caller's tensor" + ("" if given is args else "; in this dtype a conversion such as "
+                       "x.to(torch.float64) or x.float() returned x itself, so the in-place step after it reached "
+                       "the caller's tensor"),
+                 fix="compute new tensors (x - m, torch.exp(…)), or start from a copy: x = x.clone()")
 
 
 class TensorOrArray:

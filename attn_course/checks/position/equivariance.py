@@ -19,13 +19,34 @@ from .judge import call
 
 # ================================================================================== the learner's test
 SEED = 12  #: torch's, NumPy's and Python's seed while the learner's test runs
+#: More seeds for the variant a permutation that keeps every distance misses: a test that never draws again when
+#: torch.randperm gives the identity or the reversal passes on one seed by luck (a third of the seeds when n = 3).
+MORE_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
+#: Plain attention's output rows put in an order of their own (by x's first column): the values of an equivariant
+#: function, in places that do not move with the tokens (any reordering of x gives the very same output). A test that
+#: compares sorted rows, means or norms over the tokens calls it equivariant; comparing row by row, it is not.
+REORDERED = "plain attention, rows in an order of their own"
+
+
+def _variant(name: str) -> Callable[[Any], Any]:
+    if name != REORDERED:
+        return ref.attention_variant(name)
+    plain = ref.attention_variant("plain attention")
+
+    def reordered(x):
+        out = plain(x)
+        if isinstance(out, np.ndarray):
+            return np.take_along_axis(out, np.argsort(x[..., :, :1], axis=-2, kind="stable"), axis=-2)
+        return out.gather(-2, x[..., :, :1].argsort(dim=-2, stable=True).expand(out.shape))
+
+    return reordered
 
 
 @probe("position.permutation_test")
-def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
-    """Learner side: the learner's test on one attention variant: its verdict, whether an ``assert`` failed, and
-    what it passed to attn."""
-    attn, calls = ref.attention_variant(variant), []
+def _run_test(test: Callable[..., Any], variant: str, seed: int = SEED) -> dict[str, Any]:
+    """Learner side: the learner's test on one attention variant (its random draws seeded with ``seed``): its
+    verdict, whether an ``assert`` failed, and what it passed to attn."""
+    attn, calls = _variant(variant), []
 
     def watched(x):
         if (isinstance(x, torch.Tensor) or isinstance(x, np.ndarray) and x.dtype.kind == "f") and len(calls) < 50:
@@ -41,9 +62,9 @@ def _run_test(test: Callable[..., Any], variant: str) -> dict[str, Any]:
     np_state, py_state = np.random.get_state(), random.getstate()
     try:
         with torch.random.fork_rng(devices=[]):  # the learner's unseeded draws: the same every run
-            torch.manual_seed(SEED)
-            np.random.seed(SEED)
-            random.seed(SEED)
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            random.seed(seed)
             verdict = test(watched)
     except AssertionError:
         return {"verdict": False, "asserted": True, "calls": calls}
@@ -194,5 +215,27 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
             fix = "use a few more tokens (n ≥ 3) and a random permutation"
         fail(f"the test misses {', '.join(missed)}", expected=f"not equivariant for {', '.join(missed)}", cause=cause,
              fix=fix, **words)
+    # the same test on what its one run could not show: rows moved but not changed, and other random draws
+    tried = (f"is_permutation_equivariant(attn) with attn = {REORDERED} (plain attention's rows, ordered by x's first "
+             "column: x and any reordering of it give the same output)")
+    reordered = call(fn.observe, ("position.permutation_test", REORDERED), tried, "True or False", patterns=attn_hint,
+                     tensor=False)
+    if _as_verdict(reordered.get("verdict") if isinstance(reordered, dict) else reordered, tried):
+        fail("the test ignores where the rows go", tried=tried, got="equivariant",
+             expected="not equivariant: permuting x moves the output's rows somewhere else than perm says",
+             cause="your comparison does not depend on the order of the rows (sorted rows, a mean, a sum or a norm "
+                   "over the tokens): an output whose rows are right but in the wrong places passes it",
+             fix="compare row by row: torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
+    for seed in MORE_SEEDS:
+        tried = f"is_permutation_equivariant(attn) with attn = symmetric distance bias, random draws seeded with {seed}"
+        again = call(fn.observe, ("position.permutation_test", "symmetric distance bias", seed), tried,
+                     "True or False", patterns=attn_hint, tensor=False)
+        if _as_verdict(again.get("verdict") if isinstance(again, dict) else again, tried):
+            fail("the test misses symmetric distance bias on other random draws", tried=tried, got="equivariant",
+                 expected=f"not equivariant, whatever the seed (it was with seed {SEED})",
+                 cause="your permutation is sometimes one that keeps every distance |i − j|: torch.randperm can "
+                       "give the identity or the reversal (for 3 tokens, 2 draws in 6), and your test does not draw "
+                       "again then", fix="perm = torch.randperm(n) with n ≥ 3, drawn again while it is the identity "
+                       "or the reversal")
     return (f"tells {len(ref.EQUIVARIANT)} permutation-equivariant functions from {len(ref.POSITION_AWARE)} attentions "
             "that see positions")
