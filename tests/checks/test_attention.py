@@ -695,6 +695,8 @@ def _element(dtype):
     (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) / 2**30, "GiB"),
     (lambda n, batch=2, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype), "wrong default"),
     (lambda n, batch=1, heads=1, dtype=torch.float16: bytes_ok(n, batch, heads, dtype), "wrong default"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: int(torch.tensor(batch, dtype=torch.int32) * heads * n * n *
+                                                          _element(dtype)), "overflowed a 32-bit integer"),
 ])
 def test_check_score_matrix_bytes_names_pitfalls(fn, phrase, rejects):
     rejects(check_score_matrix_bytes, fn, phrase)

@@ -115,6 +115,8 @@ def _arange(lengths, max_len):
     (lambda lengths, max_len=None: (_arange(lengths, max_len)[None, :] < lengths[:, None]).numpy(), ["NumPy array"]),
     (lambda lengths, max_len=None: torch.arange(int(lengths[0]) if max_len is None else max_len) < lengths[:, None],
      ["default max_len wrong", "lengths[0]"]),
+    (lambda lengths, max_len=None: torch.arange(int(lengths[-1]) if max_len is None else max_len) < lengths[:, None],
+     ["default max_len wrong", "lengths[-1]"]),
     (lambda lengths, max_len=None: torch.arange(int(lengths.max()) + 1 if max_len is None else max_len) < lengths[:, None],
      ["default max_len wrong", "one more than the largest length"]),
     (lambda lengths, max_len=None: torch.arange(6) < lengths[:, None], ["width fixed at 6"]),

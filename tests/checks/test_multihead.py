@@ -624,6 +624,7 @@ _RETURN = "return self.out_proj(out), weights"
     (("/ math.sqrt(d)", "/ math.sqrt(x_q.shape[-1] / A)"), ["scaled by √(d_model / A), not √d_head"]),
     (("/ math.sqrt(d)", "/ (2 * math.sqrt(d))"), ["scores multiplied by 1/(2·√d_head), not 1/√d_head"]),
     (("/ math.sqrt(d)", "/ math.sqrt(A)"), ["scores multiplied by 1/√n_heads"]),
+    (("/ math.sqrt(d)", "/ math.sqrt(x_q.shape[-1] // A)"), ["1/√(d_model // n_heads)"]),  # 10 // 3 = 3 = A there
     (('float("-inf")', "0.0"), ["blocked scores set to 0"]),
     (('scores = scores.masked_fill(~mask, float("-inf"))', "scores = scores * mask"), ["blocked scores set to 0"]),
     ((_MASKING, _MASKING.replace("        if mask is not None:\n            scores = scores.masked_fill(~mask,",

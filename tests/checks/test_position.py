@@ -382,6 +382,7 @@ H = lambda heads: torch.arange(1, heads + 1, dtype=torch.float64)  # noqa: E731
 @pytest.mark.parametrize("fn,phrases", [
     (alibi_slopes_rule(lambda heads: 0.5 ** H(heads)), ["halve from head to head"]),
     (alibi_slopes_rule(lambda heads: 2.0 ** (-8 * (H(heads) - 1) / heads)), ["slopes start at 1"]),
+    (alibi_slopes_rule(lambda heads: 2.0 ** (-(8 // heads) * H(heads))), ["slopes with 8 // A", "integer division"]),
     (alibi_slopes_rule(lambda heads: ref.alibi_slopes(heads).flip(0)), ["reverse order"]),
     (alibi_slopes_rule(lambda heads: H(heads) / heads), ["not geometric"]),
     (alibi_slopes_rule(lambda heads: 1 / H(heads)), ["not geometric"]),

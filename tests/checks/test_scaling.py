@@ -270,6 +270,11 @@ def q_not_random(d, s, n, g):  # the surviving mutant of `q = sigma * torch.rand
 
 
 @mk
+def one_q_shared(d, s, n, g):  # one query for every pair: its length sets the estimate (it looked like a sample cap)
+    return (R(n, d, g, s) @ R(1, d, g, s)[0]).var()
+
+
+@mk
 def mean_of_squares(d, s, n, g):  # E[s²]: close to the variance on many samples, but not the sample variance
     return (_scores(d, s, n, g) ** 2).mean().reshape(1)
 
@@ -376,6 +381,7 @@ MC_WRONG = [
     W(variance_per_sample, "not one number", "per sample or per entry"),
     W(negated, "negative", "never negative"),
     W(q_not_random, "scatter too little", "not random"),
+    W(one_q_shared, "scatter far too much", "drawn once and shared"),
     W(one_key_for_all_samples, "scatter far too much", "shared by all the pairs"),
     # red-team review of notebooks 01/02: named from the learner's own draws (few samples, seeded generators)
     W(mean_of_squares, "mean of the squares, not centred"),
@@ -404,7 +410,7 @@ def test_variance_check_names_each_mistake(fn, phrases, named, rejects):
 
 @pytest.mark.parametrize("seed", range(1, 3))
 @pytest.mark.parametrize("fn", [divided_by_dk, scaled_score, std_returned, summed_over_samples, fixed_n,
-                                q_not_random])
+                                q_not_random, one_q_shared])
 def test_variance_check_names_the_same_mistake_on_every_seed(fn, seed, rejects):
     expected = next(p.values[1] for p in MC_WRONG if p.values[0] is fn)
     rejects(make_mc_check(seed), fn, *expected)

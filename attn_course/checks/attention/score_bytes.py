@@ -16,7 +16,8 @@ from ..core import Learner, LearnerRaised, as_tensor, check, fail, learner_error
 # ============================================================================ score matrix bytes
 #: (n, batch, heads, dtype); None: the call leaves batch, heads and dtype at their defaults (1, 1, float32).
 _BYTE_CASES = [(6, 1, 1, torch.float32), (10, 3, 5, torch.float16), (7, 3, 1, torch.float64), (5, 1, 2, torch.bfloat16),
-               (4096, 1, 12, torch.float16), (1, 1, 1, torch.float32), (9, 6, 7, torch.float64), (11, None, None, None)]
+               (4096, 1, 12, torch.float16), (1, 1, 1, torch.float32), (9, 6, 7, torch.float64), (11, None, None, None),
+               (65536, 2, 8, torch.float32)]  # 2³⁸ bytes: past what a 32-bit integer holds
 _ELEMENT_FIX = "take the bytes per entry from the dtype: torch.empty((), dtype=dtype).element_size()"
 _PLAIN, _E = "return the plain number of bytes", "the bytes per entry"
 #: Wrong formulas of (n, batch, heads, bytes per entry e): (summary, cause, fix, formula).
@@ -108,6 +109,11 @@ def check_score_matrix_bytes(fn: Learner) -> str:
                 (f"{per_entry:g} bytes per {name} entry, not {element}", f"you counted {per_entry:g} bytes per entry "
                  f"for {name}, which takes {element}", _ELEMENT_FIX) if per_entry in (1, 2, 4, 8, 16) and
                 per_entry != element else _bytes_ratio(got / expected)) or (summary, cause, fix)
+        if not found and expected >= 2 ** 31 and (got < 0 or (got - expected) % 2 ** 32 == 0):
+            summary, cause, fix = ("overflowed a 32-bit integer", "your count went through a 32-bit integer (np.int32, "
+                                   "torch.int32, or NumPy's default int on Windows before NumPy 2), which wraps round "
+                                   "past 2³¹ − 1 ≈ 2.1 GB", "count with Python ints: batch * heads * n * n * "
+                                   "dtype.itemsize")
         if given is None and not found:  # every case with explicit arguments passed: only the defaults differ
             summary, cause, fix = ("wrong default arguments", "with only n given, your function does not count "
                                    "batch=1, heads=1, dtype=torch.float32", "keep the defaults of the signature: "

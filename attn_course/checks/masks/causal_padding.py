@@ -74,8 +74,9 @@ def _lengths_mistakes(lengths: torch.Tensor, max_len: int | None) -> list[tuple]
 @check("padding_mask_from_lengths",
        expects="a function padding_mask_from_lengths(lengths, max_len=None) returning a (B, max_len) bool tensor")
 def check_padding_mask_from_lengths(fn: Learner) -> str:
-    # Defaults: [2, 5, 3] has a largest length (5), a first length (2) and a batch size (3) that all differ.
-    cases = [([3, 1, 4], 6, torch.int64), ([2, 5, 3], None, torch.int64), ([0, 2], 3, torch.int64),
+    # Defaults: [2, 6, 4] has a largest length (6), a first (2) and a last length (4) and a batch size (3) that all
+    # differ, and differ from 6 ± 1: each wrong default width names one mistake.
+    cases = [([3, 1, 4], 6, torch.int64), ([2, 6, 4], None, torch.int64), ([0, 2], 3, torch.int64),
              ([4, 2, 1], None, torch.int32), ([1], 1, torch.int64), ([3, 3], None, torch.int64),
              ([1, 2], 5, torch.int64)]
     judge = Judge(fn, _lengths_mistakes, [(torch.tensor(values, dtype=dtype), n) for values, n, dtype in cases],
@@ -109,6 +110,7 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
                        f"length {S}", "max_len = int(lengths.max()) when max_len is None") for width, why in (
                           (B, f"B = {B} columns (the number of sequences)"),
                           (values[0], f"lengths[0] = {values[0]} columns (the lengths are not sorted)"),
+                          (values[-1], f"lengths[-1] = {values[-1]} columns (the lengths are not sorted)"),
                           (S + 1, f"{S + 1} columns, one more than the largest length"),
                           (S - 1, f"{S - 1} columns, one fewer than the largest length"))]
         expected = torch.arange(S)[None, :] < lengths[:, None].long()  # (B, S)

@@ -322,12 +322,15 @@ def _fitted_scale(d: Diagnosis, ctx: Case, weights: torch.Tensor) -> bool:
             not same(w, multihead(P, x_q, x_kv, mask, a, d_head, scale=c)[1], atol=2e-5, rtol=1e-4):
         return False
     named = {"1/(2·√d_head)": 1 / (2 * math.sqrt(d_head)), "1/√n_heads": 1 / math.sqrt(a),
+             # the textbook scale, though d_head is given: floored, it can equal n_heads (10 // 3 = 3)
+             "1/√(d_model // n_heads)": 1 / math.sqrt(max(ctx.x_q.shape[-1] // a, 1)),
              "1/(n_heads·√d_head)": 1 / (a * math.sqrt(d_head)), "1/d_head²": 1 / d_head ** 2,
              "2/√d_head": 2 / math.sqrt(d_head), "−1/√d_head": -1 / math.sqrt(d_head)}
-    name = next((k for k, v in named.items() if abs(c - v) <= 1e-3 * abs(v)), "")
+    name = " or ".join(k for k, v in named.items() if abs(c - v) <= 1e-3 * abs(v))  # all the names of that number
     d.summary = f"scores multiplied by {name or fmt(c)}, not 1/√d_head"
     d.cause = (f"your weights are the softmax of q·kᵀ × {fmt(c)} (= 1/{fmt(1 / c)}"
-               + (f", that is {name}" if name else "") + f"); the scale is 1/√d_head = 1/{fmt(math.sqrt(d_head))}")
+               + (f", that is {name}" + (", the same number here" if " or " in name else "") if name else "")
+               + f"); the scale is 1/√d_head = 1/{fmt(math.sqrt(d_head))}")
     d.fix = "divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_head), once"
     return True
 

@@ -148,7 +148,8 @@ def _alibi(n: int, heads: int, mistake: str = "") -> torch.Tensor | None:
     i, h = torch.arange(n, dtype=torch.float64), torch.arange(1, heads + 1, dtype=torch.float64)
     diff = i[:, None] - i[None, :]  # i − j
     m = {"halve": 0.5 ** h, "from1": 2.0 ** (-8 * (h - 1) / heads), "reversed": ref.alibi_slopes(heads).flip(0),
-         "linear": h / heads, "inverse": 1 / h, "falling": 1 - h / (heads + 1)}.get(mistake, ref.alibi_slopes(heads))
+         "linear": h / heads, "inverse": 1 / h, "falling": 1 - h / (heads + 1),
+         "floor_div": 2.0 ** (-(8 // heads) * h)}.get(mistake, ref.alibi_slopes(heads))
     shape = {"positive": diff.abs(), "signed": -diff, "signed_T": diff, "causal": -diff.clamp(min=0)}.get(
         mistake, -diff.abs())
     out = m.double()[:, None, None] * shape
@@ -163,6 +164,8 @@ _ALIBI_TABLE = table([
      _SLOPE_FIX),
     ("from1", "slopes start at 1", "your first slope is 2^0 = 1: you counted heads from 0 in 2^(−8a/A)", _SLOPE_FIX),
     ("reversed", "slopes in reverse order", "your smallest slope is on head 0", "head 0 has the largest, 2^(−8/A)"),
+    ("floor_div", "slopes with 8 // A", "your exponent uses integer division, 8 // A: right when A divides 8, but 0 "
+     "for more than 8 heads (every slope 1) and rounded down otherwise", "divide as floats: 2 ** (-8 * (a + 1) / A)"),
     ("linear", "slopes not geometric", "your slopes grow linearly ((a + 1)/A)", _SLOPE_FIX),
     ("inverse", "slopes not geometric", "your slopes are 1/(a + 1)", _SLOPE_FIX),
     ("falling", "slopes not geometric", "your slopes fall linearly (1 − (a + 1)/(A + 1))", _SLOPE_FIX),

@@ -252,6 +252,7 @@ def _name_variance_mistake(estimates: list[float], settings: list[tuple[int, flo
         fail("the estimate does not grow with d_k", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
              expected=expected, cause=f"your estimates for d_k = 1 and d_k = 64 (σ = 1 both) are about equal "
              f"({fmt(small)} and {fmt(large)}): the function does not use d_k", fix=f"draw q and k as {DRAW}")
+    spread: float | None = None  # the scatter of estimates at d_k = 1, measured once when needed
     mean_ratio = sum(ratios) / len(ratios) if all(math.isfinite(r) for r in ratios) else float("nan")
     # A constant factor: the estimates agree with each other far better than with the theory.
     if math.isfinite(mean_ratio) and mean_ratio > 0 and \
@@ -263,13 +264,14 @@ def _name_variance_mistake(estimates: list[float], settings: list[tuple[int, flo
     if all(math.isfinite(r) for r in ratios) and min(ratios) < 1 < max(ratios):
         per_setting = [2 + 6 / d_ for d_, s_, n_ in settings]
         effective = sum(per_setting) / sum((r - 1) ** 2 for r in ratios)
-        # (below 30 pairs the estimates are too far off for sampling noise: the scatter test below names that)
-        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4:
+        # (below 30 pairs the estimates are too far off for sampling noise: the scatter test below names that; a q or
+        # a k shared by all the pairs looks the same here, and its scatter at d_k = 1 tells it apart)
+        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4 and (spread := _scatter(fn, seed)) <= 30:
             fail("fewer samples than n_samples", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
                  expected=expected, cause=f"your estimates land on both sides of σ⁴·d_k, as far as from about "
                  f"{fmt(effective)} pairs: your function uses fewer pairs than n_samples (a cap, or part of the draws)",
                  fix=f"draw n_samples pairs, {DRAW}, and use all of them")
-    spread = _scatter(fn, seed)
+    spread = spread if spread is not None else _scatter(fn, seed)
     if spread > 30:
         fail("the estimates scatter far too much", tried=tried, got=f"{got} (all your estimates: {all_estimates}); "
              f"and {SCATTER_SEEDS} estimates for d_k = 1 scatter {fmt(spread)} × as much as they should",
