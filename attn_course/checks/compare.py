@@ -311,9 +311,10 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
     if actual.dtype in (torch.float16, torch.bfloat16) and expected.dtype not in (torch.float16, torch.bfloat16):
         if same(a, e, atol=max(atol, 2e-2), rtol=max(rtol, 1e-2)):
             return Mismatch(f"{dtype} values ({what}), close but not equal: {dtype} keeps about 3 significant digits",
-                            f"{str(expected.dtype).replace('torch.', '')}, as the input",
+                            f"values at {str(expected.dtype).replace('torch.', '')} precision",
                             f"your computation converted to {dtype} (.half() or dtype={dtype})", f"result in {dtype}",
-                            f"compute in the input's dtype: leave out .half(), .to(torch.{dtype}) or dtype={dtype}")
+                            f"leave out .half(), .to(torch.{dtype}) or dtype={dtype}: compute in the inputs' dtype "
+                            "(float32 or float64 where there is no input tensor)")
     nan_a, nan_e = torch.isnan(a), torch.isnan(e)
     if (nan_a & ~nan_e).any():
         first = tuple(int(i) for i in (nan_a & ~nan_e).nonzero()[0])

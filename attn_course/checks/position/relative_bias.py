@@ -110,7 +110,8 @@ def _t5_measured(failure: Failure, out: torch.Tensor, n: int, table: torch.Tenso
 _HEAD_AXES = ("heads", "queries", "keys")
 _T5_CASES = [(6, 32, 2, True, 128), (40, 32, 3, True, 128), (40, 32, 1, False, 20), (1, 8, 4, True, 16),
              (30, 8, 2, True, 12), (25, 16, 2, False, 64), (35, 32, 2, True, 24, torch.float32), (12, 4, 2, True, 8),
-             (30, 10, 2, True, 20), (30, 9, 1, False, 24), (8, 3, 2, False, 2), (60, 10, 2, False, 256)]
+             (30, 10, 2, True, 20), (30, 9, 1, False, 24), (8, 3, 2, False, 2), (60, 10, 2, False, 256),
+             (30, 11, 2, True, 24)]  # an odd number of buckets, bidirectional: num_buckets // 2 per direction
 
 
 @check("relative_position_bias",
