@@ -98,7 +98,13 @@ def lin_mean_u(q, k, v):  # mean instead of sum for Σ_j φ(k_j)
     return (fq @ (fk.mT @ v)) / (fq @ fk.mean(-2).unsqueeze(-1))
 
 
+def lin_elu_in_place(q, k, v):  # right values, but F.elu_ overwrites the caller's k
+    fq, fk = phi(q), F.elu_(k) + 1
+    return (fq @ (fk.mT @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
 @pytest.mark.parametrize("answer,phrases", [
+    (lin_elu_in_place, ["k changed in place"]),
     (lin_no_norm, ["normaliser missing"]),
     (lin_times_norm, ["multiplied by the normaliser instead of dividing"]),
     (lin_mean_u, ["off by a factor of n_k", "n_k times the expected one"]),
@@ -289,7 +295,20 @@ def chunk_batched(q, k, v, chunk_size):  # every chunk's A in one batched produc
     return out.flatten(-3, -2)[..., :n, :]
 
 
-@pytest.mark.parametrize("answer", [chunk_ref, chunk_split_einsum, chunk_float64_inside, chunk_batched])
+def chunk_linalg_matmul(q, k, v, chunk_size):  # every product with torch.linalg.matmul, the documented alias of @
+    mm, fq, fk = torch.linalg.matmul, phi(q), phi(k)
+    outs, C, u = [], 0.0, 0.0
+    for s in range(0, q.shape[-2], chunk_size):
+        qc, kc, vc = fq[..., s:s + chunk_size, :], fk[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
+        a = mm(qc, kc.mT).tril()
+        outs.append((mm(a, vc) + (mm(qc, C) if torch.is_tensor(C) else 0)) /
+                    (a.sum(-1, keepdim=True) + (mm(qc, u) if torch.is_tensor(u) else 0)))
+        C, u = C + mm(kc.mT, vc), u + kc.sum(-2).unsqueeze(-1)
+    return torch.cat(outs, -2)
+
+
+@pytest.mark.parametrize("answer", [chunk_ref, chunk_split_einsum, chunk_float64_inside, chunk_batched,
+                                    chunk_linalg_matmul])
 def test_chunked_linear_attention_accepts(accepts, answer):
     accepts(check_chunked_linear_attention, answer)
 
@@ -488,11 +507,23 @@ def bs_inverted(q, k, v, layout, block_size):  # True taken as "masked out", as 
     return out
 
 
+def bs_square_layout_assumed(q, k, v, layout, block_size):  # key blocks counted by the layout's rows
+    square = layout[:, :layout.shape[0]] if layout.shape[1] > layout.shape[0] else layout
+    return bs_inverted(q, k[..., :square.shape[1] * block_size, :], v[..., :square.shape[1] * block_size, :], ~square,
+                       block_size)
+
+
 def bs_unscaled(q, k, v, layout, block_size):
     return bs_ref(q * math.sqrt(q.shape[-1]), k, v, layout, block_size)
 
 
-@pytest.mark.parametrize("answer", [bs_ref, bs_gather])
+def bs_ones_column(q, k, v, layout, block_size):  # ℓ kept as the last column of acc: v with a column of ones
+    ones = torch.ones(v.shape[:-1] + (1,), dtype=v.dtype)
+    out = bs_ref(q, k, torch.cat([v, ones], -1), layout, block_size)  # (..., n_q, d_v + 1) = acc / ℓ, 1
+    return out[..., :-1]
+
+
+@pytest.mark.parametrize("answer", [bs_ref, bs_gather, bs_ones_column])
 def test_block_sparse_attention_accepts(accepts, answer):
     accepts(check_block_sparse_attention, answer)
 
@@ -500,6 +531,7 @@ def test_block_sparse_attention_accepts(accepts, answer):
 @pytest.mark.parametrize("answer,phrases", [
     (bs_transposed, ["block layout transposed"]),
     (bs_inverted, ["block layout inverted", "True means the tile is kept"]),
+    (bs_square_layout_assumed, ["key"]),
     (bs_dense_masked, ["skipped blocks still computed"]),
     (bs_all_tiles_then_skip, ["skipped blocks still computed"]),
     (bs_unscaled, ["scores not scaled"]),

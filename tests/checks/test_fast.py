@@ -133,6 +133,17 @@ def os_two_pass_blocks(x, block_size=1):  # two passes, both in blocks: every bl
     return torch.exp(x - m) / l
 
 
+def os_float32_state(x, block_size=1):  # m and l made without dtype= (float32), kept so by in-place updates
+    m = torch.full(x.shape[:-1] + (1,), -math.inf)
+    l = torch.zeros(x.shape[:-1] + (1,))
+    for s in range(0, x.shape[-1], block_size):
+        block = x[..., s:s + block_size]
+        m_new = torch.maximum(m, block.amax(-1, keepdim=True))
+        l.mul_(torch.exp(m - m_new)).add_(torch.exp(block - m_new).sum(-1, keepdim=True))
+        m.copy_(m_new)
+    return torch.exp(x - m) / l
+
+
 def os_state(x, block_size):  # the running (m, l) after the last block
     m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
     l = torch.zeros_like(m)
@@ -183,6 +194,7 @@ OS_WRONG = {
     "global max first": (os_global_max, "the whole row"),
     "global max first, in blocks": (os_two_pass_blocks, "two passes over x: every maximum before any sum"),
     "float64 result for float32 input": (lambda x, b=1: os_ref(x.double(), b), "result in float64 for float32 input"),
+    "float32 running state, updated in place": (os_float32_state, "float64 input, float32 precision"),
     "renormalised over the whole row": (lambda x, b=1: (lambda e: e / e.sum(-1, keepdim=True))(os_ref(x, b)),
                                         "the whole row"),
     "block_size ignored (1)": (lambda x, b=1: os_ref(x, 1), "block_size not used"),

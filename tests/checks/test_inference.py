@@ -657,6 +657,13 @@ class CacheFloat32(ref.KVCache):
         return super().attend(q.float())
 
 
+class CacheKeepsLastOfMany(ref.KVCache):  # several new tokens on a filled cache: only the last one kept
+    def append(self, k, v):
+        started = getattr(self, "_started", False)
+        self._started = True
+        return super().append(k[..., -1:, :], v[..., -1:, :]) if started and k.shape[-2] > 1 else super().append(k, v)
+
+
 @pytest.mark.parametrize("cls,phrases", [
     (CacheRing8, ["holds 8 of the 9 tokens", "stopped growing"]),
     (CachePromptFirstOnly, ["append kept only the first of several new tokens"]),
@@ -670,6 +677,9 @@ class CacheFloat32(ref.KVCache):
     (cache_class(attend_rule=lambda q, K, V: attend_over(q, K, V).float()), ["computed in float32"]),
     (cache_class(attend_rule=lambda q, K, V: attend_over(q.double(), K.double(), V.double())),
      ["attend's output in float64, not float32"]),
+    (cache_class(attend_rule=lambda q, K, V: attend_over(q.float(), K.float(), V.float()).to(q.dtype)),
+     ["float64 input, float32 precision"]),
+    (CacheKeepsLastOfMany, ["the returned K holds"]),
 ])
 @pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
 def test_check_kvcache_red_team_pitfalls(cls, phrases, rejects):
@@ -692,6 +702,12 @@ def test_check_kvcache_tells_top_left_from_a_missing_self(rejects):
     assert "top-left" not in result.text()
 
 
+def merge_ties_drop_b(a, b):  # equal maxima: side b dropped (a "winner" test with > on both sides)
+    m, l, acc = ref.merge_partials(a, b)
+    tie = a[0] == b[0]
+    return m, torch.where(tie, a[1], l), torch.where(tie, a[2], acc)
+
+
 @pytest.mark.parametrize("fn,phrases", [
     (merge_rule(lambda m_a, l_a, acc_a, m_b, l_b, acc_b, m, s: (
         m, torch.where(m_a >= m_b, l_a, l_b), torch.where(m_a >= m_b, acc_a, acc_b))), ["only the side with the larger"]),
@@ -710,6 +726,10 @@ def test_check_kvcache_tells_top_left_from_a_missing_self(rejects):
     (lambda a, b: tuple(t.float() for t in ref.merge_partials(a, b)), ["computed in float32"]),
     (lambda a, b: ref.merge_partials(tuple(t.double() for t in a), tuple(t.double() for t in b)),
      ["in float64, not float32", "convert the result back"]),
+    (lambda a, b: tuple(t.to(a[0].dtype) for t in ref.merge_partials(tuple(t.float() for t in a),
+                                                                      tuple(t.float() for t in b))),
+     ["float64 input, float32 precision"]),
+    (merge_ties_drop_b, ["l:"]),
 ])
 def test_check_merge_red_team_pitfalls(fn, phrases, rejects):
     rejects(check_merge_partials, fn, *phrases)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..compare import Failure, as_tensor, call_or_skip, fail, same
 from ..core import Learner, check
-from ..kit import Known, Suspects
+from ..kit import Known, Suspects, expect_unchanged
 from .judge import blocks_right, dtype_of, expect_close_at_dtype, no_square, qkv, refail, rows_right, table, tolerance
 
 Tensor = torch.Tensor
@@ -124,6 +124,8 @@ def check_linear_attention(fn: Learner) -> str:
     no_square(fn, 64, "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds",
               "sum over the keys first: kv = φ(k)ᵀ v and u = φ(k).sum(-2); then φ(q) @ kv and φ(q) @ u",
               *qkv((), 64, 64, 3, 2, 120))
+    expect_unchanged(fn, qkv((), 6, 5, 3, 2, 121), call="linear_attention(q, k, v)", name="q",
+                     shown="q (6, 3), k (5, 3), v (5, 2), float64", others=("k", "v"))
     return (f"matches φ(q)(φ(k)ᵀv) / φ(q)Σφ(k) on {len(_LINEAR_CASES)} cases (n_q ≠ n_k, batch × heads, one "
             "query, large entries, float32) without an n × n matrix")
 
@@ -254,6 +256,8 @@ def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, d_k: int, c: in
        expects="a function causal_linear_attention(q, k, v) returning a tensor (..., n, d_v)")
 def check_causal_linear_attention(fn: Learner) -> str:
     _run_causal(fn, "causal_linear_attention", _CAUSAL_TABLE, 200, chunked=False, fix=_RECUR_FIX)
+    expect_unchanged(fn, qkv((), 6, 6, 3, 2, 221), call="causal_linear_attention(q, k, v)", name="q",
+                     shown="q, k (6, 3), v (6, 2), float64", others=("k", "v"))
     no_square(fn, 40, "causal_linear_attention(q, k, v) on q, k (40, 3), v (40, 2), watching the shapes it builds",
               "carry only the state C (d_k, d_v) and u (d_k) from one position to the next, as the docstring's loop",
               *qkv((), 40, 40, 3, 2, 220))
@@ -386,6 +390,8 @@ def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
        expects="a function chunked_linear_attention(q, k, v, chunk_size) returning a tensor (..., n, d_v)")
 def check_chunked_linear_attention(fn: Learner) -> str:
     _run_causal(fn, "chunked_linear_attention", _CHUNK_TABLE, 300, chunked=True, fix=_CHUNK_FIX)
+    expect_unchanged(fn, (*qkv((), 7, 7, 3, 2, 321), 3), call="chunked_linear_attention(q, k, v, 3)", name="q",
+                     shown="q, k (7, 3), v (7, 2), float64", others=("k", "v"))
     n, d_k, d_v = 48, 3, 2
     for c, seed in ((6, 320), (8, 321)):
         tried = f"chunked_linear_attention(q, k, v, {c}) on q, k ({n}, {d_k}), v ({n}, {d_v}), watching what it builds"

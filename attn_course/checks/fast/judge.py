@@ -12,7 +12,7 @@ import torch
 
 from ..compare import Failure, call_or_skip, same
 from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
-from ..kit import Known, Suspects, explain_raise
+from ..kit import Known, Suspects, expect_float64_precision, explain_raise
 from .cases import Case
 from .mistakes import CAUSAL_FIX, FINAL_FIX, PATTERNS, Q_WIDTH
 from .steps import Tensor, blocks
@@ -66,6 +66,7 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                  cause=f"your computation converted to {got} (.double(), or a tensor created with dtype={out.dtype}) "
                        "and the result was not converted back",
                  fix=f"computing in a wider dtype is fine; convert the result back at the end: .to({first}.dtype)")
+        expect_float64_precision(out, case.expected, tried=tried, what="your result", first=first)
 
 
 def _right(out: Tensor, case: Case) -> bool:

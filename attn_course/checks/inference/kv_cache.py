@@ -9,7 +9,7 @@ import torch
 
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, learner_error
-from ..kit import Known, Suspects, call_explained, expect_dtype, lower_precision, unpack
+from ..kit import Known, Suspects, call_explained, expect_dtype, expect_float64_precision, lower_precision, unpack
 from .oracle import LOOSE, PATTERNS, attn, rows, sdpa, tolerance
 
 _AXIS_FROM_FRONT = ("IndexError", r"Dimension out of range", "your code numbers an axis from the front (transpose(2, "
@@ -116,7 +116,9 @@ def _cache_cases() -> list[tuple[str, tuple, list[int]]]:
             ("scores up to ±100, float32 (a softmax must subtract the row maximum)",
              qkv((2,), 5, 4, 3, torch.float32, scale=6.0), [1] * 5),
             ("a longer sequence: 3 tokens at once, then 21 one at a time, no batch axes, d_k = 3, d_v = 2",
-             qkv((), 24, 3, 2), [3] + [1] * 21)]
+             qkv((), 24, 3, 2), [3] + [1] * 21),
+            ("a prompt of 2 tokens, then 3 at once on a filled cache (chunked prefill), then 1, batch 2",
+             qkv((2,), 6, 4, 3), [2, 3, 1])]
 
 
 def _construct(cls: Learner) -> Learner:
@@ -246,6 +248,7 @@ def check_KVCache(cls: Learner) -> str:
                            fix="attend returns softmax(q Kᵀ / √d_k) V over every cached key, shape (..., 1, d_v)")
             lower_precision(out, q.dtype, tried=tried, what="attend's output", grid=False)
             expect_dtype(out, q.dtype, tried=tried, what="attend's output")
+            expect_float64_precision(out, sdpa(*case), tried=tried, what="attend's output")
     return (f"equals causal attention token by token on {len(cases)} cases (batch × heads, no batch axes, a prompt "
             "appended at once, scores ±100) and keeps two caches apart")
 

@@ -9,7 +9,7 @@ import torch
 
 from ..compare import Failure, describe_mismatch, fmt, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, check, expect_shape, fail
-from ..kit import Known, Suspects, call_explained, expect_dtype, lower_precision, unpack
+from ..kit import Known, Suspects, call_explained, expect_dtype, expect_float64_precision, lower_precision, unpack
 from .oracle import LOOSE, PATTERNS, tolerance
 
 
@@ -105,6 +105,9 @@ def _merge_cases() -> list[tuple[str, tuple]]:
                   "all", split(q, k, v, 4, masks)))
     q, k, v = rand(3, 8) * 40, rand(12, 8) * 40, rand(12, 6)
     cases.append(("scores up to ±1000, float32", tuple(tuple(t.float() for t in p) for p in split(q, k, v, 6))))
+    q, k, v = rand(2, 3, 5), rand(2, 4, 5), rand(2, 8, 2)
+    k = torch.cat([k, k], dim=-2)  # each chunk holds the same keys: m_a = m_b exactly, and both sides count
+    cases.append(("two chunks with equal maxima (the same keys in both)", split(q, k, v, 4)))
     return cases
 
 
@@ -189,9 +192,10 @@ def check_merge_partials(fn: Learner) -> str:
                              fix="m and l are (..., n_q, 1) and acc is (..., n_q, d_v), like the inputs")
             if all(right):
                 suspects.passed((x, y), _pack(*want))  # a right case rules out the mistakes that change it
-                for g, part in zip(got, names):
+                for g, w, part in zip(got, want, names):
                     lower_precision(g, x[0].dtype, tried=tried, what=f"the merged {part}", grid=False)
                     expect_dtype(g, x[0].dtype, tried=tried, what=f"the merged {part}")
+                    expect_float64_precision(g, w, tried=tried, what=f"the merged {part}", first="m_a")
                 continue
             empty = torch.isinf(x[0]) & torch.isinf(y[0]) & (x[0] < 0) & (y[0] < 0)  # neither chunk sees a key
             if empty.any() and torch.isfinite(got[0][empty]).all() and same(got[0][~empty], want[0][~empty], **tol):

@@ -29,8 +29,8 @@ from __future__ import annotations
 from .answers import preview, tensor_answer, unpack
 from .calls import CALL, CALL_WITH, TensorOrArray, arrays, call, call_with, expect_signature, expect_unchanged
 from .cases import TensorCase, judge_cases
-from .measure import (agrees, batch_entries, exp_limits, expect_dtype, explain_nonfinite, lower_precision,
-                      nan_or_inf, narrowing_calls, what_is_off, works_elsewhere)
+from .measure import (agrees, batch_entries, exp_limits, expect_dtype, expect_float64_precision, explain_nonfinite,
+                      lower_precision, nan_or_inf, narrowing_calls, what_is_off, works_elsewhere)
 from .mistakes import Case, Known, Suspects, factors, fits, known_rows
 from .raises import (BOOL_HINT, Construct, Pattern, bool_hint, call_explained, explain_raise, reduction_hint,
                      reproduce, signature_hint)
@@ -40,7 +40,8 @@ __all__ = ["Known", "Suspects", "Case", "fits", "known_rows", "factors",
            "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
            "signature_hint", "reduction_hint",
            "tensor_answer", "unpack", "preview",
-           "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype", "agrees", "works_elsewhere", "exp_limits", "nan_or_inf",
+           "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype",
+           "expect_float64_precision", "agrees", "works_elsewhere", "exp_limits", "nan_or_inf",
            "explain_nonfinite",
            "CALL", "call", "CALL_WITH", "call_with", "expect_unchanged", "TensorOrArray", "arrays", "expect_signature",
            "Watch", "watch", "einsum_flops",

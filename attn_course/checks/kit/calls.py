@@ -60,10 +60,12 @@ def _in_the_other_float(args: tuple) -> tuple | None:
 
 
 def expect_unchanged(fn: Any, args: tuple, *, call: str, name: str, shown: str, numpy: bool = False,
-                     apply: bool = False) -> None:
+                     apply: bool = False, others: tuple[str, ...] = ()) -> None:
     """Fail when the learner's code changes its first argument (called ``name``; ``shown`` describes it) in place,
-    measured by the probe :func:`call` on ``args`` and on the same values in the other floating dtype (float32 ↔
-    float64). Raising or timing out here says nothing: the cases already ran this code."""
+    or one of the next ones named in ``others``, measured by the probe :func:`call` on ``args`` and on the same
+    values in the other floating dtype (float32 ↔ float64). Raising or timing out here says nothing: the cases
+    already ran this code."""
+    names = (name, *others)
     for given, where in ((args, shown), (_in_the_other_float(args), "the same values in the other floating dtype")):
         if given is None:
             continue
@@ -71,7 +73,8 @@ def expect_unchanged(fn: Any, args: tuple, *, call: str, name: str, shown: str, 
             _, changed = fn.observe(CALL, *given, numpy=numpy, apply=apply, result=False)
         except (LearnerRaised, LearnerTimedOut):
             continue
-        if 0 in changed:
+        if changed := [i for i in changed if i < len(names)]:
+            name = names[changed[0]]
             fail(f"{name} changed in place", tried=f"{call} on {where}, comparing {name} with a copy taken before the "
                  "call", got=f"after the call, {name} no longer holds the values it was given",
                  expected=f"{name} left as it was: the function only reads it",

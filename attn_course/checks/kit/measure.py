@@ -13,6 +13,7 @@ from ..boundary import LearnerRaised, LearnerTimedOut
 from ..compare import Failure, as_tensor, describe_mismatch, fail, fmt, same
 
 __all__ = ["agrees", "works_elsewhere", "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype",
+           "expect_float64_precision",
            "exp_limits", "nan_or_inf", "explain_nonfinite"]
 
 
@@ -163,6 +164,28 @@ def expect_dtype(got: torch.Tensor, dtype: torch.dtype, *, tried: str, what: str
          expected=f"{want}, the inputs' dtype", cause=f"your computation converted to {name} ({narrowing_calls(got.dtype)}) "
          "and the result was not converted back", fix=f"computing in a wider dtype is fine; convert the result back at "
          f"the end: .to({dtype})")
+
+
+def expect_float64_precision(got: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, first: str = "q") -> None:
+    """Fail when ``got``, float64 and right within the check's tolerance, is off by more than float64 rounding from
+    ``expected`` (the float64 oracle): float32 somewhere inside (running state made without ``dtype=`` and updated in
+    place, a ``.float()`` cast back), which the tolerance alone lets through. ``first`` names the input whose dtype
+    the tensors should take."""
+    if got.dtype != torch.float64 or expected.dtype != torch.float64 or not got.numel():
+        return
+    finite = torch.isfinite(expected) & torch.isfinite(got.detach())
+    if not finite.any():
+        return
+    scale = float(expected[finite].abs().max()) or 1.0
+    error = float((got.detach()[finite] - expected[finite]).abs().max()) / scale
+    if error > 1e-10:  # float64 rounding stays near 1e-15 of the largest value
+        fail("float64 input, float32 precision", tried=tried,
+             got=f"{what} off by up to {error:.1e} of its largest value: about {-math.log10(error):.0f} correct "
+                 "digits, float32's precision", expected="float64's ~16 digits",
+             cause="part of your computation runs in float32: a tensor created without dtype= (torch.zeros, "
+                   "torch.full and torch.empty make float32) kept so by in-place updates (mul_, add_, copy_), or a "
+                   ".float() converted back at the end",
+             fix=f"create every tensor with dtype={first}.dtype (or with *_like functions), and leave out .float()")
 
 
 def narrowing_calls(dtype: torch.dtype) -> str:

@@ -12,8 +12,8 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["Watch", "watch", "einsum_flops"]
 
 
-_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "vdot", "inner", "linear", "addmm",
-             "baddbmm", "addbmm", "addmv"}
+_PRODUCTS = {"matmul", "__matmul__", "__rmatmul__", "linalg_matmul", "mm", "bmm", "mv", "dot", "vdot", "inner", "linear",
+             "addmm", "baddbmm", "addbmm", "addmv", "tensordot", "linalg_vecdot"}
 
 
 _SECOND_OPERAND = {"addmm", "baddbmm", "addbmm", "addmv", "__rmatmul__"}  # the operand whose last axis is contracted
@@ -80,6 +80,12 @@ class Watch(TorchFunctionMode):
             self.products[tuple(out.shape)] = self.products.get(tuple(out.shape), 0) + 1
         if name == "einsum":
             self.flops += einsum_flops(args, out)
+            return
+        if name in ("tensordot", "linalg_vecdot") and len(args) > 1 and all(isinstance(a, torch.Tensor) for a in args[:2]):
+            # a (free × c) and b (c × free) make out (free × free): c² = |a|·|b| / |out| (vecdot: out is what is left)
+            c = math.sqrt(args[0].numel() * args[1].numel() / max(out.numel(), 1)) if name == "tensordot" else \
+                args[0].shape[-1]
+            self.flops += 2.0 * out.numel() * c
             return
         operand = args[1] if name in _SECOND_OPERAND and len(args) > 1 else (args[0] if args else None)
         if isinstance(operand, torch.Tensor) and operand.dim():
