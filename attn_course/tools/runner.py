@@ -81,20 +81,26 @@ def execute(
     kernel_env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     if env:
         kernel_env.update(env)
-    client = NotebookClient(
-        nb,
-        timeout=cell_timeout,
-        interrupt_on_timeout=True,
-        allow_errors=allow_errors,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(cwd)}},
-        record_timing=False,
-        # The kernel's own warnings (e.g. "Kernel is running over TCP without encryption": it only ever
-        # talks to this process on localhost) are noise in every command's output.
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],
-    )
+    def client() -> NotebookClient:
+        return NotebookClient(
+            nb,
+            timeout=cell_timeout,
+            interrupt_on_timeout=True,
+            allow_errors=allow_errors,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(cwd)}},
+            record_timing=False,
+            # The kernel's own warnings (e.g. "Kernel is running over TCP without encryption": it only ever
+            # talks to this process on localhost) are noise in every command's output.
+            extra_arguments=["--IPKernelApp.log_level=ERROR"],
+        )
+
     start = time.perf_counter()
-    problem = run_client(client, kernel_env, cell_timeout)
+    problem = run_client(client(), kernel_env, cell_timeout)
+    if problem and "Kernel didn't respond" in problem and not any(c.get("execution_count") for c in nb.cells):
+        # The kernel never answered its first message (several kernels starting at once can leave one waiting):
+        # nothing ran, so the notebook runs once more, in a new kernel.
+        problem = run_client(client(), kernel_env, cell_timeout)
     seconds = time.perf_counter() - start
 
     peak = None

@@ -40,3 +40,42 @@ def test_the_kernels_own_warnings_stay_out_of_the_output(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "None 42", done.stdout + done.stderr
     assert "WARNING" not in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_kernel_that_never_answers_is_started_once_more(tmp_path, monkeypatch):
+    from attn_course.tools import runner
+
+    real, calls = runner.run_client, []
+
+    def first_kernel_silent(client, env, cell_timeout):
+        calls.append(client)
+        if len(calls) == 1:  # what nbclient reports when a kernel misses its first message
+            return "RuntimeError: Kernel didn't respond in 60 seconds"
+        return real(client, env, cell_timeout)
+
+    monkeypatch.setattr(runner, "run_client", first_kernel_silent)
+    run = execute(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")]), cwd=tmp_path)
+    assert run.problem is None and len(calls) == 2 and calls[0] is not calls[1]
+    assert run.notebook.cells[0].outputs[0]["text"] == "42\n"
+
+
+def test_nbval_starts_a_silent_kernel_once_more(monkeypatch):
+    import nbval.kernel
+
+    import conftest
+
+    attempts = []
+
+    def silent_once(*args, **kwargs):
+        attempts.append(kwargs)
+        if len(attempts) == 1:
+            raise RuntimeError("Kernel didn't respond in 60 seconds")
+        return "km", "kc"
+
+    monkeypatch.setattr(conftest, "_start_new_kernel", silent_once)
+    assert nbval.kernel.start_new_kernel(startup_timeout=60) == ("km", "kc") and len(attempts) == 2
+    attempts.clear()
+    monkeypatch.setattr(conftest, "_start_new_kernel", lambda **kw: (_ for _ in ()).throw(RuntimeError("silent")))
+    with pytest.raises(RuntimeError):  # twice silent: an error, as before
+        nbval.kernel.start_new_kernel(startup_timeout=60)
