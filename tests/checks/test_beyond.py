@@ -513,6 +513,31 @@ def bs_square_layout_assumed(q, k, v, layout, block_size):  # key blocks counted
                        block_size)
 
 
+def bs_max_from_zero(q, k, v, layout, block_size):  # the running maximum starts at 0, not −inf
+    scale, b = 1 / math.sqrt(q.shape[-1]), block_size
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for i in range(layout.shape[0]):
+        qb = q[..., i * b:(i + 1) * b, :] * scale
+        m = torch.zeros(qb.shape[:-1] + (1,), dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for j in layout[i].nonzero().flatten().tolist():
+            s = qb @ k[..., j * b:(j + 1) * b, :].mT
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p = torch.exp(s - new)
+            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
+            acc = acc * torch.exp(m - new) + p @ v[..., j * b:(j + 1) * b, :]
+            m = new
+        out[..., i * b:(i + 1) * b, :] = acc / l
+    return out
+
+
+def bs_every_tile_elementwise(q, k, v, layout, block_size):  # scores by broadcasting, every tile, then masked
+    b, scale = block_size, 1 / math.sqrt(q.shape[-1])
+    s = (q[..., :, None, :] * k[..., None, :, :]).sum(-1) * scale  # (..., n_q, n_k), a product written out
+    keep = layout.repeat_interleave(b, 0)[:q.shape[-2]].repeat_interleave(b, 1)[:, :k.shape[-2]]
+    return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+
 def bs_unscaled(q, k, v, layout, block_size):
     return bs_ref(q * math.sqrt(q.shape[-1]), k, v, layout, block_size)
 
@@ -532,6 +557,8 @@ def test_block_sparse_attention_accepts(accepts, answer):
     (bs_transposed, ["block layout transposed"]),
     (bs_inverted, ["block layout inverted", "True means the tile is kept"]),
     (bs_square_layout_assumed, ["key"]),
+    (bs_max_from_zero, ["wrong"]),
+    (bs_every_tile_elementwise, ["skipped blocks still computed"]),
     (bs_dense_masked, ["skipped blocks still computed"]),
     (bs_all_tiles_then_skip, ["skipped blocks still computed"]),
     (bs_unscaled, ["scores not scaled"]),

@@ -437,7 +437,23 @@ TA_RIGHT = {"reference": ta_ref, "options at their right values": T(), "keys out
             ta_key_outer, "running logsumexp": ta_lse, "state from the first tile": ta_first_tile,
             "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype)}
 
+def ta_two_pass_elementwise(q, k, v, b=64):  # two passes over the keys, scores by broadcasting instead of @
+    scale, out = 1 / math.sqrt(q.shape[-1]), torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, q.shape[-2], b):
+        qb = q[..., qs:qs + b, :]
+        tiles = lambda: ((ks, (qb[..., :, None, :] * k[..., None, ks:ks + b, :]).sum(-1) * scale)  # noqa: E731
+                         for ks in range(0, k.shape[-2], b))
+        m = torch.stack([s.amax(-1) for _, s in tiles()], -1).amax(-1, keepdim=True)
+        acc, l = 0, 0
+        for ks, s in tiles():
+            p = torch.exp(s - m)
+            acc, l = acc + p @ v[..., ks:ks + b, :], l + p.sum(-1, keepdim=True)
+        out[..., qs:qs + b, :] = acc / l
+    return out
+
+
 TA_WRONG = {
+    "two passes, scores by broadcasting": (ta_two_pass_elementwise, "reads the keys twice"),
     "float64 result for float32 input": (lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b),
                                          "result in float64 for float32 input"),
     "not scaled": (T(scale=lambda q, k, v, b: 1.0), "scores not scaled"),

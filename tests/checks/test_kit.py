@@ -74,6 +74,18 @@ def test_the_watcher_counts_products_exps_and_the_largest_tensor():
     assert report["ops"] and report["reductions"] == [5] and report["flops"] == 2 * 4 * 5 * 8
 
 
+def test_the_watcher_counts_products_written_out_and_their_aliases():
+    a, b = torch.randn(4, 8), torch.randn(5, 8)
+    matmul = 2 * 4 * 5 * 8
+    assert watch(lambda: (a[:, None, :] * b[None, :, :]).sum(-1))["flops"] == matmul  # a product by broadcasting
+    assert watch(lambda: torch.linalg.matmul(a, b.T))["flops"] == matmul
+    assert watch(lambda: torch.tensordot(a, b.T, dims=1))["flops"] == matmul
+    assert watch(lambda: torch.linalg.vecdot(a, a))["flops"] == 2 * 4 * 8
+    # a state that broadcasts to its shape at its first update is no product: nothing is summed over
+    acc, correction = torch.zeros(8), torch.rand(4, 1)
+    assert watch(lambda: acc * correction + a)["flops"] == 0
+
+
 def _raised(attempt):
     try:
         attempt()

@@ -160,6 +160,8 @@ _SPARSE_CASES = [  # (label, (batch axes, n_q, n_k, d_k, d_v), block size)
     ("q, k (2, 20, 4) with scores in the hundreds and query 0's in the tens of thousands (each row needs its own "
      "maximum), v (2, 20, 3), tiles of 4", ((2,), 20, 20, 4, 3), 4),
     ("q, k (2, 16, 8), v (2, 16, 4) in float32, tiles of 4", ((2,), 16, 16, 8, 4), 4),
+    ("q, k (12, 4) with every score near −1000 (a running maximum must start at −∞, not 0), v (12, 2), tiles of 4",
+     ((), 12, 12, 4, 2), 4),
 ]
 
 
@@ -181,6 +183,8 @@ def check_block_sparse_attention(fn: Learner) -> str:
         q, k, v = qkv(lead, n_q, n_k, d_k, d_v, 500 + i, scale=12.0 if big else 1.0, dtype=dtype_of(label))
         if big:
             q[..., 0, :] *= 100.0
+        if "−1000" in label:  # q·k/√d_k ≈ −40 · 50 / 2 for every pair: exp(s − 0) underflows to 0
+            q[..., 0], k[..., 0] = -40.0, k[..., 0] + 50.0
         layout = _layout(-(-n_q // b), -(-n_k // b), 510 + i)
         case, tried = (q, k, v, layout, b), f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
         out, expected = as_tensor(fn(*case), tried=tried), _sdpa(q, k, v, _mask(q, k, layout, b))

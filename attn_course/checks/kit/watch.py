@@ -4,6 +4,7 @@ reductions (:class:`Watch`; :func:`watch` for the learner side of a probe)."""
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -23,6 +24,7 @@ _REDUCTIONS = {"amax", "amin", "max", "min", "sum", "nansum", "mean", "logsumexp
 
 
 _MAXIMA, _SUMS = {"amax", "max"}, {"sum", "nansum"}  # what a softmax's two reductions are written with
+_MULTIPLIES = {"mul", "__mul__", "__rmul__", "multiply"}
 _EXPS = {"exp", "exp_", "exp2", "exp2_"}
 
 
@@ -35,7 +37,8 @@ class Watch(TorchFunctionMode):
     * ``elements`` — the elements of every tensor returned, summed;
     * ``shapes`` — the shapes of the floating-point tensors (≥ 2-D) returned (at most 2000 kept);
     * ``products`` — how many matrix products (``@``, ``mm``, ``einsum``…) returned each shape, and ``flops``
-      — their FLOPs, 2 per multiply–add;
+      — their FLOPs, 2 per multiply–add (a product by broadcasting then summed,
+      ``(a[..., :, None, :] * b[..., None, :, :]).sum(-1)``, counts too);
     * ``exp_elements`` / ``exp_tile`` / ``zero_tiles`` — what went through ``exp``: elements, the largest
       2-D tile, and how many tiles came out all zero (every score in them masked);
     * ``reductions`` — for max/sum-like reductions, how many inputs one output combined;
@@ -55,6 +58,7 @@ class Watch(TorchFunctionMode):
         self.exp_elements, self.exp_tile, self.zero_tiles = 0, (), 0
         self.reductions: set[int] = set()
         self.reduction_kinds: list[str] = []
+        self._spread: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # products by broadcasting
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -64,6 +68,13 @@ class Watch(TorchFunctionMode):
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
         if outs and (name == "einsum" or name in _PRODUCTS):
             self._product(name, args, outs[0])
+        elif outs and name in _MULTIPLIES and len(args) > 1 and all(isinstance(a, torch.Tensor) for a in args[:2]) \
+                and outs[0].numel() > max(args[0].numel(), args[1].numel()):
+            self._spread[id(outs[0])] = outs[0]  # a product by broadcasting: a matrix product if a sum follows
+        if outs and name in _SUMS and args and self._spread.get(id(args[0])) is args[0]:
+            # q[..., :, None, :] * k[..., None, :, :], then .sum(-1): a matrix product written out, counted as one
+            # (a multiply and an add per entry of the product), so the work rules see it
+            self.flops += 2.0 * args[0].numel()
         if outs and name in _REDUCTIONS and args and isinstance(args[0], torch.Tensor) and outs[0].numel():
             combined = args[0].numel() // outs[0].numel()
             if len(self.reductions) < 32:
