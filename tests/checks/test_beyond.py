@@ -489,14 +489,16 @@ def bs_ref_global_max(q, k, v, layout, block_size):  # amax over the whole tile 
     return out
 
 
-def bs_inverted(q, k, v, layout, block_size):  # True taken as "masked out", as key_padding_mask means it
+def bs_loop(q, k, v, layout, block_size, *, visited=lambda row: row, m0=-math.inf):
+    """A learner's block-sparse loop: query block i visits the key blocks where ``visited(layout[i])`` is True, its
+    running maximum starting at ``m0`` (right with the defaults)."""
     scale, b = 1 / math.sqrt(q.shape[-1]), block_size
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
     for i in range(layout.shape[0]):
         qb = q[..., i * b:(i + 1) * b, :] * scale
-        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        m = torch.full(qb.shape[:-1] + (1,), m0, dtype=q.dtype)
         l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-        for j in (~layout[i]).nonzero().flatten().tolist():
+        for j in visited(layout[i]).nonzero().flatten().tolist():
             s = qb @ k[..., j * b:(j + 1) * b, :].mT
             new = torch.maximum(m, s.amax(-1, keepdim=True))
             p = torch.exp(s - new)
@@ -505,30 +507,19 @@ def bs_inverted(q, k, v, layout, block_size):  # True taken as "masked out", as 
             m = new
         out[..., i * b:(i + 1) * b, :] = acc / l
     return out
+
+
+def bs_inverted(q, k, v, layout, block_size):  # True taken as "masked out", as key_padding_mask means it
+    return bs_loop(q, k, v, layout, block_size, visited=lambda row: ~row)
 
 
 def bs_square_layout_assumed(q, k, v, layout, block_size):  # key blocks counted by the layout's rows
-    square = layout[:, :layout.shape[0]] if layout.shape[1] > layout.shape[0] else layout
-    return bs_inverted(q, k[..., :square.shape[1] * block_size, :], v[..., :square.shape[1] * block_size, :], ~square,
-                       block_size)
+    rows = layout.shape[0]
+    return bs_loop(q, k, v, layout, block_size, visited=lambda row: row & (torch.arange(len(row)) < rows))
 
 
 def bs_max_from_zero(q, k, v, layout, block_size):  # the running maximum starts at 0, not −inf
-    scale, b = 1 / math.sqrt(q.shape[-1]), block_size
-    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-    for i in range(layout.shape[0]):
-        qb = q[..., i * b:(i + 1) * b, :] * scale
-        m = torch.zeros(qb.shape[:-1] + (1,), dtype=q.dtype)
-        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
-        for j in layout[i].nonzero().flatten().tolist():
-            s = qb @ k[..., j * b:(j + 1) * b, :].mT
-            new = torch.maximum(m, s.amax(-1, keepdim=True))
-            p = torch.exp(s - new)
-            l = l * torch.exp(m - new) + p.sum(-1, keepdim=True)
-            acc = acc * torch.exp(m - new) + p @ v[..., j * b:(j + 1) * b, :]
-            m = new
-        out[..., i * b:(i + 1) * b, :] = acc / l
-    return out
+    return bs_loop(q, k, v, layout, block_size, m0=0.0)
 
 
 def bs_every_tile_elementwise(q, k, v, layout, block_size):  # scores by broadcasting, every tile, then masked
