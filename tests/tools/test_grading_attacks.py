@@ -153,3 +153,34 @@ def test_the_grades_folder_and_other_learners_files_are_out_of_reach(tmp_path, c
         assert "was changed by something other than the grader" not in summary
     else:
         assert f"{journal} was changed by something other than the grader" in summary, summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("confine", [False, True], ids=["audit-hook-only", "landlock"])
+def test_a_submission_reads_neither_classmates_notebooks_nor_the_solutions(tmp_path, confine):
+    """An answer that, while it is graded, takes the code of ``attention`` from a classmate's notebook or
+    from the course's solutions and runs it (it passed before reads were confined): every read is refused
+    (by the kernel with Landlock, by the audit hook without), so it fails, and says so."""
+    if confine and landlock_abi() < 1:
+        pytest.skip("Landlock is not available here")
+    root, out = tmp_path / "class", tmp_path / "grades"
+    write(correct(), root / "ada" / f"{NOTEBOOK_05}.ipynb")
+    solutions = course_dir() / "solutions"
+    sources = [str(root / "ada" / f"{NOTEBOOK_05}.ipynb"), str(solutions / f"{NOTEBOOK_05}.ipynb")]
+    borrow = ("def attention(Q, K, V, mask=None):\n    import json\n    refused = []\n"
+              f"    for path in {sources!r}:\n"
+              "        try:\n            cells = json.load(open(path))['cells']\n"
+              "        except OSError as exc:\n            refused.append(type(exc).__name__)\n            continue\n"
+              "        for cell in cells:\n            code = ''.join(cell['source'])\n"
+              "            if code.startswith('def attention('):\n                scope = dict(globals())\n"
+              "                exec(code, scope)\n                return scope['attention'](Q, K, V, mask)\n"
+              "    raise PermissionError(' '.join(refused))\n")
+    write(learner_notebook(answers={**RIGHT, "attention": borrow}), root / "mal" / f"{NOTEBOOK_05}.ipynb")
+    log = io.StringIO()
+    runner = grader().runner if confine else None  # the shared runner is confined, with TEST_LIMITS
+    assert grade_class(root, out=out, solutions=str(solutions), limits=TEST_LIMITS, jobs=1, confine=confine,
+                       stdout=log, runner=runner) == 0, log.getvalue()
+    grades = _grades(out)
+    assert grades[("ada", "attention")]["status"] == "passed", grades
+    assert grades[("mal", "attention")]["status"] == "failed", grades
+    assert "PermissionError" in grades[("mal", "attention")]["message"], grades

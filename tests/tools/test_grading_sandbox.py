@@ -58,7 +58,7 @@ def test_landlock_confines_writes_to_the_folder_for_subprocesses_too(tmp_path):
         import os, subprocess
         from pathlib import Path
         from attn_course.tools.grading import sandbox
-        print(sandbox.confine_writes(Path({str(inside)!r})))
+        print(sandbox.confine(Path({str(inside)!r})))
         Path({str(inside)!r}, "ok.txt").write_text("fine")
         for attempt in (lambda: Path({str(outside)!r}, "py.txt").write_text("no"),
                         lambda: os.rename({str(inside)!r} + "/ok.txt", {str(outside)!r} + "/moved.txt")):
@@ -75,6 +75,80 @@ def test_landlock_confines_writes_to_the_folder_for_subprocesses_too(tmp_path):
     assert list(outside.iterdir()) == []  # nor by a shell started from it
 
 
+def test_readable_roots_leave_out_every_protected_folder_and_the_way_to_it(tmp_path):
+    """A readable folder that holds a protected one is replaced by its other entries, level by level; a
+    link to a protected folder does not open it; a folder named readable inside a protected one stays."""
+    shared = tmp_path / "shared"
+    for sub in ("x/class/ada", "x/other", "y", "course/.venv/lib"):
+        (shared / sub).mkdir(parents=True)
+    (shared / "y" / "to-class").symlink_to(shared / "x" / "class")
+    (shared / "x" / "notes.txt").write_text("n")
+    protect = [shared / "x" / "class", shared / "course"]
+    roots = sandbox.readable_roots([shared, shared / "course" / ".venv"], protect=protect)
+    mine = sorted(r for r in roots if r.startswith(str(shared)))
+    assert mine == [str(shared / "course" / ".venv"), str(shared / "x" / "notes.txt"), str(shared / "x" / "other"),
+                    str(shared / "y")], mine
+    assert all(not r.startswith(str(protect[0])) for r in roots)
+    assert set(sandbox.SYSTEM_READABLE) & set(roots) >= {"/usr", "/etc", "/proc"}
+    assert any(os.path.realpath(sys.prefix) == r or os.path.realpath(sys.prefix).startswith(r + "/") for r in roots)
+
+
+@pytest.mark.skipif(sandbox.landlock_abi() < 1, reason="Landlock is not available here")
+def test_landlock_confines_reads_to_the_system_python_and_the_folder(tmp_path):
+    """With ``readable``, a classmate's file and the course's solutions can be neither read nor listed, by
+    Python or by a program it starts; Python's own files (a module imported only now) still can."""
+    inside, secret = tmp_path / "work", tmp_path / "class"
+    inside.mkdir()
+    (secret / "ada").mkdir(parents=True)
+    (secret / "ada" / "answer.py").write_text("ADA'S ANSWER")
+    readable = sandbox.readable_roots([], protect=[secret])
+    done = _child(f"""
+        import os, subprocess
+        from pathlib import Path
+        from attn_course.tools.grading import sandbox
+        print(sandbox.confine(Path({str(inside)!r}), readable={readable!r}))
+        Path({str(inside)!r}, "ok.txt").write_text("mine")
+        print(Path({str(inside)!r}, "ok.txt").read_text())
+        import fractions, json  # modules imported after confining: Python's own files are readable
+        for attempt in (lambda: open({str(secret / "ada" / "answer.py")!r}).read(),
+                        lambda: os.listdir({str(secret)!r})):
+            try:
+                print("ESCAPED", attempt())
+            except OSError:
+                print("refused")
+        shown = subprocess.run(["cat", {str(secret / "ada" / "answer.py")!r}], capture_output=True, text=True)
+        print("cat:", shown.returncode != 0 and "ANSWER" not in shown.stdout)
+    """, cwd=str(inside))
+    assert done.returncode == 0, done.stderr
+    assert "reads only in it" in done.stdout and done.stdout.count("refused") == 2, done.stdout
+    assert "mine" in done.stdout and "cat: True" in done.stdout and "ESCAPED" not in done.stdout, done.stdout
+
+
+def test_without_landlock_an_audit_hook_refuses_python_reads_of_protected_folders(tmp_path):
+    inside, secret = tmp_path / "work", tmp_path / "class"
+    (secret / "ada").mkdir(parents=True)
+    (secret / "ada" / "answer.py").write_text("ADA'S ANSWER")
+    (secret / "env").mkdir()
+    (secret / "env" / "lib.py").write_text("LIBRARY")
+    inside.mkdir()
+    done = _child(f"""
+        import os
+        from pathlib import Path
+        from attn_course.tools.grading import sandbox
+        sandbox.audit_guard(Path({str(inside)!r}), protect=[Path({str(secret)!r})],
+                            readable=[{str(secret / "env")!r}])
+        print(open({str(secret / "env" / "lib.py")!r}).read())  # named readable inside a protected folder
+        for attempt in (lambda: open({str(secret / "ada" / "answer.py")!r}).read(),
+                        lambda: Path({str(secret / "ada")!r}).iterdir().__next__(),
+                        lambda: os.scandir({str(secret)!r})):
+            try:
+                print("ESCAPED", attempt())
+            except PermissionError:
+                print("refused")
+    """)
+    assert done.stdout.split() == ["LIBRARY", "refused", "refused", "refused"], done.stdout + done.stderr
+
+
 @pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="signal scoping needs Landlock ABI 6")
 def test_landlock_forbids_signalling_processes_outside(tmp_path):
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -83,7 +157,7 @@ def test_landlock_forbids_signalling_processes_outside(tmp_path):
             import os, signal
             from pathlib import Path
             from attn_course.tools.grading import sandbox
-            sandbox.confine_writes(Path({str(tmp_path)!r}))
+            sandbox.confine(Path({str(tmp_path)!r}))
             try:
                 os.kill({victim.pid}, signal.SIGKILL)
                 print("killed")
@@ -107,7 +181,7 @@ def test_landlock_forbids_tcp_connections(tmp_path):
             import socket
             from pathlib import Path
             from attn_course.tools.grading import sandbox
-            sandbox.confine_writes(Path({str(tmp_path)!r}))
+            sandbox.confine(Path({str(tmp_path)!r}))
             try:
                 socket.create_connection(("127.0.0.1", {server.getsockname()[1]}), timeout=5)
                 print("connected")

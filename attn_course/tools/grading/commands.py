@@ -170,8 +170,8 @@ def grade_learner(paths: list[Path], *, solutions: str | None = None, limits: Li
     found = scan.learners.get("you", [])
     jobs = max(1, min(jobs, len(found)))
     with _terminate_as_interrupt(), Runner(limits or Limits(), jobs=jobs, confine=confine) as runner:
-        runner.start()  # the fork servers import PyTorch while this process loads the course
-        course = Course(solutions_dir)
+        runner.guard([*(p.resolve().parent if p.is_file() else p for p in paths), solutions_dir]).start()
+        course = Course(solutions_dir)  # loaded while the fork servers import PyTorch
         subs, _, warnings = collect.collect("you", found, course)
         warnings = scan.warnings + warnings
         subs = sorted(subs, key=lambda s: list(course.notebooks).index(s.notebook.slug))
@@ -264,6 +264,7 @@ def _grade_class(folder, out, solutions_dir, limits, runner, shard, assigned, fr
     from .pipeline import Grader
 
     index, count = shard
+    runner.guard([folder, out, solutions_dir])  # no learner process reads the class, the grades or the solutions
     course = Course(solutions_dir, assigned=assigned)
     scan = files.scan_class(folder)
     learners = sorted(scan.learners)[index - 1::count]

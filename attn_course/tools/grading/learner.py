@@ -10,7 +10,8 @@ course and its libraries before any learner code ran (without ``fork``: in a fre
 2. moves into its own folder (``HOME`` and ``TMPDIR`` too), points standard input at /dev/null and
    standard output and error at /dev/null (no output is ever read back), gives up root's
    capabilities when it has them, and confines
-   itself (Landlock: writes only in its folder; else an audit hook);
+   itself (Landlock: writes only in its folder, reads only there and in the system's, Python's and the
+   course's code; else an audit hook);
 3. runs the planned cells one by one in a fresh ``InteractiveShell`` with
    ``ATTN_COURSE_RECORD_DIR`` set, so every check writes its operation log into ``record/``
    (and ``ATTN_COURSE_CALL_TIMEOUT`` when the instructor lowered the checks' per-call limit);
@@ -175,13 +176,14 @@ def _prepare(job: dict[str, Any]) -> list[str]:
             notes.append("root without capabilities")
     except OSError as exc:
         notes.append(f"could not drop root's capabilities: {exc}")
+    protect, readable = [Path(p) for p in job.get("protect", [])], job.get("readable")
     if job.get("confine", True):
         try:
-            notes.append(sandbox.confine_writes(work))
+            notes.append(sandbox.confine(work, readable=readable))
         except (RuntimeError, OSError) as exc:
-            notes.append(f"{exc}; " + sandbox.audit_guard(work))
+            notes.append(f"{exc}; " + sandbox.audit_guard(work, protect=protect, readable=readable or []))
     else:  # --no-landlock: the fallback alone, as on a machine without Landlock
-        notes.append(sandbox.audit_guard(work))
+        notes.append(sandbox.audit_guard(work, protect=protect, readable=readable or []))
     return notes
 
 

@@ -3,12 +3,15 @@
 Everything here is a primitive the grader combines (:mod:`.learner` calls the confining half inside
 the freshly forked learner process, :mod:`.watch` the watching and killing half in the grader):
 
-* :func:`confine_writes` — Landlock (Linux ≥ 5.13): from then on the process and everything it
-  starts may create, change or delete files only inside its own folder (``/dev/null`` aside), may not
+* :func:`confine` — Landlock (Linux ≥ 5.13): from then on the process and everything it
+  starts may create, change or delete files only inside its own folder (``/dev/null`` aside), may read
+  only there and in the folders :func:`readable_roots` lists (the system's, Python's, the course's
+  private copy: never the class folder, the course's solutions or the grader's other folders), may not
   signal or ptrace processes outside its sandbox (the grader, other learners; Landlock ABI ≥ 6), may
   open no TCP connection (ABI ≥ 4). The kernel enforces it, for subprocesses and C code too, and it
-  cannot be undone. Where Landlock is missing, :func:`audit_guard` refuses Python-level writes only
-  (an audit hook: subprocesses and C code are not covered) and the grader falls back on detection;
+  cannot be undone. Where Landlock is missing, :func:`audit_guard` refuses Python-level writes
+  outside the folder and reads inside the protected folders (an audit hook: subprocesses and C code
+  are not covered) and the grader falls back on detection;
 * :func:`apply_rlimits` — address space, file size, core dumps and open files, each clamped to the
   current limits, so that a shell with lower limits can never make setting them fail;
 * :func:`set_parent_death_signal` / :func:`become_subreaper` — a learner process dies with the
@@ -30,12 +33,13 @@ import contextlib
 import ctypes
 import os
 import signal
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Limits", "TOKEN_ENV", "apply_rlimits", "clamp", "confine_writes", "audit_guard",
+__all__ = ["Limits", "TOKEN_ENV", "apply_rlimits", "clamp", "confine", "readable_roots", "audit_guard",
            "landlock_abi", "set_parent_death_signal", "become_subreaper", "drop_capabilities", "kill_tree",
            "descendants", "tree_memory", "tree_cpu", "sweep", "Cgroup"]
 
@@ -164,9 +168,13 @@ _FS = {  # access rights, the ABI that introduced each
     "MAKE_DIR": (1 << 7, 1), "MAKE_REG": (1 << 8, 1), "MAKE_SOCK": (1 << 9, 1), "MAKE_FIFO": (1 << 10, 1),
     "MAKE_BLOCK": (1 << 11, 1), "MAKE_SYM": (1 << 12, 1), "REFER": (1 << 13, 2), "TRUNCATE": (1 << 14, 3),
 }
+_READ = {"EXECUTE": 1 << 0, "READ_FILE": 1 << 2, "READ_DIR": 1 << 3}  # ABI 1: handled when reads are confined
 _FILE_RIGHTS = ("WRITE_FILE", "TRUNCATE")  # the rights that apply to a single file
 _NET_TCP = 0b11  # bind and connect (ABI 4)
 _SCOPES = 0b11  # abstract unix sockets and signals (ABI 6)
+#: Readable by every learner process: the system's programs, libraries and settings, and what the kernel shows
+#: of processes and devices. Python's folders and the libraries' are added by :func:`readable_roots`.
+SYSTEM_READABLE = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/dev")
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -188,9 +196,64 @@ def landlock_abi() -> int:
     return max(0, int(abi))
 
 
-def confine_writes(folder: Path, *, files: tuple[str, ...] = ("/dev/null",)) -> str:
-    """Restrict this process and all it starts: writes only inside ``folder`` (and to ``files``), no
-    signals or ptrace outside, no TCP. Returns what was applied ("landlock ABI 7: …"); raises OSError
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _python_folders() -> list[str]:
+    """Python's own folders, its import path, and the folders of every file mapped into this process (the
+    shared libraries PyTorch and NumPy loaded, wherever they were installed)."""
+    import sysconfig
+
+    folders = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+               os.path.dirname(os.path.realpath(sys.executable)), *sysconfig.get_paths().values(),
+               *(p for p in sys.path if p)]
+    with contextlib.suppress(OSError):
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path (when a file)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith("/") and not path.endswith("(deleted)"):
+                    folders.append(os.path.dirname(path))
+    return folders
+
+
+def readable_roots(extra: list[Path] = (), *, protect: list[Path] = ()) -> list[str]:
+    """The folders a confined learner process may read: :data:`SYSTEM_READABLE`, Python's folders and the
+    loaded libraries' (:func:`_python_folders`) and ``extra``, less everything inside ``protect`` (the class
+    folder, the course's own folder with its solutions, the grader's folders, the grader's home): a
+    readable folder that holds a protected one is replaced by its other entries, level by level, so
+    nothing on the way to a protected folder is readable beyond what the system needs.
+    A folder inside a protected one that is named here (a virtual environment inside the course's
+    folder, the course's private copy inside the grader's folder) stays readable."""
+    protected = sorted({os.path.realpath(p) for p in protect})
+    roots: set[str] = set()
+    seen: set[str] = set()
+
+    def cover(folder: str) -> None:
+        if folder in seen:
+            return
+        seen.add(folder)
+        holds = [p for p in protected if _inside(p, folder)]
+        if not holds:
+            roots.add(folder)
+        elif folder not in holds:  # holds a protected folder: take its other entries one by one
+            with contextlib.suppress(OSError):
+                for entry in sorted(os.listdir(folder)):
+                    cover(os.path.realpath(os.path.join(folder, entry)))
+
+    for folder in [*SYSTEM_READABLE, *_python_folders(), *map(str, extra)]:
+        real = os.path.realpath(folder)
+        if os.path.exists(real):
+            cover(real)
+    kept = sorted(roots)
+    return [r for r in kept if not any(r != o and _inside(r, o) for o in kept)]  # a folder's subfolders are in it
+
+
+def confine(folder: Path, *, readable: list[str] | None = None, files: tuple[str, ...] = ("/dev/null",)) -> str:
+    """Restrict this process and all it starts: writes only inside ``folder`` (and to ``files``), reads
+    (and programs run) only inside ``folder`` and ``readable`` when that is given (:func:`readable_roots`),
+    no signals or ptrace outside, no TCP. Returns what was applied ("landlock ABI 7: …"); raises OSError
     when Landlock is present but could not be applied, RuntimeError when it is absent."""
     abi = landlock_abi()
     if abi < 1:
@@ -200,7 +263,8 @@ def confine_writes(folder: Path, *, files: tuple[str, ...] = ("/dev/null",)) -> 
     for bit, since in _FS.values():
         if abi >= since:
             fs |= bit
-    attr = _RulesetAttr(fs, _NET_TCP if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
+    read = sum(_READ.values()) if readable is not None else 0
+    attr = _RulesetAttr(fs | read, _NET_TCP if abi >= 4 else 0, _SCOPES if abi >= 6 else 0)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = libc.syscall(_SYS_CREATE, ctypes.byref(attr), size, 0)
     if ruleset < 0:
@@ -211,12 +275,16 @@ def confine_writes(folder: Path, *, files: tuple[str, ...] = ("/dev/null",)) -> 
             bit, since = _FS[name]
             if abi >= since:
                 file_rights |= bit
-        for path, rights in [(str(folder), fs), *((f, file_rights) for f in files)]:
+        rules = [(str(folder), fs | read), *((f, file_rights | (read & ~_READ["READ_DIR"])) for f in files),
+                 *((r, read) for r in readable or ())]
+        for path, rights in rules:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue
             try:
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    rights &= file_rights | (read & ~_READ["READ_DIR"])  # a file takes the rights of a file only
                 rule = _PathBeneath(rights, fd)
                 if libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
@@ -229,6 +297,8 @@ def confine_writes(folder: Path, *, files: tuple[str, ...] = ("/dev/null",)) -> 
     finally:
         os.close(ruleset)
     what = ["writes only in its folder"]
+    if readable is not None:
+        what.append("reads only in it and the system's, Python's and the course's code")
     if abi >= 4:
         what.append("no TCP")
     if abi >= 6:
@@ -236,25 +306,39 @@ def confine_writes(folder: Path, *, files: tuple[str, ...] = ("/dev/null",)) -> 
     return f"landlock ABI {abi}: " + ", ".join(what)
 
 
-def audit_guard(folder: Path) -> str:
-    """The fallback without Landlock: an audit hook refusing Python-level writes outside ``folder``.
-    Learner code cannot remove it, but subprocesses and C code do not pass through it."""
+def audit_guard(folder: Path, *, protect: list[Path] = (), readable: list[str] = ()) -> str:
+    """The fallback without Landlock: an audit hook refusing Python-level writes outside ``folder`` and
+    reads (files opened, folders listed) inside ``protect`` (the class folder, the course's folder, the
+    grader's folders) unless inside ``folder`` or ``readable`` (:func:`readable_roots`). Learner code cannot
+    remove it, but subprocesses and C code do not pass through it."""
     root = os.path.realpath(folder)
     allowed = (root, os.devnull)
+    secret = tuple(os.path.realpath(p) for p in protect)
+    exempt = (root, *readable)
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     one = {"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.truncate",
            "shutil.rmtree", "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod"}
     both = {"os.rename", "shutil.move"}  # the source is removed too
     target = {"os.link", "os.symlink", "shutil.copyfile", "shutil.copytree"}  # only the target is written
+    listing = {"os.listdir", "os.scandir"}
+
+    def real(path) -> str | None:
+        try:
+            return os.path.realpath(os.path.abspath(os.fsdecode(path)))
+        except Exception:  # noqa: BLE001
+            return None
 
     def inside(path) -> bool:
         if path is None or isinstance(path, int):
             return True
-        try:
-            real = os.path.realpath(os.path.abspath(os.fsdecode(path)))
-        except Exception:  # noqa: BLE001
+        where = real(path)
+        return where is not None and any(_inside(where, a) for a in allowed)
+
+    def hidden(path) -> bool:
+        if path is None or isinstance(path, int):
             return False
-        return any(real == a or real.startswith(a.rstrip("/") + "/") for a in allowed)
+        where = real(path)
+        return where is None or (any(_inside(where, s) for s in secret) and not any(_inside(where, e) for e in exempt))
 
     def hook(event, args):
         paths = ()
@@ -263,6 +347,10 @@ def audit_guard(folder: Path) -> str:
             writing = (isinstance(flags, int) and flags & write_flags) or (
                 isinstance(mode, str) and any(c in mode for c in "wax+"))
             paths = (path,) if writing else ()
+            if not writing and hidden(path):
+                raise PermissionError(f"grading: reading the class's or the course's files is not allowed: {path!r}")
+        elif event in listing and args and hidden(args[0] if args[0] is not None else "."):
+            raise PermissionError(f"grading: listing the class's or the course's folders is not allowed: {args[0]!r}")
         elif event in one:
             paths = args[:1]
         elif event in both:
@@ -274,7 +362,8 @@ def audit_guard(folder: Path) -> str:
                 raise PermissionError(f"grading: writing outside the notebook's folder is not allowed: {path!r}")
 
     sys.addaudithook(hook)
-    return "audit hook: Python-level writes only in its folder (no Landlock)"
+    return "audit hook: Python-level writes only in its folder" + (
+        ", no Python-level reads of the class's or the course's files" if secret else "") + " (no Landlock)"
 
 
 # ------------------------------------------------------------------------------------------ processes

@@ -105,11 +105,25 @@ def clean_stale(base: Path) -> int:
     return killed
 
 
+def _always_protected() -> list[str]:
+    """Folders no learner process reads, whatever the command: the course's folder (its solutions), and the
+    grader's working folder and home, where class folders and grades usually are."""
+    from ..layout import find_root
+
+    folders = [os.getcwd(), os.path.expanduser("~")]
+    for root in (find_root(), find_root(Path(__file__).resolve().parent)):  # where the grader runs; its own course
+        if root is not None:
+            folders.append(str(root))
+    return folders
+
+
 class Runner:
     """Runs plans in learner processes; use as a context manager (everything is cleaned up at exit)."""
 
     def __init__(self, limits: sandbox.Limits, *, jobs: int = 1, confine: bool = True, threads: int | None = None,
                  temp_root: Path | None = None):
+        """Learner processes may read none of the course's own folder, the grader's working folder and home,
+        or this runner's folder (but their own), nor what :meth:`guard` adds."""
         import psutil  # noqa: F401 - imported now, before any learner code runs, like everything the grader uses
 
         self.limits, self.jobs, self.confine = limits, max(1, jobs), confine
@@ -125,6 +139,8 @@ class Runner:
         self.logs = self.private / "logs"
         self.logs.mkdir(mode=0o700)
         self.course_root = copy_course(self.private / "course")
+        self.protect = [*_always_protected(), str(self.private)]
+        self._readable: list[str] | None = None
         self._zygotes: dict[int, Zygote] = {}
         # Fork servers die with the thread that started them (PR_SET_PDEATHSIG), so one thread that
         # lives as long as this runner starts them all.
@@ -132,6 +148,21 @@ class Runner:
         self._lock = threading.Lock()
         self._count = 0
         self.running: dict[int, str] = {}  # slot -> what it is grading (for attributing changes)
+
+    def guard(self, folders: list[Path]) -> "Runner":
+        """Protect ``folders`` too (the class folder, ``--out``, the solutions) from the notebooks run next."""
+        new = [str(f) for f in folders if f is not None and str(f) not in self.protect]
+        if new:
+            self.protect += new
+            self._readable = None
+        return self
+
+    def readable(self) -> list[str]:
+        """What a confined learner process may read (:func:`~.sandbox.readable_roots`), worked out once, at the
+        first notebook: by then this process has loaded PyTorch and the course, and their libraries count."""
+        if self._readable is None:
+            self._readable = sandbox.readable_roots([self.course_root], protect=self.protect)
+        return self._readable
 
     @property
     def landlocked(self) -> bool:
@@ -192,7 +223,7 @@ class Runner:
         group = sandbox.Cgroup.create(f"{self.token}-{number}", limits)
         timeout = float(limits.cell_timeout)
         job = {"work": str(work), "token": token, "limits": asdict(limits), "threads": self.threads,
-               "confine": self.confine, "cgroup": group.join_path() if group else [],
+               "confine": self.confine, "readable": self.readable(), "protect": self.protect, "cgroup": group.join_path() if group else [],
                "cells": [c.job(timeout * 2 if c.kind == "check" else timeout) for c in cells]}
         self.running[slot] = label
         run = Run()
