@@ -197,7 +197,8 @@ def landlock_abi() -> int:
 
 
 def _inside(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
+    """Whether ``path`` is ``folder`` or below it (both real, absolute paths)."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _python_folders() -> list[str]:
