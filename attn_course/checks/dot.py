@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .core import Learner, check, fail
 from .kit import TensorCase as Case
-from .kit import expect_signature, judge_cases, known_rows, preview
+from .kit import expect_signature, judge_cases, known_rows, preview, product_rows
 
 __all__ = ["check_query_scores_loop", "check_query_scores", "check_score_matrix", "check_cosine_scores"]
 
@@ -237,75 +237,8 @@ def _score_cases(seed: int) -> list[Case]:
     return cases
 
 
-def transposes(prepare: Callable[..., torch.Tensor] = lambda x, eps=None: x) -> list[tuple]:
-    """Mistakes in forming Q Kᵀ; ``prepare(x, eps)`` maps Q and K first (cosine: unit rows, with the case's eps)."""
-    def made(*products):
-        return [lambda Q, K, eps=1e-8, p=p: p(prepare(Q, eps), prepare(K, eps)) for p in products]
-
-    last_two = "transpose only the last two axes: K.transpose(-2, -1) (or K.mT)"
-    return [
-        ("not-transposed", "K not transposed", "you multiplied by K itself (Q @ K); each score pairs a row of Q with a "
-         "*row* of K, so K must be transposed", last_two,
-         *made(lambda Q, K: Q @ K, lambda Q, K: torch.einsum("...ij,...jk->...ik", Q, K))),
-        ("swapped", "rows and columns swapped (K Qᵀ)", "your matrix has the keys on the rows and the queries on the "
-         "columns (K Qᵀ, the product transposed, or an einsum ending in '->...kq')", "put the queries on the rows: "
-         "Q @ K.transpose(-2, -1), or torch.einsum('...qd,...kd->...qk', Q, K)",
-         *made(lambda Q, K: K @ Q.transpose(-2, -1), lambda Q, K: K @ Q.T)),
-        ("QtK", "Qᵀ K instead of Q Kᵀ", "you transposed Q instead of K: Qᵀ K pairs the vectors' entries with each "
-         "other, not queries with keys", "transpose K on its last two axes: Q @ K.transpose(-2, -1)",
-         *made(lambda Q, K: Q.transpose(-2, -1) @ K, lambda Q, K: Q.T @ K, lambda Q, K: Q.t() @ K)),
-        ("dot-T", "K.T on batched input", "K.T reverses *every* axis of a batched tensor (batch axes too), so keys from "
-         "different batch entries get mixed", last_two,
-         *made(lambda Q, K: Q @ K.T, lambda Q, K: Q @ K.permute(*reversed(range(K.ndim))))),
-        ("t01", "K.transpose(0, 1) names fixed axes", "K.transpose(0, 1) swaps the first two axes: right for 2-D input, "
-         "but for batched input it swaps the batch axis", last_two,
-         *made(lambda Q, K: Q @ K.transpose(0, 1), lambda Q, K: Q @ K.transpose(1, 0))),
-        ("t12", "K.transpose(1, 2) names fixed axes", "K.transpose(1, 2) is right for 3-D input only: 2-D input has no "
-         "axis 2, and with (batch, heads, n, d) it swaps heads and positions", last_two,
-         *made(lambda Q, K: Q @ K.transpose(1, 2), lambda Q, K: Q @ K.transpose(2, 1))),
-        ("p021", "K.permute(0, 2, 1) names fixed axes", "K.permute(0, 2, 1) fits 3-D input only", last_two,
-         *made(lambda Q, K: Q @ K.permute(0, 2, 1))),
-        ("t23", "K.transpose(2, 3) names fixed axes", "K.transpose(2, 3) (or permute(0, 1, 3, 2)) is right for 4-D "
-         "input (batch, heads, n, d) only: 2-D and 3-D input have no axis 3, and with 5 axes it swaps the wrong pair",
-         last_two, *made(lambda Q, K: Q @ K.transpose(2, 3), lambda Q, K: Q @ K.transpose(3, 2),
-                         lambda Q, K: Q @ K.permute(0, 1, 3, 2))),
-        ("reshaped", "K reshaped instead of transposed", "K.reshape(…, d, n_k) (or .view) keeps the entries in memory "
-         "order and cuts them into new rows: it does not turn K's rows into columns", last_two,
-         *made(lambda Q, K: Q @ K.reshape(*K.shape[:-2], K.shape[-1], K.shape[-2]))),
-        ("inner", "torch.inner pairs every batch entry", "torch.inner (like torch.tensordot over the last axis) "
-         "multiplies every query with every key of *every* batch entry, so the leading axes appear twice", last_two,
-         *made(lambda Q, K: torch.inner(Q, K), lambda Q, K: torch.tensordot(Q, K, dims=([-1], [-1])))),
-        ("2d-only", "2-D only: .t() or torch.mm", "K.t(), torch.mm and F.linear handle 2-D tensors only, but the "
-         "docstring asks for any number of leading axes", "use Q @ K.transpose(-2, -1) (or torch.matmul), which works "
-         "for any number of axes", *made(lambda Q, K: Q @ K.t(), lambda Q, K: torch.mm(Q, K.transpose(-2, -1)),
-                                         lambda Q, K: Q.mm(K.T), lambda Q, K: F.linear(Q, K), lambda Q, K: torch.mm(Q, K.t()))),
-        ("bmm", "3-D only: torch.bmm", "torch.bmm takes exactly 3-D tensors, but the docstring asks for any number of "
-         "leading axes", "use Q @ K.transpose(-2, -1) (or torch.matmul)",
-         *made(lambda Q, K: torch.bmm(Q, K.transpose(-2, -1)), lambda Q, K: torch.bmm(Q, K.transpose(1, 2)))),
-        ("einsum-fixed", "einsum without '...'", "your einsum names a fixed number of axes, so it fits one input rank "
-         "only", "let '...' stand for the leading axes: torch.einsum('...qd,...kd->...qk', Q, K)",
-         *made(*(lambda Q, K, e=e: torch.einsum(e, Q, K) for e in ("qd,kd->qk", "bqd,bkd->bqk", "bhqd,bhkd->bhqk")))),
-        ("flattened", "batch axes flattened together", "you flattened the leading axes into the rows, so every query is "
-         "scored against the keys of every batch entry", "keep the leading axes: Q @ K.transpose(-2, -1) multiplies "
-         "matching batch entries only", *made(lambda Q, K: Q.reshape(-1, Q.shape[-1]) @ K.reshape(-1, K.shape[-1]).T)),
-        ("sum-positions", "summed over the keys axis", "after multiplying with broadcasting you summed over an axis of "
-         "positions, not over the vector entries (the last axis)", "sum over the last axis: "
-         "(Q.unsqueeze(-2) * K.unsqueeze(-3)).sum(-1)", *made(lambda Q, K: (Q.unsqueeze(-2) * K.unsqueeze(-3)).sum(-2),
-                                                              lambda Q, K: (Q.unsqueeze(-2) * K.unsqueeze(-3)).sum(-3))),
-        ("entrywise", "entry-by-entry product Q * K", "Q * K multiplies entry by entry, pairing query i only with key "
-         "i", "take the matrix product: Q @ K.transpose(-2, -1)", *made(lambda Q, K: Q * K, lambda Q, K: (Q * K).sum(-1))),
-        ("first-axis-loop", "a loop over the first axis", "your loops run over the first axis of Q and K, which is the "
-         "batch axis once the input is batched", "use Q @ K.transpose(-2, -1), which loops over the leading axes for "
-         "you", *made(lambda Q, K: torch.stack([torch.stack([q @ k for k in K]) for q in Q]),
-                      lambda Q, K: torch.stack([q @ k.T for q, k in zip(Q, K)]),
-                      lambda Q, K: torch.stack([q @ k.transpose(-2, -1) for q, k in zip(Q, K)]))),
-        ("squeeze", ".squeeze() removed a size-1 axis", ".squeeze() removes every axis of size 1, here a batch axis or "
-         "the single query or key", "leave the result's shape as the product gives it (…, n_q, n_k)",
-         *made(lambda Q, K: (Q @ K.transpose(-2, -1)).squeeze())),
-    ]
-
-
-SCORE_TABLE = table(*transposes(), *_slips(_mT))
+#: Q Kᵀ formed wrong (the kit's PRODUCT_MISTAKES, which notebook 02's scaled_scores judges too), then what a score is.
+SCORE_TABLE = table(*product_rows(), *_slips(_mT))
 
 
 @check("score_matrix", expects="a function score_matrix(Q, K) returning a tensor of shape (..., n_q, n_k)")
@@ -388,7 +321,7 @@ _EPS_IGNORED = ("eps ignored", "a length below the eps you are given is not rais
                 "F.cosine_similarity(…, eps=eps)")
 _SQUARED = ("divided by squared lengths", "you divided by the squared lengths (x · x), not the lengths", _NORM_FIX)
 COSINE_TABLE = table(
-    *[row for row in transposes(_unit) if not row[1].startswith("entry-by-entry")],
+    *[row for row in product_rows(prepare=_unit) if row[0] != "entrywise"],  # Q Kᵀ formed wrong, on unit rows
     ("plain", "lengths not divided out", "you returned the plain dot products: cosine similarity divides each by the two "
      "vectors' lengths", _NORM_FIX, lambda Q, K, eps=1e-8: _mT(Q, K)),
     ("only-Q", "only the queries normalised", "you divided the queries by their lengths but not the keys", _NORM_FIX,

@@ -1,4 +1,4 @@
-"""The SoftmaxFunction check: forward judged as a stable softmax (its known mistakes), backward as the VJP (what
+"""The SoftmaxFunction check: forward judged as a stable softmax (notebook 03's mistakes), backward as the VJP (what
 forward saved, then the VJP's mistakes), gradcheck through the learner's own code, and O(n) for both passes."""
 
 from __future__ import annotations
@@ -39,47 +39,10 @@ class _ThroughLearner(torch.autograd.Function):
         return as_tensor(grads[0], tried="gradcheck's backward").to(z.dtype).reshape(z.shape), None
 
 
-_norm = lambda e: e / e.sum(-1, keepdim=True)  # noqa: E731 - normalised along the last axis
-_e = lambda z: torch.exp(z - z.amax(-1, keepdim=True))  # noqa: E731 - e^(z − max) along the last axis
-_SHIFT = "subtract the maximum of each slice along `dim` before exp: x - x.amax(dim, keepdim=True)"
-_AXIS = "use `dim` in both the maximum and the sum: x.amax(dim, keepdim=True), e.sum(dim, keepdim=True)"
-_NORMALISE = "divide by the sum along dim: e / e.sum(dim, keepdim=True)"
-#: Known wrong forwards (a softmax along the last axis), as notebook 03's checks know them.
-FORWARD = [
-    K("naive", "maximum not subtracted", "you exponentiated the scores as they are: e^x overflows to inf for scores near "
-      "1000 (and underflows to 0 near -1000), and inf/inf or 0/0 is NaN", _SHIFT, lambda z: _norm(torch.exp(z))),
-    K("whole-max", "maximum taken over the whole tensor", "you subtracted the maximum of the whole tensor, not of each "
-      "slice: a slice whose scores lie far below that maximum underflows to 0 (0/0 = NaN, or zeros behind an epsilon)",
-      _SHIFT, lambda z: _norm(torch.exp(z - z.max()))),
-    K("min", "minimum subtracted instead of the maximum", "you subtracted each slice's minimum: the largest score minus "
-      "the smallest can exceed what e^x can hold, so e^x overflows", _SHIFT,
-      lambda z: _norm(torch.exp(z - z.amin(-1, keepdim=True)))),
-    K("max-added", "maximum added instead of subtracted", "you exponentiated x + max where the shift is x − max: the "
-      "largest score doubles, so e^(x + max) overflows as soon as 2·max passes e^x's range", _SHIFT,
-      lambda z: _norm(torch.exp(z + z.amax(-1, keepdim=True)))),
-    K("mean-sum", "divided by the mean, not the sum", "you divided e^(x − max) by its mean along dim where softmax "
-      "divides by its sum, so every weight is n times too large (n = the slice's length)", _NORMALISE,
-      lambda z: _e(z) / _e(z).mean(-1, keepdim=True)),
-    K("whole-sum", "divided by the sum of the whole tensor", "you divided by the sum of e^(x − max) over every entry of "
-      "the tensor, not over each slice along dim", _NORMALISE, lambda z: _e(z) / _e(z).sum()),
-    K("unnormalised", "not normalised", "you returned e^(x - max) without dividing by the sum", _NORMALISE, _e),
-    K("times-sum", "multiplied by the sum", "you multiplied e^(x − max) by its sum where softmax divides by it",
-      "divide: e / e.sum(dim, keepdim=True)", lambda z: _e(z) * _e(z).sum(-1, keepdim=True)),
-    K("exp-missing", "exponential missing", "you normalised x − max without exponentiating it", "exponentiate before "
-      "normalising: e = exp(x - max)", lambda z: _norm(z - z.amax(-1, keepdim=True))),
-    K("log-for-exp", "log instead of exp", "you took the log of x − max where softmax exponentiates it",
-      "e = torch.exp(x - max), then e / e.sum(dim, keepdim=True)",
-      lambda z: _norm(torch.log(z - z.amax(-1, keepdim=True)))),
-    K("sign", "sign flipped", "you exponentiated -x, so the smallest score gets the largest weight",
-      "exponentiate x - max, not max - x", lambda z: torch.softmax(-z, -1)),
-] + [row for o in range(3) for row in (
-    K(f"axis-{o}", f"softmax along axis {o}, not dim=-1", f"you normalised along axis {o}, so the slices along axis {o} "
-      "sum to 1, not those along dim=-1", _AXIS, lambda z, o=o: torch.softmax(z, o) if o < z.ndim - 1 else None),
-    K(f"max-axis-{o}", "maximum taken along the wrong axis", f"you took the maximum along axis {o}, not along dim=-1: that "
-      "shift changes from entry to entry of a slice, so it does not cancel", _AXIS,
-      lambda z, o=o: _norm(torch.exp(z - z.amax(o, keepdim=True))) if o < z.ndim - 1 else None),
-    K(f"sum-axis-{o}", "sum taken along the wrong axis", f"you divided by the sum along axis {o}, not along dim=-1", _AXIS,
-      lambda z, o=o: _e(z) / _e(z).sum(o, keepdim=True) if o < z.ndim - 1 else None))]
+#: Known wrong forwards: notebook 03's stable-softmax mistakes that a forward along the last axis can make.
+FORWARD = kit.along_last_axis(kit.SOFTMAX_MISTAKES, "naive", "whole-max", "min", "max-added", "mean-sum", "whole-sum",
+                              "unnormalised", "times-sum", "exp-missing", "log-for-exp", "sign",
+                              *(f"{row}-{o}" for o in range(3) for row in ("axis", "max-axis", "sum-axis")))
 
 _SAVE_FIX = ("save the output of forward: ctx.save_for_backward(p) with p = e / e.sum(-1, keepdim=True) (or save z and "
              "recompute p from it, stably)")
@@ -90,7 +53,7 @@ BACKWARD = [K(key, summary, cause, _SAVE_FIX,
     ("saved-z", "z used as p in backward", "your backward uses z, the scores, where the formula needs p = softmax(z): "
      "forward saved its input, not its output", lambda z: z),
     ("saved-e", "unnormalised e used as p in backward", "your backward uses e = exp(z − max) before it is divided by its "
-     "sum: forward saved e, not p = e / Σ e", _e),
+     "sum: forward saved e, not p = e / Σ e", lambda z: kit.exp_shifted(z, -1)),
     ("saved-exp", "e^z used as p in backward", "your backward uses exp(z), not p = softmax(z): forward saved the "
      "exponentials before normalising", torch.exp))] + [
     K(k.key, k.summary, k.cause, k.fix, lambda z, g, k=k: k.make(torch.softmax(z.double(), -1), g.double()))

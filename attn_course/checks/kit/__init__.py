@@ -7,8 +7,9 @@ share lives here, under a public name, in the module that has its job:
 
 * :mod:`.mistakes` — ONE model of a known mistake, as data (:class:`Known`: key, summary, cause, fix, and how to
   reproduce it on the check's case), and ONE engine that judges a check's cases against a table of them
-  (:class:`Suspects`); :func:`fits` (a mistake that explains every wrong case), :func:`known_rows` (a table from
-  rows), :func:`factors` (names for a constant factor);
+  (:class:`Suspects`); :class:`AlongDim` (a Known whose texts name the case's ``dim``), :func:`fits` (a mistake
+  that explains every wrong case), :func:`known_rows` (a table from rows), :func:`factors` (names for a constant
+  factor);
 * :mod:`.raises` — ONE explanation of a learner's exception (:func:`explain_raise`: a construct of the topic that
   raises the very same message, a pattern of the topic, the course-wide table), :func:`call_explained` (the
   learner's call, its exception explained), and shared hints (:func:`bool_hint`, :func:`signature_hint`,
@@ -19,7 +20,10 @@ share lives here, under a public name, in the module that has its job:
 * :mod:`.calls` — the learner-side probes :func:`call` / :func:`call_with` (which inputs a call changed in place),
   :func:`expect_unchanged`, :class:`TensorOrArray` (tensors or NumPy arrays), :func:`expect_signature`;
 * :mod:`.watch` — ONE watcher of the learner's torch calls (:class:`Watch` / :func:`watch`: ops, tensors, FLOPs);
-* :mod:`.cases` — a tensor function judged on its cases (:func:`judge_cases`, :class:`TensorCase`).
+* :mod:`.cases` — a tensor function judged on its cases (:func:`judge_cases`, :class:`TensorCase`);
+* :mod:`.families` — the mistakes several topics judge, each written once: :data:`SOFTMAX_MISTAKES` (the stable
+  softmax; :func:`along_last_axis` for a function without ``dim``), :data:`PRODUCT_MISTAKES` (Q Kᵀ;
+  :func:`product_rows`), with their hints (:data:`SHIFT_FIX`, :data:`WEIGHTS_FIX`) and helpers.
 
 Topics write ``from . import kit`` and ``kit.Known``, ``kit.unpack``…: every public name is here.
 """
@@ -29,14 +33,16 @@ from __future__ import annotations
 from .answers import preview, tensor_answer, unpack
 from .calls import CALL, CALL_WITH, TensorOrArray, arrays, call, call_with, expect_signature, expect_unchanged
 from .cases import TensorCase, judge_cases
+from .families import (PRODUCT_MISTAKES, SHIFT_FIX, SOFTMAX_MISTAKES, WEIGHTS_FIX, along_last_axis, exp_shifted,
+                       normalised, other_axis, product_rows)
 from .measure import (agrees, batch_entries, exp_limits, expect_dtype, expect_float64_precision, explain_nonfinite,
                       lower_precision, nan_or_inf, narrowing_calls, what_is_off, works_elsewhere)
-from .mistakes import Case, Known, Suspects, factors, fits, known_rows
+from .mistakes import AlongDim, Case, Known, Suspects, factors, fits, known_rows
 from .raises import (BOOL_HINT, Construct, Pattern, bool_hint, call_explained, explain_raise, reduction_hint,
                      reproduce, signature_hint)
 from .watch import Watch, einsum_flops, watch
 
-__all__ = ["Known", "Suspects", "Case", "fits", "known_rows", "factors",
+__all__ = ["Known", "AlongDim", "Suspects", "Case", "fits", "known_rows", "factors",
            "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
            "signature_hint", "reduction_hint",
            "tensor_answer", "unpack", "preview",
@@ -45,4 +51,6 @@ __all__ = ["Known", "Suspects", "Case", "fits", "known_rows", "factors",
            "explain_nonfinite",
            "CALL", "call", "CALL_WITH", "call_with", "expect_unchanged", "TensorOrArray", "arrays", "expect_signature",
            "Watch", "watch", "einsum_flops",
-           "TensorCase", "judge_cases"]
+           "TensorCase", "judge_cases",
+           "SOFTMAX_MISTAKES", "along_last_axis", "SHIFT_FIX", "WEIGHTS_FIX", "normalised", "exp_shifted", "other_axis",
+           "PRODUCT_MISTAKES", "product_rows"]

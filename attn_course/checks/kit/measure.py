@@ -11,6 +11,7 @@ import torch
 
 from ..boundary import LearnerRaised, LearnerTimedOut
 from ..compare import Failure, as_tensor, describe_mismatch, fail, fmt, same
+from .families import SHIFT_FIX
 
 __all__ = ["agrees", "works_elsewhere", "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype",
            "expect_float64_precision",
@@ -216,18 +217,17 @@ def explain_nonfinite(slices: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype
     Scores beyond e^z's range, or spread wider than it, mean that the slice's own maximum was not what was
     subtracted; -inf scores, an operation on -inf. Otherwise, when ``last``, a plain "{kinds} in the result"."""
     scores, (hi, lo), name = xs[slices & torch.isfinite(xs)], exp_limits(dtype), str(dtype).replace("torch.", "")
-    shift = "subtract the maximum of each slice along `dim` before exp: x - x.amax(dim, keepdim=True)"
     top, bottom = (float(scores.max()), float(scores.min())) if scores.numel() else (-math.inf, math.inf)
     if top > hi:
-        fail(f"{kinds} from an overflow", tried=tried, got=got, expected=expected, fix=shift,
+        fail(f"{kinds} from an overflow", tried=tried, got=got, expected=expected, fix=SHIFT_FIX,
              cause=f"in those slices {scaled} reaches {fmt(top)}, and in {name} e^z is inf for z > {hi:.2f}: you "
                    "exponentiated without subtracting the slice's own maximum")
     if scores.numel() and top < lo:
-        fail(f"{kinds} from an underflow", tried=tried, got=got, expected=expected, fix=shift,
+        fail(f"{kinds} from an underflow", tried=tried, got=got, expected=expected, fix=SHIFT_FIX,
              cause=f"in those slices every score is below {lo:.1f}, where e^z rounds to 0 in {name}, so the sum is 0 "
                    "(0/0 is NaN, log 0 is -inf): you exponentiated without subtracting the slice's own maximum")
     if top - bottom > hi:
-        fail(f"{kinds} in slices of widely spread scores", tried=tried, got=got, expected=expected, fix=shift,
+        fail(f"{kinds} in slices of widely spread scores", tried=tried, got=got, expected=expected, fix=SHIFT_FIX,
              cause=f"in those slices {scaled} spans {fmt(top - bottom)} (from {fmt(bottom)} to {fmt(top)}). In {name}, "
                    f"e^(x − c) neither overflows nor underflows to all zeros only for a shift c between "
                    f"max − {hi:.2f} and max + {-lo:.1f}, and yours was outside (the mean, the minimum or the first "

@@ -16,7 +16,7 @@ import torch
 
 from ..compare import Mistake, expect_close, same
 
-__all__ = ["Case", "Known", "Suspects", "fits", "known_rows", "factors"]
+__all__ = ["Case", "Known", "AlongDim", "Suspects", "fits", "known_rows", "factors"]
 
 
 Case = tuple  # the positional arguments of one call: what the oracle, the learner and every Known take
@@ -38,6 +38,15 @@ class Known:
     def on(self, case: Case) -> Mistake:
         """This mistake bound to one case (what :func:`~.compare.expect_close` blames)."""
         return Mistake(self.summary, self.cause, self.fix, lambda: self.make(*case))
+
+
+class AlongDim(Known):
+    """A known mistake whose texts may name the case's ``dim`` (``{dim}``): its second argument, else -1."""
+
+    def on(self, case: Case) -> Mistake:
+        dim = str(case[1]) if len(case) > 1 else "-1"
+        return Mistake(*(t.replace("{dim}", dim) for t in (self.summary, self.cause, self.fix)),
+                       lambda: self.make(*case))
 
 
 class Suspects:

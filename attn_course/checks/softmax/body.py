@@ -9,12 +9,11 @@ from typing import Callable
 import torch
 
 from .. import kit
-from ..compare import Failure, Mistake
+from ..compare import Failure
 from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
 
 INF = float("inf")
 _HALF = (torch.float16, torch.bfloat16)
-SHIFT_FIX = "subtract the maximum of each slice along `dim` before exp: x - x.amax(dim, keepdim=True)"
 
 
 def _literal(x: torch.Tensor) -> str:
@@ -62,16 +61,7 @@ def raised_hint(exc: LearnerRaised, *, signature: str) -> dict[str, str]:
 
 
 # ============================================================================ one body for every check
-class _Known(kit.Known):
-    """A known mistake whose texts may name the case's ``dim`` (``{dim}``)."""
-
-    def on(self, case: tuple) -> Mistake:
-        dim = str(case[1]) if len(case) > 1 else "-1"
-        return Mistake(*(t.replace("{dim}", dim) for t in (self.summary, self.cause, self.fix)),
-                       lambda: self.make(*case))
-
-
-K = _Known
+K = kit.AlongDim  # a known mistake whose texts may name the case's dim
 
 
 def case_dim(case: tuple) -> int:
@@ -147,11 +137,6 @@ def score_cases(seed: int, *extra: tuple) -> list[tuple]:
         (t([[10.0, 11.0, 12.0], [30.0, 28.0, 20.0]], dtype=torch.float16), -1), *extra,
         (2 * torch.randn(3, 4, generator=torch.Generator().manual_seed(11 * seed)),),
     ]
-
-
-def axis(o: int, dim: int | None, x: torch.Tensor) -> bool:
-    """Whether axis ``o`` is another axis than ``dim`` (given, not left at its default) of ``x``."""
-    return dim is not None and o < x.ndim and o != dim % x.ndim
 
 
 def default(key: str, text: str, op: Callable) -> list[kit.Known]:
@@ -231,7 +216,7 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
              cause="your code changes -inf scores into finite numbers before the exponential",
              fix="leave -inf scores as they are: exp(-inf - max) is 0, which is the weight they need")
     _epsilon(o, xs, d, tried=tried, what=what)
-    sums, weights_fix = o.sum(d), "weights = e / e.sum(dim, keepdim=True) with e = exp(x - max)"
+    sums = o.sum(d)
     if (zero := sums.abs() < 1e-12).any():
         # What made a slice all 0 shows in its scores: beyond e^z's range (an overflow whose NaN was turned into 0),
         # or far below the tensor's largest score (shifted by that, every e^z is tiny or 0).
@@ -245,7 +230,8 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
                      "taken over the whole tensor, not per slice, their e^z are tiny or underflow to 0, and an epsilon "
                      "or a clamp in the denominator hid the 0/0")
         fail("slices of zeros", tried=tried, got=f"{int(zero.sum())} slice(s) along dim={dim} are all 0",
-             expected="every slice along dim summing to 1", cause=cause, fix=SHIFT_FIX if cause else weights_fix)
+             expected="every slice along dim summing to 1", cause=cause,
+             fix=kit.SHIFT_FIX if cause else kit.WEIGHTS_FIX)
     if ties := _tie(o, torch.softmax(xs, d), d):
         fail("different scores, equal weights", tried=tried, expected="a larger weight for every larger score",
              got=f"{what} give equal weights to scores that differ ({ties})",
@@ -253,7 +239,7 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
              fix="exponentiate x - max exactly: no clamp is needed once the maximum is subtracted")
     if (o < -1e-12).any():
         fail("negative weights", tried=tried, got=f"{int((o < -1e-12).sum())} negative entries, down to "
-             f"{fmt(float(o.min()))}", expected="weights ≥ 0 (e^z / Σ e^z is never negative)", fix=weights_fix,
+             f"{fmt(float(o.min()))}", expected="weights ≥ 0 (e^z / Σ e^z is never negative)", fix=kit.WEIGHTS_FIX,
              cause="a step that does not exponentiate, or subtracts after exponentiating")
     if not torch.allclose(sums, torch.ones_like(sums), atol=1e-3):
         span = f"{fmt(float(sums.min()))} … {fmt(float(sums.max()))}"

@@ -7,9 +7,8 @@ import torch
 
 from .. import kit
 from ..core import Learner, check, fail, fmt
-from .body import K, axis, case_dim, default, explain_weights, judge_cases, score_cases
+from .body import K, case_dim, default, explain_weights, judge_cases, score_cases
 from .logsumexp import SLIPS, m, s
-from .stable_softmax import e
 
 
 # ============================================================================ log_softmax: its mistakes
@@ -21,7 +20,7 @@ _RETURN = "return x − logsumexp(x)"
 _LN = "compute x − logsumexp(x) (natural log throughout)"
 LOG_SOFTMAX = [
     K("log-of", *_LOG_OF, lambda x, dim=-1: torch.log(torch.softmax(x, dim))),
-    K("log-of-e", *_LOG_OF, lambda x, dim=-1: torch.log(e(x, dim) / e(x, dim).sum(dim, keepdim=True))),
+    K("log-of-e", *_LOG_OF, lambda x, dim=-1: torch.log(kit.normalised(kit.exp_shifted(x, dim), dim))),
     K("naive-log-of", "maximum not subtracted", "you took the log of a softmax computed without subtracting the maximum",
       _LS_FIX, lambda x, dim=-1: torch.log(torch.exp(x) / s(x, dim))),
     K("keepdim", "keepdim missing", "you reduced without keepdim=True, so logsumexp broadcast against the wrong axis (each "
@@ -39,7 +38,7 @@ LOG_SOFTMAX = [
       lambda x, dim=-1: torch.log2(torch.softmax(x, dim))),
 ] + [K(f"axis-{o}", f"log-softmax along axis {o}", f"you normalised along axis {o}, not along dim",
        "use `dim` in the maximum and the sum",
-       lambda x, dim=None, o=o: torch.log_softmax(x, o) if axis(o, dim, x) else None)
+       lambda x, dim=None, o=o: torch.log_softmax(x, o) if kit.other_axis(o, dim, x) else None)
      for o in range(4)] + [K(key, s, "in logsumexp, " + c, f, lambda x, dim=-1, v=v: x - v(x, dim))
                            for key, s, c, f, v in SLIPS] + [
     K("lse-added", "logsumexp added", "you returned x + logsumexp(x); log-softmax subtracts it", _RETURN,

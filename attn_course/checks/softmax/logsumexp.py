@@ -9,7 +9,7 @@ import torch
 
 from .. import kit
 from ..core import Learner, check, fail, fmt
-from .body import K, axis, case_dim, default, judge_cases, score_cases
+from .body import K, case_dim, default, judge_cases, score_cases
 
 
 # ============================================================================ logsumexp: its mistakes
@@ -54,10 +54,11 @@ SLIPS = [
      lambda x, d: m(x, d) + torch.log1p(s(x - m(x, d), d))),
 ] + [row for o in range(4) for row in (
     (f"lse-sum-axis-{o}", "sum taken along the wrong axis", f"you summed e^(x − m) along axis {o}, not along dim", _LSE,
-     lambda x, d, o=o: m(x, d) + torch.log(torch.exp(x - m(x, d)).sum(o, keepdim=True)) if axis(o, d, x) else None),
+     lambda x, d, o=o: m(x, d) + torch.log(torch.exp(x - m(x, d)).sum(o, keepdim=True)) if kit.other_axis(o, d, x)
+     else None),
     (f"lse-max-axis-{o}", "maximum taken along the wrong axis", f"you took the maximum along axis {o}, not along dim: m "
      "must be one number per slice along dim", _LSE,
-     lambda x, d, o=o: m(x, o) + torch.log(s(x - m(x, o), d)) if axis(o, d, x) else None))]
+     lambda x, d, o=o: m(x, o) + torch.log(s(x - m(x, o), d)) if kit.other_axis(o, d, x) else None))]
 
 LOGSUMEXP = [
     K("max-only", "maximum only", "you returned the maximum of each slice, without the log Σ e^(x − m) term",
@@ -87,7 +88,7 @@ LOGSUMEXP = [
       lambda x, dim=-1: m(x, dim).squeeze() + torch.log(torch.exp(x - m(x, dim)).sum(dim))),
 ] + [K(f"axis-{o}", f"reduced along axis {o}, not along dim", f"you reduced along axis {o}",
        "reduce along `dim` in the maximum and in the sum",
-       lambda x, dim=None, o=o: torch.logsumexp(x, o) if axis(o, dim, x) else None) for o in range(4)
+       lambda x, dim=None, o=o: torch.logsumexp(x, o) if kit.other_axis(o, dim, x) else None) for o in range(4)
      ] + [K(key, s, c, f, lambda x, dim=-1, v=v: v(x, dim).squeeze(dim)) for key, s, c, f, v in SLIPS] + [
     K("squeeze-last", "squeezed the wrong axis", "you removed the last axis, not the reduced axis `dim`",
       "squeeze the axis you reduced: .squeeze(dim)", lambda x, dim=-1: None if x.ndim < 2 or dim % x.ndim == x.ndim - 1

@@ -8,8 +8,8 @@ import math
 import torch
 
 from ..core import Learner, check
+from .. import kit
 from .body import INF, K, explain_weights, judge_cases
-from .stable_softmax import SOFTMAX, e, norm
 
 
 # ============================================================================ softmax_temperature
@@ -48,13 +48,13 @@ TEMPERATURE = [
       lambda x, t: torch.softmax(x / math.sqrt(t), -1)),
     K("numerator", "temperature only in the numerator", "you divided only the exponent of the numerator by T, so the "
       "weights no longer sum to 1", "compute z = x / T once and take the softmax of z",
-      lambda x, t: e(x / t, -1) / e(x, -1).sum(-1, keepdim=True)),
+      lambda x, t: kit.exp_shifted(x / t, -1) / kit.exp_shifted(x, -1).sum(-1, keepdim=True)),
     K("power-renormalised", "weights raised to 1/T and renormalised", "you raised softmax(x) to the power 1/T and "
       "normalised again: equal on paper, but for a small T the powers underflow to 0 (0/0 = NaN)",
       "divide the scores by T first, then take the stable softmax",
-      lambda x, t: norm(torch.softmax(x, -1) ** (1 / t), -1)),
+      lambda x, t: kit.normalised(torch.softmax(x, -1) ** (1 / t), -1)),
 ] + [K(k.key, k.summary.replace("{dim}", "-1"), k.cause.replace("{dim}", "-1"), k.fix,
-       lambda x, t, k=k: k.make(x / t, -1)) for k in SOFTMAX]  # and every softmax mistake, on x / T
+       lambda x, t, k=k: k.make(x / t, -1)) for k in kit.SOFTMAX_MISTAKES]  # and every softmax mistake, on x / T
 
 
 def _explain_temperature(out: torch.Tensor, case: tuple, passed: list, tried: str) -> None:
