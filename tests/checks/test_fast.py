@@ -164,8 +164,129 @@ def os_allmax(x, block_size):  # the block's maximum over all its rows (amax wit
     return torch.exp(x - m) / l
 
 
+# one pass in other styles: rows one after the other or side by side, blocks backwards, state updated in place
+# (and a block's maximum looked at twice), a running log-sum-exp, unfold; the output joined or written block by block
+def os_rows_one_by_one(x, block_size=1):  # a 1-D loop per row, rows one after the other, a preallocated output
+    flat = x.reshape(-1, x.shape[-1])
+    out = torch.empty_like(flat)
+    for r in range(flat.shape[0]):
+        row, m, l = flat[r], torch.tensor(-math.inf, dtype=x.dtype), torch.tensor(0.0, dtype=x.dtype)
+        for s in range(0, row.shape[0], block_size):
+            blk = row[s:s + block_size]
+            new = torch.maximum(m, blk.max())
+            l, m = l * torch.exp(m - new) + torch.exp(blk - new).sum(), new
+        out[r] = torch.exp(row - m) / l
+    return out.reshape(x.shape)
+
+
+def os_rows_side_by_side(x, block_size=1):  # blocks outside, rows inside: every row's maximum, then every row's sum
+    flat = x.reshape(-1, x.shape[-1])
+    rows = flat.shape[0]
+    m = [torch.tensor(-math.inf, dtype=x.dtype)] * rows
+    l = [torch.tensor(0.0, dtype=x.dtype)] * rows
+    for s in range(0, flat.shape[1], block_size):
+        new = [torch.maximum(m[r], flat[r, s:s + block_size].amax()) for r in range(rows)]
+        l = [l[r] * torch.exp(m[r] - new[r]) + torch.exp(flat[r, s:s + block_size] - new[r]).sum() for r in range(rows)]
+        m = new
+    return (torch.exp(flat - torch.stack(m)[:, None]) / torch.stack(l)[:, None]).reshape(x.shape)
+
+
+def os_reversed_blocks_cat(x, block_size=1):  # blocks from the last to the first; the output built block by block
+    n = x.shape[-1]
+    starts = list(range(0, n, block_size))[::-1]
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for s in starts:
+        blk = x[..., s:s + block_size]
+        bm = torch.max(blk, dim=-1, keepdim=True).values
+        new = torch.maximum(m, bm)
+        l = l * torch.exp(m - new) + torch.exp(blk - bm).sum(-1, keepdim=True) * torch.exp(bm - new)
+        m = new
+    return torch.cat([torch.exp(x[..., s:s + block_size] - m) / l for s in range(0, n, block_size)], dim=-1)
+
+
+def os_inplace_state_twice(x, block_size=1):  # m and l updated in place; the block's maximum taken twice
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    s = 0
+    while s < x.shape[-1]:
+        blk = x[..., s:s + block_size].clone()
+        if bool((blk.amax(-1, keepdim=True) > m).any()):  # a look before the update: the same block again
+            pass
+        new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        l.mul_(torch.exp(m - new)).add_(torch.exp(blk - new).sum(-1, keepdim=True))
+        m.copy_(new)
+        s += block_size
+    return torch.exp(x - m) / l
+
+
+def os_logaddexp(x, block_size=1):  # a running log-sum-exp from each block's maximum and sum, float64 inside
+    x64 = x.to(torch.float64)
+    lse = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=torch.float64)
+    for blk in x64.split(block_size, dim=-1):
+        bm = blk.amax(-1, keepdim=True)
+        lse = torch.logaddexp(lse, bm + torch.log(torch.sum(torch.exp(blk - bm), -1, keepdim=True)))
+    return torch.exp(x64 - lse).to(x.dtype)
+
+
+def os_unfold(x, block_size=1):  # the full blocks as a view (unfold), then the last, shorter one
+    n = x.shape[-1]
+    full = n - n % block_size
+    blocks = (list(x[..., :full].unfold(-1, block_size, block_size).unbind(-2)) if full else []) + ([x[..., full:]] if full < n else [])
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for blk in blocks:
+        new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        l = l * torch.exp(m - new) + torch.exp(blk - new).sum(-1, keepdim=True)
+        m = new
+    out = torch.empty_like(x)
+    for s in range(0, n, block_size):  # the output written block by block
+        out[..., s:s + block_size] = torch.exp(x[..., s:s + block_size] - m) / l
+    return out
+
+
+# two passes in disguise: the maxima read in a first loop (or all at once), then the online loop or the sums
+def os_max_loop_first(x, block_size=1):  # a first loop over the blocks for the maximum, then the online loop
+    top = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        top = torch.maximum(top, x[..., s:s + block_size].amax(-1, keepdim=True))
+    m = torch.full_like(top, -math.inf)
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], block_size):
+        blk = x[..., s:s + block_size]
+        new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        l = l * torch.exp(m - new) + torch.exp(blk - new).sum(-1, keepdim=True)
+        m = new
+    return torch.exp(x - top) / (l * torch.exp(m - top))
+
+
+def os_two_pass_decoy_sums(x, block_size=1):  # two passes; a throwaway sum after each maximum of the first
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        m = torch.maximum(m, x[..., s:s + block_size].amax(-1, keepdim=True))
+        x[..., s:s + block_size].sum(-1)
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], block_size):
+        l = l + torch.exp(x[..., s:s + block_size] - m).sum(-1, keepdim=True)
+    return torch.exp(x - m) / l
+
+
+def os_block_maxima_at_once(x, block_size=1):  # every block's maximum in one reduction (pad, unfold), then the sums
+    n = x.shape[-1]
+    maxima = F.pad(x, (0, -n % block_size), value=-math.inf).unfold(-1, block_size, block_size).amax(-1)
+    m = maxima[..., :1]
+    for j in range(1, maxima.shape[-1]):
+        m = torch.maximum(m, maxima[..., j:j + 1])
+    l = sum(torch.exp(x[..., s:s + block_size] - m).sum(-1, keepdim=True) for s in range(0, n, block_size))
+    return torch.exp(x - m) / l
+
+
 OS_RIGHT = {"reference": os_ref, "torch.split": os_split, "running logsumexp": os_logsumexp,
-            "while, first block": os_while_first_block, "float64 inside": os_float64_inside, "numpy": os_numpy}
+            "while, first block": os_while_first_block, "float64 inside": os_float64_inside, "numpy": os_numpy,
+            "rows one by one, preallocated output": os_rows_one_by_one, "rows side by side": os_rows_side_by_side,
+            "blocks backwards, output joined with torch.cat": os_reversed_blocks_cat,
+            "state in place, a block's maximum taken twice": os_inplace_state_twice,
+            "running logaddexp of block maxima and sums, float64": os_logaddexp, "unfold, then the last block": os_unfold}
 
 # name -> (answer, words the diagnosis must contain)
 OS_WRONG = {
@@ -193,6 +314,9 @@ OS_WRONG = {
     "F.log_softmax": (lambda x, b=1: F.log_softmax(x, -1).exp(), "calls torch.softmax"),
     "global max first": (os_global_max, "the whole row"),
     "global max first, in blocks": (os_two_pass_blocks, "two passes over x: every maximum before any sum"),
+    "a first loop for the maximum, then the online loop": (os_max_loop_first, "reads x twice: goes back to blocks"),
+    "two passes, a throwaway sum after each maximum": (os_two_pass_decoy_sums, "reads x twice: goes back to blocks"),
+    "every block's maximum at once, then the sums": (os_block_maxima_at_once, "reads x twice: goes back to blocks"),
     "float64 result for float32 input": (lambda x, b=1: os_ref(x.double(), b), "result in float64 for float32 input"),
     "float32 running state, updated in place": (os_float32_state, "float64 input, float32 precision"),
     "renormalised over the whole row": (lambda x, b=1: (lambda e: e / e.sum(-1, keepdim=True))(os_ref(x, b)),
@@ -433,9 +557,140 @@ def ca_mask_as_scores(q, k, v, block_size=64):  # s = future: the mask itself to
     return out
 
 
+# one pass in other styles: while loops and a list of output blocks, logaddexp into a preallocated output, float64
+# inside with a dict of outputs, the state updated in place
+def ta_blocks_cat_while(q, k, v, block_size=64):  # while loops, a list of output blocks joined at the end
+    n, nk, scale = q.shape[-2], k.shape[-2], 1 / math.sqrt(q.shape[-1])
+    outs, qs = [], 0
+    while qs < n:
+        qb = q[..., qs:qs + block_size, :] * scale
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc, ks = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype), 0
+        while ks < nk:
+            s = torch.matmul(qb, k[..., ks:ks + block_size, :].transpose(-2, -1))
+            new = torch.maximum(m, s.max(dim=-1, keepdim=True).values)
+            p, c = torch.exp(s - new), torch.exp(m - new)
+            l, acc, m = c * l + torch.sum(p, -1, keepdim=True), c * acc + torch.matmul(p, v[..., ks:ks + block_size, :]), new
+            ks += block_size
+        outs.append(acc / l)
+        qs += block_size
+    return torch.cat(outs, dim=-2)
+
+
+def ta_logaddexp_prealloc(q, k, v, block_size=64):  # a running log-sum-exp with torch.logaddexp, written in place
+    n, nk = q.shape[-2], k.shape[-2]
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    kT = k.transpose(-2, -1).contiguous() / math.sqrt(q.shape[-1])  # all keys, transposed and scaled once
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        lse = torch.full(q.shape[:-2] + (qe - qs, 1), -math.inf, dtype=q.dtype)
+        for ks in range(0, nk, block_size):
+            s = q[..., qs:qe, :] @ kT[..., :, ks:ks + block_size]
+            new = torch.logaddexp(lse, torch.logsumexp(s, -1, keepdim=True))
+            out[..., qs:qe, :] = out[..., qs:qe, :] * torch.exp(lse - new) + torch.exp(s - new) @ v[..., ks:ks + block_size, :]
+            lse = new
+    return out
+
+
+def ta_float64_blocks(q, k, v, block_size=64):  # float64 inside, key blocks listed first (views), a dict of outputs
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    kv = list(zip(k64.split(block_size, -2), v64.split(block_size, -2)))
+    done = {}
+    for i, qb in enumerate(q64.split(block_size, -2)):
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=torch.float64)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+        for kb, vb in kv:
+            s = torch.einsum("...qd,...kd->...qk", qb, kb) / math.sqrt(q.shape[-1])
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c = torch.exp(m - new)
+            p = torch.exp(s - new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ vb, new
+        done[i] = acc / l
+    return torch.cat([done[i] for i in sorted(done)], -2).to(q.dtype)
+
+
+def ta_inplace_state(q, k, v, block_size=64):  # m, l, acc updated in place, the last blocks shorter (min)
+    n, nk, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        m = torch.full(q.shape[:-2] + (qe - qs, 1), -math.inf, dtype=q.dtype)
+        l = torch.zeros_like(m)
+        acc = out[..., qs:qe, :].zero_()
+        for ks in range(0, nk, block_size):
+            ke = min(ks + block_size, nk)
+            s = (q[..., qs:qe, :] @ k[..., ks:ke, :].mT).mul_(scale)
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c = (m - new).exp_()
+            s.sub_(new).exp_()
+            l.mul_(c).add_(s.sum(-1, keepdim=True))
+            acc.mul_(c).add_(s @ v[..., ks:ke, :])
+            m = new
+        acc.div_(l)
+    return out
+
+
+# right values, one pass of work, but every tile kept alive: the score matrix in pieces
+def ta_keep_tiles(q, k, v, block_size=64):  # every score tile computed once and kept, then two passes over them
+    n, nk, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    tiles = {(qs, ks): q[..., qs:qs + block_size, :] @ k[..., ks:ks + block_size, :].transpose(-2, -1) * scale
+             for qs in range(0, n, block_size) for ks in range(0, nk, block_size)}
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        row = [(ks, tiles[qs, ks]) for ks in range(0, nk, block_size)]
+        m = torch.full(row[0][1].shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        for _, s in row:
+            m = torch.maximum(m, s.amax(-1, keepdim=True))
+        l, acc = 0, 0
+        for ks, s in row:
+            p = torch.exp(s - m)
+            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v[..., ks:ks + block_size, :]
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
+
+def ta_hoard_weights(q, k, v, block_size=64):  # the online loop, but every weight tile appended to a list
+    kept = []
+    n, nk, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qb = q[..., qs:qs + block_size, :]
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, nk, block_size):
+            s = qb @ k[..., ks:ks + block_size, :].transpose(-2, -1) * scale
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            kept.append(p)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ks + block_size, :], new
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
+
+def ta_keep_flattened(q, k, v, block_size=64):  # the online loop, every score tile kept flattened, (…, b·b)
+    kept, n, nk, scale = [], q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qb = q[..., qs:qs + block_size, :]
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, nk, block_size):
+            s = qb @ k[..., ks:ks + block_size, :].transpose(-2, -1) * scale
+            kept.append(s.flatten(-2).clone())
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ks + block_size, :], new
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
 TA_RIGHT = {"reference": ta_ref, "options at their right values": T(), "keys outside (FlashAttention-1 order)":
             ta_key_outer, "running logsumexp": ta_lse, "state from the first tile": ta_first_tile,
-            "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype)}
+            "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype),
+            "while loops, output blocks joined with torch.cat": ta_blocks_cat_while,
+            "running logaddexp into a preallocated output": ta_logaddexp_prealloc,
+            "float64 inside, key blocks listed first, a dict of outputs": ta_float64_blocks,
+            "state updated in place": ta_inplace_state}
 
 def ta_two_pass_elementwise(q, k, v, b=64):  # two passes over the keys, scores by broadcasting instead of @
     scale, out = 1 / math.sqrt(q.shape[-1]), torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
@@ -501,6 +756,9 @@ TA_WRONG = {
     "full score matrix": (lambda q, k, v, b=64: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v,
                           "builds a full 192 × 192 matrix"),
     "a row of tiles at once": (ta_row_block, "builds a whole row of tiles at once"),
+    "every score tile kept, then two passes over them": (ta_keep_tiles, "keeps every score tile alive at once"),
+    "every weight tile appended to a list": (ta_hoard_weights, "keeps every score tile alive at once"),
+    "every score tile kept, flattened": (ta_keep_flattened, "holds as much as a 192 × 192 matrix at once"),
     "two passes over the keys": (ta_two_pass, "reads the keys twice"),
     "block_size ignored (64)": (lambda q, k, v, b=64: ta_ref(q, k, v, 64), "tiles larger than block_size"),
     "block_size ignored (8)": (lambda q, k, v, b=64: ta_ref(q, k, v, 8), "block_size not used"),
@@ -534,9 +792,79 @@ def ca_full_mask(q, k, v, block_size=64):  # slices an (n, n) mask built up fron
     return attn(q, k, v, block_size, True, hide=lambda r, c, qs, ks: ~allowed[r[:, 0]][:, c[0]])
 
 
+# one pass in other styles: the key loop broken at the diagonal with torch.where; while loops, logaddexp, float64
+def ca_early_stop(q, k, v, block_size=64):  # the key loop breaks at the diagonal; the diagonal tile masked with where
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    outs = []
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        qb = q[..., qs:qe, :]
+        m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for ks in range(0, n, block_size):
+            if ks >= qe:
+                break
+            ke = min(ks + block_size, n)
+            s = qb @ k[..., ks:ke, :].transpose(-2, -1) * scale
+            if ke - 1 > qs:
+                s = torch.where(torch.arange(ks, ke)[None, :] <= torch.arange(qs, qe)[:, None], s, float("-inf"))
+            new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - new), torch.exp(s - new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], new
+        outs.append(acc / l)
+    return torch.cat(outs, -2)
+
+
+def ca_logaddexp_while(q, k, v, block_size=64):  # while loops, a running log-sum-exp, float64 inside
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    n, scale = q.shape[-2], q.shape[-1] ** -0.5
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
+    qs = 0
+    while qs < n:
+        qe = min(qs + block_size, n)
+        lse = torch.full(q.shape[:-2] + (qe - qs, 1), -math.inf, dtype=torch.float64)
+        o = torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=torch.float64)
+        ks = 0
+        while ks < qe:
+            ke = min(ks + block_size, n)
+            s = q64[..., qs:qe, :] @ k64[..., ks:ke, :].transpose(-2, -1) * scale
+            s = s.masked_fill(torch.arange(ks, ke) > torch.arange(qs, qe)[:, None], -math.inf)
+            new = torch.logaddexp(lse, torch.logsumexp(s, -1, keepdim=True))
+            o = o * torch.exp(lse - new) + torch.exp(s - new) @ v64[..., ks:ke, :]
+            lse, ks = new, ke
+        out[..., qs:qe, :] = o
+        qs = qe
+    return out.to(q.dtype)
+
+
+def ca_keep_tiles(q, k, v, block_size=64):  # every causal tile masked and kept, then two passes over them
+    n, scale = q.shape[-2], q.shape[-1] ** -0.5
+    tiles = {}
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        for ks in range(0, qe, block_size):
+            ke = min(ks + block_size, n)
+            s = q[..., qs:qe, :] @ k[..., ks:ke, :].transpose(-2, -1) * scale
+            tiles[qs, ks] = s.masked_fill(torch.arange(ks, ke)[None] > torch.arange(qs, qe)[:, None], -math.inf)
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        row = [(ks, tiles[qs, ks]) for ks in range(0, min(qs + block_size, n), block_size)]
+        m = torch.full(row[0][1].shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        for _, s in row:
+            m = torch.maximum(m, s.amax(-1, keepdim=True))
+        l, acc = 0, 0
+        for ks, s in row:
+            p = torch.exp(s - m)
+            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v[..., ks:ks + block_size, :]
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
+
 CA_RIGHT = {"reference": C(), "global mask on every tile": C(masked=lambda qs, qe, ks, ke: True), "triu per tile, −1e9": ca_triu,
             "tile-local mask on the diagonal tiles only": C(hide=lambda r, c, qs, ks: (c - ks) > (r - qs)),
-            "float64 inside": lambda q, k, v, b=64: attn(q.double(), k.double(), v.double(), b, True).to(q.dtype)}
+            "float64 inside": lambda q, k, v, b=64: attn(q.double(), k.double(), v.double(), b, True).to(q.dtype),
+            "key loop broken at the diagonal, torch.where, output blocks joined": ca_early_stop,
+            "while loops, running logaddexp, float64 inside": ca_logaddexp_while}
 
 CA_WRONG = {
     "not causal": (lambda q, k, v, b=64: ta_ref(q, k, v, b), "not causal"),
@@ -582,6 +910,7 @@ CA_WRONG = {
                                        "last, shorter key block dropped"),
     "two passes over the keys": (lambda q, k, v, b=64: ta_two_pass(q, k, v, b, causal=True), "reads the keys twice"),
     "an (n, n) mask": (ca_full_mask, "builds a full 192 × 192 matrix"),
+    "every causal tile kept, then two passes over them": (ca_keep_tiles, "keeps every score tile alive at once"),
     "F.scaled_dot_product_attention": (lambda q, k, v, b=64: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                                        "calls a fused attention"),
 }
@@ -594,7 +923,8 @@ CHECKS = {"online_softmax": (check_online_softmax, OS_RIGHT, OS_WRONG),
 QUICK = {"sum not rescaled", "rescaled by exp(m_new - m_old), guarded", "last partial block dropped", "torch.softmax",
          "global max first", "block_size ignored (1)", "acc not rescaled", "last partial query block left as garbage",
          "a row of tiles at once", "two passes over the keys", "every tile computed, masked", "mask key >= query",
-         "diagonal tile skipped", "per-tile max", "keepdim missing"}
+         "diagonal tile skipped", "per-tile max", "keepdim missing", "a first loop for the maximum, then the online loop",
+         "every weight tile appended to a list", "every causal tile kept, then two passes over them"}
 
 
 def _cases(kind):
@@ -699,3 +1029,46 @@ def test_every_diagnosis_speaks_to_the_learner():
     for mistake in [*cf.SOFTMAX_MISTAKES, *cf.CAUSAL_MISTAKES]:
         assert mistake.cause.startswith(("you ", "your ")), mistake.cause
         assert len(mistake.summary) <= 60 and not mistake.summary.endswith(".")
+
+
+# ============================================================================ memory held at once, one pass over x
+def test_tiles_kept_alive_are_named_in_the_learners_terms(rejects):
+    d = rejects(check_tiled_attention, ta_hoard_weights, "keeps every score tile alive at once").diagnosis
+    assert "tiles of shape (2, 16, 16) alive at the same time" in d.got, d.got
+    assert "of the 589,824 bytes the full 192 × 192 score matrices of this batch take" in d.got, d.got
+    assert "less than a quarter of the full score matrices" in d.expected and "no list of tiles" in d.fix
+    d = rejects(check_causal_tiled_attention, ca_keep_tiles, "keeps every score tile alive at once").diagnosis
+    assert "81 tiles of shape (2, 16, 16) alive at the same time" in d.got and "57%" in d.got, d.got
+
+
+def test_the_memory_bound_is_far_from_right_answers_and_from_kept_tiles():
+    """The bound, a quarter of the full score matrices, is never borderline on the probe's case: every right
+    answer holds under a tenth of them (the output, the running state, a few tiles), every answer that keeps its
+    tiles over a half (causal too: the tiles on and below the diagonal are more than half of them)."""
+    lead, n, d_k, d_v, b = 2, 192, 2, 1, 16  # the case attention_structure watches
+    q, k, v = cf.cases.qkv((lead,), n, n, d_k, d_v, b, 41)
+    full = lead * n * n * q.element_size()
+    for name, fn in [*TA_RIGHT.items(), *CA_RIGHT.items()]:
+        assert cf.trace(fn, q, k, v, b)["live_peak"] < full / 10, name
+    for fn in (ta_keep_tiles, ta_hoard_weights, ta_keep_flattened, ca_keep_tiles):
+        assert cf.trace(fn, q, k, v, b)["live_peak"] > full / 2, fn.__name__
+
+
+def test_a_second_pass_over_x_is_named_in_the_learners_terms(rejects):
+    d = rejects(check_online_softmax, os_max_loop_first, "reads x twice: goes back to blocks already passed").diagnosis
+    assert "a maximum read 18 numbers of x again" in d.got and "your maxima twice, your sums once" in d.got, d.got
+    assert "delete any loop or reduction over x before it" in d.fix, d.fix
+    d = rejects(check_online_softmax, os_two_pass_decoy_sums, "reads x twice").diagnosis
+    assert "a sum read 18 numbers of x again" in d.got and "your maxima once, your sums twice" in d.got, d.got
+
+
+def test_one_pass_is_judged_row_by_row_and_within_a_block():
+    """Right answers read a block again only before moving on (a second look at the same block), and rows are
+    independent: one after the other, or side by side."""
+    x = cf.cases.rows((3, 48), 6, 40)  # the case softmax_structure watches
+    for name, fn in OS_RIGHT.items():
+        reads = cf.trace(fn, x, 6)["reads"]
+        assert reads["back"] is None, (name, reads)
+    assert cf.trace(os_inplace_state_twice, x, 6)["reads"]["most"]["m"] == 2  # the same block twice: not a second pass
+    for fn in (os_max_loop_first, os_two_pass_decoy_sums, os_block_maxima_at_once, os_two_pass_blocks):
+        assert cf.trace(fn, x, 6)["reads"]["back"] is not None, fn.__name__

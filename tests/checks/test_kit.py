@@ -1,7 +1,10 @@
 """The check kit's engine, watcher and explainer, on small made-up checks (the topics' tests cover real ones)."""
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attn_course.checks.boundary import LearnerRaised
 from attn_course.checks.compare import Failure
@@ -84,6 +87,63 @@ def test_the_watcher_counts_products_written_out_and_their_aliases():
     # a state that broadcasts to its shape at its first update is no product: nothing is summed over
     acc, correction = torch.zeros(8), torch.rand(4, 1)
     assert watch(lambda: acc * correction + a)["flops"] == 0
+
+
+def test_the_watcher_measures_the_memory_held_at_once():
+    a = torch.randn(8, 8)  # an (8, 8) float32 tensor: 256 bytes
+
+    def hoard(a):
+        kept = [a * i for i in range(4)]  # four storages alive together
+        [t[1:] for t in kept] + [t.T for t in kept]  # views: no new memory
+        return a.contiguous()  # the input, returned as it is: not memory the function made
+
+    report = watch(hoard, a)
+    assert report["live_peak"] == 4 * 256 and report["live_count"] == 4, report
+    assert report["live_shapes"] == [[[8, 8], 4, 4 * 256]] and report["largest"] == 64
+
+    def one_at_a_time(a):
+        for i in range(10):
+            t = a * i  # the new t is made before the old one is freed: two at a time
+        return t
+
+    assert watch(one_at_a_time, a)["live_peak"] == 2 * 256
+    assert watch(lambda a: a[2:].sum(), a)["live_peak"] == 4  # a view of the input is not new: only the sum
+
+
+def test_the_watcher_follows_which_numbers_of_a_source_the_reductions_read():
+    x = torch.randn(2, 8)
+
+    def reads(fn):
+        with Watch(source=x) as w:
+            fn(x)
+        return w.report()["reads"]
+
+    def one_pass(x):
+        for s in (0, 4):
+            block = x[:, s:s + 4]
+            m = block.amax(-1, keepdim=True)
+            torch.exp(block - m).sum(-1)  # reads the block, through − and exp
+            block.amax(-1)  # the same block again, before moving on: still one pass
+
+    def two_passes(x):
+        maxima = [x[:, s:s + 4].amax(-1, keepdim=True) for s in (0, 4)]
+        for s, m in zip((0, 4), maxima):
+            torch.exp(x[:, s:s + 4] - m).sum(-1)
+
+    def rows_one_after_the_other(x):
+        for row in x:
+            for s in (0, 4):
+                row[s:s + 4].amax(), torch.exp(row[s:s + 4]).sum()
+
+    def padded_first(x):  # the maxima of every block through pad and unfold, then the sums
+        F.pad(x, (0, 4), value=-math.inf).unfold(-1, 4, 4).amax(-1)
+        torch.cat([x[:, :4], x[:, 4:]], -1)[:, :4].sum(-1), x[:, 4:].sum(-1)
+
+    assert reads(one_pass) == {"most": {"m": 2, "s": 1, "l": 0}, "back": None}
+    assert reads(two_passes)["back"] == ["s", 8, 2]  # the sum of block 0 (2 rows × 4), after block 1's maximum
+    assert reads(rows_one_after_the_other)["back"] is None
+    assert reads(padded_first)["back"] == ["s", 8, 2]  # the second block's sum, after the first block's
+    assert "reads" not in watch(one_pass, x)  # no source: nothing followed
 
 
 def _raised(attempt):
@@ -414,3 +474,24 @@ def test_unpack_names_what_came_back_instead_of_the_tuple():
     d = _diagnosis(lambda: unpack((t, [t[:1], t[1:]])))
     assert d.summary == "weights returned as a list of 2 tensors" and "(1, 3), (1, 3)" in d.got
     assert "second element" in _diagnosis(lambda: unpack((t, "text"))).summary
+
+
+def test_a_shared_family_is_adapted_by_each_check_not_copied():
+    from attn_course.checks import kit
+
+    # the stable-softmax mistakes, on (x, dim) and, for a function without dim, along the last axis
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    rows = {k.key: k for k in kit.SOFTMAX_MISTAKES}
+    last = kit.along_last_axis(kit.SOFTMAX_MISTAKES, "sum-axis-0", "naive")
+    assert [k.key for k in last] == ["sum-axis-0", "naive"]  # in the order asked
+    assert torch.equal(last[0].make(x), rows["sum-axis-0"].make(x, -1))
+    assert rows["sum-axis-0"].make(x) is None  # dim left at its default: no axis row applies
+    assert last[0].on((x,)).cause == "you divided by the sum along axis 0, not along dim=-1"
+    assert rows["sum-axis-0"].on((x, 1)).cause.endswith("not along dim=1")
+    # the Q Kᵀ mistakes, picked in a check's order with its own fixes, the product mapped
+    Q, K = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    picked = kit.product_rows({"dot-T": "mine", "entrywise": None}, then=lambda S, Q: 2 * S)
+    own = {r[0]: r[3] for r in kit.PRODUCT_MISTAKES}
+    assert [(r[0], r[3]) for r in picked] == [("dot-T", "mine"), ("entrywise", own["entrywise"])]
+    assert torch.equal(picked[1][4](Q[..., :3, :], K[..., :3, :]), 2 * Q[..., :3, :] * K[..., :3, :])
+    assert [r[0] for r in kit.product_rows()] == [r[0] for r in kit.PRODUCT_MISTAKES]

@@ -1,6 +1,7 @@
 """How the result is computed, measured on the learner's side by the probe ``fast.trace``: no torch.softmax
 or fused attention, every max and sum over one block (online_softmax: each block's sum right after its maximum, one
-pass), no tensor larger than a tile, one pass of work."""
+pass: no block reduced again once the loop has moved on), no tensor larger than a tile, tiles not kept alive all
+at once (memory that grows like n, not n²), one pass of work."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, Callable
 
 from ..boundary import probe
 from ..core import Learner, fail, fmt
-from ..kit import watch
+from ..kit import Watch
 from .cases import qkv, rows
 from .mistakes import DIAG_FIX
 from .steps import blocks
@@ -23,9 +24,13 @@ _FUSED_FUNCTIONS = {"scaled_dot_product_attention", "_scaled_dot_product_flash_a
 @probe("fast.trace")
 def trace(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
     """Run ``fn(*args)`` under the kit's watcher: the torch functions called (``ops``), the largest tensor
-    created (``largest`` elements, ``shape``), how many inputs one output of each max or sum combined
-    (``reductions``) and the matrix-multiply FLOPs (``flops``). Plain data only."""
-    return watch(fn, *args)
+    created (``largest`` elements, ``shape``), the most bytes held at once (``live_peak``, ``live_shapes``), how
+    many inputs one output of each max or sum combined (``reductions``), which numbers of the first argument
+    they read (``reads``) and the matrix-multiply FLOPs (``flops``). Plain data only."""
+    watcher = Watch(source=args[0] if args else None, inputs=args)
+    with watcher:
+        fn(*args)
+    return watcher.report()
 
 
 def _reduction_rule(sizes: list[int], b: int, n: int, tried: str, *, unit: str, reads: str) -> None:
@@ -47,6 +52,30 @@ def _reduction_rule(sizes: list[int], b: int, n: int, tried: str, *, unit: str, 
                    "normalisation after it): that is a second pass, where the algorithm makes one",
              fix="inside the loop, reduce only the current block and fold it into the running m and l; after the "
                  "loop, divide by l")
+
+
+def _held_rule(seen: dict[str, Any], lead: int, n: int, d: int, b: int, itemsize: int, tried: str) -> None:
+    """Memory held at once below a quarter of the full score matrices: a right answer holds the output, the running
+    state and a few tiles (under 5 % here), one that keeps every tile holds n² numbers (over 50 %, causal too)."""
+    full, held = lead * n * n * itemsize, int(seen.get("live_peak", 0))
+    if 4 * held < full:
+        return
+    shape, count, nbytes = (seen.get("live_shapes") or [[[], 0, 0]])[0]
+    tiles = len(shape) >= 2 and d < shape[-1] <= b and shape[-2] <= b
+    share = f"{held / full:.0%} of the {full:,} bytes the full {n} × {n} score matrices of this batch take"
+    fail("keeps every score tile alive at once" if tiles else f"holds as much as a {n} × {n} matrix at once",
+         tried=tried + ", and the memory it holds at once",
+         got=(f"your code keeps {count} tiles of shape {tuple(shape)} alive at the same time: {nbytes:,} bytes in "
+              f"all, {held:,} with the rest it holds, {share}" if tiles else
+              f"your code holds {seen.get('live_count', 0)} tensors alive at the same time, {held:,} bytes in all, "
+              f"{share}; most of them in {count} of shape {tuple(shape)}"),
+         expected=f"a few ({b}, {b}) tiles at a time beside the output and the running m, l and acc: memory that grows "
+                  f"like n, less than a quarter of the full score matrices here ({full // 4:,} bytes)",
+         cause="the values are right, but every tile stays alive after it is used (appended to a list, stored in a "
+               "dict, kept for a second loop over the tiles): together they are the n × n score matrix in pieces, "
+               "the memory that tiling avoids",
+         fix="use each tile inside the key loop as soon as it is computed: fold it into m, l and acc, then let it go "
+             "(no list of tiles); keep only the running state and the output")
 
 
 def _tile_work(n: int, d_k: int, d_v: int, b: int, *, causal: bool, extra: int = 0, passes: int = 1) -> float:
@@ -76,10 +105,36 @@ def softmax_structure(fn: Learner) -> None:
                    "whenever the maximum grows",
              fix="one loop over the blocks: m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); "
                  "m = m_new; after the loop, exp(x − m) / l")
+    _one_pass(seen.get("reads") or {}, tried)
+
+
+_READ_BY = {"m": ("maximum", "maxima"), "s": ("sum", "sums"), "l": ("logsumexp", "logsumexps")}  # the watcher's reads
+
+
+def _one_pass(reads: dict[str, Any], tried: str) -> None:
+    """No block of x reduced again once the loop has moved on to later blocks (the watcher's ``reads``)."""
+    if not reads.get("back"):
+        return
+    kind, count, _ = reads["back"]
+    most = reads.get("most", {})
+    times = {k: {1: "once", 2: "twice"}.get(c, f"{c} times") for k, c in most.items() if c}
+    read = ", ".join(f"your {_READ_BY[k][1]} {t}" for k, t in times.items() if k in _READ_BY)
+    which = _READ_BY.get(kind, ("reduction",))[0]
+    fail("reads x twice: goes back to blocks already passed", tried=tried,
+         got=f"after your loop had moved on to later blocks, a {which} read {count} numbers of x again (the most "
+             f"times one number of x was read: {read})",
+         expected="one pass: each block reduced when the loop reaches it, its maximum and then its sum, and never "
+                  "again once the loop has moved on",
+         cause="the values are right, but x is read twice: besides the online loop, a second loop (or a reduction "
+               "before it) goes over the blocks — a maximum found beforehand, or maxima and sums whose results are "
+               "thrown away. The online algorithm reads each block once, rescaling l whenever the maximum grows",
+         fix="keep only the one loop: m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); "
+             "m = m_new; after it, exp(x − m) / l; delete any loop or reduction over x before it")
 
 
 def attention_structure(fn: Learner, name: str, causal: bool) -> None:
-    # Memory: many small tiles; a full score matrix, a full mask or a row of tiles stands out by a factor ≥ 4.
+    # Memory: many small tiles; a full score matrix, a full mask or a row of tiles stands out by a factor ≥ 4, and
+    # every tile kept alive holds ≥ 10× what a right answer holds at once (the output, the running state, a few tiles).
     lead, n, d_k, d_v, b = 2, 192, 2, 1, 16
     q, k, v = qkv((lead,), n, n, d_k, d_v, b, 41)
     tried = f"{name}(q, k, v, {b}) on q, k ({lead}, {n}, {d_k}), v ({lead}, {n}, {d_v}), watching what it creates"
@@ -107,6 +162,7 @@ def attention_structure(fn: Learner, name: str, causal: bool) -> None:
              cause="the values are right, but holding that tensor is what tiling avoids: its memory grows like n²",
              fix="compute one (block_size, block_size) tile of scores at a time, and mask (causal) tile by tile "
                  "from global positions")
+    _held_rule(seen, lead, n, max(d_k, d_v), b, q.element_size(), tried)
     _reduction_rule(seen["reductions"], b, n, tried, unit="key", reads="k[..., start:start + block_size, :]")
     # Work: few large blocks, d_k ≫ d_v, so reading the keys twice or one tile too many shows by ≥ 1.3×.
     n, d_k, d_v, b = 96, 8, 1, 32
