@@ -339,3 +339,23 @@ def test_on_a_loaded_machine_no_check_keeps_the_learner_waiting_past_twice_its_l
     assert waited <= WALL_FACTOR * 0.3 + 0.5, f"the learner waited {waited:.2f} s (limit 0.3 s)"
     assert result.status in (Status.FAILED, Status.ERROR)  # named endless, or "too busy to tell"
     assert abs(_stated_wait(result) - waited) < 0.25, result.text()  # the message states the wall time waited
+
+
+@pytest.mark.parametrize("name", ["softmax_vjp", "SoftmaxFunction", "attention_backward", "AttentionFunction",
+                                  "tiled_attention_backward", "MultiHeadAttention"])
+def test_checks_that_differentiate_grade_right_answers_with_gradients_switched_off(name):
+    """A learner who switched gradients off for the whole notebook (torch.set_grad_enabled(False), say in the
+    inference notebook) still gets a verdict on their answer, not "the check itself failed"."""
+    from attn_course import backward, jacobian, multihead
+    from attn_course.checks import backward as backward_checks, jacobian as jacobian_checks, multihead as mh_checks
+
+    answers = {"softmax_vjp": (jacobian.softmax_vjp, jacobian_checks), "SoftmaxFunction": (jacobian.SoftmaxFunction,
+               jacobian_checks), "attention_backward": (backward.attention_backward, backward_checks),
+               "AttentionFunction": (backward.AttentionFunction, backward_checks),
+               "tiled_attention_backward": (backward.tiled_attention_backward, backward_checks),
+               "MultiHeadAttention": (multihead.MultiHeadAttention, mh_checks)}
+    answer, checks = answers[name]
+    with torch.no_grad():
+        result = getattr(checks, f"check_{name}").evaluate(answer)
+        assert not torch.is_grad_enabled()  # the learner's setting is theirs again afterwards
+    assert result.status is Status.PASSED, result.diagnosis
