@@ -418,11 +418,8 @@ def _not_the_peak(failure: Failure, out: torch.Tensor, case: dict) -> None:
     w, o = case["w"].to(torch.float64), out.to(torch.float64)
     if tuple(o.shape) != tuple(w.shape[:-1]):
         return
-    peak = w.amax(-1)
-    bad = ~torch.isclose(o, peak, atol=ATOL, rtol=RTOL)
-    if not bad.any():
-        return
-    i = tuple(int(k) for k in bad.nonzero()[0])
+    peak = w.amax(-1)  # the oracle: a row is off, as the comparison at this tolerance has just found
+    i = tuple(int(k) for k in (~torch.isclose(o, peak, atol=ATOL, rtol=RTOL)).nonzero()[0])
     row, value = w[i], float(o[i])
     keys = [j for j in range(row.numel()) if math.isclose(float(row[j]), value, rel_tol=RTOL, abs_tol=ATOL)]
     where = f"query {i[-1]}" + (f" of batch entry {i[:-1]}" if len(i) > 1 else "")

@@ -736,3 +736,78 @@ def test_check_score_matrix_bytes_not_attempted_and_bad_values(rejects, unfinish
     rejects(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: torch.ones(2), "one number")
     rejects(check_score_matrix_bytes, lambda n, batch=1, heads=1, dtype=None: float("nan"), "nan")
     rejects(check_score_matrix_bytes, lambda n: n, "raised TypeError")
+
+
+# ============================================================================ measured causes (no known mistake)
+def attn_batch_heads_merged(Q, K, V, mask=None):
+    """Batch and heads merged for 3-D matmuls; the output reshaped back, the weights forgotten."""
+    if Q.dim() == 4:
+        B, H, n_q, d = Q.shape
+        out, w = attn_batch_heads_merged(Q.reshape(B * H, n_q, d), K.reshape(B * H, -1, d),
+                                         V.reshape(B * H, K.shape[-2], -1), mask)
+        return out.reshape(B, H, n_q, -1), w
+    return attn_matmul(Q, K, V, mask)
+
+
+def attn_naive_with_epsilon(Q, K, V, mask=None):
+    e = torch.exp(masked(scaled_scores(Q, K), mask))
+    w = e / (e.sum(-1, keepdim=True) + 1e-9)  # "an epsilon, in case the sum is 0"
+    return w @ V, w
+
+
+def attn_renormalise_then_zero(Q, K, V, mask=None):
+    w = torch.softmax(scaled_scores(Q, K), -1)
+    if mask is not None:
+        w = w / (w * mask).sum(-1, keepdim=True)  # renormalise over the allowed keys
+        w = w.masked_fill(~mask, 0.0)
+    return w @ V, w
+
+
+def attn_scores_normalised_without_exp(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask, 0.0)
+    w = s / s.sum(-1, keepdim=True)
+    return w @ V, w
+
+
+def attn_fill_minus_ten(Q, K, V, mask=None):
+    w = torch.softmax(masked(scaled_scores(Q, K), mask, -10.0), -1)  # "e^-10 is as good as 0"
+    return w @ V, w
+
+
+def attn_seeded_dropout(Q, K, V, mask=None):
+    w = torch.softmax(masked(scaled_scores(Q, K), mask), -1)
+    keep = torch.rand(w.shape, generator=torch.Generator().manual_seed(0)) > 0.1  # reproducible dropout, p = 0.1
+    w = w * keep / 0.9
+    return w @ V, w
+
+
+def attn_no_denominator(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    w = torch.exp(s - s.amax(-1, keepdim=True))  # the division by the row sum forgotten
+    return w @ V, w
+
+
+def attn_top_two_keys(Q, K, V, mask=None):
+    s = masked(scaled_scores(Q, K), mask)
+    kth = s.topk(min(2, s.shape[-1]), -1).values[..., -1:]
+    w = torch.softmax(s.masked_fill(s < kth, float("-inf")), -1)  # each query keeps its two best keys only
+    return w @ V, w
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (attn_batch_heads_merged, ["wrong shape (6, 4, 6), expected (2, 3, 4, 6)", "a reshape or view"]),
+    (attn_naive_with_epsilon, ["NaN where exp overflowed", "an allowed score above 709.8",
+                               "subtract each row's maximum"]),
+    (attn_renormalise_then_zero, ["NaN where the allowed weights underflow", "took part in a softmax before"]),
+    (attn_scores_normalised_without_exp, ["weights outside [0, 1]", "between 0 and 1"]),
+    (attn_fill_minus_ten, ["weight on blocked keys", "fill the blocked scores with float('-inf')"]),
+    (attn_seeded_dropout, ["weights randomly zeroed (dropout)", "1.111 × the right ones"]),
+    (attn_no_denominator, ["rows of weights do not sum to 1", "print the row sums"]),
+    (attn_top_two_keys, ["wrong values", "16 of 16 entries differ"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_check_attention_measures_what_no_known_mistake_explains(fn, phrases, rejects):
+    result = rejects(check_attention, fn, *phrases)
+    if fn is attn_fill_minus_ten:  # at scores this small no claim about ±3·10⁴ scores
+        assert "a fill value too weak" not in result.text()
+    if fn is attn_top_two_keys:  # zero weights on allowed keys: no scale is fitted through log 0
+        assert "divided by" not in result.text()

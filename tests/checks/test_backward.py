@@ -469,7 +469,9 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
         ke = min(ks + block_size, m)
         kj, vj = k[..., ks:ke, :], v[..., ks:ke, :]
         dkj, dvj = torch.zeros_like(kj), torch.zeros_like(vj)
-        start = 0 if not causal or bug in ("no_causal", "mask_all") else (
+        if bug == "full_block_acc":  # accumulators of a full block: the last, shorter block no longer fits
+            dkj, dvj = (torch.zeros(*t.shape[:-2], block_size, t.shape[-1], dtype=t.dtype) for t in (kj, vj))
+        start = 0 if not causal or bug in ("no_causal", "mask_all", "all_tiles_where") else (
             ks + block_size if bug == "skip_diag" else max(ks - block_size, 0) if bug == "one_early" else ks)
         for qs in range(start, n - 1 if bug == "q_range_short" else n_stop, block_size):
             qe = min(qs + block_size, n)
@@ -482,8 +484,10 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 future = c >= r if bug == "mask_self" else (c > r + 1 if bug == "mask_ahead" else c > r)
                 if bug == "triu_offset_flipped":  # triu(k_start - q_start + 1) where q_start - k_start + 1 belongs
                     future = torch.ones(qe - qs, ke - ks, dtype=torch.bool).triu(ks - qs + 1)
-                if bug == "where_after_exp":  # right: the blocked entries are selected away after exp
+                if bug in ("where_after_exp", "all_tiles_where"):  # right: the blocked entries selected away after exp
                     pass
+                elif bug == "additive_nan":  # an additive mask built as blocked × (−inf): 0 × (−inf) is NaN
+                    s = s + future.to(s.dtype) * float("-inf")
                 elif bug != "times_keep_after_exp":
                     s = s.masked_fill(future, float("-inf"))
             li = lse[..., qs:qe]
@@ -513,7 +517,7 @@ def tiled(q, k, v, o, lse, dout, block_size=64, causal=False, *, bug=""):
                 p = torch.exp(s - m_t) * torch.exp(m_t - li.unsqueeze(-1))
             else:
                 p = torch.exp(s - li.unsqueeze(-1))
-            if bug == "where_after_exp" and future is not None:
+            if bug in ("where_after_exp", "all_tiles_where") and future is not None:
                 p = torch.where(future, 0.0, p)
             if bug == "times_keep_after_exp" and future is not None:
                 p = p * ~future
@@ -821,3 +825,170 @@ def test_attention_backward_names_two_mistakes_at_once(rejects):
     result = rejects(check_attention_backward, two_bugs, "1/√d_k missing in dQ; and dV scaled by 1/√d_k",
                      "2 mistakes at once")
     assert "dq, dv are wrong" in result.diagnosis.got
+
+
+# ============================================================================ branches the tests above leave out
+def dq_without_k(q, k, v, dout, mask=None):
+    d = q.shape[-1]
+    p = masked_softmax(q @ k.mT / math.sqrt(d), mask)
+    dp = dout @ v.mT
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return ds / math.sqrt(d), ds.mT @ q / math.sqrt(d), p.mT @ dout  # dQ = dS K/√d_k without its K
+
+
+def dv_from_dout_transposed(q, k, v, dout, mask=None):
+    dq, dk, _ = ref.attention_backward(q, k, v, dout, mask)
+    p = masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask)
+    return dq, dk, dout.mT @ p  # dOᵀ P: Pᵀ dO transposed
+
+
+def nan_rows_then_ds_masked(q, k, v, dout, mask=None):
+    """torch.softmax over −inf (NaN in a fully masked row), then dS zeroed where blocked: NaN is left in dV only."""
+    d = q.shape[-1]
+    s = q @ k.mT / math.sqrt(d)
+    p = torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), -1)
+    dp = dout @ v.mT
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    if mask is not None:
+        ds = ds.masked_fill(~mask, 0.0)  # "blocked positions get no gradient"
+    return ds @ k / math.sqrt(d), ds.mT @ q / math.sqrt(d), p.mT @ dout
+
+
+def dq_from_dp_and_dk_unscaled(q, k, v, dout, mask=None):
+    """Two slips at once, neither a known mistake's: dQ from dP instead of dS, dK without 1/√d_k."""
+    d = q.shape[-1]
+    p = masked_softmax(q @ k.mT / math.sqrt(d), mask)
+    dp = dout @ v.mT
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return dp @ k / math.sqrt(d), ds.mT @ q, p.mT @ dout
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (dq_without_k, ["dQ = dS/√d_k: the factor K is missing", "your dq of shape (5, 5)", "shape (5, 7)"]),
+    (dv_from_dout_transposed, ["wrong shape (3, 5), expected (5, 3)", "dv has v's shape (..., n_k, d_v)"]),
+    (nan_rows_then_ds_masked, ["NaN in dv", "NaN in 84 of 84 entries of your dv",
+                               "a fully masked row went through a softmax over -inf everywhere"]),
+    (dq_from_dp_and_dk_unscaled, ["dq: wrong values", "the dq that autograd computes"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_attention_backward_shapes_nan_and_unrelated_slips(fn, phrases, rejects):
+    result = rejects(check_attention_backward, fn, *phrases)
+    if fn is dq_from_dp_and_dk_unscaled:  # dQ and dK do not follow from one dS′: no "dS wrong" claimed
+        assert "dS wrong" not in result.text()
+
+
+def _tiled_learner(bug):
+    def learner(q, k, v, o, lse, dout, block_size=64, causal=False):
+        return tiled(q, k, v, o, lse, dout, block_size, causal, bug=bug)
+    return learner
+
+
+@pytest.mark.parametrize("bug,phrases", quick([
+    ("additive_nan", ["dq: NaN in the result", "causal=True"]),
+    ("full_block_acc", ["raised RuntimeError", "every block is full",
+                        "min(start + block_size, n)"]),
+    ("all_tiles_where", ["causal: tiles above the diagonal not skipped", "causal work is 1.00 × the non-causal work",
+                         "at twice the cost"]),
+], keep={"additive_nan", "full_block_acc"}))
+def test_tiled_backward_nan_full_blocks_and_dense_causal_work(bug, phrases, rejects):
+    result = rejects(check_tiled_attention_backward, _tiled_learner(bug), *phrases)
+    if bug == "additive_nan":  # NaN: no scale is fitted (nor claimed)
+        assert "scaled by" not in result.text()
+
+
+class NumpyForward(torch.autograd.Function):
+    """forward computed with NumPy, returning an array: autograd never reaches the backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask=None):
+        ctx.save_for_backward(q, k, v)
+        ctx.mask = mask
+        s = q.numpy() @ k.numpy().swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+        return masked_softmax(torch.from_numpy(s), mask).numpy() @ v.numpy()
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        return (*ref.attention_backward(q, k, v, dout, ctx.mask), None)
+
+
+class CacheFreedInBackward(torch.autograd.Function):
+    """What backward needs kept on the class, and deleted once used to free the memory: a second call's backward
+    finds nothing."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask=None):
+        CacheFreedInBackward.saved = (q, k, v, mask)
+        return masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask) @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, mask = CacheFreedInBackward.saved
+        del CacheFreedInBackward.saved
+        return (*ref.attention_backward(q, k, v, dout, mask), None)
+
+
+class PReusedForDS(torch.autograd.Function):
+    """dS written into P's memory (p.mul_): right once, other gradients when backward runs a second time."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask=None):
+        scale = 1 / math.sqrt(q.shape[-1])
+        p = masked_softmax(q @ k.mT * scale, mask)
+        ctx.save_for_backward(q, k, v)
+        ctx.p, ctx.scale = p, scale
+        return p @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        p = ctx.p
+        dv = p.mT @ dout
+        dp = dout @ v.mT
+        ds = p.mul_(dp - (dp * p).sum(-1, keepdim=True))
+        return ds @ k * ctx.scale, ds.mT @ q * ctx.scale, dv, None
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (NumpyForward, ["no gradient reaches the inputs", "forward returned a NumPy array",
+                    "compute forward's output with torch operations"]),
+    (CacheFreedInBackward, ["raised AttributeError", "one backward through both", "the gradients of both calls"]),
+    (PReusedForDS, ["gradcheck fails", "Backward is not reentrant", "changes a tensor forward kept",
+                    "never change the saved ones in place"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_attention_function_numpy_forward_freed_state_and_in_place_backward(cls, phrases, rejects):
+    cls.__name__ = cls.__qualname__ = "AttentionFunction"
+    rejects(check_AttentionFunction, cls, *phrases)
+
+
+@pytest.mark.parametrize("which", ["chain rule", "tiled"])
+def test_no_two_known_backward_mistakes_agree_where_they_first_go_wrong(which):
+    """judge names every known mistake that reproduces an answer without telling them apart on other cases: that is
+    right only while no two rows of a table give the same gradients on the first case where they are wrong."""
+    from attn_course.checks.backward.attention_backward import _backward_cases
+    from attn_course.checks.backward.judge import oracle
+    from attn_course.checks.backward.mistakes import CAUSAL, MASKED, NAIVE, TILED, flat, naive, table
+    from attn_course.checks.backward.mistakes import tiled as tiled_variant
+    from attn_course.checks.backward.tiled_backward import _tiled_cases
+    from attn_course.checks.compare import same
+
+    if which == "tiled":
+        rows, inputs = table(TILED + CAUSAL, tiled_variant), ("q", "k", "v", "o", "lse", "dout", "block", "causal")
+        cases = [(tuple(c[x] for x in inputs), oracle(c["q"], c["k"], c["v"], c["dout"], causal=c["causal"])[1])
+                 for c in _tiled_cases()]
+    else:
+        rows, inputs = table(NAIVE + MASKED, naive), ("q", "k", "v", "dout", "mask")
+        cases = [(args := tuple(c[x] for x in inputs), oracle(*args)[1]) for c in _backward_cases()]
+    first = {}  # key → (the first case where the row is wrong, its gradients there)
+    for row in rows:
+        for i, (args, expected) in enumerate(cases):
+            try:
+                out = row.make(*args)
+            except Exception:  # noqa: BLE001 - the row cannot run here: not a suspect on this case
+                continue
+            if not same(out, flat(expected), atol=1e-6, rtol=1e-4):
+                first[row.key] = (i, out)
+                break
+    keys = list(first)
+    alike = [(a, b) for n, a in enumerate(keys) for b in keys[n + 1:]
+             if first[a][0] == first[b][0] and same(first[a][1], first[b][1], atol=1e-6, rtol=1e-4)]
+    assert not alike, alike

@@ -646,3 +646,53 @@ def test_block_sparse_one_tile_probe(rejects, answer, phrases):
 ])
 def test_chunked_one_chunk_probe(rejects, answer, phrases):
     assert_voice(rejects(check_chunked_linear_attention, answer, *phrases))
+
+
+# ============================================================================ wrong shapes and dtypes no known mistake explains
+def bs_whole_query_blocks(q, k, v, layout, block_size):  # range(n_q // block_size): the last, shorter block left out
+    b = block_size
+    return torch.cat([bs_ref(q[..., i * b:(i + 1) * b, :], k, v, layout[i:i + 1], b)
+                      for i in range(q.shape[-2] // b)], -2)
+
+
+def lin_float64_not_converted_back(q, k, v):
+    return lin_ref(q.double(), k.double(), v.double())  # float32 inputs: the result stays float64
+
+
+def rec_one_position_short(q, k, v):  # range(n - 1): the loop stops one position early
+    fq, fk = phi(q), phi(k)
+    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.zeros(q.shape[:-2] + (q.shape[-1],), dtype=q.dtype)
+    outs = []
+    for t in range(q.shape[-2] - 1):
+        C = C + fk[..., t, :, None] * v[..., t, None, :]
+        u = u + fk[..., t, :]
+        outs.append((fq[..., t, None, :] @ C)[..., 0, :] / (fq[..., t, :] * u).sum(-1, keepdim=True))
+    return torch.stack(outs, dim=-2)
+
+
+def chunk_whole_chunks_only(q, k, v, chunk_size):  # the last, shorter chunk never computed nor returned
+    fq, fk = phi(q), phi(k)
+    C = torch.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.zeros(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype)
+    outs = []
+    for s in range(0, q.shape[-2] - chunk_size + 1, chunk_size):
+        a_q, a_k, a_v = fq[..., s:s + chunk_size, :], fk[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
+        a = (a_q @ a_k.mT).tril()
+        outs.append((a @ a_v + a_q @ C) / (a.sum(-1, keepdim=True) + a_q @ u))
+        C, u = C + a_k.mT @ a_v, u + a_k.sum(-2)[..., None]
+    return torch.cat(outs, -2)
+
+
+@pytest.mark.parametrize("check,answer,phrases", [
+    (check_block_sparse_attention, bs_whole_query_blocks, ["wrong shape (16, 2), expected (21, 2)",
+                                                           "a multiple of the block"]),
+    (check_linear_attention, lin_float64_not_converted_back, ["result in float64, not the input's float32",
+                                                              "a float32 tensor, like the input"]),
+    (check_causal_linear_attention, rec_one_position_short, ["wrong shape (8, 2), expected (9, 2)"]),
+    (check_chunked_linear_attention, chunk_whole_chunks_only, ["wrong shape (8, 2), expected (9, 2)"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_wrong_shapes_and_dtypes_are_reported_as_such(rejects, check, answer, phrases):
+    result = rejects(check, answer, *phrases)
+    assert_voice(result)
+    assert "rows" not in result.diagnosis.summary  # no measurement of rows on a result of another shape

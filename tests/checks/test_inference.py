@@ -783,3 +783,48 @@ def test_merge_measures_the_factor_each_side_gets(fn, phrases, rejects):
 ])
 def test_window_attention_measures_where_it_goes_wrong(fn, phrases, rejects):
     rejects(check_sliding_window_attention, fn, *phrases)
+
+
+# ================================================================================== branches the tests above leave out
+class CacheAttendUnfinished(ref.KVCache):
+    """append returns the tokens it was given; attend, not finished yet, raises: the check cannot ask attend which
+    of the two append mistakes it is."""
+
+    def append(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], -2)
+        self.v = v if self.v is None else torch.cat([self.v, v], -2)
+        return k, v
+
+    def attend(self, q):
+        return attend_over(q, self.keys, self.values)  # attributes named differently in append
+
+
+def test_check_kvcache_only_new_tokens_returned_and_attend_raising(rejects):
+    rejects(check_KVCache, CacheAttendUnfinished, "append returned only the new tokens", "cannot tell which")
+
+
+def merge_weighted_outputs(a, b):
+    """The merge of two *normalised* outputs (weighted by l·exp(m_side − m)) applied to the accumulators."""
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    wa, wb = l_a * torch.exp(m_a - safe), l_b * torch.exp(m_b - safe)
+    l = wa + wb
+    return m, l, (wa * acc_a + wb * acc_b) / l
+
+
+def merge_nan_fixed_in_l_only(a, b):
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    wa, wb = torch.exp(m_a - m), torch.exp(m_b - m)  # NaN where m_a = m_b = −inf
+    return m, torch.nan_to_num(l_a * wa + l_b * wb), acc_a * wa + acc_b * wb
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (merge_weighted_outputs, ["acc: wrong values"]),
+    (merge_nan_fixed_in_l_only, ["acc: NaN in the result", "NaN where a chunk sees no key", "exp(−inf − (−inf))"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_check_merge_measures_what_no_known_mistake_explains(fn, phrases, rejects):
+    result = rejects(check_merge_partials, fn, *phrases)
+    if fn is merge_weighted_outputs:  # acc is not affine in the sums: no factor is read off (nor claimed)
+        assert "multiplies part" not in result.text()

@@ -514,3 +514,45 @@ def test_masked_softmax_cases_hold_fully_masked_rows_of_every_kind():
     assert sum(bool(e.any()) for e in empty_rows) >= 5 and not empty_rows[0].any()  # the first case has none
     assert {c.scores.dtype for c in cases} == {torch.float16, torch.float32, torch.float64}
     assert {c.mask.dim() for c in cases} >= {1, 2, 4}
+
+
+# ============================================================================ branches the tests above leave out
+def causal_ones_and_minus_inf(n):  # the bool and additive forms mixed: 1 where kept, -inf where blocked
+    mask = torch.ones(n, n).tril()
+    mask[mask == 0] = float("-inf")
+    return mask
+
+
+def lengths_default_branch_inverted(lengths, max_len=None):
+    """Right when max_len is given; the max_len=None branch, copied from a recipe that marks the padding, inverted."""
+    if max_len is None:
+        max_len = int(lengths.max())
+        return torch.arange(max_len)[None, :] >= lengths[:, None]
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
+def lengths_one_row_when_nothing_is_padded(lengths, max_len=None):
+    max_len = int(lengths.max()) if max_len is None else max_len
+    if bool((lengths == max_len).all()):  # "every sequence is full: one row of True serves them all"
+        return torch.ones(1, max_len, dtype=torch.bool)
+    return torch.arange(max_len)[None, :] < lengths[:, None]
+
+
+def softmax_all_pad_sequences_zeroed(scores, mask):
+    """Zeroes the sequences that are all padding (one test per batch entry), not every row without a key."""
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    empty = ~mask.reshape(mask.shape[0], -1).any(-1)
+    return w.masked_fill(empty.view(-1, *[1] * (w.dim() - 1)), 0.0)
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_causal_mask, causal_ones_and_minus_inf, ["a float32 mask with values [-inf, 1.0]", "comparisons"]),
+    (check_padding_mask_from_lengths, lengths_default_branch_inverted,
+     ["mask polarity inverted", "True exactly where it should be False", "torch.tensor([2, 6, 4])"]),
+    (check_padding_mask_from_lengths, lengths_one_row_when_nothing_is_padded,
+     ["shape (1, 3), not (2, 3)", "right once broadcast", "mask.expand(2, 3)"]),
+    (check_masked_softmax, softmax_all_pad_sequences_zeroed,
+     ["NaN in fully masked rows", "rows 0 and 1 of the first sequence are empty", "~mask.any(dim=-1, keepdim=True)"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_masks_diagnose_what_no_known_mistake_reproduces(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)

@@ -745,3 +745,117 @@ def test_shapes_and_orders_are_named(check, fn, phrases, rejects):
 ], ids=lambda p: p[0] if isinstance(p, list) else None)
 def test_mha_layer_causes_are_named(changes, phrases, rejects):
     rejects(check_MultiHeadAttention, _learner(_LEARNER, *changes), *phrases)
+
+
+# ============================================================================ branches the tests above leave out
+n_heads_in_the_notebook = 2  # a variable of the notebook, not the argument
+
+
+def split_with_the_notebooks_head_count(x, n_heads):
+    b, n, width = x.shape
+    return x.view(b, n, n_heads_in_the_notebook, width // n_heads_in_the_notebook).transpose(1, 2)
+
+
+def test_split_into_a_head_count_from_elsewhere_is_named(rejects):
+    result = rejects(check_split_heads, split_with_the_notebooks_head_count, "split into 2 heads, not n_heads = 3",
+                     "taken from somewhere else")
+    assert "previous case" not in result.text()  # the very first case: no previous split to compare with
+
+
+class _Learned(nn.Module):
+    """q_proj, k_proj, v_proj, out_proj as the docstring names them; each subclass writes its forward."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.h, self.d = n_heads, d_head or -(-d_model // n_heads)
+        w = n_heads * self.d
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, w) for _ in range(3))
+        self.out_proj = nn.Linear(w, d_model)
+
+    def heads(self, x_q, x_kv):
+        x_kv = x_q if x_kv is None else x_kv
+        return _split(self.q_proj(x_q), self.h), _split(self.k_proj(x_kv), self.h), _split(self.v_proj(x_kv), self.h)
+
+    def out(self, heads):
+        return self.out_proj(heads.transpose(1, 2).flatten(2))
+
+
+class ValuesWithoutBias(_Learned):
+    """v from v_proj's weight alone: each row of weights sums to 1, so out lacks W^O·b_v at every position."""
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        q, k, _ = self.heads(x_q, x_kv)
+        v = _split((x_q if x_kv is None else x_kv) @ self.v_proj.weight.mT, self.h)
+        w = masked_softmax(q @ k.mT / math.sqrt(self.d), mask)
+        return self.out(w @ v), w
+
+
+class FillMinusTen(_Learned):
+    def forward(self, x_q, x_kv=None, mask=None):
+        q, k, v = self.heads(x_q, x_kv)
+        s = q @ k.mT / math.sqrt(self.d)
+        w = torch.softmax(s if mask is None else s.masked_fill(~mask, -10.0), -1)  # "e^-10 is as good as 0"
+        return self.out(w @ v), w
+
+
+class OutFromUnmaskedWeights(_Learned):
+    def forward(self, x_q, x_kv=None, mask=None):
+        q, k, v = self.heads(x_q, x_kv)
+        s = q @ k.mT / math.sqrt(self.d)
+        w = masked_softmax(s, mask)
+        return self.out(torch.softmax(s, -1) @ v), w  # the weights returned are masked, out's are not
+
+
+class KeysShapedLikeQueries(_Learned):
+    def forward(self, x_q, x_kv=None, mask=None):
+        b, n, _ = x_q.shape
+        x_kv = x_q if x_kv is None else x_kv
+        q, k, v = (proj(x).view(b, n, self.h, self.d).transpose(1, 2)  # n = x_q's length, for k and v too
+                   for proj, x in ((self.q_proj, x_q), (self.k_proj, x_kv), (self.v_proj, x_kv)))
+        w = masked_softmax(q @ k.mT / math.sqrt(self.d), mask)
+        return self.out(w @ v), w
+
+
+class FusedThreeDModel(nn.Module):
+    """nanoGPT's c_attn sized 3·d_model: right while A·d_head = d_model."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.h = n_heads
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        d_model = x_q.shape[-1]
+        q = _split(self.qkv_proj(x_q)[..., :d_model], self.h)
+        k, v = (_split(t, self.h) for t in self.qkv_proj(x_kv)[..., d_model:].split(d_model, dim=-1))
+        w = masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask)
+        return self.out_proj((w @ v).transpose(1, 2).flatten(2)), w
+
+
+class HiddenSize64(_Learned):
+    """Projections to a hidden size of 64, as in the paper's d_k = 64."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__(d_model, n_heads, d_head)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, 64) for _ in range(3))
+        self.out_proj = nn.Linear(64, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        return self.out(self.heads(x_q, x_kv)[2]), None
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (ValuesWithoutBias, ["out off by one vector at every position", "a constant (a bias) added or missing"]),
+    (FillMinusTen, ["weight on blocked keys", "(batch, head, query, key)", "a causal mask (5, 5)"]),
+    (OutFromUnmaskedWeights, ["wrong values only in the first 4 rows", "a causal mask (5, 5)"]),
+    (KeysShapedLikeQueries, ["raised RuntimeError", "your code mixes the two lengths", "reshape each with its own"]),
+    (FusedThreeDModel, ["the fused projection gives 30 outputs, not 3·A·d_head = 36", "qkv_proj = nn.Linear(10, 30)"]),
+    (HiddenSize64, ["W^Q gives 64 outputs, not A·d_head = 15", "q_proj = nn.Linear(15, 64)"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_mha_measures_what_no_known_mistake_explains(cls, phrases, rejects):
+    cls = type("MultiHeadAttention", (cls,), {})
+    result = rejects(check_MultiHeadAttention, cls, *phrases)
+    if cls.__mro__[1] in (OutFromUnmaskedWeights, FusedThreeDModel, HiddenSize64):  # nothing measured to name
+        assert not result.diagnosis.cause, result.text()

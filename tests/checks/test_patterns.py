@@ -382,3 +382,28 @@ def test_entropy_names_measured_causes(fn, phrases, rejects):
 ])
 def test_other_metrics_name_measured_causes(check, fn, phrases, rejects):
     rejects(check, fn, *phrases)
+
+
+# ============================================================================ branches the tests above leave out
+def entropy_if_mask(weights, mask=None):
+    h = -torch.special.xlogy(weights, weights).sum(-1)
+    k = torch.full(h.shape, weights.shape[-1], dtype=weights.dtype)
+    if mask:  # `is not None` meant
+        k = torch.broadcast_to(mask, weights.shape).sum(-1).to(weights.dtype)
+    return torch.where(k > 1, h / torch.log(k.clamp(min=2)), torch.zeros_like(h))
+
+
+def entropy_one_key_as_uniform(weights, mask=None):
+    h = -torch.special.xlogy(weights, weights).sum(-1)
+    k = (torch.ones_like(weights, dtype=torch.bool) if mask is None else torch.broadcast_to(mask, weights.shape)).sum(-1)
+    return torch.where(k > 1, h / torch.log(k.clamp(min=2).to(h.dtype)), torch.ones_like(h))  # "one key: uniform"
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (entropy_if_mask, ["raised RuntimeError", "Boolean value of Tensor", "if mask is not None:"]),
+    (entropy_one_key_as_uniform, ["wrong values", "1 of 6 entries differ", "at index (0,): got 1, expected 0"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_entropy_truth_value_of_a_mask_and_rows_with_one_key(fn, phrases, rejects):
+    result = rejects(check_normalised_entropy, fn, *phrases)
+    if fn is entropy_one_key_as_uniform:  # the rows with entropy are right: no divisor is blamed
+        assert "divided by" not in result.text() and "normalised by log" not in result.text()

@@ -930,3 +930,48 @@ def test_check_equivariance_test_explains_more(fn, phrases, rejects):
 ])
 def test_wrong_shapes_are_measured(check, fn, phrases, rejects):
     rejects(check, fn, *phrases)
+
+
+# ================================================================================== branches the tests above leave out
+def perm_test_batch_axis(attn):  # a batch of sequences, permuted with x[perm] as in the 2-D version
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 8, generator=g)
+    perm = torch.randperm(x.shape[0], generator=g)
+    return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
+def perm_test_invariance_of_ones(attn):  # x of ones, and invariance (attn(x[perm]) == attn(x)) for equivariance
+    x = torch.ones(6, 8)
+    perm = torch.randperm(6)
+    return torch.allclose(attn(x[perm]), attn(x), atol=1e-5)
+
+
+def perm_test_large_and_loose(attn):  # inputs too large for the check to keep, and a tolerance far too loose
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=g)
+    perm = torch.randperm(64, generator=g)
+    return torch.allclose(attn(x[perm]), attn(x)[perm], atol=10.0)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (perm_test_batch_axis, ["calls everything equivariant", "reorders the batch axis (axis 0 of x, shape (4, 6, 8))"]),
+    (perm_test_invariance_of_ones, ["calls everything equivariant", "every row of your x is the same vector"]),
+    (perm_test_large_and_loose, ["calls everything equivariant", "a tolerance far too loose", "over 4096 numbers"]),
+    (perm_test(n=2, d=1), ["misses symmetric distance bias, RoPE", "only 2 tokens",
+                           "single feature (d = 1)", "and features (d ≥ 2)"]),
+    (perm_test(n=6, d=1), ["misses RoPE", "a single feature (d = 1): RoPE rotates pairs of features"]),
+], ids=["batch axis", "ones, invariance", "large and loose", "n = 2, d = 1", "n = 6, d = 1"])
+def test_check_equivariance_test_names_what_its_inputs_hide(fn, phrases, rejects):
+    result = rejects(check_is_permutation_equivariant, fn, *phrases)
+    assert "never permutes the input" not in result.text()  # the check cannot tell that from inputs it did not keep
+
+
+def test_relative_bias_tables_have_distinct_rows():
+    """_t5_measured reads each entry's bucket back from the table: the cases' tables have no two rows alike."""
+    from attn_course.checks.position.relative_bias import _T5_CASES
+
+    g = torch.Generator().manual_seed(7)  # as check_relative_position_bias draws them
+    for n, nb, heads, bi, md, *dtype in _T5_CASES:
+        table = torch.randn(nb, heads, generator=g, dtype=torch.float64).to(*dtype or [torch.float64]).double()
+        alike = torch.isclose(table[:, None], table[None], atol=1e-6, rtol=1e-5).all(-1)
+        assert int(alike.sum()) == nb, (n, nb, heads)

@@ -77,7 +77,7 @@ def check_attention_backward(fn: Learner) -> str:
                      if case["extreme"] else "a fully masked row went through a softmax over -inf everywhere (0/0)"
                      if mask is not None and bool((~mask).all(-1).any()) else "")
         judge(suspects, got, oracle(q, k, v, dout, mask)[1], (q, k, v, dout, mask), tried=tried, dtype=case["dtype"],
-              grads=naive, again=call, nan_cause=nan_cause, nan_fix="compute P with the course's "
+              grads=naive, nan_cause=nan_cause, nan_fix="compute P with the course's "
               "masked_softmax(scores, mask), which is stable and gives a fully masked row zero weights")
     return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (masks, fully masked rows, "
             f"batch × heads, d_k ≠ d_v, size-1 axes, float32, saturated scores)")

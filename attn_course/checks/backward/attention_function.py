@@ -71,6 +71,10 @@ def _expect_output(out: torch.Tensor, case: dict, tried: str) -> None:
          fix=_FORWARD_FIX)
 
 
+def _kind(value: object) -> str:
+    return "a NumPy array" if type(value).__module__ == "numpy" else f"a {type(value).__name__}"
+
+
 @check("AttentionFunction", kind="class",
        expects="a torch.autograd.Function subclass AttentionFunction: forward(ctx, q, k, v, mask=None), backward")
 def check_AttentionFunction(fn: Learner) -> str:
@@ -98,12 +102,15 @@ def check_AttentionFunction(fn: Learner) -> str:
                         fix="def forward(ctx, q, k, v, mask=None)") if (
                 exc.type_name == "TypeError" and "positional argument" in exc.message and exc.phase == "call") else {}
             fail_raised(exc, tried, "the attention output, then its gradients", _APPLY_RAISES, **hint)
-        out = as_tensor(out, tried=tried, what="forward", expected="the attention output, one tensor (..., n_q, d_v)")
+        raw, out = out, as_tensor(out, tried=tried, what="forward", expected="the attention output, one tensor (..., "
+                                                                              "n_q, d_v)")
         _expect_output(out, case, tried)
-        if grads is None:
+        if grads is None:  # apply connects every tensor forward returns to the graph: this output is not a tensor
             fail("no gradient reaches the inputs", tried=tried, expected="gradients from your backward",
                  got="the output does not depend on q, k, v through autograd",
-                 fix="return the output of forward itself (not a detached copy)")
+                 cause="" if isinstance(raw, torch.Tensor) else f"forward returned {_kind(raw)}: autograd calls your "
+                       "backward only for the torch tensors forward returns",
+                 fix="compute forward's output with torch operations and return that tensor")
         if missing := ", ".join(name for name, gr in zip(NAMES, grads) if gr is None):
             fail(f"backward returned None for {missing}", tried=tried, got=f"no gradient for {missing}",
                  expected="(dq, dk, dv, None)", cause=_BACKWARD_COUNT, fix="return dq, dk, dv, None")
@@ -144,10 +151,14 @@ def check_AttentionFunction(fn: Learner) -> str:
     report = fn.observe("backward.gradcheck", q, k, v, mask, timeout=60)
     if not isinstance(report, dict) or not report.get("passed"):
         message = str(report.get("error", "")) if isinstance(report, dict) else repr(report)
+        reentrant = "not reentrant" in message  # right gradients once, other ones from a second backward
         fail("gradcheck fails", tried="torch.autograd.gradcheck(AttentionFunction.apply, (q, k, v, mask)) in float64, "
              "shapes (2, 3, 4), (2, 5, 4), (2, 5, 2)", got=message[:400] or "gradcheck returned False",
              expected="gradcheck passes: your backward agrees with finite differences of your forward",
-             fix="compare your backward's formulas with the exercise's, line by line")
+             cause="a second backward through the same graph gives other gradients: your backward changes a tensor "
+                   "forward kept (an in-place operation such as p.mul_ on what is on ctx)" if reentrant else "",
+             fix="compute new tensors in backward (ds = p * (…)), never change the saved ones in place" if reentrant
+             else "compare your backward's formulas with the exercise's, line by line")
     return (f"forward and backward match autograd through F.scaled_dot_product_attention on {len(cases)} cases "
             f"(masks, a fully masked row) and with two calls in one graph; the backward is by hand; gradcheck passes")
 

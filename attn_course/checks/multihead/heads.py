@@ -111,10 +111,10 @@ def _heads_count_cause(shape: tuple, b: int, n: int, a: int, width: int, previou
         return {}
     heads = f"your result has {shape[1]} heads of width {shape[3]}"
     wanted = f"while n_heads = {a} asks for heads of width {width // a}"
-    if previous and (shape[1], shape[3]) == previous:
+    if previous and (shape[1], shape[3]) == previous:  # (a width kept from the previous case with another count
+        # cannot follow a right answer on _SPLIT_CASES: a fixed width is right on case 0 only, and case 1 splits the
+        # same width 12 into the same count)
         cause = f"{heads}, the split of the previous case: the head count or width is hard-coded, {wanted}"
-    elif previous and shape[3] == previous[1]:
-        cause = f"{heads}, the head width of the previous case: the width looks hard-coded, {wanted}"
     else:
         cause = f"{heads}, but n_heads = {a}: the head count is hard-coded or taken from somewhere else"
     return dict(cause=cause, fix="split into n_heads heads of width x.shape[-1] // n_heads, using the n_heads argument")

@@ -150,7 +150,9 @@ def _blind_cause(results: dict, sizes: list[int], evidence: dict, seen_x: bool) 
     if seen_x:
         return ("your test never runs attn on a reordering of the same x (the permutation leaves every token in "
                 "place, or a new x is drawn): nothing can differ")
-    return "your test never permutes the input (or leaves every token in place, or compares an output with itself)"
+    return ("your test never runs attn on a reordering of x, or its comparison lets every difference through (a "
+            "tolerance far too loose); your inputs are too large for the check to keep and tell which (over 4096 "
+            "numbers)")
 
 
 @check("is_permutation_equivariant", expects="a function is_permutation_equivariant(attn) returning True or False")
@@ -168,6 +170,7 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
     runs = [[c for c in r.get("calls", []) if isinstance(c, dict)] for r in results.values()]
     calls = [c for run in runs for c in run]
     sizes = sorted({c["shape"][-2] for c in calls if len(c.get("shape", [])) >= 2})
+    widths = sorted({c["shape"][-1] for c in calls if len(c.get("shape", [])) >= 2})
     missed = [n for n in ref.POSITION_AWARE if verdicts[n]]
     rejected = [n for n in ref.EQUIVARIANT if not verdicts[n]]
     words = dict(tried=f"is_permutation_equivariant(attn) on {len(ref.EQUIVARIANT)} permutation-equivariant functions "
@@ -210,9 +213,14 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
         elif max(c.get("absmax", 1.0) for c in calls) < 0.1:
             cause = "your inputs are tiny (|x| < 0.1): the scores barely differ and positional effects vanish"
             fix = "use inputs of a typical size: x = torch.randn(n, d)"
-        elif sizes and max(sizes) <= 2:
-            cause = f"your inputs have only {max(sizes)} tokens: a permutation of 2 is a reversal or nothing"
-            fix = "use a few more tokens (n ≥ 3) and a random permutation"
+        elif sizes and max(sizes) <= 2:  # 2 tokens miss the symmetric bias only (above); RoPE needs d ≥ 2 too
+            one = widths == [1] and "RoPE" in missed
+            cause = f"your inputs have only {max(sizes)} tokens: a permutation of 2 is a reversal or nothing" + (
+                "; and a single feature (d = 1), where RoPE has no pair of features to rotate" if one else "")
+            fix = f"use a few more tokens (n ≥ 3){' and features (d ≥ 2)' if one else ''} and a random permutation"
+        elif widths == [1] and "RoPE" in missed:
+            cause = "your inputs have a single feature (d = 1): RoPE rotates pairs of features, so it turns nothing"
+            fix = "use inputs with a few features: x = torch.randn(n, d) with d ≥ 2"
         fail(f"the test misses {', '.join(missed)}", expected=f"not equivariant for {', '.join(missed)}", cause=cause,
              fix=fix, **words)
     # the same test on what its one run could not show: rows moved but not changed, and other random draws
