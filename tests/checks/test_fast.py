@@ -21,6 +21,7 @@ from attn_course.checks import fast as cf
 from attn_course.checks.fast import check_causal_tiled_attention, check_online_softmax, check_tiled_attention
 from attn_course.checks.compare import same
 from attn_course.checks.result import Status
+from tests.checks.fast_right_answers import RIGHT as AUDITED
 from tests.checks.test_voice import assert_voice
 
 pytestmark = pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # one learner's answer uses k.T
@@ -281,12 +282,100 @@ def os_block_maxima_at_once(x, block_size=1):  # every block's maximum in one re
     return torch.exp(x - m) / l
 
 
+def os_sums_by_ones(x, block_size=1):  # the one loop, each block's sum written as a product with ones
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], block_size):
+        blk = x[..., s:s + block_size]
+        m_new = torch.maximum(m, blk.amax(-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(blk - m_new) @ torch.ones(blk.shape[-1], 1, dtype=x.dtype)
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+def os_two_loops_ones(x, block_size=1):  # two passes: the block maxima with amax, then the sums as e @ ones
+    n = x.shape[-1]
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, n, block_size):
+        m = torch.maximum(m, x[..., s:s + block_size].amax(-1, keepdim=True))
+    l = torch.zeros_like(m)
+    for s in range(0, n, block_size):
+        e = torch.exp(x[..., s:s + block_size] - m)
+        l = l + e @ torch.ones(e.shape[-1], 1, dtype=x.dtype)
+    return torch.exp(x - m) / l
+
+
+def _os_sums_after(x, b, m):  # the sums of the blocks, after a maximum m found some other way
+    l = torch.zeros_like(m)
+    for s in range(0, x.shape[-1], b):
+        l = l + torch.exp(x[..., s:s + b] - m).sum(-1, keepdim=True)
+    return torch.exp(x - m) / l
+
+
+def os_amin_first(x, block_size=1):  # two passes, the maxima written as −min(−x)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        m = torch.maximum(m, -(-x[..., s:s + block_size]).amin(-1, keepdim=True))
+    return _os_sums_after(x, block_size, m)
+
+
+def os_topk_first(x, block_size=1):  # two passes, the block maxima with topk
+    maxima = [x[..., s:s + block_size].topk(1, dim=-1).values for s in range(0, x.shape[-1], block_size)]
+    return _os_sums_after(x, block_size, torch.stack(maxima).amax(0))
+
+
+def os_pool_first(x, block_size=1):  # every block's maximum at once by max pooling, then the online loop
+    n = x.shape[-1]
+    maxima = F.max_pool1d(x.reshape(-1, 1, n), block_size, block_size, ceil_mode=True).reshape(*x.shape[:-1], -1)
+    m, l = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype), 0
+    for i, s in enumerate(range(0, n, block_size)):
+        m_new = torch.maximum(m, maxima[..., i:i + 1])
+        l = l * torch.exp(m - m_new) + torch.exp(x[..., s:s + block_size] - m_new).sum(-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+def os_copy_two_loops(x, block_size=1):  # two passes, the second over a copy of x (copy_), throwaway sums first
+    buf = torch.empty_like(x)
+    buf.copy_(x)
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    for s in range(0, x.shape[-1], block_size):
+        m = torch.maximum(m, x[..., s:s + block_size].amax(-1, keepdim=True))
+        torch.zeros(x[..., s:s + block_size].shape, dtype=x.dtype).sum(-1)
+    return _os_sums_after(buf, block_size, m)
+
+
+def os_merged_at_end(x, block_size=1):  # each block's (max, sum) kept in lists, merged with cat and amax after
+    ms, ls = [], []
+    for s in range(0, x.shape[-1], block_size):
+        blk = x[..., s:s + block_size]
+        ms.append(blk.amax(-1, keepdim=True))
+        ls.append(torch.exp(blk - ms[-1]).sum(-1, keepdim=True))
+    big = torch.cat(ms, -1)
+    m = big.amax(-1, keepdim=True)
+    return torch.exp(x - m) / (torch.cat(ls, -1) * torch.exp(big - m)).sum(-1, keepdim=True)
+
+
+def os_pipelined(x, block_size=1):  # the next block's maximum taken before this block's sum
+    starts = list(range(0, x.shape[-1], block_size))
+    m = x[..., :block_size].amax(-1, keepdim=True)
+    l = torch.zeros_like(m)
+    for i, s in enumerate(starts):
+        m_next = m
+        if i + 1 < len(starts):
+            m_next = torch.maximum(m, x[..., starts[i + 1]:starts[i + 1] + block_size].amax(-1, keepdim=True))
+        l = l * torch.exp(m - m_next) + torch.exp(x[..., s:s + block_size] - m_next).sum(-1, keepdim=True)
+        m = m_next
+    return torch.exp(x - m) / l
+
+
 OS_RIGHT = {"reference": os_ref, "torch.split": os_split, "running logsumexp": os_logsumexp,
             "while, first block": os_while_first_block, "float64 inside": os_float64_inside, "numpy": os_numpy,
             "rows one by one, preallocated output": os_rows_one_by_one, "rows side by side": os_rows_side_by_side,
             "blocks backwards, output joined with torch.cat": os_reversed_blocks_cat,
             "state in place, a block's maximum taken twice": os_inplace_state_twice,
-            "running logaddexp of block maxima and sums, float64": os_logaddexp, "unfold, then the last block": os_unfold}
+            "running logaddexp of block maxima and sums, float64": os_logaddexp,
+            "unfold, then the last block": os_unfold, "sums as products with ones": os_sums_by_ones}
 
 # name -> (answer, words the diagnosis must contain)
 OS_WRONG = {
@@ -326,6 +415,23 @@ OS_WRONG = {
     "keepdim missing": (os_no_keepdim, "keepdim=True"),
     "float16 result": (lambda x, b=1: os_ref(x, b).half(), "float16"),
     "returns a tuple": (lambda x, b=1: (os_ref(x, b), None), "returned a Python tuple"),
+    "two loops, the sums as e @ ones": (os_two_loops_ones, "two passes over x: every maximum before any sum"),
+    "no blocks: cummax and cumsum": (lambda x, b=1: (lambda e: e / e.cumsum(-1)[..., -1:])(
+        torch.exp(x - x.cummax(-1).values[..., -1:])), "block_size not used"),
+    "no blocks: topk and einsum": (lambda x, b=1: (lambda e: e / torch.einsum("...i->...", e)[..., None])(
+        torch.exp(x - x.topk(1, -1).values)), "block_size not used"),
+    "no blocks: sort and @ ones": (lambda x, b=1: (lambda e: e / (e @ torch.ones(x.shape[-1], 1, dtype=x.dtype)))(
+        torch.exp(x - x.sort(-1).values[..., -1:])), "block_size not used"),
+    "row max by cummax, sums in blocks": (lambda x, b=1: _os_sums_after(x, b, x.cummax(-1).values[..., -1:]),
+                                          "the whole row"),
+    "row max by max pooling, sums in blocks": (lambda x, b=1: _os_sums_after(
+        x, b, F.max_pool1d(x.reshape(-1, 1, x.shape[-1]), x.shape[-1]).reshape(*x.shape[:-1], 1)), "the whole row"),
+    "block maxima as −min(−x) first": (os_amin_first, "two passes over x: every maximum before any sum"),
+    "block maxima by topk first": (os_topk_first, "two passes over x: every maximum before any sum"),
+    "every block's maximum by max pooling, then the loop": (os_pool_first, "reads x twice: goes back to blocks"),
+    "second loop over a copy_ of x": (os_copy_two_loops, "reads x twice: goes back to blocks"),
+    "block results merged at the end": (os_merged_at_end, "block results merged at the end instead of a running m"),
+    "next block's maximum before this block's sum": (os_pipelined, "each block's sum taken after the next block's"),
 }
 
 
@@ -707,6 +813,21 @@ def ta_two_pass_elementwise(q, k, v, b=64):  # two passes over the keys, scores 
     return out
 
 
+
+def ta_query_blocks_batched(q, k, v, block_size=64):  # every query block at once: (…, n_q / b, b, b) tiles
+    n_q, b = q.shape[-2], block_size
+    nb = -(-n_q // b)
+    qp = F.pad(q, (0, 0, 0, nb * b - n_q)).unflatten(-2, (nb, b)) / math.sqrt(q.shape[-1])  # (..., nb, b, d_k)
+    m = torch.full(qp.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+    l, acc = torch.zeros_like(m), torch.zeros(qp.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for ks in range(0, k.shape[-2], b):
+        s = qp @ k[..., None, ks:ks + b, :].transpose(-2, -1)  # (..., nb, b, b_k)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+        l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., None, ks:ks + b, :], m_new
+    return (acc / l).flatten(-3, -2)[..., :n_q, :]
+
+
 TA_WRONG = {
     "two passes, scores by broadcasting": (ta_two_pass_elementwise, "reads the keys twice"),
     "float64 result for float32 input": (lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b),
@@ -756,6 +877,7 @@ TA_WRONG = {
     "full score matrix": (lambda q, k, v, b=64: torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v,
                           "builds a full 192 × 192 matrix"),
     "a row of tiles at once": (ta_row_block, "builds a whole row of tiles at once"),
+    "every query block at once, batched tiles": (ta_query_blocks_batched, "computes a whole column of tiles at once"),
     "every score tile kept, then two passes over them": (ta_keep_tiles, "keeps every score tile alive at once"),
     "every weight tile appended to a list": (ta_hoard_weights, "keeps every score tile alive at once"),
     "every score tile kept, flattened": (ta_keep_flattened, "holds as much as a 192 × 192 matrix at once"),
@@ -924,7 +1046,9 @@ QUICK = {"sum not rescaled", "rescaled by exp(m_new - m_old), guarded", "last pa
          "global max first", "block_size ignored (1)", "acc not rescaled", "last partial query block left as garbage",
          "a row of tiles at once", "two passes over the keys", "every tile computed, masked", "mask key >= query",
          "diagonal tile skipped", "per-tile max", "keepdim missing", "a first loop for the maximum, then the online loop",
-         "every weight tile appended to a list", "every causal tile kept, then two passes over them"}
+         "every weight tile appended to a list", "every causal tile kept, then two passes over them",
+         "two loops, the sums as e @ ones", "no blocks: sort and @ ones", "second loop over a copy_ of x",
+         "block results merged at the end", "next block's maximum before this block's sum"}
 
 
 def _cases(kind):
@@ -1072,3 +1196,28 @@ def test_one_pass_is_judged_row_by_row_and_within_a_block():
     assert cf.trace(os_inplace_state_twice, x, 6)["reads"]["most"]["m"] == 2  # the same block twice: not a second pass
     for fn in (os_max_loop_first, os_two_pass_decoy_sums, os_block_maxima_at_once, os_two_pass_blocks):
         assert cf.trace(fn, x, 6)["reads"]["back"] is not None, fn.__name__
+
+
+def _audited(source, name):
+    scope = {"torch": torch, "math": math, "F": F}
+    exec(compile(source, f"<{name}>", "exec"), scope)  # noqa: S102 - a right answer, as a learner types it
+    return scope[name]
+
+
+@pytest.mark.parametrize("exercise, source", [pytest.param(e, s, id=f"{e}: {what}") for e, what, s in AUDITED])
+def test_the_audited_right_answers_are_accepted(exercise, source, accepts):
+    """52 right answers written by an independent audit (chunk, unfold, while loops, in-place state, sums as
+    products with ones, split copies…): each passes."""
+    check = {"online_softmax": check_online_softmax, "tiled_attention": check_tiled_attention,
+             "causal_tiled_attention": check_causal_tiled_attention}[exercise]
+    accepts(check, _audited(source, exercise))
+
+
+def test_a_block_read_late_or_results_merged_are_not_called_a_second_loop(rejects):
+    """x read once, in blocks, yet not the online update: named for what it is, never 'a second loop'."""
+    d = rejects(check_online_softmax, os_pipelined, "each block's sum taken after the next block's maximum").diagnosis
+    assert "x is read once" in d.got and "second loop" not in d.cause + d.got, d
+    d = rejects(check_online_softmax, os_merged_at_end, "block results merged at the end").diagnosis
+    assert "which are not columns of x" in d.got and "second pass" not in d.cause, d
+    d = rejects(check_tiled_attention, ta_query_blocks_batched, "computes a whole column of tiles at once").diagnosis
+    assert "12 (16, 16) tiles side by side" in d.got and "n · block_size" in d.cause and "n²" not in d.cause, d

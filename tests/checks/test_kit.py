@@ -139,11 +139,61 @@ def test_the_watcher_follows_which_numbers_of_a_source_the_reductions_read():
         F.pad(x, (0, 4), value=-math.inf).unfold(-1, 4, 4).amax(-1)
         torch.cat([x[:, :4], x[:, 4:]], -1)[:, :4].sum(-1), x[:, 4:].sum(-1)
 
-    assert reads(one_pass) == {"most": {"m": 2, "s": 1, "l": 0}, "back": None}
-    assert reads(two_passes)["back"] == ["s", 8, 2]  # the sum of block 0 (2 rows × 4), after block 1's maximum
+    assert reads(one_pass) == {"most": {"m": 2, "s": 1, "l": 0}, "back": None, "sizes": [4]}
+    assert reads(two_passes)["back"] == ["s", 8, 2, "m"]  # the sum of block 0 (2 rows × 4), after block 1's maximum
     assert reads(rows_one_after_the_other)["back"] is None
-    assert reads(padded_first)["back"] == ["s", 8, 2]  # the second block's sum, after the first block's
+    assert reads(padded_first)["back"] == ["s", 8, 2, "s"]  # the second block's sum, after the first block's
     assert "reads" not in watch(one_pass, x)  # no source: nothing followed
+
+
+def test_maxima_and_sums_written_with_other_functions_are_reductions_too():
+    """cummax, topk, sort, kthvalue, max pooling and −min(−x) are maxima; cumsum, e @ ones, matmul, mv and einsum
+    over a dropped index are sums: each combines the length of the axis it reduces, and reads the numbers of x."""
+    x = torch.randn(2, 8, dtype=torch.float64)
+    ones = torch.ones(4, 1, dtype=torch.float64)
+
+    def seen(fn):
+        with Watch(source=x) as w:
+            fn(x)
+        report = w.report()
+        return report["reductions"], report["reduction_kinds"], report["reads"]["most"]
+
+    assert seen(lambda x: x.cummax(-1)) == ([8], "m", {"m": 1, "s": 0, "l": 0})
+    for maximum in (lambda x: x.topk(1, -1), lambda x: torch.sort(x, dim=-1), lambda x: x.kthvalue(8, -1),
+                    lambda x: -(-x).amin(-1), lambda x: F.max_pool1d(x[:, None], 8)):
+        assert seen(maximum)[:2] == ([8], "m")
+    assert seen(lambda x: x.cumsum(-1))[:2] == ([8], "s")
+    assert seen(lambda x: torch.logcumsumexp(x, -1))[2]["l"] == 1
+    for total in (lambda x: torch.exp(x[:, :4]) @ ones, lambda x: torch.matmul(x[:, 4:], ones),
+                  lambda x: torch.mv(x[:, :4], ones[:, 0]), lambda x: torch.einsum("...i,i->...", x[:, :4], ones[:, 0]),
+                  lambda x: torch.einsum("...i->...", x[:, 4:])):
+        assert seen(total) == ([4], "s", {"m": 0, "s": 1, "l": 0})
+    assert seen(lambda x: x[:, :4] @ torch.randn(4, 1, dtype=torch.float64))[0] == []  # a product, not a sum
+
+
+def test_a_copy_carries_the_numbers_it_writes():
+    x = torch.randn(2, 8)
+
+    def second_loop_over_a_copy(x):
+        buf = torch.empty_like(x)
+        buf.copy_(x)
+        for s in (0, 4):
+            x[:, s:s + 4].amax(-1)
+        for s in (0, 4):
+            buf[:, s:s + 4].sum(-1)
+
+    def written_block_by_block(x):
+        buf = torch.zeros(2, 4)
+        for s in (0, 4):
+            buf[:, :] = x[:, s:s + 4]
+            buf.amax(-1), buf.sum(-1)
+
+    with Watch(source=x) as w:
+        second_loop_over_a_copy(x)
+    assert w.report()["reads"]["back"] == ["s", 8, 2, "m"]
+    with Watch(source=x) as w:
+        written_block_by_block(x)
+    assert w.report()["reads"] == {"most": {"m": 1, "s": 1, "l": 0}, "back": None, "sizes": [4]}
 
 
 def _raised(attempt):

@@ -6,9 +6,10 @@ d_v; float32 and float64; block maxima that rise, fall and sit hundreds apart). 
 kit's engine from the tables below, each row the algorithm (:class:`Pass`, :class:`Loop`) with one step changed;
 when no row reproduces it, a property of it is measured (:func:`_measure`). How the result is computed is
 checked on the learner's side by the probe :func:`trace`: no torch.softmax or fused attention, every max and sum
-over one block (online_softmax: one pass, each block's sum right after its maximum, no block reduced again once the
-loop has moved on), no tensor larger than a tile, nor tiles kept alive until they add up to the score matrix (the
-memory held at once under a quarter of it), the matrix-multiply work of one pass (none above the diagonal).
+over one block, however written (amax, topk, a product with ones…; online_softmax: one pass, a running m and l
+updated after each block, each block's sum right after its maximum, no block reduced again once the loop has moved
+on), no tensor larger than a tile, nor tiles kept alive until they add up to the score matrix (the memory held at
+once under a quarter of it), the matrix-multiply work of one pass (none above the diagonal).
 """
 
 from __future__ import annotations

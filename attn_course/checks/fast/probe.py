@@ -5,6 +5,7 @@ at once (memory that grows like n, not n²), one pass of work."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from ..boundary import probe
@@ -94,7 +95,6 @@ def softmax_structure(fn: Learner) -> None:
              expected="a softmax built from a running max and a running sum",
              cause="the values are right, but torch.softmax does the exercise for you",
              fix="build it yourself: a running max m and sum l over the blocks, then exp(x − m) / l")
-    _reduction_rule(seen["reductions"], b, n, tried, unit="column", reads="x[..., start:start + block_size]")
     kinds = seen["reduction_kinds"]
     if kinds.count("m") >= 2 and kinds.count("s") >= 2 and kinds.rindex("m") < kinds.index("s"):
         fail("two passes over x: every maximum before any sum", tried=tried,
@@ -105,7 +105,28 @@ def softmax_structure(fn: Learner) -> None:
                    "whenever the maximum grows",
              fix="one loop over the blocks: m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); "
                  "m = m_new; after the loop, exp(x − m) / l")
+    _merged_rule(seen, b, tried)
+    _reduction_rule(seen["reductions"], b, n, tried, unit="column", reads="x[..., start:start + block_size]")
     _one_pass(seen.get("reads") or {}, tried)
+
+
+def _merged_rule(seen: dict[str, Any], b: int, tried: str) -> None:
+    """Maxima or sums over more than a block, none of which reads x (each reduction that reads x reads one block):
+    the blocks' own maxima and sums, kept and combined after the loop, instead of a running m and l."""
+    sizes, read = seen["reductions"], (seen.get("reads") or {}).get("sizes") or []
+    if not sizes or max(sizes) <= b or not read or max(read) > b or (seen.get("reads") or {}).get("back"):
+        return
+    top = max(sizes)
+    fail("block results merged at the end instead of a running m and l", tried=tried,
+         got=f"every reduction that reads x reads one block of {b} columns, once; then your code combines {top} "
+             f"numbers at a time, which are not columns of x: the blocks' own maxima and sums, kept until the loop "
+             "has ended",
+         expected="after each block, m and l updated: m the largest value so far, l the sum of exp(x − m) so far",
+         cause="x is read once, in blocks, but each block's maximum and sum are kept (in a list) and merged after "
+               "the loop, a maximum and a sum over all the blocks' results at once: memory that grows with the "
+               "number of blocks, where the online algorithm folds each block into the running m and l as it goes",
+         fix="fold each block in as soon as it is read: m_new = max(m, block max); l = l · exp(m − m_new) + "
+             "Σ exp(block − m_new); m = m_new; keep no list of the blocks' maxima or sums")
 
 
 _READ_BY = {"m": ("maximum", "maxima"), "s": ("sum", "sums"), "l": ("logsumexp", "logsumexps")}  # the watcher's reads
@@ -115,11 +136,22 @@ def _one_pass(reads: dict[str, Any], tried: str) -> None:
     """No block of x reduced again once the loop has moved on to later blocks (the watcher's ``reads``)."""
     if not reads.get("back"):
         return
-    kind, count, _ = reads["back"]
+    kind, count, _, moved = (list(reads["back"]) + [""])[:4]
     most = reads.get("most", {})
     times = {k: {1: "once", 2: "twice"}.get(c, f"{c} times") for k, c in most.items() if c}
     read = ", ".join(f"your {_READ_BY[k][1]} {t}" for k, t in times.items() if k in _READ_BY)
     which = _READ_BY.get(kind, ("reduction",))[0]
+    if kind == "s" and moved == "m" and max(most.values(), default=0) <= 1:
+        fail("each block's sum taken after the next block's maximum", tried=tried,
+             got=f"x is read once, but a sum read {count} numbers of x after a maximum of later columns: each "
+                 "block's sum comes one step late, after the next block's maximum",
+             expected="after each block, m and l updated: the block's maximum, then at once its sum, folded into "
+                      "the running l",
+             cause="the values are right, but the loop runs one block ahead for the maximum: m already includes "
+                   "the next block when this block's sum is taken, so after a block m and l do not describe the "
+                   "same columns",
+             fix="in each step take this block's maximum and then this block's sum: m_new = max(m, block max); "
+                 "l = l · exp(m − m_new) + Σ exp(block − m_new); m = m_new")
     fail("reads x twice: goes back to blocks already passed", tried=tried,
          got=f"after your loop had moved on to later blocks, a {which} read {count} numbers of x again (the most "
              f"times one number of x was read: {read})",
@@ -152,6 +184,10 @@ def attention_structure(fn: Learner, name: str, causal: bool) -> None:
             summary, what = f"builds a full {n} × {n} matrix", f"a full {n} × {n} matrix (scores, probabilities or a mask)"
         elif len(big) == 1 and n in shape:
             summary, what = "builds a whole row of tiles at once", f"a whole row or column of tiles ({n} positions by a block)"
+        elif len(shape) >= 3 and shape[-1] <= b and shape[-2] <= b:
+            summary = "computes a whole column of tiles at once"
+            what = (f"{math.prod(shape[:-2]) // lead} ({b}, {b}) tiles side by side: a column of tiles (every query "
+                    "block against one key block) at once")
         elif any(s > b for s in shape[-2:]):
             summary, what = "tiles larger than block_size", f"tiles larger than block_size = {b}"
         else:
@@ -159,7 +195,8 @@ def attention_structure(fn: Learner, name: str, causal: bool) -> None:
         fail(summary, tried=tried, got=f"your function creates a tensor of shape {shape} ({elements} numbers): {what}",
              expected=f"nothing larger than the inputs, the output and a ({b}, {b}) tile (at most {limit // 2} numbers "
                       "here)",
-             cause="the values are right, but holding that tensor is what tiling avoids: its memory grows like n²",
+             cause="the values are right, but holding that tensor is what tiling avoids: its memory grows like "
+                   + ("n · block_size (a tile for every query block at once)" if "column" in summary else "n²"),
              fix="compute one (block_size, block_size) tile of scores at a time, and mask (causal) tile by tile "
                  "from global positions")
     _held_rule(seen, lead, n, max(d_k, d_v), b, q.element_size(), tried)

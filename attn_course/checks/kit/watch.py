@@ -24,10 +24,18 @@ _SECOND_OPERAND = {"addmm", "baddbmm", "addbmm", "addmv", "__rmatmul__"}  # the 
 _REDUCTIONS = {"amax", "amin", "max", "min", "sum", "nansum", "mean", "logsumexp", "prod", "norm", "std", "var"}
 
 
-_MAXIMA, _SUMS = {"amax", "max"}, {"sum", "nansum"}  # what a softmax's two reductions are written with
+_SUMS = {"sum", "nansum"}  # what a product by broadcasting is summed with
+# a maximum or a sum written otherwise: kind (m: max, s: sum, l: logsumexp) and where the reduced axis is (its
+# positional index, default): the whole axis is combined (cummax's last value, topk's first, cumsum's last)
+_ALONG = {"cummax": ("m", 1, None), "cummin": ("m", 1, None),
+          "topk": ("m", 2, -1), "sort": ("m", 1, -1), "msort": ("m", 9, 0), "kthvalue": ("m", 2, -1),
+          "cumsum": ("s", 1, None), "logcumsumexp": ("l", 1, None)}
+_POOLS = {"max_pool1d", "max_pool2d", "max_pool3d"}
+_BY_ONES = {"matmul", "__matmul__", "__rmatmul__", "linalg_matmul", "mm", "bmm", "mv", "dot", "vdot", "inner"}
 _MULTIPLIES = {"mul", "__mul__", "__rmul__", "multiply"}
 _EXPS = {"exp", "exp_", "exp2", "exp2_"}
-_READS = {"amax": "m", "max": "m", "sum": "s", "nansum": "s", "logsumexp": "l"}  # reductions that read a source
+# the kinds of reductions (m: a maximum, also a minimum, as of −x; s: a sum; l: a logsumexp)
+_READS = {"amax": "m", "max": "m", "amin": "m", "min": "m", "sum": "s", "nansum": "s", "logsumexp": "l"}
 # out-of-place functions whose output entry i comes from input entry i (an input of the output's shape)
 _ELEMENTWISE = {"add", "__add__", "__radd__", "sub", "__sub__", "__rsub__", "subtract", "mul", "__mul__", "__rmul__",
                 "multiply", "div", "__truediv__", "__rtruediv__", "divide", "true_divide", "neg", "__neg__", "negative",
@@ -71,7 +79,11 @@ class Watch(TorchFunctionMode):
       ``most`` — the most times one number was read by maxima (``m``), by sums (``s``), by logsumexp (``l``);
       ``back`` — the first reduction that went back to numbers the loop had moved on from (numbers read before,
       then other numbers read since): ``[kind, how many numbers, index of the reduction among those that
-      read the source]``, or None when every number's reads follow each other (one pass).
+      read the source, the kinds of the reductions between its numbers' last read and it]``, or None when
+      every number's reads follow each other (one pass); ``sizes`` — how many inputs one output of those
+      reductions combined. Maxima and sums written otherwise count as what they are (cummax, topk, sort, max
+      pooling, amin of −x; cumsum, ``e @ ones``, einsum); ``copy_`` and ``t[key] = …`` carry the numbers they
+      write.
     (A torch-function mode costs nothing to enter; PyTorch's FlopCounterMode imports torch._dynamo,
     seconds on a small machine.)"""
 
@@ -120,15 +132,15 @@ class Watch(TorchFunctionMode):
             # q[..., :, None, :] * k[..., None, :, :], then .sum(-1): a matrix product written out, counted as one
             # (a multiply and an add per entry of the product), so the work rules see it
             self.flops += 2.0 * args[0].numel()
-        if outs and name in _REDUCTIONS and args and isinstance(args[0], torch.Tensor) and outs[0].numel():
-            combined = args[0].numel() // outs[0].numel()
+        found = _reduction(name, args, kwargs or {}, outs) if outs and args else None
+        if found is not None:
+            kind, combined, read = found
             if len(self.reductions) < 32:
                 self.reductions.add(combined)
-            kind = "m" if name in _MAXIMA else "s" if name in _SUMS else ""
-            if kind and combined > 1 and len(self.reduction_kinds) < 256:
+            if kind in ("m", "s") and combined > 1 and len(self.reduction_kinds) < 256:
                 self.reduction_kinds.append(kind)
-            if self._reads is not None and name in _READS and combined > 1:
-                self._reads.read(_READS[name], args[0])
+            if self._reads is not None and kind and combined > 1:
+                self._reads.read(kind, read, combined)
         for t in outs:
             self._tensor(name, t)
         return out
@@ -218,6 +230,49 @@ def watch(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
     return watcher.report()
 
 
+def _reduction(name: str, args: tuple, kwargs: dict, outs: list) -> tuple[str, int, torch.Tensor] | None:
+    """A max- or sum-like reduction: its kind ("m", "s", "l", or "" for others), how many inputs one output
+    combines, and the tensor it reads; None for any other function. Maxima and sums written with other functions
+    count as what they are: cummax, topk, sort, kthvalue, max pooling (maxima, ``amin`` of −x too), cumsum
+    and logcumsumexp (sums), a product with a tensor of ones (``e @ ones``, ``einsum("...i,i->...", e, ones)``)
+    and an einsum of one operand that drops an index (sums) — each over more than one input (a length-1 axis
+    reduces nothing)."""
+    t, out = args[0], outs[0]
+    try:
+        if name in _ALONG and isinstance(t, torch.Tensor):
+            kind, at, dim = _ALONG[name]
+            dim = kwargs.get("dim", args[at] if len(args) > at and isinstance(args[at], int) else dim)
+            if dim is not None and t.dim() and t.shape[dim] > 1:
+                return kind, int(t.shape[dim]), t
+        if name in _REDUCTIONS and isinstance(t, torch.Tensor) and out.numel():
+            return _READS.get(name, ""), t.numel() // out.numel(), t
+        if name in _POOLS and isinstance(t, torch.Tensor):
+            size = kwargs.get("kernel_size", args[1] if len(args) > 1 else 1)
+            size = math.prod(size) if isinstance(size, (tuple, list)) else int(size)
+            return ("m", size, t) if size > 1 else None
+        if name == "einsum" and out.numel():
+            operands = args[1:]
+            if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+                operands = tuple(operands[0])
+            rest = [o for o in operands if not _ones(o)]
+            combined = int(einsum_flops(args, out) // (2 * out.numel()))
+            if len(rest) == 1 and isinstance(rest[0], torch.Tensor) and combined > 1:
+                return "s", combined, rest[0]
+        if name in _BY_ONES and len(args) > 1 and all(isinstance(a, torch.Tensor) for a in args[:2]):
+            a, b = (args[1], args[0]) if name == "__rmatmul__" else args[:2]
+            summed = a if _ones(b) else b if _ones(a) else None
+            if summed is not None and a.dim() and a.shape[-1] > 1:
+                return "s", int(a.shape[-1]), summed
+    except Exception:  # noqa: BLE001 - a call this reader does not follow is no reduction
+        return None
+    return None
+
+
+def _ones(t: Any) -> bool:
+    """A floating-point tensor of ones (what a sum written as a product multiplies by)."""
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and 0 < t.numel() <= 1 << 16 and bool((t == 1).all())
+
+
 def _tensors(value: Any) -> list[torch.Tensor]:
     """The tensors in a value, in tuples, lists and dicts (not deeper than that)."""
     if isinstance(value, torch.Tensor):
@@ -251,6 +306,8 @@ class _Reads:
         self.size, self.width = source.numel(), (source.shape[-1] if source.dim() else 1) or 1
         self.index: dict[int, tuple[torch.Tensor, int]] = {}  # data_ptr -> (source number per element, itemsize)
         self.events: list[torch.Tensor] = []  # the numbers each reduction read (sorted, unique)
+        self.kinds: list[str] = []  # and its kind
+        self.sizes: set[int] = set()  # how many inputs one output of a reduction that read the source combined
         self.last = torch.full((self.size,), -1, dtype=torch.long)  # the last reduction that read each number
         self.counts = {k: torch.zeros(self.size, dtype=torch.long) for k in "msl"}
         self.back: list | None = None
@@ -296,6 +353,9 @@ class _Reads:
     def follow(self, func: Callable[..., Any], name: str, args: tuple, kwargs: dict, outs: list) -> None:
         """Give the output of an elementwise function the index of its input (when every input of the output's
         shape holds the same numbers); drop the index of a storage an in-place function rewrote."""
+        if name in ("copy_", "__setitem__") and len(args) > 1 + (name == "__setitem__") and not kwargs:
+            self._write(args[0], args[1:2] if name == "copy_" else args[1:3])
+            return
         written = [kwargs["out"]] if isinstance(kwargs.get("out"), torch.Tensor) else []
         inplace = name in _INPLACE_DUNDERS or name == "__setitem__" or name.endswith("_") and not name.endswith("__")
         if inplace and name not in _ELEMENTWISE_INPLACE:
@@ -322,6 +382,28 @@ class _Reads:
         except Exception:  # noqa: BLE001 - a call the index cannot follow: its output is not followed
             pass
 
+    def _write(self, t: Any, call: tuple) -> None:
+        """``t.copy_(src)`` or ``t[key] = src``: the entries written hold the numbers ``src`` holds (broadcast as
+        the write does), −1 where it holds none; the rest of ``t``'s storage keeps its index."""
+        if not isinstance(t, torch.Tensor):
+            return
+        src = call[-1]
+        numbers = self.numbers(src)
+        ptr, found = _storage_ptr(t), self.numbers(t)
+        if numbers is None and found is None:
+            return  # nothing followed is written, nor overwritten
+        try:
+            if found is None:
+                self._index_of(t, torch.full(t.shape, -1, dtype=torch.long))
+                found = self.numbers(t)
+            if len(call) == 1:
+                found.copy_(numbers.expand(t.shape) if numbers is not None else torch.tensor(-1))
+            else:
+                key = call[0]
+                found[key] = numbers if numbers is not None else -1
+        except Exception:  # noqa: BLE001 - a write this index cannot follow: the storage is no longer followed
+            self.forget(ptr)
+
     def _indices(self, call: tuple[tuple, dict]) -> tuple[tuple, dict] | None:
         """``(args, kwargs)`` with each tensor replaced by the source numbers it holds (−1 where none; integer
         and bool tensors, indices and masks, as they are); None when no tensor holds any."""
@@ -341,7 +423,7 @@ class _Reads:
         args, kwargs = swap(call[0]), {k: -1 if k == "value" else swap(v) for k, v in call[1].items()}
         return (args, kwargs) if held else None
 
-    def read(self, kind: str, t: torch.Tensor) -> None:
+    def read(self, kind: str, t: torch.Tensor, combined: int = 0) -> None:
         """A reduction of ``kind`` ("m", "s", "l") over ``t``: count the numbers it reads, and whether it goes back."""
         numbers = self.numbers(t)
         if numbers is None or len(self.events) >= self._MAX_EVENTS:
@@ -349,6 +431,8 @@ class _Reads:
         read = torch.unique(numbers[numbers >= 0])
         if not read.numel():
             return
+        if len(self.sizes) < 32:
+            self.sizes.add(int(combined))
         self.counts[kind][read] += 1
         now, before = len(self.events), self.last[read]
         again = before >= 0
@@ -364,13 +448,15 @@ class _Reads:
                 moved[other // self.width] = True  # the rows in which the loop moved on at s
                 behind = moved[rows] & (since < s)  # numbers read before s, in those rows, read again now
                 if bool(behind.any()):
-                    self.back = [kind, int(behind.sum()), now]
+                    self.back = [kind, int(behind.sum()), now, "".join(self.kinds[int(since.min()) + 1:now])[:16]]
                     break
         self.last[read] = now
         self.events.append(read)
+        self.kinds.append(kind)
 
     def report(self) -> dict[str, Any]:
-        return {"most": {k: int(c.max()) if c.numel() else 0 for k, c in self.counts.items()}, "back": self.back}
+        return {"most": {k: int(c.max()) if c.numel() else 0 for k, c in self.counts.items()}, "back": self.back,
+                "sizes": sorted(self.sizes)}
 
 
 def einsum_flops(args: tuple, out: torch.Tensor) -> float:
