@@ -138,15 +138,22 @@ def test_without_landlock_an_audit_hook_refuses_python_reads_of_protected_folder
         sandbox.audit_guard(Path({str(inside)!r}), protect=[Path({str(secret)!r})],
                             readable=[{str(secret / "env")!r}])
         print(open({str(secret / "env" / "lib.py")!r}).read())  # named readable inside a protected folder
+        own = os.open(".", os.O_RDONLY)  # its own folder's descriptor may be opened (and used below)
         for attempt in (lambda: open({str(secret / "ada" / "answer.py")!r}).read(),
                         lambda: Path({str(secret / "ada")!r}).iterdir().__next__(),
-                        lambda: os.scandir({str(secret)!r})):
+                        lambda: os.scandir({str(secret)!r}),
+                        # a path relative to a folder's descriptor (dir_fd), which the hook is not shown, could name
+                        # the protected file: no other folder's descriptor, and no climbing with '..' from its own
+                        lambda: os.open({str(secret.parent)!r}, os.O_RDONLY),
+                        lambda: os.read(os.open("../class/ada/answer.py", os.O_RDONLY, dir_fd=own), 99),
+                        lambda: os.open({str(secret / "env")!r}, os.O_RDONLY),  # any folder but its own
+                        lambda: os.link({str(secret / "ada" / "answer.py")!r}, "linked.py")):  # a new name for it
             try:
                 print("ESCAPED", attempt())
             except PermissionError:
                 print("refused")
-    """)
-    assert done.stdout.split() == ["LIBRARY", "refused", "refused", "refused"], done.stdout + done.stderr
+    """, cwd=str(inside))
+    assert done.stdout.split() == ["LIBRARY"] + ["refused"] * 7, done.stdout + done.stderr
 
 
 @pytest.mark.skipif(sandbox.landlock_abi() < 6, reason="signal scoping needs Landlock ABI 6")

@@ -323,22 +323,27 @@ def audit_guard(folder: Path, *, protect: list[Path] = (), readable: list[str] =
     target = {"os.link", "os.symlink", "shutil.copyfile", "shutil.copytree"}  # only the target is written
     listing = {"os.listdir", "os.scandir"}
 
-    def real(path) -> str | None:
+    def real(path, relative_to_fd: bool = False) -> str | None:
+        """The real path; None when unknown: a relative path climbing with '..' in a call that may take a
+        ``dir_fd`` (the hook is not told which folder it is relative to)."""
         try:
-            return os.path.realpath(os.path.abspath(os.fsdecode(path)))
+            text = os.fsdecode(path)
+            if relative_to_fd and not os.path.isabs(text) and ".." in Path(text).parts:
+                return None
+            return os.path.realpath(os.path.abspath(text))
         except Exception:  # noqa: BLE001
             return None
 
-    def inside(path) -> bool:
+    def inside(path, relative_to_fd: bool = False) -> bool:
         if path is None or isinstance(path, int):
             return True
-        where = real(path)
+        where = real(path, relative_to_fd)
         return where is not None and any(_inside(where, a) for a in allowed)
 
-    def hidden(path) -> bool:
+    def hidden(path, relative_to_fd: bool = False) -> bool:
         if path is None or isinstance(path, int):
             return False
-        where = real(path)
+        where = real(path, relative_to_fd)
         return where is None or (any(_inside(where, s) for s in secret) and not any(_inside(where, e) for e in exempt))
 
     def hook(event, args):
@@ -347,9 +352,17 @@ def audit_guard(folder: Path, *, protect: list[Path] = (), readable: list[str] =
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             writing = (isinstance(flags, int) and flags & write_flags) or (
                 isinstance(mode, str) and any(c in mode for c in "wax+"))
-            paths = (path,) if writing else ()
-            if not writing and hidden(path):
+            if not writing and hidden(path, True):
                 raise PermissionError(f"grading: reading the class's or the course's files is not allowed: {path!r}")
+            # A folder's descriptor would let later calls (dir_fd=…) name files the hook cannot place: only the
+            # notebook's own folders may be opened so.
+            if path is not None and not isinstance(path, int) and not inside(path, True) and \
+                    os.path.isdir(real(path, True) or ""):
+                raise PermissionError(f"grading: opening a folder outside the notebook's folder is not allowed: {path!r}")
+            if writing and not inside(path, True):
+                raise PermissionError(f"grading: writing outside the notebook's folder is not allowed: {path!r}")
+        elif event == "os.link" and hidden(args[0], True):  # the new name would read the protected file
+            raise PermissionError(f"grading: linking the class's or the course's files is not allowed: {args[0]!r}")
         elif event in listing and args and hidden(args[0] if args[0] is not None else "."):
             raise PermissionError(f"grading: listing the class's or the course's folders is not allowed: {args[0]!r}")
         elif event in one:
@@ -359,7 +372,7 @@ def audit_guard(folder: Path, *, protect: list[Path] = (), readable: list[str] =
         elif event in target:
             paths = args[1:2]
         for path in paths:
-            if not inside(path):
+            if not inside(path, True):
                 raise PermissionError(f"grading: writing outside the notebook's folder is not allowed: {path!r}")
 
     sys.addaudithook(hook)
