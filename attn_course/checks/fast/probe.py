@@ -20,6 +20,8 @@ from .steps import blocks
 _SOFTMAX_FUNCTIONS = {"softmax", "log_softmax", "_softmax", "_log_softmax", "_safe_softmax"}
 _FUSED_FUNCTIONS = {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
                     "_scaled_dot_product_attention_math", "multi_head_attention_forward"}
+#: The online update every one-pass fix spells out.
+_FOLD = "m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); m = m_new"
 
 
 @probe("fast.trace")
@@ -103,8 +105,7 @@ def softmax_structure(fn: Learner) -> None:
              cause="the values are right, but a first loop finds the row's maximum and a second adds exp(x − m): "
                    "that is the two-pass softmax the online algorithm replaces, reading x once and rescaling l "
                    "whenever the maximum grows",
-             fix="one loop over the blocks: m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); "
-                 "m = m_new; after the loop, exp(x − m) / l")
+             fix=f"one loop over the blocks: {_FOLD}; after the loop, exp(x − m) / l")
     _merged_rule(seen, b, tried)
     _reduction_rule(seen["reductions"], b, n, tried, unit="column", reads="x[..., start:start + block_size]")
     _one_pass(seen.get("reads") or {}, tried)
@@ -125,8 +126,7 @@ def _merged_rule(seen: dict[str, Any], b: int, tried: str) -> None:
          cause="x is read once, in blocks, but each block's maximum and sum are kept (in a list) and merged after "
                "the loop, a maximum and a sum over all the blocks' results at once: memory that grows with the "
                "number of blocks, where the online algorithm folds each block into the running m and l as it goes",
-         fix="fold each block in as soon as it is read: m_new = max(m, block max); l = l · exp(m − m_new) + "
-             "Σ exp(block − m_new); m = m_new; keep no list of the blocks' maxima or sums")
+         fix=f"fold each block in as soon as it is read: {_FOLD}; keep no list of the blocks' maxima or sums")
 
 
 _READ_BY = {"m": ("maximum", "maxima"), "s": ("sum", "sums"), "l": ("logsumexp", "logsumexps")}  # the watcher's reads
@@ -150,8 +150,7 @@ def _one_pass(reads: dict[str, Any], tried: str) -> None:
              cause="the values are right, but the loop runs one block ahead for the maximum: m already includes "
                    "the next block when this block's sum is taken, so after a block m and l do not describe the "
                    "same columns",
-             fix="in each step take this block's maximum and then this block's sum: m_new = max(m, block max); "
-                 "l = l · exp(m − m_new) + Σ exp(block − m_new); m = m_new")
+             fix=f"in each step take this block's maximum and then this block's sum: {_FOLD}")
     fail("reads x twice: goes back to blocks already passed", tried=tried,
          got=f"after your loop had moved on to later blocks, a {which} read {count} numbers of x again (the most "
              f"times one number of x was read: {read})",
@@ -160,8 +159,8 @@ def _one_pass(reads: dict[str, Any], tried: str) -> None:
          cause="the values are right, but x is read twice: besides the online loop, a second loop (or a reduction "
                "before it) goes over the blocks — a maximum found beforehand, or maxima and sums whose results are "
                "thrown away. The online algorithm reads each block once, rescaling l whenever the maximum grows",
-         fix="keep only the one loop: m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block − m_new); "
-             "m = m_new; after it, exp(x − m) / l; delete any loop or reduction over x before it")
+         fix=f"keep only the one loop: {_FOLD}; after it, exp(x − m) / l; delete any loop or reduction over x before "
+             "it")
 
 
 def attention_structure(fn: Learner, name: str, causal: bool) -> None:
