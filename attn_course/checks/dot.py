@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .compare import same
 from .core import Learner, check, fail
 from .kit import TensorCase as Case
 from .kit import expect_signature, judge_cases, known_rows, preview, product_rows
@@ -55,7 +56,7 @@ def judge(fn: Learner, cases: Sequence[Case], rows: list, **words) -> None:
     def in_order(i: int, values: list, tried: str) -> None:
         a, e, tol = values[i].detach().double(), cases[i].expected, cases[i].atol
         if a.ndim == 1 and a.numel() > 1 and values[i].is_floating_point() and not torch.isnan(a).any() and \
-                _close(a.sort().values, e.sort().values, tol):
+                same(a.sort().values, e.sort().values, atol=tol, rtol=1e-5):
             summary, cause = _wrong_order(a, e, tol)
             fail(summary, tried=tried, got=preview(values[i]), expected=preview(e), cause=cause,
                  fix="put the score of K[j] at position j")
@@ -63,22 +64,19 @@ def judge(fn: Learner, cases: Sequence[Case], rows: list, **words) -> None:
     judge_cases(fn, cases, rows, tags=TAGS, measure=in_order, **words)
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
-    return a.shape == b.shape and bool(torch.allclose(a, b.double(), atol=atol, rtol=1e-5))
-
-
 def _wrong_order(a: torch.Tensor, e: torch.Tensor, tol: float) -> tuple[str, str]:
     """(summary, cause) for a 1-D result that holds the right scores in another order."""
+    close = lambda b: same(a, b, atol=tol, rtol=1e-5)  # noqa: E731 - a is these scores in order b
     for how in ("ascending", "descending"):
-        if _close(a, e.sort(descending=how == "descending").values, tol):
+        if close(e.sort(descending=how == "descending").values):
             return (f"right scores, sorted in {how} order", f"every score is right but your result is sorted ({how}): "
                     "entry j must be the score of key j, in the keys' order; a sort (torch.sort, sorted, .sort(), "
                     "topk) the docstring does not have")
-    if _close(a, e.flip(0), tol):
+    if close(e.flip(0)):
         return ("right scores in reverse order", "every score is right but in reverse order: your index counts down "
                 "from the end (K[-1 - j], or a flip)")
     for shift in range(1, a.numel()):
-        if _close(a, e.roll(-shift), tol) or _close(a, e.roll(shift), tol):
+        if close(e.roll(-shift)) or close(e.roll(shift)):
             return ("right scores, shifted", f"every score is right but shifted by {shift} place"
                     f"{'s' if shift > 1 else ''}, wrapping round: an index off by a constant (K[j + 1] or K[j - 1] "
                     "for K[j])")
@@ -87,21 +85,27 @@ def _wrong_order(a: torch.Tensor, e: torch.Tensor, tol: float) -> tuple[str, str
 
 
 # ============================================================================ one query against every key
-def _one_query_cases() -> list[Case]:
-    specs = [  # (label, d, n_k, dtype, scale, tags)
-        ("q of size 3 and 6 keys (K shape (6, 3)), float32", 3, 6, torch.float32, 1.0, {"float32"}),
-        ("q of size 5 and 2 keys (K shape (2, 5)), float64", 5, 2, torch.float64, 1.0, {"float64"}),
-        ("q of size 4 and 4 keys (square K), float32", 4, 4, torch.float32, 1.0, {"float32", "square"}),
-        ("one key (K shape (1, 6)), float64", 6, 1, torch.float64, 1.0, {"float64", "size-1", "one key"}),
-        ("vectors of size 1 (q shape (1,), K shape (5, 1)), float32", 1, 5, torch.float32, 1.0, {"float32", "size-1"}),
-        ("entries near 1000 (q size 8, K shape (3, 8)), float32", 8, 3, torch.float32, 1000.0, {"float32", "large"}),
-    ]
+def _random_cases(seed: int, oracle: Callable, specs: list[tuple]) -> list[Case]:
+    """Cases of seeded random queries and keys, from specs (label, q's shape, K's shape, dtype, scale, tags)."""
     cases = []
-    for n, (label, d, n_k, dtype, scale, tags) in enumerate(specs):
-        q = random_tensor(d, seed=100 + 2 * n, dtype=dtype, scale=scale)
-        K = random_tensor(n_k, d, seed=101 + 2 * n, dtype=dtype, scale=scale)
-        cases.append(Case(label, (q, K), K.double() @ q.double(), tags=frozenset(tags), magnitude=score_magnitude(q, K)))
+    for n, (label, qs, ks, dtype, scale, tags) in enumerate(specs):
+        q = random_tensor(*qs, seed=seed + 2 * n, dtype=dtype, scale=scale)
+        K = random_tensor(*ks, seed=seed + 2 * n + 1, dtype=dtype, scale=scale)
+        cases.append(Case(label, (q, K), oracle(q.double(), K.double()), tags=frozenset(tags),
+                          magnitude=score_magnitude(q, K)))
     return cases
+
+
+def _one_query_cases() -> list[Case]:
+    f32, f64 = torch.float32, torch.float64
+    return _random_cases(100, lambda q, K: K @ q, [
+        ("q of size 3 and 6 keys (K shape (6, 3)), float32", (3,), (6, 3), f32, 1.0, {"float32"}),
+        ("q of size 5 and 2 keys (K shape (2, 5)), float64", (5,), (2, 5), f64, 1.0, {"float64"}),
+        ("q of size 4 and 4 keys (square K), float32", (4,), (4, 4), f32, 1.0, {"float32", "square"}),
+        ("one key (K shape (1, 6)), float64", (6,), (1, 6), f64, 1.0, {"float64", "size-1", "one key"}),
+        ("vectors of size 1 (q shape (1,), K shape (5, 1)), float32", (1,), (5, 1), f32, 1.0, {"float32", "size-1"}),
+        ("entries near 1000 (q size 8, K shape (3, 8)), float32", (8,), (3, 8), f32, 1000.0, {"float32", "large"}),
+    ])
 
 
 def _loop(q: torch.Tensor, K: torch.Tensor, keys) -> torch.Tensor:
@@ -215,26 +219,19 @@ def check_query_scores(fn: Learner) -> str:
 
 
 # ============================================================================ every query against every key
-def _score_cases(seed: int) -> list[Case]:
-    specs = [  # (label, Q shape, K shape, dtype, scale, tags)
-        ("Q (3, 5) and K (4, 5), float32", (3, 5), (4, 5), torch.float32, 1.0, {"float32"}),
-        ("square Q (4, 4) and K (4, 4), float64", (4, 4), (4, 4), torch.float64, 1.0, {"float64", "square"}),
-        ("a batch: Q (2, 3, 6) and K (2, 5, 6), float32", (2, 3, 6), (2, 5, 6), torch.float32, 1.0, {"float32", "batched"}),
-        ("batch × heads: Q (2, 3, 4, 5) and K (2, 3, 6, 5), float64", (2, 3, 4, 5), (2, 3, 6, 5), torch.float64, 1.0,
-         {"float64", "batched", "4-D"}),
-        ("five axes: Q (2, 1, 3, 2, 4) and K (2, 1, 3, 5, 4), float32", (2, 1, 3, 2, 4), (2, 1, 3, 5, 4), torch.float32,
-         1.0, {"float32", "batched", "4-D", "size-1"}),
-        ("size-1 axes: Q (1, 2, 1, 7) and K (1, 2, 1, 7), float64", (1, 2, 1, 7), (1, 2, 1, 7), torch.float64, 1.0,
-         {"float64", "batched", "4-D", "size-1", "one key"}),
-        ("vectors of size 1: Q (3, 1) and K (2, 1), float32", (3, 1), (2, 1), torch.float32, 1.0, {"float32", "size-1"}),
-        ("entries near 1000: Q (2, 8) and K (3, 8), float32", (2, 8), (3, 8), torch.float32, 1000.0, {"float32", "large"}),
+def _score_cases() -> list[Case]:
+    f32, f64 = torch.float32, torch.float64
+    specs = [  # (what, Q shape, K shape, dtype, scale, tags)
+        ("", (3, 5), (4, 5), f32, 1.0, {"float32"}), ("square ", (4, 4), (4, 4), f64, 1.0, {"float64", "square"}),
+        ("a batch: ", (2, 3, 6), (2, 5, 6), f32, 1.0, {"float32", "batched"}),
+        ("batch × heads: ", (2, 3, 4, 5), (2, 3, 6, 5), f64, 1.0, {"float64", "batched", "4-D"}),
+        ("five axes: ", (2, 1, 3, 2, 4), (2, 1, 3, 5, 4), f32, 1.0, {"float32", "batched", "4-D", "size-1"}),
+        ("size-1 axes: ", (1, 2, 1, 7), (1, 2, 1, 7), f64, 1.0, {"float64", "batched", "4-D", "size-1", "one key"}),
+        ("vectors of size 1: ", (3, 1), (2, 1), f32, 1.0, {"float32", "size-1"}),
+        ("entries near 1000: ", (2, 8), (3, 8), f32, 1000.0, {"float32", "large"}),
     ]
-    cases = []
-    for n, (label, qs, ks, dtype, scale, tags) in enumerate(specs):
-        Q = random_tensor(*qs, seed=seed + 2 * n, dtype=dtype, scale=scale)
-        K = random_tensor(*ks, seed=seed + 2 * n + 1, dtype=dtype, scale=scale)
-        cases.append(Case(label, (Q, K), _mT(Q.double(), K.double()), tags=frozenset(tags), magnitude=score_magnitude(Q, K)))
-    return cases
+    return _random_cases(200, _mT, [(f"{what}Q {qs} and K {ks}, {str(dtype)[6:]}", qs, ks, dtype, scale, tags)
+                                    for what, qs, ks, dtype, scale, tags in specs])
 
 
 #: Q Kᵀ formed wrong (the kit's PRODUCT_MISTAKES, which notebook 02's scaled_scores judges too), then what a score is.
@@ -243,7 +240,7 @@ SCORE_TABLE = table(*product_rows(), *_slips(_mT))
 
 @check("score_matrix", expects="a function score_matrix(Q, K) returning a tensor of shape (..., n_q, n_k)")
 def check_score_matrix(fn: Learner) -> str:
-    cases = _score_cases(200)
+    cases = _score_cases()
     judge(fn, cases, SCORE_TABLE, call="score_matrix(Q, K)", arg_names=("Q", "K"), oracle="Q @ K.transpose(-2, -1)",
           factors=lambda c: {"d": float(c.args[0].shape[-1]), "√d": math.sqrt(c.args[0].shape[-1])})
     return f"matches Q Kᵀ on {len(cases)} cases (2-D to 5-D, size-1 axes, float32/64, large values)"

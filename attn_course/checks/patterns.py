@@ -101,79 +101,70 @@ def _foreign_size(message: str, shape: tuple) -> int | None:
 
 
 # ============================================================================ one metric's check
-class _Run:
-    """One metric's check: calls the learner on each case, judges the answer with one :class:`~.kit.Suspects` over
-    the metric's table (``make(w, mask)``, w in float64), and keeps the shapes that ran to read a later exception."""
+def _raise_hint(exc: LearnerRaised, what: str, shape: tuple[int, ...], mask, ran: list[tuple[int, ...]]) -> dict:
+    """``cause``/``fix`` for an exception on weights of ``shape``, read against the shapes that ran before."""
+    if mask is not None and exc.type_name == "TypeError" and "argument" in exc.message:
+        return dict(cause="your function does not take the mask as its second argument",
+                    fix=f"keep the signature {what}(weights, mask=None)")
+    if bool_hint(exc):
+        return bool_hint(exc)
+    if len(shape) > 2 and ran and all(len(s) == 2 for s in ran):
+        return dict(cause=f"your function ran on single matrices such as {ran[0]} but raised on {shape}, a batch of "
+                          "matrices: it assumes 2-D weights",
+                    fix="index from the end so that leading axes pass through: dim=-1 for the keys, dim=-2 for the "
+                        "queries, weights[..., i, j]")
+    if shape[-2] != shape[-1] and ran and all(s[-2] == s[-1] for s in ran):
+        return dict(cause=f"your function ran on square weights but raised on {shape[-2]} queries × {shape[-1]} "
+                          "keys: it uses one size for both axes",
+                    fix="take n_q = weights.shape[-2] and n_k = weights.shape[-1] separately")
+    foreign = _foreign_size(exc.message, shape)
+    if foreign is not None:
+        return dict(cause=f"the error names a size {foreign} that weights of shape {shape} do not have: a size in "
+                          "your code looks hard-coded", fix="take every size from weights.shape")
+    return explain_raise(exc)
 
-    def __init__(self, fn: Learner, what: str, table: list[Known], oracle: Callable):
-        self.fn, self.what, self.oracle = fn, what, oracle
-        rounded = Known("rounded", "rounded to whole numbers", "your values are the right ones rounded to integers "
-                        "(.round(), .long(), // or an integer tensor along the way)", "keep the values as floats: no "
-                        "rounding, no integer division", lambda w, mask: oracle(w, mask).round())
-        self.suspects = Suspects([*table, rounded], atol=ATOL, rtol=RTOL)
-        self.ran: list[tuple[int, ...]] = []
 
-    def tried(self, case: dict) -> str:
-        return f"{self.what}(weights{', mask' if case['mask'] is not None else ''}) on {case['name']}"
+def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle: Callable, *,
+           factors_of: Callable[[int, int], dict[str, float]] | None = None,
+           explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> None:
+    """One metric's check: the learner called on each case, every answer judged by one :class:`~.kit.Suspects` over
+    the metric's table (``make(w, mask)``, w in float64) and rounded values, ``factors_of(n_q, n_k)`` naming a constant
+    factor. ``explain(failure, out, case)`` adds what a measurement shows when no known mistake and no probe of the
+    comparison layer names a cause; the shapes that ran help read a later exception."""
+    rounded = Known("rounded", "rounded to whole numbers", "your values are the right ones rounded to integers "
+                    "(.round(), .long(), // or an integer tensor along the way)", "keep the values as floats: no "
+                    "rounding, no integer division", lambda w, mask: oracle(w, mask).round())
+    suspects, ran = Suspects([*table, rounded], atol=ATOL, rtol=RTOL), []
 
-    def learner(self, w: torch.Tensor, mask) -> object:
-        return self.fn(w) if mask is None else self.fn(w, mask)
+    def learner(w: torch.Tensor, mask) -> object:
+        return fn(w) if mask is None else fn(w, mask)
 
-    def call(self, case: dict) -> torch.Tensor:
-        w, mask = case["w"], case["mask"]
-        tried = self.tried(case)
+    for case in cases:
+        w, mask, shape = case["w"], case["mask"], tuple(case["w"].shape)
+        tried = f"{what}(weights{', mask' if mask is not None else ''}) on {case['name']}"
         try:
-            out = self.learner(w, mask)
+            out = learner(w, mask)
         except LearnerRaised as exc:
-            raise Failure(learner_error(exc, tried=tried, expected=f"one value per query, shape {tuple(w.shape[:-1])}",
-                                        **self._raise_hint(exc, case))) from None
+            raise Failure(learner_error(exc, tried=tried, expected=f"one value per query, shape {shape[:-1]}",
+                                        **_raise_hint(exc, what, shape, mask, ran))) from None
         if isinstance(out, Opaque) and "return_types" in out.type_name:
-            fail("returned a (values, indices) pair", tried=tried,
+            fail("returned a (values, indices) pair", tried=tried, expected=f"a tensor of shape {shape[:-1]}",
                  got=f"a {out.type_name}: the maximum values and their positions",
-                 expected=f"a tensor of shape {tuple(w.shape[:-1])}",
                  cause="torch.max(w, dim=-1) returns both the values and the indices",
                  fix="return its .values (or use w.amax(dim=-1))")
-        return tensor_answer(out, tried=tried)
-
-    def _raise_hint(self, exc: LearnerRaised, case: dict) -> dict:
-        shape, mask, ran = tuple(case["w"].shape), case["mask"], self.ran
-        if mask is not None and exc.type_name == "TypeError" and "argument" in exc.message:
-            return dict(cause="your function does not take the mask as its second argument",
-                        fix=f"keep the signature {self.what}(weights, mask=None)")
-        if bool_hint(exc):
-            return bool_hint(exc)
-        if len(shape) > 2 and ran and all(len(s) == 2 for s in ran):
-            return dict(cause=f"your function ran on single matrices such as {ran[0]} but raised on {shape}, a batch of "
-                              "matrices: it assumes 2-D weights",
-                        fix="index from the end so that leading axes pass through: dim=-1 for the keys, dim=-2 for the "
-                            "queries, weights[..., i, j]")
-        if shape[-2] != shape[-1] and ran and all(s[-2] == s[-1] for s in ran):
-            return dict(cause=f"your function ran on square weights but raised on {shape[-2]} queries × {shape[-1]} "
-                              "keys: it uses one size for both axes",
-                        fix="take n_q = weights.shape[-2] and n_k = weights.shape[-1] separately")
-        foreign = _foreign_size(exc.message, shape)
-        if foreign is not None:
-            return dict(cause=f"the error names a size {foreign} that weights of shape {shape} do not have: a size in "
-                              "your code looks hard-coded", fix="take every size from weights.shape")
-        return explain_raise(exc)
-
-    def judge(self, case: dict, *, factors: dict[str, float] | None = None,
-              explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> None:
-        """Call the learner on ``case`` and fail unless it matches the oracle; ``explain(failure, out, case)`` adds
-        what a measurement shows when no known mistake and no probe of the comparison layer names a cause."""
-        out = self.call(case)
-        args = (case["w"].to(torch.float64), case["mask"])
-        want = self.oracle(*args)
+        out, args = tensor_answer(out, tried=tried), (w.to(torch.float64), mask)
+        want = oracle(*args)
         try:
-            self.suspects.expect(out, want, args, tried=self.tried(case), again=self.learner, factors=factors,
-                                 fix="return one value per query (the input's shape without its last axis); compare "
-                                     "your steps with the docstring on this input",
-                                 axes=(["batch entries"] + [None] * (want.ndim - 2) + ["queries"])[-want.ndim:])
+            suspects.expect(out, want, args, tried=tried, again=learner,
+                            factors=factors_of(*shape[-2:]) if factors_of else None,
+                            fix="return one value per query (the input's shape without its last axis); compare your "
+                                "steps with the docstring on this input",
+                            axes=(["batch entries"] + [None] * (want.ndim - 2) + ["queries"])[-want.ndim:])
         except Failure as failure:
             if explain is not None and not failure.diagnosis.cause:
                 explain(failure, out, case)
             raise
-        self.ran.append(tuple(case["w"].shape))
+        ran.append(shape)
 
 
 def _guarded(h: torch.Tensor, k: torch.Tensor, log=torch.log) -> torch.Tensor:
@@ -364,7 +355,6 @@ def _zero_rows(failure: Failure, out: torch.Tensor, case: dict) -> bool:
 @check("normalised_entropy", expects="a function normalised_entropy(weights, mask=None) returning one value per query")
 def check_normalised_entropy(fn: Learner) -> str:
     cases = _cases(masks=True, extremes=True)
-    run = _Run(fn, "normalised_entropy", ENTROPY_MISTAKES, ref.normalised_entropy)
     simple_rows = _explain_with_simple_rows(fn, ref.normalised_entropy, "normalised_entropy")
 
     def explain(failure: Failure, out: torch.Tensor, case: dict) -> None:
@@ -372,9 +362,8 @@ def check_normalised_entropy(fn: Learner) -> str:
             simple_rows(failure, out, case)  # a summary in numbers a learner checks by hand…
             _zero_rows(failure, out, case)  # … and where the values are 0 that should not be
 
-    for case in cases:
-        run.judge(case, factors={"ln 2": math.log(2), **factors(n_k=case["w"].shape[-1], n_q=case["w"].shape[-2])},
-                  explain=explain)
+    _judge(fn, "normalised_entropy", cases, ENTROPY_MISTAKES, ref.normalised_entropy, explain=explain,
+           factors_of=lambda n_q, n_k: {"ln 2": math.log(2), **factors(n_k=n_k, n_q=n_q)})
     return (f"matches the reference on {len(cases)} cases: causal and padding masks (normalised by the allowed keys), "
             "exact zeros (0·log 0 = 0), a fully masked row, a single key, batches and size-1 axes")
 
@@ -432,9 +421,7 @@ def _not_the_peak(failure: Failure, out: torch.Tensor, case: dict) -> None:
 @check("peak_weight", expects="a function peak_weight(weights) returning one value per query")
 def check_peak_weight(fn: Learner) -> str:
     cases = _cases(single_key=False)
-    run = _Run(fn, "peak_weight", PEAK_MISTAKES, lambda w, mask: ref.peak_weight(w))
-    for case in cases:
-        run.judge(case, explain=_not_the_peak)
+    _judge(fn, "peak_weight", cases, PEAK_MISTAKES, lambda w, mask: ref.peak_weight(w), explain=_not_the_peak)
     return f"matches the reference on {len(cases)} cases (exact zeros, batches, non-square, size-1 axes)"
 
 
@@ -468,9 +455,7 @@ SELF_MISTAKES = [
 @check("self_attention_weight", expects="a function self_attention_weight(weights) returning one value per query")
 def check_self_attention_weight(fn: Learner) -> str:
     cases = _cases(square_only=True)
-    run = _Run(fn, "self_attention_weight", SELF_MISTAKES, lambda w, mask: ref.self_attention_weight(w))
-    for case in cases:
-        run.judge(case)
+    _judge(fn, "self_attention_weight", cases, SELF_MISTAKES, lambda w, mask: ref.self_attention_weight(w))
     return f"matches the reference on {len(cases)} cases (one matrix, batches of matrices, size-1 axes)"
 
 
@@ -540,10 +525,8 @@ DISTANCE_MISTAKES = [
 @check("attention_distance", expects="a function attention_distance(weights) returning one value per query")
 def check_attention_distance(fn: Learner) -> str:
     cases = _cases(single_key=False)
-    run = _Run(fn, "attention_distance", DISTANCE_MISTAKES, lambda w, mask: ref.attention_distance(w))
-    for case in cases:
-        n_q, n_k = case["w"].shape[-2:]
-        run.judge(case, factors=factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
+    _judge(fn, "attention_distance", cases, DISTANCE_MISTAKES, lambda w, mask: ref.attention_distance(w),
+           factors_of=lambda n_q, n_k: factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
     return f"matches the reference on {len(cases)} cases (causal rows, two-sided rows, batches, non-square, size-1 axes)"
 
 
@@ -588,7 +571,6 @@ EFFECTIVE_MISTAKES = [
 @check("effective_positions", expects="a function effective_positions(weights) returning one value per query")
 def check_effective_positions(fn: Learner) -> str:
     cases = _cases(extremes=True)
-    run = _Run(fn, "effective_positions", EFFECTIVE_MISTAKES, lambda w, mask: ref.effective_positions(w))
-    for case in cases:
-        run.judge(case, explain=_explain_with_simple_rows(fn, ref.effective_positions, "effective_positions"))
+    _judge(fn, "effective_positions", cases, EFFECTIVE_MISTAKES, lambda w, mask: ref.effective_positions(w),
+           explain=_explain_with_simple_rows(fn, ref.effective_positions, "effective_positions"))
     return f"matches the reference on {len(cases)} cases; between 1 (one-hot) and n_k (uniform), 0·log 0 = 0"

@@ -77,10 +77,7 @@ def _call(fn: Learner, case: Case, tried: str) -> tuple[object, list[str]]:
 
 def _again(fn: Learner, which: int) -> Callable[..., torch.Tensor]:
     """The learner's function as the engine calls it on another case: the output (0) or the weights (1)."""
-    def call(Q, K, V, mask):
-        result = fn(Q, K, V) if mask is None else fn(Q, K, V, mask)
-        return as_tensor(result[which], tried="", what="")
-    return call
+    return lambda *args: as_tensor(fn(*(args if args[3] is not None else args[:3]))[which], tried="", what="")
 
 
 @check("attention", expects="a function attention(Q, K, V, mask=None) returning (output, weights)")

@@ -41,8 +41,7 @@ def scaled_scores(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 def oracle(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
     Q, K, V, mask = case.args
     eye = torch.eye(K.shape[-2], dtype=Q.dtype).expand(*K.shape[:-2], K.shape[-2], K.shape[-2])
-    return (F.scaled_dot_product_attention(Q, K, V, attn_mask=mask),
-            F.scaled_dot_product_attention(Q, K, eye, attn_mask=mask))
+    return tuple(F.scaled_dot_product_attention(Q, K, values, attn_mask=mask) for values in (V, eye))
 
 
 def _large(wanted: list[list[float]], keep: list[list[bool]], V: torch.Tensor, name: str, large: bool) -> Case:

@@ -140,8 +140,8 @@ def mistakes_of_weights(cases: list[Case]) -> list[Known]:
         *[raw(f"polarity{fill}", *_POLARITY, lambda s, m, fill=fill: soft(s.masked_fill(m, fill)))
           for fill in (-math.inf, -1e9)],
         raw("times-mask", "mask multiplied into the scores", "a blocked score became 0 (the scores multiplied by the "
-            "mask, or the blocked ones filled with 0), not -inf, and e^0 = 1 still gives it weight", "fill the blocked scores with -inf "
-            "(masked_fill or torch.where)", lambda s, m: soft(s * m)),
+            "mask, or the blocked ones filled with 0), not -inf, and e^0 = 1 still gives it weight",
+            "fill the blocked scores with -inf (masked_fill or torch.where)", lambda s, m: soft(s * m)),
         raw("nan-additive", "0 × (-inf) = NaN in an additive mask", "you built the additive mask as (~mask) * "
             "float('-inf'): 0 × (-inf) is NaN, so every row with an allowed key became NaN", "build it with "
             "masked_fill: torch.zeros_like(scores).masked_fill(~mask, float('-inf'))",
@@ -181,10 +181,9 @@ _FINITE = "finite weights, every row summing to 1"
 
 
 def _effective_scale(w: torch.Tensor, case: Case) -> float | None:
-    """The c for which the weights equal softmax(Q Kᵀ / c) on the allowed keys, if one c fits every row."""
-    scores = (case.Q @ case.K.mT).to(torch.float64)
-    allowed = case.allowed
-    if tuple(w.shape) != tuple(scores.shape) or not (w[allowed] > 0).all():
+    """The one c for which the weights (shaped as the scores) are softmax(Q Kᵀ / c) on every row's allowed keys."""
+    scores, allowed = (case.Q @ case.K.mT).to(torch.float64), case.allowed
+    if not (w[allowed] > 0).all():
         return None
     logw = torch.where(allowed, torch.log(w.clamp_min(1e-300)), 0.0)
     # Centre log-weights and scores over each row's allowed keys; then logw = scores / c on every row.
@@ -198,7 +197,9 @@ def _effective_scale(w: torch.Tensor, case: Case) -> float | None:
 def structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) -> None:
     """When no known mistake reproduces the weights, say which property of them is off."""
     w, scaled, allowed = w.to(torch.float64), case.scaled, case.allowed
-    if torch.isnan(w).any() and w.shape == scaled.shape:
+    if w.shape != scaled.shape:
+        return
+    if torch.isnan(w).any():
         nan_rows = torch.isnan(w).any(-1)  # (..., n_q)
         where = f"NaN in {int(nan_rows.sum())} of {nan_rows.numel()} rows"
         if torch.equal(nan_rows, torch.isinf(torch.exp(scaled.masked_fill(~allowed, -math.inf))).any(-1)):
@@ -208,12 +209,9 @@ def structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) -> 
         if torch.equal(nan_rows, (soft(scaled) * allowed).sum(-1) == 0):
             fail("NaN where the allowed weights underflow", tried=tried, got=f"{where}: exactly the rows where a "
                  "softmax over all keys gives every allowed key weight 0", expected=_FINITE, cause="blocked keys took "
-                 "part in a softmax before being removed: the allowed weights underflowed to 0, then 0/0",
-                 fix=_INF_FIX)
+                 "part in a softmax before being removed: the allowed weights underflowed to 0, then 0/0", fix=_INF_FIX)
         fail("NaN in the weights", tried=tried, got=where, expected=_FINITE,
              fix="print your intermediate tensors on this input: which step first holds NaN?")
-    if w.shape != scaled.shape:
-        return
     if (w < -1e-12).any() or (w > 1 + 1e-9).any():
         fail("weights outside [0, 1]", tried=tried, got=f"weights from {fmt(float(w.min()))} to {fmt(float(w.max()))}",
              expected="weights between 0 and 1 (a softmax)", fix="the weights are torch.softmax(scaled scores, dim=-1)")

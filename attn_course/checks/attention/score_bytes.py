@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import kit
 from ..compare import Failure
-from ..core import Learner, LearnerRaised, as_tensor, check, fail, learner_error
+from ..core import Learner, as_tensor, check, fail
 
 
 # ============================================================================ score matrix bytes
@@ -20,6 +21,9 @@ _BYTE_CASES = [(6, 1, 1, torch.float32), (10, 3, 5, torch.float16), (7, 3, 1, to
                (65536, 2, 8, torch.float32)]  # 2³⁸ bytes: past what a 32-bit integer holds
 _ELEMENT_FIX = "take the bytes per entry from the dtype: torch.empty((), dtype=dtype).element_size()"
 _PLAIN, _E = "return the plain number of bytes", "the bytes per entry"
+#: A KeyError naming a dtype: a dict of bytes per dtype, one missing (its key shown without the quotes).
+_NO_DTYPE_ENTRY = ("KeyError", r"(?s)^'*(.*?torch\..*?)'*$", "a table of bytes per dtype that has no entry for {1}",
+                   _ELEMENT_FIX + " (it knows every dtype)")
 #: Wrong formulas of (n, batch, heads, bytes per entry e): (summary, cause, fix, formula).
 _BYTE_MISTAKES = [
     ("bits, not bytes", f"you counted bits: {_E} times 8", "leave out the factor 8",
@@ -63,13 +67,8 @@ def _bytes_of(fn: Learner, n: int, b: int | None, h: int | None, dtype: torch.dt
     """(tried, the learner's raw answer, as a float) for one case; a Failure for an exception or a non-number."""
     tried = (f"score_matrix_bytes({n}) with the defaults batch=1, heads=1, dtype=torch.float32" if dtype is None
              else f"score_matrix_bytes({n}, batch={b}, heads={h}, dtype={dtype})")
-    try:
-        raw = fn(n) if dtype is None else fn(n, batch=b, heads=h, dtype=dtype)
-    except LearnerRaised as exc:
-        table = exc.type_name == "KeyError" and "torch." in exc.message  # a dict of bytes per dtype, one missing
-        extra = dict(cause=f"a table of bytes per dtype that has no entry for {exc.message.strip(chr(39))}",
-                     fix=_ELEMENT_FIX + " (it knows every dtype)") if table else {}
-        raise Failure(learner_error(exc, tried=tried, expected="a number of bytes (an int)", **extra)) from None
+    raw = kit.call_explained(lambda: fn(n) if dtype is None else fn(n, batch=b, heads=h, dtype=dtype), tried=tried,
+                             expected="a number of bytes (an int)", patterns=[_NO_DTYPE_ENTRY])
     got = as_tensor(raw, tried=tried, expected="a number of bytes (an int)")
     if got.numel() != 1:
         fail("returned a tensor, not one number", tried=tried, got=f"a tensor of shape {tuple(got.shape)}",

@@ -22,7 +22,7 @@ def _backward_cases() -> list[dict]:
     keep[:, 0], keep[1, 2] = True, False
     keep[3] = False  # query 3 sees nothing: zero weights, zero output, zero gradients
     pad = (torch.arange(6) < torch.tensor([5, 0, 3])[:, None])[:, None, None, :]  # (3, 1, 1, 6): batch 1 all padding
-    cases += [
+    return cases + [
         make_case(g, "batch 2, n_q = 5, n_k = 7, d_k = 6, d_v = 6, a (5, 7) mask with row 3 fully masked", (2,), 5, 7,
                   6, 6, keep),
         make_case(g, "key padding (3, 1, 1, 6) over 2 heads, n_q = 4, n_k = 6, d_k = 5, d_v = 2; batch entry 1 fully "
@@ -35,7 +35,6 @@ def _backward_cases() -> list[dict]:
                   torch.tensor([[True, False, True, True, False]])),
         make_case(g, "extreme values: scores up to ±10³ (saturated softmax), upstream gradient ×10⁴", (2,), 5, 6, 5,
                   3, q_scale=400.0, dout_scale=1e4, extreme=True)]
-    return cases
 
 
 def _backward_raised(exc: LearnerRaised, q: torch.Tensor, mask: Any) -> dict:
@@ -62,15 +61,11 @@ def check_attention_backward(fn: Learner) -> str:
                      case["q"], case["k"], case["v"], case["dout"], what="attention_backward",
                      inputs=("q", "k", "v", "dout"))
     suspects = Suspects(table(NAIVE + MASKED, naive), atol=1e-6, rtol=1e-4)
-
-    def call(q, k, v, dout, mask=None):
-        return fn(q, k, v, dout) if mask is None else fn(q, k, v, dout, mask)
-
     for case in cases:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
         tried = f"attention_backward(q, k, v, dout{', mask' if mask is not None else ''}) on {case['name']}"
         try:
-            got = unpack_grads(call(q, k, v, dout, mask), tried)
+            got = unpack_grads(fn(q, k, v, dout, *(() if mask is None else (mask,))), tried)
         except LearnerRaised as exc:
             fail_raised(exc, tried, "(dq, dk, dv)", **_backward_raised(exc, q, mask))
         nan_cause = ("exp overflowed on scores this large: a softmax written by hand must subtract each row's maximum"

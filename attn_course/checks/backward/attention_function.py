@@ -9,7 +9,7 @@ import torch
 
 from ..compare import as_tensor, describe_mismatch, expect_shape, fail, same
 from ..core import Learner, LearnerRaised, check
-from ..kit import Known, Suspects
+from ..kit import Known, Suspects, call_explained
 from .judge import (MATMUL, NAMES, ORACLE, blame, fail_raised, fit_scale, judge, make_case, named, oracle, rand,
                     scale_name, tolerance)
 from .mistakes import MASKED, NAIVE, TEXT, naive, scales, table, weights
@@ -71,10 +71,6 @@ def _expect_output(out: torch.Tensor, case: dict, tried: str) -> None:
          fix=_FORWARD_FIX)
 
 
-def _kind(value: object) -> str:
-    return "a NumPy array" if type(value).__module__ == "numpy" else f"a {type(value).__name__}"
-
-
 @check("AttentionFunction", kind="class",
        expects="a torch.autograd.Function subclass AttentionFunction: forward(ctx, q, k, v, mask=None), backward")
 def check_AttentionFunction(fn: Learner) -> str:
@@ -93,8 +89,7 @@ def check_AttentionFunction(fn: Learner) -> str:
     apply, suspects = fn.method("apply"), Suspects(table(NAIVE + MASKED, naive), atol=1e-6, rtol=1e-4)
     for case in cases:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
-        masked = "" if mask is None else ", mask"
-        tried = f"AttentionFunction.apply(q, k, v{masked}) and backward, on {case['name']}"
+        tried = f"AttentionFunction.apply(q, k, v{'' if mask is None else ', mask'}) and backward, on {case['name']}"
         try:
             out, grads = apply.vjp((q, k, v) if mask is None else (q, k, v, mask), dout, wrt=(0, 1, 2))
         except LearnerRaised as exc:
@@ -106,9 +101,10 @@ def check_AttentionFunction(fn: Learner) -> str:
                                                                               "n_q, d_v)")
         _expect_output(out, case, tried)
         if grads is None:  # apply connects every tensor forward returns to the graph: this output is not a tensor
+            kind = "a NumPy array" if type(raw).__module__ == "numpy" else f"a {type(raw).__name__}"
             fail("no gradient reaches the inputs", tried=tried, expected="gradients from your backward",
                  got="the output does not depend on q, k, v through autograd",
-                 cause="" if isinstance(raw, torch.Tensor) else f"forward returned {_kind(raw)}: autograd calls your "
+                 cause="" if isinstance(raw, torch.Tensor) else f"forward returned {kind}: autograd calls your "
                        "backward only for the torch tensors forward returns",
                  fix="compute forward's output with torch operations and return that tensor")
         if missing := ", ".join(name for name, gr in zip(NAMES, grads) if gr is None):
@@ -131,10 +127,8 @@ def check_AttentionFunction(fn: Learner) -> str:
     upstream = [rand(g, 2, 4, 2), rand(g, 2, 4, 2)]
     tried = ("o1 = AttentionFunction.apply(q1, k1, v1); o2 = AttentionFunction.apply(q2, k2, v2); then one backward "
              "through both (two attention layers in one model)")
-    try:
-        grads = fn.observe("backward.function_twice", first, second, upstream)
-    except LearnerRaised as exc:
-        fail_raised(exc, tried, "the gradients of both calls", _APPLY_RAISES)
+    grads = call_explained(fn.observe, "backward.function_twice", first, second, upstream, tried=tried,
+                           expected="the gradients of both calls", patterns=_APPLY_RAISES)
     expected = [*oracle(*first, upstream[0])[1], *oracle(*second, upstream[1])[1]]
     tol = tolerance(tuple(expected), torch.float64)
     if bad := [i for i, (x, e) in enumerate(zip(grads, expected))

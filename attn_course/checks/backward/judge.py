@@ -188,10 +188,8 @@ def _wrong_scale(got: tuple, case: tuple, grads: Callable[..., tuple], tried: st
     run = lambda c, cg: grads(*case, bug="", scale=c, gscale=cg)  # noqa: E731
     c = fit_scale(lambda x: float((run(x, 1.0)[2] - got[2].double()).norm()), q, k, v)
     x = run(c, 1.0)[0]
-    cg = 1.0
-    if bool(x.any()):
-        cg = float((got[0].double() * x).sum() / (x * x).sum())
-        cg = next((y for y in _scale_names(q, k, v).values() if abs(cg - y) <= 1e-6 * y), cg)
+    cg = float((got[0].double() * x).sum() / (x * x).sum()) if bool(x.any()) else 1.0
+    cg = next((y for y in _scale_names(q, k, v).values() if abs(cg - y) <= 1e-6 * y), cg)
     if not all(same(g, e, **tol) for g, e in zip(got, run(c, cg))):
         return
     right = 1 / math.sqrt(q.shape[-1])
@@ -245,9 +243,7 @@ def _properties(got: tuple, expected: tuple, wrong: list[int], *, tried: str, dt
                  fix=f"check that {NAMES[i]} is the tensor your formula (or your loop) fills")
         zero_rows = ~g.reshape(-1, *g.shape[-2:]).ne(0).any(-1).any(0)  # (rows,)
         live_rows = e.reshape(-1, *e.shape[-2:]).ne(0).any(-1).any(0)
-        tail = 0
-        while tail < zero_rows.numel() and zero_rows[-1 - tail] and live_rows[-1 - tail]:
-            tail += 1
+        tail = int((zero_rows & live_rows).flip(0).int().cumprod(0).sum())  # how many last rows are zero where e is not
         first = zero_rows.numel() - tail
         if tail and first > 0 and same(g[..., :first, :], e[..., :first, :], **tol):
             axis, axes = ("query", "queries") if i == 0 else ("key", "keys")

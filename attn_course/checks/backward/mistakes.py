@@ -25,16 +25,14 @@ def scales(bug: str, d: int, d_v: int) -> tuple[float, float, float, float]:
 
 def weights(s: torch.Tensor, mask: Any, bug: str) -> torch.Tensor:
     """P from the whole score matrix (the chain-rule exercise and the forward), with one bug."""
-    if bug in ("mask_ignored", "mask_ds_only"):
-        return torch.softmax(s, -1)
-    fill = {"nan_rows": -INF, "weak_fill": -1e9}
-    if bug in fill:
-        return torch.softmax(s.masked_fill(~mask, fill[bug]), -1)
     if bug == "unstable":  # fully masked rows set to zero, but no maximum subtracted
         e = torch.exp(s if mask is None else s.masked_fill(~mask, -INF))
-        return e / e.sum(-1, keepdim=True) if mask is None else torch.where((~mask).all(-1, keepdim=True), 0.0,
-                                                                            e / e.sum(-1, keepdim=True))
-    return {"mask_inverted": lambda: masked_softmax(s, ~mask), "softmax_axis": lambda: masked_softmax(s, mask, dim=-2),
+        p = e / e.sum(-1, keepdim=True)
+        return p if mask is None else torch.where((~mask).all(-1, keepdim=True), 0.0, p)
+    return {"mask_ignored": lambda: torch.softmax(s, -1), "mask_ds_only": lambda: torch.softmax(s, -1),
+            "nan_rows": lambda: torch.softmax(s.masked_fill(~mask, -INF), -1),
+            "weak_fill": lambda: torch.softmax(s.masked_fill(~mask, -1e9), -1),
+            "mask_inverted": lambda: masked_softmax(s, ~mask), "softmax_axis": lambda: masked_softmax(s, mask, dim=-2),
             "mask_after_softmax": lambda: torch.softmax(s, -1) * mask, "no_softmax": lambda: s,
             "mask_added": lambda: torch.softmax(s + mask.to(s.dtype), -1)}.get(bug, lambda: masked_softmax(s, mask))()
 
@@ -113,17 +111,11 @@ def _variant(q, k, v, dout, bug: str = "", *, mask=None, o=None, lse=None, block
                   "dq_no_k": lambda: ds}.get(bug, lambda: ds @ kb)() * sq
             tk = {"dk_transposed": lambda: ds @ qb, "dk_from_k": lambda: ds.mT @ kb, "dk_no_ds": lambda: qb,
                   "dk_no_q": lambda: ds.mT}.get(bug, lambda: ds.mT @ qb)() * sk
-            if not tiled:
-                dq, dkb, dvb = tq, tk, tv
-                continue
-            if bug == "dq_overwritten":
-                dq[..., qs:qe, :] = tq
-            else:
-                dq[..., qs:qe, :] += tq
+            if not tiled:  # the whole matrix is one tile, and each term has the shape its mistake gives it
+                return tq, tk, tv
+            dq[..., qs:qe, :] = tq if bug == "dq_overwritten" else dq[..., qs:qe, :] + tq
             dkb = tk if bug in ("dkdv_overwritten", "dk_overwritten") else dkb + tk
             dvb = tv if bug in ("dkdv_overwritten", "dv_overwritten") else dvb + tv
-        if not tiled:
-            return dq, dkb, dvb
         dk[..., ks:ke, :], dv[..., ks:ke, :] = dkb, dvb
     return dq, dk, dv
 

@@ -63,16 +63,14 @@ def _gradcheck_probe(cls: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def forbid(report: dict, tried: str, *, what: str, inputs: tuple[str, ...]) -> None:
     """Fail when the watch saw autograd or a fused attention, or an input written into."""
-    used = [c for c in report.get("calls", []) if c in WATCHED]
-    if used:
+    if used := [c for c in report.get("calls", []) if c in WATCHED]:
         fail("called a fused attention" if "scaled_dot_product_attention" in used else
              "used autograd instead of the chain rule", tried=tried,
              got=f"your {what} calls {', '.join(WATCHED[c] for c in used)}",
              expected=f"{what} written from the formulas, with matrix products and element-wise operations",
              cause="the values may be right, but autograd (or PyTorch's own attention) did the work the exercise asks "
                    "you to do", fix="compute dV, dP, dS, dQ and dK yourself, as the exercise's formulas say")
-    changed = [inputs[i] for i in report.get("changed", []) if i < len(inputs)]
-    if changed:
+    if changed := [inputs[i] for i in report.get("changed", []) if i < len(inputs)]:
         fail(f"overwrote its input {changed[0]}", tried=tried,
              got=f"after the call, {', '.join(changed)} held different numbers than before",
              expected="the inputs left as they were: the caller still needs them",

@@ -7,7 +7,7 @@ import torch
 
 from ..compare import fail, same
 from ..core import Learner, LearnerRaised, check
-from ..kit import Suspects
+from ..kit import Suspects, call_explained
 from .judge import DTYPE, fail_raised, judge, oracle, rand, tolerance, unpack_grads
 from .mistakes import CAUSAL, DELTA, TILED, table, tiled
 from .probes import forbid, watch_and_forbid
@@ -150,11 +150,9 @@ def _watch_big(fn: Learner) -> dict:
     for causal in (False, True):
         tried = (f"watching tiled_attention_backward(q, k, v, o, lse, dout, {BIG_BLOCK}"
                  f"{', causal=True' if causal else ''}) at n_q = n_k = {BIG_N}, d_k = d_v = {BIG_D}, one head")
-        try:
-            report = fn.observe("backward.watch", q, k, v, o, lse, dout, BIG_BLOCK, timeout=120,
-                                **({"causal": True} if causal else {}))
-        except LearnerRaised as exc:
-            fail_raised(exc, tried, "(dq, dk, dv)")
+        report = call_explained(lambda: fn.observe("backward.watch", q, k, v, o, lse, dout, BIG_BLOCK, timeout=120,
+                                                   **({"causal": True} if causal else {})), tried=tried,
+                                expected="(dq, dk, dv)")
         forbid(report, tried, what="tiled_attention_backward", inputs=("q", "k", "v", "o", "lse", "dout"))
         largest, shape = int(report["largest"]), tuple(report["shape"])
         if largest >= BIG_N * BIG_N // 4:

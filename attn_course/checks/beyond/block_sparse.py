@@ -7,18 +7,17 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ..compare import Failure, as_tensor, call_or_skip, fail, same
 from ..core import Learner, check
 from ..kit import Known, Suspects
 from .judge import blocks_right, dtype_of, expect_close_at_dtype, qkv, refail, squares, table, tolerance
 
-Tensor = torch.Tensor
 
-
-# ============================================================================ exercise 5: block-sparse attention
 _SPARSE_FIX = ("for query block i, visit only the key blocks j with layout[i, j] True, keeping 09's running max, "
                "sum and accumulator; divide once at the end")
+_VISIT_FIX = "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()"
 
 
 def _mask(q: Tensor, k: Tensor, layout: Tensor, b: int) -> Tensor:
@@ -88,13 +87,11 @@ _SPARSE_TABLE = table(_sparse_tiles, [
      "add the unnormalised p @ v_block to acc and divide by ℓ once, at the end"),
 ]) + [
     Known("block_layout_transposed", "block layout transposed", "you read layout[j, i] (key block, query block) "
-          "instead of layout[i, j]: rows of the layout are query blocks, columns key blocks",
-          "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()",
+          "instead of layout[i, j]: rows of the layout are query blocks, columns key blocks", _VISIT_FIX,
           lambda q, k, v, layout, b: _sdpa(q, k, v, _mask(q, k, layout.T, b))),
     Known("block_layout_inverted", "block layout inverted: the skipped tiles visited", "you visited the key blocks "
           "with layout[i, j] False and skipped those with True: in the layout, True means the tile is kept (computed), "
-          "not masked out", "query block i visits the key blocks j with layout[i, j] True: layout[i].nonzero()",
-          lambda q, k, v, layout, b: _sparse_tiles(q, k, v, ~layout, b, "")),
+          "not masked out", _VISIT_FIX, lambda q, k, v, layout, b: _sparse_tiles(q, k, v, ~layout, b, "")),
     Known("layout_ignored_dense_attention", "layout ignored: dense attention", "every query sees every key: the "
           "layout's skipped tiles are not left out", _SPARSE_FIX, lambda q, k, v, layout, b: _sdpa(q, k, v, None)),
     Known("skipped_tiles_kept_with", "skipped tiles kept with weight", "the skipped tiles' scores were set to 0 "

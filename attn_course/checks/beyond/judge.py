@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 from ..boundary import probe
 from ..compare import Failure, fail, same
 from ..core import Learner
 from ..kit import Known, Suspects, watch
-
-Tensor = torch.Tensor
 
 
 def table(variant: Callable[..., Tensor], rows: list[tuple[str, str, str, str]]) -> list[Known]:

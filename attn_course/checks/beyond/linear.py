@@ -4,19 +4,17 @@ their mistakes are computed with."""
 
 from __future__ import annotations
 
-from typing import Callable
-
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from ..compare import Failure, as_tensor, call_or_skip, fail, same
 from ..core import Learner, check
 from ..kit import Known, Suspects, expect_unchanged
 from .judge import blocks_right, dtype_of, expect_close_at_dtype, no_square, qkv, refail, rows_right, table, tolerance
-
-Tensor = torch.Tensor
 
 
 # ============================================================================ the forms, for the oracle and the mistakes
@@ -148,13 +146,10 @@ def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
         norm = fk[..., t, :] if mistake in ("reset", "reset_u") else norm + fk[..., t, :]
         use, use_norm = (before, before_norm) if mistake.startswith("late") else (state, norm)
         num = (fq[..., t, None, :] @ use)[..., 0, :]
-        den = (fq[..., t, :] * use_norm).sum(0 if mistake == "axis0" else -1, keepdim=True)
-        if mistake in ("no_phiq", "no_u"):
-            den = (use_norm if mistake == "no_phiq" else fq[..., t, :]).sum(-1, keepdim=True)
-        if mistake == "late_guarded":
-            rows.append(torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.zeros_like(num)))
-        else:
-            rows.append(num * den if mistake == "mul" else num if mistake == "no_norm" else num / den)
+        den = {"no_phiq": use_norm, "no_u": fq[..., t, :]}.get(mistake, fq[..., t, :] * use_norm).sum(
+            0 if mistake == "axis0" else -1, keepdim=True)
+        row = num * den if mistake == "mul" else num if mistake == "no_norm" else num / den
+        rows.append(torch.where(den > 0, row, torch.zeros_like(row)) if mistake == "late_guarded" else row)
     return torch.stack(rows, dim=-2)
 
 

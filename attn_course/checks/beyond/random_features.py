@@ -6,16 +6,14 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import Tensor
 
 from ..compare import as_tensor, fail, same
 from ..core import Learner, check
 from ..kit import Suspects
 from .judge import dtype_of, expect_close_at_dtype, table, tolerance
 
-Tensor = torch.Tensor
 
-
-# ============================================================================ exercise 4: random features
 _RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(n_f), with n_f = omega.shape[0]"
 
 

@@ -13,12 +13,6 @@ from ..kit import Known, Suspects, call_explained, expect_dtype, expect_float64_
 from .oracle import LOOSE, PATTERNS, tolerance
 
 
-def _partials(q, k, v, mask=None):
-    from ...inference import partial_attention  # lazily: the reference module imports matplotlib
-
-    return partial_attention(q.double(), k.double(), v.double(), mask)
-
-
 def _pack(m, l, acc) -> torch.Tensor:
     """(m, l, acc) as one tensor (..., n_q, 2 + d_v): what the engine compares."""
     return torch.cat([m.double(), l.double(), acc.double()], dim=-1)
@@ -80,13 +74,15 @@ MERGE = [Known(key, summary, cause, fix, lambda x, y, key=key: _pack(*_merge_var
 
 
 def _merge_cases() -> list[tuple[str, tuple]]:
+    from ...inference import partial_attention  # lazily: the reference module imports matplotlib
+
     g = torch.Generator().manual_seed(31)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
     def split(q, k, v, at, masks=(None, None)):
-        return tuple(_partials(q, k[..., part, :], v[..., part, :], mask)
+        return tuple(partial_attention(q, k[..., part, :], v[..., part, :], mask)
                      for part, mask in zip((slice(None, at), slice(at, None)), masks))
 
     cases = []

@@ -67,10 +67,6 @@ _LOCAL = ("mask built from positions inside the tile", "you compared row and col
           "k_end)")
 
 
-def _masked(**band):
-    return lambda q, k, v, w, b: attn(q, k, v, mask=window(q.shape[-2], q.shape[-2], w, **band))
-
-
 _MEMO: dict[tuple, tuple] = {}  # (id(q), mistake, skip) → (q, output): the engine asks for one more than once
 
 
@@ -89,22 +85,23 @@ def _loop(key: str, summary: str, cause: str, fix: str, skips=(False,)) -> list[
 BOTH, SKIP = (True, False), (True,)
 _RESCALE = "before adding the block, rescale by exp(m_old − m_new)"
 _WITHIN = "mask key j for query i unless i − window < j ≤ i, in every tile"
-#: A case of sliding_window_attention: (q, k, v, window, block_size).
-WINDOW_ATTENTION = [
-    Known("wide", "window off by one: one key too many", "each query sees window + 1 keys (key ≥ query − window)",
-          _BAND, _masked(lo=-1)),
-    Known("narrow", "window off by one: one key too few", "each query sees window − 1 keys", _BAND, _masked(lo=1)),
-    Known("ignored", "window ignored", "the output is plain causal attention: every earlier key is visible",
-          "mask keys j ≤ i − window too, and skip the blocks that hold only such keys", _masked(lo=-math.inf)),
-    Known("acausal", "window not causal", "your queries also see up to `window` keys in the future",
-          "mask keys after the query (j > i) as well", _masked(causal=False)),
-    Known("not_causal", "not causal", "every query sees every key", "mask keys j > i and j ≤ i − window",
-          lambda q, k, v, w, b: attn(q, k, v)),
-    Known("no_self", "the query does not see itself", "your band stops one key before the query", _BAND,
-          _masked(hi=-1)),
-    Known("shifted", "the query does not see itself", "your band is shifted one key into the past (keys i − window "
-          "… i − 1)", _BAND, _masked(lo=-1, hi=-1)),
-] + [known for key, summary, cause, fix, skips in [
+#: A case of sliding_window_attention: (q, k, v, window, block_size). First the mistakes of the mask, reproduced by
+#: attention under a wrong band (:func:`~.oracle.window`), then those of the tiled loop.
+WINDOW_ATTENTION = [Known(key, summary, cause, fix, lambda q, k, v, w, b, band=band: attn(
+    q, k, v, mask=window(q.shape[-2], q.shape[-2], w, **band))) for key, summary, cause, fix, band in [
+    ("wide", "window off by one: one key too many", "each query sees window + 1 keys (key ≥ query − window)", _BAND,
+     dict(lo=-1)),
+    ("narrow", "window off by one: one key too few", "each query sees window − 1 keys", _BAND, dict(lo=1)),
+    ("ignored", "window ignored", "the output is plain causal attention: every earlier key is visible",
+     "mask keys j ≤ i − window too, and skip the blocks that hold only such keys", dict(lo=-math.inf)),
+    ("acausal", "window not causal", "your queries also see up to `window` keys in the future",
+     "mask keys after the query (j > i) as well", dict(causal=False)),
+    ("not_causal", "not causal", "every query sees every key", "mask keys j > i and j ≤ i − window",
+     dict(lo=-math.inf, causal=False)),
+    ("no_self", "the query does not see itself", "your band stops one key before the query", _BAND, dict(hi=-1)),
+    ("shifted", "the query does not see itself", "your band is shifted one key into the past (keys i − window … i − 1)",
+     _BAND, dict(lo=-1, hi=-1)),
+]] + [known for key, summary, cause, fix, skips in [
     ("no_self_tiles", "the query does not see itself", "your tiles mask key j = i too (j ≥ i, not j > i): query 0 "
      "sees no key (0 / 0 = NaN), the others miss their own", _BAND, SKIP),
     ("local", *_LOCAL, BOTH),

@@ -97,8 +97,8 @@ def raised_hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str
     that does not exist; else (``others``: whether the answer on another case is right) an input with another number
     of axes on which the code works."""
     msg, x = exc.message, case[0]
-    ndim, ns = max((c[0].ndim for c in passed), default=0), {c[0].shape[-1] for c in passed}
-    batched, n = x.ndim > ndim >= 1, x.shape[-1]
+    seen, ns = {c[0].ndim for c in passed}, {c[0].shape[-1] for c in passed}
+    batched, n = x.ndim > max(seen, default=0) >= 1, x.shape[-1]
     broadcast = "must match the size" in msg or "could not be broadcast" in msg
     if hint := kit.signature_hint(exc, signature):
         return hint
@@ -121,7 +121,6 @@ def raised_hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str
         hint = dict(cause="your function worked on inputs with fewer axes and fails once there are batch axes in front",
                     fix="write every step for any number of leading axes: index and reduce along negative axes (-1), "
                         "never loop over or index a fixed axis")
-    seen = {c[0].ndim for c in passed}
     if others is None or x.ndim in seen or (hint and not hint["cause"].startswith("your code uses an axis number")):
         return hint
     return kit.works_elsewhere(x.shape, [(c[0].shape, lambda c=c: others(c)) for c in cases if c[0].ndim not in seen],
@@ -133,9 +132,8 @@ def raised_hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str
 def judge_cases(cases: list[tuple], answer: Callable[[tuple, str], torch.Tensor], *, oracle: Callable,
                 table: list[kit.Known], tried: Callable[[tuple], str], expected: str, signature: str,
                 explain: Callable, what: str = "your result", shape_fix: str | Callable[[tuple, list], str],
-                reductions: bool = True,
-                atol: Callable[[tuple], float] = lambda c: 1e-6, again: Callable | None = None, reduced: bool = False,
-                factors: bool = False, hint: Callable[[LearnerRaised], dict] = lambda exc: {}
+                reductions: bool = True, atol: Callable[[tuple], float] = lambda c: 1e-6, again: Callable | None = None,
+                reduced: bool = False, factors: bool = False, hint: Callable[[LearnerRaised], dict] = lambda exc: {}
                 ) -> list[tuple[tuple, torch.Tensor]]:
     """Judge ``answer(case, tried)`` against ``oracle(*case)`` on every case: a known mistake of ``table`` that
     reproduces it, else what ``kit.what_is_off`` and ``explain(out, case, tried)`` find, else the plain comparison.

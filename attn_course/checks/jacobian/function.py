@@ -148,11 +148,12 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
         explain=lambda o, case, said: explain_vjp(o, case, said, z=case[0]),
         shape_fix="backward returns ∂ℒ/∂z shaped like z")
     # a backward computed in float32 passes the tolerance above and gradcheck's: its float64 cases show it
-    error = _float64_error(backward, backward_oracle)
-    if error > 1e-10 and _float64_error(forward, forward_oracle) <= 1e-10:  # (a lossy forward: gradcheck blames it)
+    forward_error, backward_error = _float64_error(forward, forward_oracle), _float64_error(backward, backward_oracle)
+    if backward_error > 1e-10 and forward_error <= 1e-10:  # (a lossy forward: gradcheck blames it)
         fail("backward not in float64 precision", tried="SoftmaxFunction.apply(z), then backward, on the float64 "
-             "cases above", got=f"your gradient is off by up to {error:.1e} of the largest value (about "
-             f"{-math.log10(error):.0f} correct digits)", expected="float64's ~16 digits: the gradient in grad's dtype",
+             "cases above", got=f"your gradient is off by up to {backward_error:.1e} of the largest value (about "
+             f"{-math.log10(backward_error):.0f} correct digits)",
+             expected="float64's ~16 digits: the gradient in grad's dtype",
              cause="your backward computes in a narrower dtype (.float(), .to(torch.float32) or float32 constants), "
                    "and autograd converts the result back to float64 without a word",
              fix="compute in grad's dtype: leave out .float(), .to(torch.float32) or float32 constants")
@@ -166,10 +167,8 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
                                     **(_saved_hint(exc) or raised_hint(exc, (z.detach(),), [], signature="forward(ctx, z) "
                                                                       "and backward(ctx, grad)")))) from None
     if not ok:  # a forward that loses precision hands its backward a rounded p too: blame the forward first
-        where, error = ("forward", _float64_error(forward, forward_oracle))
-        if error <= 1e-10:  # float64 rounding stays near 1e-16
-            where, error = ("backward", _float64_error(backward, backward_oracle))
-        lossy = error > 1e-10
+        where, error = ("forward", forward_error) if forward_error > 1e-10 else ("backward", backward_error)
+        lossy = error > 1e-10  # float64 rounding stays near 1e-16
         fail(f"gradcheck fails: {where} not in float64 precision" if lossy else "gradcheck fails", tried=tried,
              got="your backward disagrees with finite differences of your forward" + (
                  f"; on the float64 cases above, your {where} was off by up to {error:.1e} of the largest value"

@@ -28,7 +28,6 @@ def _batch_moved(p: torch.Tensor, where: Callable[[list[int], int], list[int]]) 
 
 _INNER = ("pᵀp for p pᵀ", "you subtracted the inner product pᵀp = Σ p_i² (one number) where J needs the outer product "
           "p pᵀ (an n×n matrix with entries p_i p_j)", _OUTER)
-_FACTOR = "outer product missing a factor"
 _BATCH = "batch axes first, the two Jacobian axes last: J[..., i, j] = ∂p_i/∂z_j"
 K = kit.Known
 JACOBIAN = [
@@ -48,10 +47,9 @@ JACOBIAN = [
       lambda p: torch.diag_embed(p) - (p * p).unsqueeze(-2)),
     K("ratio", "p_i / p_j for p_i p_j", "you divided where the outer product multiplies: p_i / p_j", _J,
       lambda p: torch.diag_embed(p) - p.unsqueeze(-1) / p.unsqueeze(-2)),
-    K("pi", _FACTOR, "you subtracted p_i (p broadcast along one axis), not the outer product p_i p_j", _OUTER,
-      lambda p: torch.diag_embed(p) - p.unsqueeze(-1)),
-    K("pj", _FACTOR, "you subtracted p_j (p broadcast along one axis), not the outer product p_i p_j", _OUTER,
-      lambda p: torch.diag_embed(p) - p.unsqueeze(-2)),
+    *[K(key, "outer product missing a factor", f"you subtracted {factor} (p broadcast along one axis), not the outer "
+        "product p_i p_j", _OUTER, lambda p, axis=axis: torch.diag_embed(p) - p.unsqueeze(axis))
+      for key, factor, axis in (("pi", "p_i", -1), ("pj", "p_j", -2))],
     K("p-for-diag", "p for diag(p)", "you subtracted the outer product from the vector p, which broadcasts along the "
       "rows, where J needs the diagonal matrix diag(p)", "torch.diag_embed(p) builds diag(p) for any leading axes",
       lambda p: p.unsqueeze(-2) - p.unsqueeze(-1) * p.unsqueeze(-2)),
@@ -194,7 +192,7 @@ VJP = [
 def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | None = None) -> None:
     """What is wrong with a gradient no known mistake reproduces. ``z``: the scores, when the answer is a Function's
     backward (whose forward has already passed every case, ±1000 included)."""
-    a, g = out.detach().double(), case[1]
+    a = out.detach().double()
     if not torch.isfinite(a).all():
         cause = ""
         if z is not None:
@@ -207,7 +205,7 @@ def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | No
              expected="finite gradients (p and grad are finite)", cause=cause,
              fix="save p in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
              if cause else f"compute {VJP_CODE}: no division, no log")
-    if not torch.allclose(sums := a.sum(-1), torch.zeros_like(sums), atol=1e-6 * max(1.0, float(g.abs().max()))):
+    if not torch.allclose(sums := a.sum(-1), torch.zeros_like(sums), atol=grad_atol(case)):
         fail("rows do not sum to 0", tried=tried, got=f"rows of your result sum to {fmt(float(sums.min()))} … "
              f"{fmt(float(sums.max()))}",
              expected="every row summing to 0 (Σ_i p_i (g_i − ⟨g, p⟩) = ⟨g, p⟩ − ⟨g, p⟩ = 0)",

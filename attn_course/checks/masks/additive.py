@@ -69,8 +69,7 @@ def check_additive_mask(fn: Learner) -> str:
             fail("kept positions are not 0", tried=shown,
                  got=f"{fmt(float(kept[kept != 0][0]))} where the mask is True", expected="0 where the mask is True",
                  cause=f"every kept position of your result holds {c}, which shifts every kept score (a start from "
-                 "torch.ones or torch.full)" if c else "",
-                 fix=f"start from zeros: {zeros}")
+                 "torch.ones or torch.full)" if c else "", fix=f"start from zeros: {zeros}")
         if (blocked >= 0).any():
             fail("blocked positions not negative", tried=shown,
                  got=f"{fmt(float(blocked.max()))} where the mask is False", expected="-inf where the mask is False",

@@ -3,6 +3,7 @@ region, and the mistakes several checks share (polarity, pad_id, counted padding
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -63,25 +64,16 @@ def _as_bool_mask(value: Any, *, tried: str, what: str = "your mask") -> torch.T
          got=f"{what} is {kind}", expected=_BOOL, fix="build it from comparisons (==, !=, <, <=) and torch.tril")
 
 
-def _broadcast(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
-    try:
-        return torch.broadcast_to(t, shape)
-    except RuntimeError:
-        return None
-
-
 def table(rows: Callable[..., list[tuple]], cases: list[tuple], shape_of: Callable[..., tuple]) -> list[Known]:
     """Known mistakes from ``rows(*case)``: (key, summary, cause, fix, mask) tuples, the mask being what the mistake
     gives on that case (a tensor, a function making it, or None where it cannot happen), broadcast to
     ``shape_of(*case)``. Keys and texts do not depend on the case; each case's rows are built once."""
-    memo: dict[tuple, tuple] = {}
+    made = functools.cache(lambda *case: {row[0]: row[4] for row in rows(*case)})  # tensors are cached by identity
 
     def mask(key: str, *case: Any) -> torch.Tensor | None:
-        if (ids := tuple(map(id, case))) not in memo:  # the case is kept with its rows, so its ids stay its own
-            memo[ids] = (case, {row[0]: row[4] for row in rows(*case)})
-        value = memo[ids][1].get(key)
+        value = made(*case).get(key)
         value = value() if callable(value) else value
-        return None if value is None else _broadcast(value, shape_of(*case))
+        return None if value is None else torch.broadcast_to(value, shape_of(*case))  # raises: no suspect here
 
     return [Known(key, summary, cause, fix, lambda *case, key=key: mask(key, *case))
             for key, summary, cause, fix, _ in rows(*cases[0])]
@@ -99,8 +91,7 @@ class Judge:
 
     def found(self, got: torch.Tensor, case: tuple) -> list[Known]:
         """The known mistakes (not ruled out, told apart on other cases where they can be) whose mask is ``got``."""
-        found = self.suspects.suspects(got, case)
-        found = self.suspects.narrow(found, self.again, self.cases) if len(found) > 1 else found
+        found = self.suspects.narrow(self.suspects.suspects(got, case), self.again, self.cases)
         return list({m.summary: m for m in found}.values())
 
 
@@ -110,7 +101,10 @@ def compare(got: torch.Tensor, expected: torch.Tensor, judge: Judge, case: tuple
     """Fail unless ``got`` equals ``expected``, shape included, naming a known mistake, else a wrong shape, else the
     ``regions`` (name, where) that hold the wrong pairs. A right answer rules out the mistakes whose mask differs."""
     target, shape = tuple(expected.shape), tuple(got.shape)
-    g = _broadcast(got, target)
+    try:
+        g = torch.broadcast_to(got, target)
+    except RuntimeError:
+        g = None
     if shape == target and torch.equal(got, expected):
         judge.suspects.passed(case, expected)
         return
@@ -199,12 +193,10 @@ _PATTERNS = [
 
 def call(fn: Callable, args: tuple, tried: str, expected: str, kwargs: dict | None = None,
          constructs: list = ()) -> Any:
-    """The learner's result. A construct (cause, fix, attempt[, confirm]) explains an exception whose message its
-    attempt reproduces, where it has ``confirm`` (a broadcasting message is shared by many mistakes) only when
-    another call of the learner's code confirms it."""
-    confirmed = [(c[0], c[1], (lambda c=c: c[3]() and c[2]()) if len(c) > 3 else c[2]) for c in constructs]
+    """The learner's result. A construct (cause, fix, attempt) explains an exception whose message its attempt
+    reproduces."""
     return kit.call_explained(lambda *a: fn(*a, **(kwargs or {})), *args, tried=tried, expected=expected,
-                              constructs=confirmed, patterns=_PATTERNS)
+                              constructs=constructs, patterns=_PATTERNS)
 
 
 def mask_of(fn: Learner, args: tuple, tried: str, shape: tuple, kwargs: dict | None = None,

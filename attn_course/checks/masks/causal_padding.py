@@ -126,8 +126,7 @@ def _ids_mistakes(ids: torch.Tensor, pad_id: int) -> list[tuple]:
             ("positive", *PAD_ID, "compare with the argument: ids != pad_id", ids > 0),
             ("polarity", POLARITY[0], POLARITY[1] + "; real tokens should be True, <pad> False", "ids != pad_id",
              ids == pad_id),
-            ("count", *COUNTED, every,
-             torch.arange(ids.shape[1])[None, :] < real.sum(-1, keepdim=True)),
+            ("count", *COUNTED, every, torch.arange(ids.shape[1])[None, :] < real.sum(-1, keepdim=True)),
             ("cumprod", "padding assumed after the first <pad>", "you marked everything after the first <pad> as "
              "padding; with padding on the left the real tokens come after it", every,
              torch.cumprod(real.long(), -1).bool()),

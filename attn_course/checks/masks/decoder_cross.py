@@ -62,8 +62,7 @@ def _decoder_mistakes(ids: torch.Tensor, pad_id: int) -> list[tuple]:
         ("zeros", "everything is masked", "no query may attend to any key", key_part,
          torch.zeros(B, 1, T, T, dtype=torch.bool)),
         ("transposed", "transposed: rows and columns swapped", "your rows are the keys and your columns the queries",
-         "mask[..., i, j] says whether query i may attend to key j",
-         padded(real).transpose(-2, -1)),
+         "mask[..., i, j] says whether query i may attend to key j", padded(real).transpose(-2, -1)),
         ("polarity", *POLARITY, negate, ~padded(real)),
         ("pad-polarity", "padding part inverted (== pad_id)", "your padding part (tgt_ids == pad_id) allows only <pad> "
          "keys", f"compare with !=: {key_part}", padded(ids == pad_id)),

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import kit
-from ..compare import Failure, same
+from ..compare import Failure
 from ..core import Learner, LearnerRaised, as_tensor, check, fail, fmt
 from ..kit import Suspects, narrowing_calls
 from .answers import POLARITY, call, table
@@ -92,8 +92,8 @@ def _softmax_mistakes(s: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
          "longer sum to 1", before, after),
         ("renorm", renormalised[0], renormalised[1] + "0/0 = NaN in fully masked rows and where the allowed weights "
          "underflow", before, after / after.sum(-1, keepdim=True)),
-        ("renorm-nan0", renormalised[0], renormalised[1] + "where every allowed weight underflows to 0 the row sum is 0 too, and "
-         "such a row came out 0 (0/0 turned into 0) instead of a softmax over its allowed keys", before,
+        ("renorm-nan0", renormalised[0], renormalised[1] + "where every allowed weight underflows to 0 the row sum is "
+         "0 too, and such a row came out 0 (0/0 turned into 0) instead of a softmax over its allowed keys", before,
          torch.nan_to_num(after / after.sum(-1, keepdim=True))),
         ("all", "rows with any blocked key set to 0", "you zeroed every row with a blocked key (all instead of any)",
          f"zero only the rows with no allowed key: {_EMPTY_ROWS}", plain.masked_fill(~full.all(-1, keepdim=True), 0.0)),
@@ -128,12 +128,14 @@ def check_masked_softmax(fn: Learner) -> str:
     suspects = Suspects(table(_softmax_mistakes, every, lambda s, m: tuple(s.shape)))
     no_keepdim = ("mask.any(dim=-1) without keepdim=True has shape (…, n_q), which lines up with the keys' axis, not "
                   "the rows", f"keep the axis: {_EMPTY_ROWS} has shape (…, n_q, 1)")
-    confirm = functools.cache(lambda: _confirm_no_keepdim(fn))  # one more call of the learner's code, if needed
+    # A broadcasting message is shared by many mistakes: a construct raising it is named only when one more call of
+    # the learner's code confirms it.
+    confirm = functools.cache(lambda: _confirm_no_keepdim(fn))
     for case, (s, mask) in zip(cases, every):
         tried = (f"masked_softmax(scores {tuple(s.shape)} {str(s.dtype).replace('torch.', '')}, mask "
                  f"{tuple(mask.shape)}) on {case.name}")
         plain = torch.softmax(s.masked_fill(~mask, -math.inf), -1)
-        constructs = [(*no_keepdim, attempt, confirm) for attempt in (
+        constructs = [(*no_keepdim, lambda attempt=attempt: confirm() and attempt()) for attempt in (
             lambda: plain.masked_fill(~mask.any(-1), 0.0), lambda: torch.where(mask.any(-1), plain, 0.0),
             lambda: plain.masked_fill(~torch.broadcast_to(mask, s.shape).any(-1), 0.0))]
         raw, changed = call(fn.observe, (kit.CALL, s, mask), tried, f"weights of shape {tuple(s.shape)}",
@@ -166,12 +168,11 @@ def _confirm_no_keepdim(fn: Learner) -> bool:
     no key, as a missing keepdim does."""
     s = torch.tensor([[0.3, -1.2, 2.0], [0.7, 0.1, -0.4], [1.5, -0.6, 0.2]], dtype=torch.float64)  # (3, 3)
     mask = torch.tensor([[True, False, True], [False, False, False], [True, True, False]])
-    try:
-        got = as_tensor(fn(s, mask), tried="", what="")
-    except (LearnerRaised, Failure):
-        return False
     no_keepdim = torch.softmax(s.masked_fill(~mask, -math.inf), -1).masked_fill(~mask.any(-1), 0.0)
-    return same(got, no_keepdim, atol=1e-9, rtol=1e-7)
+    try:
+        return kit.agrees(fn(s, mask), no_keepdim, atol=1e-9, rtol=1e-7)
+    except LearnerRaised:
+        return False
 
 
 def _softmax_structure(got: torch.Tensor, case: _SoftCase, tried: str) -> None:

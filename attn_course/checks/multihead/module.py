@@ -112,9 +112,8 @@ def _weights_for(layers: dict, d_model: int, width: int, gen: torch.Generator) -
     for role in "qkvo":
         fan_in, fan_out = (width, d_model) if role == "o" else (d_model, width)
         w = torch.randn(fan_out, fan_in, generator=gen, dtype=torch.float64) * 1.2 / math.sqrt(fan_in)
-        b = 0.3 * torch.randn(fan_out, generator=gen, dtype=torch.float64)
-        if not linears[layers[role]][2]:
-            b = torch.zeros(fan_out, dtype=torch.float64)  # the learner's layer has no bias
+        b = 0.3 * torch.randn(fan_out, generator=gen, dtype=torch.float64)  # drawn even for a layer without bias
+        b = b if linears[layers[role]][2] else torch.zeros_like(b)  # (so that the later draws stay the same)
         P[role] = (w.to(torch.float32).to(torch.float64), b.to(torch.float32).to(torch.float64))
     groups = [("qkv", layers["q"])] if layers["fused"] else [(r, layers[r]) for r in "qkv"]
     for roles, name in [*groups, ("o", layers["o"])]:

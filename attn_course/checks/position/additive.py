@@ -16,7 +16,6 @@ from ..kit import Known, Suspects
 from .judge import call, refine
 
 
-# ================================================================================== additive attention
 _MASKED = ("polarity", "after", "ignored", "zero_fill")
 
 
@@ -49,9 +48,10 @@ _ADD_FIX = ("scores[i, j] = w · tanh(W_q q_i + W_k k_j); weights = softmax over
             "output = weights @ v")
 _TANH = "torch.tanh(hq[..., :, None, :] + hk[..., None, :, :])"
 _BEFORE = "fill blocked scores with float('-inf') before the softmax"
+_TRANSPOSED = ("you computed q @ W_q, but W_q has shape (d_h, d_q): W_q q_i is q @ W_q.T",
+               "project with q @ W_q.T and k @ W_k.T")
 _ADD_ROWS = [
-    ("transposed", "W_q and W_k used transposed", "you computed q @ W_q, but W_q has shape (d_h, d_q): W_q q_i is "
-     "q @ W_q.T", "project with q @ W_q.T and k @ W_k.T"),
+    ("transposed", "W_q and W_k used transposed", *_TRANSPOSED),
     ("no_tanh", "tanh missing", "you summed the projections without tanh: the score splits into a query part and a "
      "key part", "apply torch.tanh to W_q q_i + W_k k_j before the dot product with w"),
     ("separate", "tanh applied to each projection separately", "you computed tanh(W_q q) + tanh(W_k k); the tanh "
@@ -88,8 +88,7 @@ def _constructs(q, k, v, Wq, Wk, w, mask=None) -> list[tuple[str, str, Callable[
         ("you paired queries and keys with unsqueeze(1) and unsqueeze(0), right for 2-D input only: with batch "
          "axes the new axes land among them", "count from the end: unsqueeze(-2) and unsqueeze(-3)",
          lambda: hq.unsqueeze(1) + hk.unsqueeze(0)),
-        *[("you computed q @ W_q, but W_q has shape (d_h, d_q): W_q q_i is q @ W_q.T", "project with q @ W_q.T and "
-           "k @ W_k.T", attempt) for attempt in (lambda: q @ Wq, lambda: k @ Wk)],
+        *[(*_TRANSPOSED, attempt) for attempt in (lambda: q @ Wq, lambda: k @ Wk)],
         *[("you projected q with W_k (or k with W_q)", "hq = q @ W_q.T, hk = k @ W_k.T", attempt)
           for attempt in (lambda: q @ Wk.T, lambda: k @ Wq.T)],
     ]

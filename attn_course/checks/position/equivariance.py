@@ -17,7 +17,6 @@ from ..core import Learner, check
 from .judge import call
 
 
-# ================================================================================== the learner's test
 SEED = 12  #: torch's, NumPy's and Python's seed while the learner's test runs
 #: More seeds for the variant a permutation that keeps every distance misses: a test that never draws again when
 #: torch.randperm gives the identity or the reversal passes on one seed by luck (a third of the seeds when n = 3).

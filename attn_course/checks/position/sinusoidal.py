@@ -12,7 +12,6 @@ from ..kit import Suspects
 from .judge import call, floating, frequency_cause, judge, kept_slice, refine, table
 
 
-# ================================================================================== sinusoidal encoding
 def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor | None:
     if mistake in ("transposed", "extra_column"):
         return _sinusoid(n, d, base).T if mistake == "transposed" else _sinusoid(n, d + 1, base) if d % 2 else None

@@ -235,50 +235,50 @@ def _name_variance_mistake(estimates: list[float], settings: list[tuple[int, flo
              fix=SUM_FIX)
     if not math.isfinite(est):
         seen = fn.observe(MC_PROBE, d, seed=seed * 1000 + i, watched=True, sigma=s, n_samples=n)[0]
-        one = 1 in seen["reductions"] and {"var", "std", "var_mean", "std_mean"} & set(seen["calls"])
-        fail("NaN: the variance of a single number" if one and est != est else f"{got} for d_k = {d}", tried=tried,
-             got=got, expected=f"a finite number ≈ {fmt(s**4 * d)}",
-             cause="your function took .var() or .std() over a single value, and the variance of one number is NaN"
-             if one and est != est else "", fix="print the shape of the tensor whose variance you take: it should be "
-             "(n_samples,), one dot product per sample (the variance of a single number is NaN)")
+        one = est != est and 1 in seen["reductions"] and {"var", "std", "var_mean", "std_mean"} & set(seen["calls"])
+        fail("NaN: the variance of a single number" if one else f"{got} for d_k = {d}", tried=tried, got=got,
+             expected=f"a finite number ≈ {fmt(s**4 * d)}", cause="your function took .var() or .std() over a single "
+             "value, and the variance of one number is NaN" if one else "", fix="print the shape of the tensor whose "
+             "variance you take: it should be (n_samples,), one dot product per sample (the variance of a single "
+             "number is NaN)")
     if all(e < 0 for e in estimates):
         fail("negative estimates", tried=tried, got=f"{got} (every estimate is below 0)", expected=expected,
              cause="a variance is never negative: a sign slipped into your estimate", fix="return scores.var()")
     ratios = [e / (s_**4 * d_) for e, (d_, s_, n_) in zip(estimates, settings)]
-    all_estimates = "; ".join(f"d_k = {d_}, σ = {s_:g}: {fmt(e)}" for e, (d_, s_, n_) in zip(estimates, settings))
+    got_all = f"{got} (all your estimates: " + "; ".join(
+        f"d_k = {d_}, σ = {s_:g}: {fmt(e)}" for e, (d_, s_, n_) in zip(estimates, settings)) + ")"
     # Settings 0 and 3 differ only in d_k (64 and 1, σ = 1): the theory says 64 times apart.
     small, large = estimates[3], estimates[0]
     if small > 0 and large > 0 and max(small, large) <= 1.3 * min(small, large):
-        fail("the estimate does not grow with d_k", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
-             expected=expected, cause=f"your estimates for d_k = 1 and d_k = 64 (σ = 1 both) are about equal "
-             f"({fmt(small)} and {fmt(large)}): the function does not use d_k", fix=f"draw q and k as {DRAW}")
-    spread: float | None = None  # the scatter of estimates at d_k = 1, measured once when needed
-    mean_ratio = sum(ratios) / len(ratios) if all(math.isfinite(r) for r in ratios) else float("nan")
+        fail("the estimate does not grow with d_k", tried=tried, got=got_all, expected=expected, cause="your estimates "
+             f"for d_k = 1 and d_k = 64 (σ = 1 both) are about equal ({fmt(small)} and {fmt(large)}): the function "
+             "does not use d_k", fix=f"draw q and k as {DRAW}")
+    spread = functools.cache(lambda: _scatter(fn, seed))  # the scatter of estimates at d_k = 1, measured when needed
+    finite = all(math.isfinite(r) for r in ratios)
+    mean_ratio = sum(ratios) / len(ratios) if finite else float("nan")
     # A constant factor: the estimates agree with each other far better than with the theory.
     if math.isfinite(mean_ratio) and mean_ratio > 0 and \
             all(abs(r - mean_ratio) <= min(0.1 * mean_ratio, 0.75 * abs(mean_ratio - 1)) for r in ratios):
-        fail(f"off by a factor of {fmt(mean_ratio)}", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
-             expected=expected, cause="", fix=f"every estimate is about {fmt(mean_ratio)} × σ⁴·d_k: look for a "
-             "constant that scales q, k or the result")
+        fail(f"off by a factor of {fmt(mean_ratio)}", tried=tried, got=got_all, expected=expected, cause="",
+             fix=f"every estimate is about {fmt(mean_ratio)} × σ⁴·d_k: look for a constant that scales q, k or the "
+             "result")
     # No common factor, estimates on both sides of the theory, but too far from it: too few samples.
-    if all(math.isfinite(r) for r in ratios) and min(ratios) < 1 < max(ratios):
+    if finite and min(ratios) < 1 < max(ratios):
         per_setting = [2 + 6 / d_ for d_, s_, n_ in settings]
         effective = sum(per_setting) / sum((r - 1) ** 2 for r in ratios)
         # (below 30 pairs the estimates are too far off for sampling noise: the scatter test below names that; a q or
         # a k shared by all the pairs looks the same here, and its scatter at d_k = 1 tells it apart)
-        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4 and (spread := _scatter(fn, seed)) <= 30:
-            fail("fewer samples than n_samples", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
-                 expected=expected, cause=f"your estimates land on both sides of σ⁴·d_k, as far as from about "
-                 f"{fmt(effective)} pairs: your function uses fewer pairs than n_samples (a cap, or part of the draws)",
-                 fix=f"draw n_samples pairs, {DRAW}, and use all of them")
-    spread = spread if spread is not None else _scatter(fn, seed)
-    if spread > 30:
-        fail("the estimates scatter far too much", tried=tried, got=f"{got} (all your estimates: {all_estimates}); "
-             f"and {SCATTER_SEEDS} estimates for d_k = 1 scatter {fmt(spread)} × as much as they should",
+        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4 and spread() <= 30:
+            fail("fewer samples than n_samples", tried=tried, got=got_all, expected=expected, cause="your estimates "
+                 f"land on both sides of σ⁴·d_k, as far as from about {fmt(effective)} pairs: your function uses fewer "
+                 "pairs than n_samples (a cap, or part of the draws)", fix=f"draw n_samples pairs, {DRAW}, and use "
+                 "all of them")
+    if spread() > 30:
+        fail("the estimates scatter far too much", tried=tried, got=f"{got_all}; and {SCATTER_SEEDS} estimates for "
+             f"d_k = 1 scatter {fmt(spread())} × as much as they should",
              expected=expected, cause="such estimates rest on far fewer independent dot products than n_samples: a q "
              "or a k drawn once and shared by all the pairs", fix=f"draw n_samples independent pairs: {BOTH}")
-    fail(f"{fmt(est)}, expected {fmt(s**4 * d)}", tried=tried, got=f"{got} (all your estimates: {all_estimates})",
-         expected=expected, fix=RECIPE)
+    fail(f"{fmt(est)}, expected {fmt(s**4 * d)}", tried=tried, got=got_all, expected=expected, fix=RECIPE)
 
 
 _MC_EXPECTS = "a function mc_score_variance(d_k, sigma=1.0, n_samples=20000, generator=None) returning a number"
