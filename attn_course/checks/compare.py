@@ -34,6 +34,7 @@ __all__ = [
     "Mismatch",
     "same",
     "fmt",
+    "fail_again",
 ]
 
 
@@ -49,6 +50,12 @@ def fail(summary: str, *, tried: str = "", got: str = "", expected: str = "", ca
          fix: str = "") -> NoReturn:
     """End the check: ``summary`` is the short line; the other parts fill the template."""
     raise Failure(Diagnosis(summary, tried, got, expected, cause, fix))
+
+
+def fail_again(failure: Failure, summary: str, cause: str, fix: str) -> NoReturn:
+    """End the check with what ``failure`` showed (tried, got, expected) and a cause a measurement found."""
+    d = failure.diagnosis
+    fail(summary, tried=d.tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
 
 
 def fmt(x: float) -> str:

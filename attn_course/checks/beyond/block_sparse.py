@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..compare import Failure, as_tensor, call_or_skip, fail, same
+from ..compare import Failure, as_tensor, call_or_skip, fail, fail_again, same
 from ..core import Learner, check
-from ..kit import Known, Suspects
-from .judge import blocks_right, dtype_of, expect_close_at_dtype, qkv, refail, squares, table, tolerance
+from ..kit import Known, Suspects, variants
+from .judge import blocks_right, dtype_of, expect_close_at_dtype, qkv, squares, tolerance
 
 
 _SPARSE_FIX = ("for query block i, visit only the key blocks j with layout[i, j] True, keeping 09's running max, "
@@ -59,7 +59,7 @@ def _zero_filled(q: Tensor, k: Tensor, v: Tensor, layout: Tensor, b: int) -> Ten
     return torch.softmax(s.masked_fill(~_mask(q, k, layout, b), 0.0), -1) @ v.double()
 
 
-_SPARSE_TABLE = table(_sparse_tiles, [
+_SPARSE_TABLE = variants(_sparse_tiles, [
     ("tile_max", "one running maximum for all rows", "you took the maximum over the whole tile (amax without "
      "dim=-1), so a row whose scores are far below another row's underflows to 0 / 0", "keep one maximum per query "
      "row: s.amax(dim=-1, keepdim=True)"),
@@ -123,12 +123,12 @@ def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
     wrong, kept = [i for i, r in enumerate(right) if not r], [int(t) for t in layout.sum(-1)]
     shown = ", ".join(map(str, wrong[:8]))
     if wrong and len(wrong) < len(right) and all(r == (t == 1) for r, t in zip(right, kept)):
-        refail(failure, "wrong where a query block keeps several key blocks", f"the query blocks that keep one key "
+        fail_again(failure, "wrong where a query block keeps several key blocks", f"the query blocks that keep one key "
                f"block are right and those that keep several ({shown}) are wrong: one tile alone is right, so what "
                "goes wrong is " + _COMBINED, _SPARSE_FIX)
     if wrong and len(wrong) < len(right):
         rows = ", ".join(f"{i * b}–{min((i + 1) * b, out.shape[-2]) - 1}" for i in wrong[:6])
-        refail(failure, f"wrong only in query blocks {shown}", f"query blocks {shown} (rows {rows}) are wrong and the "
+        fail_again(failure, f"wrong only in query blocks {shown}", f"query blocks {shown} (rows {rows}) are wrong and the "
                f"other {len(right) - len(wrong)} right: compare what your loop does for those blocks (their key "
                "blocks: " + "; ".join(f"{i}: {layout[i].nonzero().flatten().tolist()}" for i in wrong[:4]) + ")",
                _SPARSE_FIX)
@@ -138,10 +138,10 @@ def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
     if mine is None or tuple(mine.shape) != tuple(out.shape) or bool((layout.sum(-1) == 1).all()):
         return
     if same(mine, _sdpa(q, k, v, _mask(q, k, one, b)), **tolerance(torch.float32)):
-        refail(failure, "right with one tile per query block, wrong with several", "with a layout that keeps one key "
+        fail_again(failure, "right with one tile per query block, wrong with several", "with a layout that keeps one key "
                "block per query block your function is right, with several it is not: what goes wrong is "
                + _COMBINED, _SPARSE_FIX)
-    refail(failure, "wrong even with one tile per query block", "with a layout that keeps one key block per query "
+    fail_again(failure, "wrong even with one tile per query block", "with a layout that keeps one key block per query "
            f"block your result is wrong as well{' (NaN)' if bool(torch.isnan(mine).any()) else ''}: the error is in "
            "what one tile computes (its scores q kᵀ/√d_k, p = exp(s − m), ℓ, acc, or the final acc / ℓ), not only "
            "in how tiles are combined", _SPARSE_FIX)

@@ -12,12 +12,7 @@ from torch import Tensor
 from ..boundary import probe
 from ..compare import Failure, fail, same
 from ..core import Learner
-from ..kit import Known, Suspects, watch
-
-
-def table(variant: Callable[..., Tensor], rows: list[tuple[str, str, str, str]]) -> list[Known]:
-    """Known mistakes (key, summary, cause, fix) whose output is ``variant(*case, key)``."""
-    return [Known(key, s, c, f, lambda *case, key=key: variant(*case, key)) for key, s, c, f in rows]
+from ..kit import Suspects, watch
 
 
 def qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, seed: int, *, scale: float = 1.0,
@@ -78,12 +73,6 @@ def blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
         return None
     right = rows_right(out, expected).reshape(-1, out.shape[-2]).all(0)  # (n,)
     return [bool(right[s:s + size].all()) for s in range(0, right.shape[0], size)]
-
-
-def refail(failure: Failure, summary: str, cause: str, fix: str) -> None:
-    """Fail again with what the first failure showed, now with a measured cause."""
-    d = failure.diagnosis
-    fail(summary, tried=d.tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
 
 
 # ============================================================================ the probe: what the code builds

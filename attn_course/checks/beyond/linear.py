@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..compare import Failure, as_tensor, call_or_skip, fail, same
+from ..compare import Failure, as_tensor, call_or_skip, fail, fail_again, same
 from ..core import Learner, check
-from ..kit import Known, Suspects, expect_unchanged
-from .judge import blocks_right, dtype_of, expect_close_at_dtype, no_square, qkv, refail, rows_right, table, tolerance
+from ..kit import Known, Suspects, expect_unchanged, variants
+from .judge import blocks_right, dtype_of, expect_close_at_dtype, no_square, qkv, rows_right, tolerance
 
 
 # ============================================================================ the forms, for the oracle and the mistakes
@@ -162,7 +162,7 @@ def _transposed_state(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 _LATE_CAUSE = ("you computed out_t from the state before adding token t (C_{t−1} instead of C_t): every "
                "position misses its own key and value")
-_CAUSAL_TABLE = table(_recurrence, [
+_CAUSAL_TABLE = variants(_recurrence, [
     ("late", "state update off by one: token t not in its own output",
      _LATE_CAUSE + ", and position 0 sees nothing at all (0 / 0 = NaN)", _RECUR_FIX),
     ("late_guarded", "state update off by one: token t not in its own output", _LATE_CAUSE, _RECUR_FIX),
@@ -240,7 +240,7 @@ def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, d_k: int, c: in
         return
     close = rows_right(out, expected)
     if bool(close[..., :done].all()) and not bool(close[..., done:].any()):
-        refail(failure, f"only the first {done} rows computed: loop bound d_k instead of n",
+        fail_again(failure, f"only the first {done} rows computed: loop bound d_k instead of n",
                f"rows 0 … {done - 1} are right and every later row is wrong: your loop stops at d_k = {d_k}"
                + ("" if c == 1 else " (after the chunks that start before it)") + ", as a range over q.shape[-1] "
                f"(the features) does, where the positions are q.shape[-2] (n = {n})",
@@ -295,7 +295,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tens
     return out
 
 
-_CHUNK_TABLE = table(_chunked, [
+_CHUNK_TABLE = variants(_chunked, [
     ("early", "chunk counted twice: state updated before it is read", "you added the chunk's own φ(k)ᵀ v to the "
      "state before reading it, so each chunk's keys count twice (once through A, once through C) and later keys of "
      "the chunk leak to earlier queries", _CHUNK_FIX),
@@ -360,12 +360,12 @@ def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
     if right is None or len(right) < 2:
         return
     if n % c and all(right[:-1]) and not right[-1]:
-        refail(failure, f"wrong only in the last, shorter chunk (rows {n - n % c} … {n - 1})",
+        fail_again(failure, f"wrong only in the last, shorter chunk (rows {n - n % c} … {n - 1})",
                f"n = {n} is not a multiple of chunk_size = {c}, and your loop mishandles the last {n % c} positions "
                "(a range that stops before them, or a chunk length taken as chunk_size)",
                "loop with range(0, n, chunk_size) and use each chunk's own length for its mask")
     if right[0] and not any(right[1:]):
-        refail(failure, "only the first chunk right", f"rows 0 … {c - 1} (the first chunk, which sees no earlier "
+        fail_again(failure, "only the first chunk right", f"rows 0 … {c - 1} (the first chunk, which sees no earlier "
                "chunk) are right and every later chunk is wrong: what a chunk takes from the chunks before it, "
                "φ(q_c) C and φ(q_c) u with the carried state, goes wrong (how C and u are updated, or how they are "
                "read)", _CHUNK_FIX)
@@ -373,10 +373,10 @@ def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tenso
     if whole is None or tuple(whole.shape) != tuple(out.shape):
         return
     if same(whole, expected, **tolerance(torch.float32)):
-        refail(failure, "right as one chunk, wrong with several", f"with chunk_size = n (one chunk) your function is "
+        fail_again(failure, "right as one chunk, wrong with several", f"with chunk_size = n (one chunk) your function is "
                f"right, with chunks of {c} it is not: what goes wrong is what passes from chunk to chunk (the state C "
                "and u: how they are updated, or how φ(q_c) C and φ(q_c) u are added)", _CHUNK_FIX)
-    refail(failure, "wrong even as one chunk", "with chunk_size = n (the whole sequence as one chunk, no state "
+    fail_again(failure, "wrong even as one chunk", "with chunk_size = n (the whole sequence as one chunk, no state "
            "carried) your result is wrong as well: the error is in the work inside a chunk (A = φ(q_c) φ(k_c)ᵀ with "
            "its causal mask, A v_c, the row sums of A, or the division)", _CHUNK_FIX)
 

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from ..compare import as_tensor, fail, same
 from ..core import Learner, check
-from ..kit import Suspects
-from .judge import dtype_of, expect_close_at_dtype, table, tolerance
+from ..kit import Suspects, variants
+from .judge import dtype_of, expect_close_at_dtype, tolerance
 
 
 _RF_FIX = "φ(x) = torch.exp(x @ omega.T − (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(n_f), with n_f = omega.shape[0]"
@@ -32,7 +32,7 @@ def _features(x: Tensor, omega: Tensor, mistake: str = "") -> Tensor:
     return torch.exp(proj - half) * scale
 
 
-_RF_TABLE = table(_features, [
+_RF_TABLE = variants(_features, [
     ("no_scale", "features not rescaled: 1/√n_f missing", "you left out the division by √n_f, so φ(x)·φ(y) sums n_f "
      "terms instead of averaging them", "divide by math.sqrt(omega.shape[0])"),
     ("r", "features divided by n_f instead of √n_f", "you divided each feature by n_f; φ(x)·φ(y) multiplies two "

@@ -8,8 +8,8 @@ share lives here, under a public name, in the module that has its job:
 * :mod:`.mistakes` — ONE model of a known mistake, as data (:class:`Known`: key, summary, cause, fix, and how to
   reproduce it on the check's case), and ONE engine that judges a check's cases against a table of them
   (:class:`Suspects`); :class:`AlongDim` (a Known whose texts name the case's ``dim``), :func:`fits` (a mistake
-  that explains every wrong case), :func:`known_rows` (a table from rows), :func:`factors` (names for a constant
-  factor);
+  that explains every wrong case), :func:`known_rows` (a table from rows), :func:`variants` (a table of
+  one function with a switch per mistake), :func:`factors` (names for a constant factor);
 * :mod:`.raises` — ONE explanation of a learner's exception (:func:`explain_raise`: a construct of the topic that
   raises the very same message, a pattern of the topic, the course-wide table), :func:`call_explained` (the
   learner's call, its exception explained), and shared hints (:func:`bool_hint`, :func:`signature_hint`,
@@ -37,12 +37,12 @@ from .families import (PRODUCT_MISTAKES, SHIFT_FIX, SOFTMAX_MISTAKES, WEIGHTS_FI
                        normalised, other_axis, product_rows)
 from .measure import (agrees, batch_entries, exp_limits, expect_dtype, expect_float64_precision, explain_nonfinite,
                       lower_precision, nan_or_inf, narrowing_calls, what_is_off, works_elsewhere)
-from .mistakes import AlongDim, Case, Known, Suspects, factors, fits, known_rows
+from .mistakes import AlongDim, Case, Known, Suspects, factors, fits, known_rows, variants
 from .raises import (BOOL_HINT, Construct, Pattern, bool_hint, call_explained, explain_raise, reduction_hint,
                      reproduce, signature_hint)
 from .watch import Watch, einsum_flops, watch
 
-__all__ = ["Known", "AlongDim", "Suspects", "Case", "fits", "known_rows", "factors",
+__all__ = ["Known", "AlongDim", "Suspects", "Case", "fits", "known_rows", "variants", "factors",
            "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
            "signature_hint", "reduction_hint",
            "tensor_answer", "unpack", "preview",

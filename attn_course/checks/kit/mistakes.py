@@ -16,7 +16,7 @@ import torch
 
 from ..compare import Mistake, expect_close, same
 
-__all__ = ["Case", "Known", "AlongDim", "Suspects", "fits", "known_rows", "factors"]
+__all__ = ["Case", "Known", "AlongDim", "Suspects", "fits", "known_rows", "variants", "factors"]
 
 
 Case = tuple  # the positional arguments of one call: what the oracle, the learner and every Known take
@@ -173,6 +173,13 @@ def known_rows(*rows: tuple) -> list[Known]:
 
     return [Known(f"{key}/{i}" if i else key, summary, cause, fix, in_float64(way))
             for key, summary, cause, fix, *ways in rows for i, way in enumerate(ways)]
+
+
+def variants(variant: Callable[..., Any], rows: Iterable[tuple[str, str, str, str]]) -> list[Known]:
+    """A table from rows (key, summary, cause, fix) of one function written with a switch per mistake: each
+    mistake's output is ``variant(*case, key)``."""
+    return [Known(key, summary, cause, fix, lambda *case, key=key: variant(*case, key))
+            for key, summary, cause, fix in rows]
 
 
 def factors(**named: float) -> dict[str, float]:

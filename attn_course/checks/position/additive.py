@@ -10,10 +10,10 @@ from typing import Callable
 import torch
 
 from .. import kit
-from ..compare import Failure, fail, fmt, same
+from ..compare import Failure, fail, fail_again, fmt, same
 from ..core import Learner, check
 from ..kit import Known, Suspects
-from .judge import call, refine
+from .judge import call
 
 
 _MASKED = ("polarity", "after", "ignored", "zero_fill")
@@ -142,7 +142,7 @@ def check_additive_attention(fn: Learner) -> str:
             if failure.diagnosis.cause or tuple(weights.shape) != tuple(exp_w.shape) or \
                     not bool(torch.isfinite(weights).all()) or bool(((sums - 1).abs() < 1e-3).all()):
                 raise
-            refine(failure, "the weights' rows do not sum to 1", f"your rows sum to {fmt(float(sums.min()))} … "
+            fail_again(failure, "the weights' rows do not sum to 1", f"your rows sum to {fmt(float(sums.min()))} … "
                    f"{fmt(float(sums.max()))}: no softmax over the keys (a missing division, or another axis)",
                    "weights = torch.softmax(scores, dim=-1) (blocked scores filled with -inf first)")
         on_out.expect(out, exp_out, case, tried=tried, what="the output", fix=_ADD_FIX, **tol)

@@ -1,4 +1,4 @@
-"""What the topic's checks share: the learner's call with its exceptions explained, tables of known mistakes, the
+"""What the topic's checks share: the learner's call with its exceptions explained, the
 judge of one case, and the measurements that make its diagnoses precise (a kept slice, frequencies).
 """
 
@@ -11,9 +11,9 @@ from typing import Any, Callable
 import torch
 
 from .. import kit
-from ..compare import Failure, as_tensor, fail, fmt, same
+from ..compare import Failure, as_tensor, fail, fail_again, fmt, same
 from ..core import Learner
-from ..kit import Known, Suspects
+from ..kit import Suspects
 
 
 # ================================================================================== shared
@@ -30,17 +30,6 @@ def call(fn: Learner, args: tuple, tried: str, expected: str, constructs=(), pat
     return as_tensor(out, tried=tried) if tensor else out
 
 
-def table(rows: list[tuple[str, str, str, str]], variant: Callable[..., Any]) -> list[Known]:
-    """Known mistakes whose output is ``variant(*case, key)``."""
-    return [Known(key, s, c, f, lambda *case, key=key: variant(*case, key)) for key, s, c, f in rows]
-
-
-def refine(failure: Failure, summary: str, cause: str, fix: str) -> None:
-    """End the check with ``failure``'s measurement lines and a cause that a measurement found."""
-    d = failure.diagnosis
-    fail(summary, tried=d.tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
-
-
 def kept_slice(failure: Failure, out: torch.Tensor, expected: torch.Tensor, names: tuple[str, ...]) -> None:
     """When ``out`` has size 1 on axes where ``expected`` is longer and equals ``expected`` at one index of them,
     say which slice the answer holds (``names``: each axis in the singular)."""
@@ -54,7 +43,7 @@ def kept_slice(failure: Failure, out: torch.Tensor, expected: torch.Tensor, name
         if same(out.double(), part.double(), atol=1e-5, rtol=1e-4):
             where = " and ".join(f"{names[a]} {i}" for a, i in at.items())
             lost = " and ".join(f"axis {a} ({expected.shape[a]} {names[a]}s)" for a in axes)
-            refine(failure, f"only {where} computed", f"your result holds the right values for {where} alone: "
+            fail_again(failure, f"only {where} computed", f"your result holds the right values for {where} alone: "
                    f"{lost} came out of size 1, so the values for every other {names[axes[0]]} were never computed",
                    "keep that axis at its full size: print the shape after each step to find where it becomes 1")
 

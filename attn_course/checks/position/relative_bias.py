@@ -9,10 +9,10 @@ import math
 import torch
 
 from ... import position as ref
-from ..compare import Failure, expect_shape, fail, fmt, same
+from ..compare import Failure, expect_shape, fail, fail_again, fmt, same
 from ..core import Learner, check
-from ..kit import Suspects
-from .judge import call, floating, judge, kept_slice, refine, table
+from ..kit import Suspects, variants
+from .judge import call, floating, judge, kept_slice
 
 
 # ================================================================================== T5 relative position bias
@@ -51,7 +51,7 @@ _T5_BI = "bidirectional: halve the buckets, the upper half for j − i > 0; othe
 _T5_SIGN = ("relative positions indexed i − j instead of j − i", "the docstring's relative position is j − i, "
             "positive when the key comes after the query", "rel = positions[None, :] - positions[:, None]  # j − i")
 _T5_TRUNC = "truncate it: .long() (or floor), as T5 does"
-_T5_TABLE = table([
+_T5_TABLE = variants(_t5, [
     ("i_minus_j", *_T5_SIGN), ("transposed", *_T5_SIGN),
     ("always_bi", "`bidirectional` ignored", "your buckets are bidirectional whatever `bidirectional` is", _T5_BI),
     ("never_bi", "`bidirectional` ignored", "your buckets are unidirectional whatever `bidirectional` is", _T5_BI),
@@ -72,7 +72,7 @@ _T5_TABLE = table([
     ("uni_sign", "not bidirectional: distance of the keys after the query", "with bidirectional=False your distance "
      "is max(j − i, 0); T5's causal buckets count the keys before the query, max(i − j, 0)",
      "distance = (-rel).clamp(min=0) with rel = j − i"),
-], _t5)
+])
 _T5_CLAMP = [(kind, r".*" if kind == "IndexError" else r"out of (?:bounds|range)", "a bucket index reached "
               "num_buckets: distances beyond max_distance go to the last bucket of their half (num_buckets // 2 "
               "buckets per half when bidirectional)", "torch.clamp(bucket, max=num_buckets - 1), num_buckets halved")
@@ -88,13 +88,13 @@ def _t5_measured(failure: Failure, out: torch.Tensor, n: int, table: torch.Tenso
     hits = torch.isclose(out.double().permute(1, 2, 0)[:, :, None, :], table.double()[None, None], atol=1e-6,
                          rtol=1e-5).all(-1)
     if not bool(hits.any(-1).all()):
-        refine(failure, "entries that are not table values", "some of your entries are no value of `table`: each "
+        fail_again(failure, "entries that are not table values", "some of your entries are no value of `table`: each "
                "bias is table[bucket, head] itself (nothing added, scaled, averaged or mixed between heads)", _T5_FIX)
     mine, right = hits.float().argmax(-1), _t5_buckets(n, table.shape[0], bi, md)[0]
     rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]
     wrong = sorted({int(r) for r in rel[mine != right]})
     if any(len({int(b) for b in mine[rel == r]}) > 1 for r in wrong):
-        refine(failure, "buckets that depend on i and j, not on j − i", "your entries are table values, but two "
+        fail_again(failure, "buckets that depend on i and j, not on j − i", "your entries are table values, but two "
                "pairs (i, j) with the same j − i get different buckets", _T5_FIX)
     half = table.shape[0] // 2 if bi else table.shape[0]
     dist = [abs(r) if bi else max(-r, 0) for r in wrong]
@@ -103,7 +103,7 @@ def _t5_measured(failure: Failure, out: torch.Tensor, n: int, table: torch.Tenso
     shown = "; ".join(f"j − i = {r} → bucket {int(mine[rel == r][0])}, T5's {int(right[rel == r][0])}"
                       for r in wrong[:5]) + ("…" if len(wrong) > 5 else "")
     many = f"{len(wrong)} relative positions get" if len(wrong) > 1 else "1 relative position gets"
-    refine(failure, "wrong buckets", f"your entries are table values, one bucket per j − i as they should be, but "
+    fail_again(failure, "wrong buckets", f"your entries are table values, one bucket per j − i as they should be, but "
            f"{many} the wrong bucket{region}: {shown}", _T5_FIX)
 
 
@@ -160,7 +160,7 @@ def _alibi(n: int, heads: int, mistake: str = "") -> torch.Tensor | None:
 _SLOPE_FIX = "slope_a = 2^(−8(a+1)/A) for a = 0 … A − 1: geometric, from 2^(−8/A) with ratio 2^(−8/A)"
 _ABS = "use the distance: (i − j).abs()"
 _SIGNED = "not symmetric: −slope·(i − j) without the absolute value"
-_ALIBI_TABLE = table([
+_ALIBI_TABLE = variants(_alibi, [
     ("halve", "slopes halve from head to head whatever A", "your slopes are 1/2, 1/4, …: right for 8 heads only",
      _SLOPE_FIX),
     ("from1", "slopes start at 1", "your first slope is 2^0 = 1: you counted heads from 0 in 2^(−8a/A)", _SLOPE_FIX),
@@ -177,7 +177,7 @@ _ALIBI_TABLE = table([
     ("causal", "zero for keys after the query", "your bias is 0 above the diagonal (the causal form); the docstring "
      "asks for −slope_a·|i − j| everywhere", _ABS),
     ("heads_last", "heads last: shape (n, n, A)", "your heads are on the last axis", "put the heads first: (A, n, n)"),
-], _alibi)
+])
 
 
 def _alibi_measured(failure: Failure, out: torch.Tensor, n: int, heads: int) -> None:

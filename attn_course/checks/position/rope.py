@@ -8,10 +8,10 @@ import torch
 
 from ... import position as ref
 from .. import kit
-from ..compare import Failure, as_tensor, call_or_skip, expect_shape, fail, fmt, same
+from ..compare import Failure, as_tensor, call_or_skip, expect_shape, fail, fail_again, fmt, same
 from ..core import Learner, check
-from ..kit import Suspects
-from .judge import call, frequency_cause, judge, refine, table
+from ..kit import Suspects, variants
+from .judge import call, frequency_cause, judge
 
 
 # ================================================================================== RoPE
@@ -44,7 +44,7 @@ def _rope(x: torch.Tensor, positions=None, base: float = 10000.0, mistake: str =
 
 _ROPE_FIX = ("pair dimensions (2r, 2r + 1) and rotate the pair at position t by +t·θ_r, θ_r = base^(−2r/d): "
              "(x_2r cos − x_2r+1 sin, x_2r sin + x_2r+1 cos)")
-_ROPE_TABLE = table([
+_ROPE_TABLE = variants(_rope, [
     ("halves", "rotated pairs (r, r + d/2) instead of (2r, 2r + 1)", "you paired each dimension with the one d/2 "
      "away (GPT-NeoX / LLaMA's rotate_half); the docstring pairs neighbours, as RoFormer does",
      "rotate x[..., 0::2] with x[..., 1::2]"),
@@ -73,7 +73,7 @@ _ROPE_TABLE = table([
     ("mixed", "rotate_half with interleaved cos and sin", "you mixed two conventions: rotate_half pairs i with "
      "i + d/2, but your cos and sin are laid out for neighbouring pairs", "turn each pair as (−x_2r+1, x_2r): "
      "torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)"),
-], _rope)
+])
 
 
 def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, base) -> None:
@@ -92,7 +92,7 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
     positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     if not torch.allclose(first ** 2 + second ** 2, torch.ones_like(first), atol=1e-4):
-        refine(failure, "not a rotation of each pair", "given pairs (x_2r, x_2r+1) = (1, 0), your function returns "
+        fail_again(failure, "not a rotation of each pair", "given pairs (x_2r, x_2r+1) = (1, 0), your function returns "
                "pairs of length ≠ 1: it mixes dimensions of different pairs, or the two members use different "
                "angles", _ROPE_FIX)
     angles = torch.atan2(second, first)  # (n, d/2)
@@ -101,25 +101,25 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
     if given is not None and not turns(turned, positions[:, None] * theta):
         default = ask(unit, None, base)
         if default is not None and default.shape == (n, d) and turns(default, torch.arange(n)[:, None] * theta):
-            refine(failure, "positions mishandled", "your rotation is right with positions=None but not with the "
+            fail_again(failure, "positions mishandled", "your rotation is right with positions=None but not with the "
                    "positions passed: the angles are t·θ_r with t the given position itself",
                    "angles = positions[:, None] * θ, with positions = torch.arange(n) only when None is passed")
     other_base = 500.0 if base != 500.0 else 10000.0
     if bool((angles.abs() > 1e-6).any()) and d >= 4 and (other := ask(x, given, other_base)) is not None and \
             same(other, out.double(), atol=0, rtol=0):
-        refine(failure, "base ignored", f"your result is the same for base = {base:g} and base = {other_base:g}: a "
+        fail_again(failure, "base ignored", f"your result is the same for base = {base:g} and base = {other_base:g}: a "
                "fixed base sits in your code", "use the base argument: θ_r = base ** (-2 * r / d)")
     moving = positions != 0
     if moving.any():
         per_position = angles[moving] / positions[moving, None]  # (moving, d/2): the angle per unit of position
         if not turns(turned, positions[:, None] * per_position[:1]):
-            refine(failure, "angles not proportional to the positions", f"given pairs (1, 0) at positions "
+            fail_again(failure, "angles not proportional to the positions", f"given pairs (1, 0) at positions "
                    f"{', '.join(str(int(p)) for p in positions[:6])}, your rotation angles are not t·θ_r for one "
                    "θ_r per pair: check how the positions enter the angles", _ROPE_FIX)
         omega = per_position[0]
         if not (torch.allclose(torch.cos(omega), torch.cos(theta), atol=1e-4) and
                 torch.allclose(torch.sin(omega), torch.sin(theta), atol=1e-4)):
-            refine(failure, "wrong rotation frequencies", "given pairs (1, 0), your function turns each pair "
+            fail_again(failure, "wrong rotation frequencies", "given pairs (1, 0), your function turns each pair "
                    "within itself by t·ω_r, as it should, but with the " + frequency_cause(omega, theta, base, d),
                    _ROPE_FIX)
     # Each pair mapped from itself alone? Read the 2 × 2 coefficients off the pairs (1, 0) and (0, 1), check on x.
@@ -140,7 +140,7 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
             for j, old in enumerate(("x_2r", "x_2r+1"))
             if not torch.allclose(coef[i][j], names[right[i][j]], atol=1e-4)]
     if said:
-        refine(failure, "not the rotation's coefficients", "your function maps each pair (x_2r, x_2r+1) to a "
+        fail_again(failure, "not the rotation's coefficients", "your function maps each pair (x_2r, x_2r+1) to a "
                "combination of that pair, as a rotation does, but " + "; ".join(said), _ROPE_FIX)
 
 
@@ -227,7 +227,7 @@ _DECODE_ROWS = [
     ("prepend", "new keys put before the cache", "you put the new keys first; old keys come first, new ones are "
      "appended", "torch.cat([k_cache, k_rotated], dim=-2)"),
 ]
-_DECODE_Q, _DECODE_K = (table(_DECODE_ROWS, lambda *c, part=part: _decode(*c)[part]) for part in (0, 1))
+_DECODE_Q, _DECODE_K = (variants(lambda *c, part=part: _decode(*c)[part], _DECODE_ROWS) for part in (0, 1))
 
 
 @check("rope_decode_step",

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..compare import Failure, as_tensor, call_or_skip, fail, same
+from ..compare import Failure, as_tensor, call_or_skip, fail, fail_again, same
 from ..core import Learner, check
-from ..kit import Suspects
-from .judge import call, floating, frequency_cause, judge, kept_slice, refine, table
+from ..kit import Suspects, variants
+from .judge import call, floating, frequency_cause, judge, kept_slice
 
 
 def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor | None:
@@ -36,7 +36,7 @@ def _sinusoid(n: int, d: int, base: float, mistake: str = "") -> torch.Tensor | 
 
 _SIN_FIX = "column 2r = sin(t / base^(2r/d)) and column 2r + 1 = cos(t / base^(2r/d)), with t = 0 … n − 1"
 _HALVES = ("sin and cos in halves, not interleaved", "pe[:, 0::2] = sin(…) and pe[:, 1::2] = cos(…)")
-_SIN_TABLE = table([
+_SIN_TABLE = variants(_sinusoid, [
     ("swapped", "sin and cos swapped", "your even columns hold cosines and the odd ones sines", _SIN_FIX),
     ("halves", _HALVES[0], "you put all the sines in the first half of the columns, then the cosines "
      "(tensor2tensor's layout); the docstring interleaves them", _HALVES[1]),
@@ -61,7 +61,7 @@ _SIN_TABLE = table([
      "keep d columns: the last one (column d − 1, even) is a sine"),
     ("transposed", "rows and columns swapped", "your result has one row per dimension",
      "return (n, d): one row per position"),
-], _sinusoid)
+])
 
 
 def _sinusoid_measured(fn: Learner, failure: Failure, out: torch.Tensor, n: int, d: int, base: float) -> None:
@@ -97,7 +97,7 @@ def _sinusoid_measured(fn: Learner, failure: Failure, out: torch.Tensor, n: int,
     fitted = torch.stack([torch.sin(p * omega), torch.cos(p * omega)], dim=-1).flatten(-2)  # (n, 2·pairs)
     if same(x[:, : 2 * pairs], fitted, atol=1e-4, rtol=1e-4) and bool((omega > 0).all()):
         expected = base ** (-2 * torch.arange(pairs, dtype=torch.float64) / d)
-        refine(failure, "wrong frequencies", "your columns are sin and cos of t·ω_r pair by pair, as they should "
+        fail_again(failure, "wrong frequencies", "your columns are sin and cos of t·ω_r pair by pair, as they should "
                "be, but with the " + frequency_cause(omega, expected, base, d), _SIN_FIX)
     good = torch.isclose(x, right, atol=1e-4, rtol=1e-4).all(0)  # (d,): the columns right everywhere
     if bool(good.any()):
@@ -105,7 +105,7 @@ def _sinusoid_measured(fn: Learner, failure: Failure, out: torch.Tensor, n: int,
         kinds = (("sine", [j for j in wrong if j % 2 == 0]), ("cosine", [j for j in wrong if j % 2]))
         said = " and ".join(f"the {k} column{'s' if len(js) > 1 else ''} {', '.join(map(str, js[:6]))}"
                             for k, js in kinds if js)
-        refine(failure, f"wrong values in {len(wrong)} of {d} columns", f"your columns "
+        fail_again(failure, f"wrong values in {len(wrong)} of {d} columns", f"your columns "
                f"{', '.join(str(j) for j in range(d) if good[j])} are right; {said} are not: look at the formula of "
                "those columns only (their frequency, or sin/cos)", _SIN_FIX)
 
