@@ -234,8 +234,9 @@ def test(python: Path, rest: list[str]) -> int:
     parallel = []
     if subprocess.call([str(python), "-c", "import xdist"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
         # One worker more than cores: part of the suite waits (kernels starting, a browser, a grader's
-        # subprocesses) and a spare worker fills those waits (2 quiet cores, whole suite: 233-253 s with 3
-        # workers; 275-336 s when other work shares the machine).
+        # subprocesses) and a spare worker fills those waits (2 quiet cores, whole suite with 3 workers:
+        # 209-253 s on one day's virtual machine, 291-324 s on a day it ran ×1.4 slower; up to 520 s when
+        # other work shares the machine).
         # --dist loadfile: a notebook's cells stay on one worker, in order. --no-loadscope-reorder: files are
         # handed out in collection order, longest first (conftest.py), not by their number of tests.
         parallel = ["-n", str((os.cpu_count() or 1) + 1), "--dist", "loadfile", "--no-loadscope-reorder"]
