@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import hashlib
 import importlib
@@ -51,7 +52,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import nbformat
 
@@ -321,9 +322,29 @@ def _setup_namespace(solution: nbformat.NotebookNode) -> dict:
     return namespace
 
 
+@contextlib.contextmanager
+def _unwritten_memory_filled():
+    """While mutants run, memory a tensor gets without values (torch.empty) holds NaN (integers: their largest
+    value), not what was there before: a mutant that leaves part of its output unwritten then gets the same
+    verdict and message on every run, which ``--compare`` relies on (PyTorch's deterministic mode, warnings only)."""
+    import torch
+    import torch.utils.deterministic
+
+    was = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+           torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+        torch.utils.deterministic.fill_uninitialized_memory = was[2]
+
+
 def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sample: int | None = None,
-                 progress: Callable[[str], None] | None = None) -> list[Outcome]:
-    """Run ``check`` on every mutant (or a fixed, evenly spread sample of ``sample``) of ``exercise``."""
+                 progress: Callable[[str], None] | None = None, only: set[str] | None = None) -> list[Outcome]:
+    """Run ``check`` on every mutant (or a fixed, evenly spread sample of ``sample``; or those whose id is in
+    ``only``) of ``exercise``."""
     cell = next(c for c in solution.cells if nbmeta.role(c) == nbmeta.EXERCISE and nbmeta.exercise_id(c) == exercise)
     base = _setup_namespace(solution)
     name = nbmeta.defined_name(cell.source) or exercise
@@ -331,23 +352,28 @@ def run_exercise(solution: nbformat.NotebookNode, exercise: str, check, *, sampl
     if sample is not None and len(mutants) > sample:
         step = len(mutants) / sample
         mutants = [mutants[int(i * step)] for i in range(sample)]
-    outcomes = []
-    for mutant in mutants:
-        namespace = dict(base)
-        start = time.perf_counter()
-        result = None
-        try:
-            with warnings.catch_warnings():  # what a mutant's own code warns about (var() of one sample) is its own
-                warnings.filterwarnings("ignore", module=re.escape(namespace["__name__"]))
-                exec(_compile(mutant.source, f"<mutant {mutant.id}>"), namespace)  # noqa: S102
-                result = check.evaluate(namespace[name])
-            status, summary = result.status.value, result.summary
-        except Exception as exc:  # noqa: BLE001 - a mutant that breaks at definition time is killed
-            status, summary = "failed", f"the mutant does not define {name}: {type(exc).__name__}"
-        outcomes.append(Outcome(mutant, status, summary, time.perf_counter() - start, result))
-        if progress:
-            progress(mutant.id)
-    return outcomes
+    if only is not None:
+        mutants = [m for m in mutants if m.id in only]
+    with _unwritten_memory_filled():
+        return [_run_one(mutant, base, name, check, progress) for mutant in mutants]
+
+
+def _run_one(mutant: Mutant, base: dict, name: str, check, progress: Callable[[str], None] | None) -> Outcome:
+    """The check's verdict on one mutant, defined in a copy of the notebook's set-up namespace ``base``."""
+    namespace = dict(base)
+    start = time.perf_counter()
+    result = None
+    try:
+        with warnings.catch_warnings():  # what a mutant's own code warns about (var() of one sample) is its own
+            warnings.filterwarnings("ignore", module=re.escape(namespace["__name__"]))
+            exec(_compile(mutant.source, f"<mutant {mutant.id}>"), namespace)  # noqa: S102
+            result = check.evaluate(namespace[name])
+        status, summary = result.status.value, result.summary
+    except Exception as exc:  # noqa: BLE001 - a mutant that breaks at definition time is killed
+        status, summary = "failed", f"the mutant does not define {name}: {type(exc).__name__}"
+    if progress:
+        progress(mutant.id)
+    return Outcome(mutant, status, summary, time.perf_counter() - start, result)
 
 
 # ============================================================================ the messages' wording
@@ -409,6 +435,48 @@ def result_slips(result) -> list[str]:
     return found
 
 
+# ============================================================================ the same verdicts as before a refactor
+def _verdict(status: str, result: Any) -> str:
+    """What a mutant's run said, in full (status, summary, every part of the diagnosis), as comparable text."""
+    return json.dumps([status, result], sort_keys=True, ensure_ascii=False)
+
+
+def _full(o: Outcome) -> str:
+    return _verdict(o.status, o.result.to_json() if o.result else None)
+
+
+def compare_runs(before: list[dict], now: list[Outcome], rerun: Callable[[list[Outcome]], list[list[Outcome]]]
+                 ) -> dict[str, list]:
+    """Sort the mutants of ``now`` by how their full result compares with ``before`` (a ``--json`` file's rows):
+    ``same``; ``changed`` (a different verdict or text that stays the same when the mutant runs again);
+    ``unstable`` (the mutant's own result varies from run to run: it reads memory it never wrote, or races a
+    time limit, so it says nothing about the check); ``new`` / ``gone`` (in one run only: the solution or the
+    operators changed). ``rerun(outcomes)`` runs those mutants again, twice, and returns the two lists."""
+    old = {(r["exercise"], r["id"]): _verdict(r["status"], r.get("result")) for r in before}
+    ran = {(o.mutant.exercise, o.mutant.id) for o in now}
+    exercises = {o.mutant.exercise for o in now}
+    sorted_: dict[str, list] = {"same": [], "changed": [], "unstable": [], "new": [],
+                                "gone": [key for key in old if key[0] in exercises and key not in ran]}
+    differ = []
+    for o in now:
+        key = (o.mutant.exercise, o.mutant.id)
+        verdict = _full(o)
+        if key not in old:
+            sorted_["new"].append(o)
+        elif verdict == old[key]:
+            sorted_["same"].append(o)
+        else:
+            differ.append(o)
+    if differ:
+        seen = {(o.mutant.exercise, o.mutant.id): {_full(o)} for o in differ}
+        for run in rerun(differ):
+            for o in run:
+                seen[(o.mutant.exercise, o.mutant.id)].add(_full(o))
+        for o in differ:
+            sorted_["unstable" if len(seen[(o.mutant.exercise, o.mutant.id)]) > 1 else "changed"].append(o)
+    return sorted_
+
+
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[tuple[str, str], str]:
     """``(exercise, mutant id) -> why it is equivalent`` for the survivors a check cannot and must not kill.
 
@@ -426,6 +494,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exercise", action="append", help="only this exercise id (repeatable)")
     parser.add_argument("--sample", type=int, help="at most this many mutants per exercise, evenly spread")
     parser.add_argument("--json", metavar="FILE", help="write every outcome as JSON")
+    parser.add_argument("--compare", metavar="FILE",
+                        help="a --json file of an earlier run (before a refactor): report every mutant whose full "
+                             "result (verdict, summary, diagnosis) is not the same now; exit 1 if any changed")
     parser.add_argument("--named", action="store_true",
                         help="also report, per notebook, how many rejected mutants get a named cause (the diagnosis's "
                              "'cause' part) rather than a generic 'does not match', and list the generic ones")
@@ -435,9 +506,20 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     wanted = [registry.by_slug(Path(p).stem) for p in args.notebooks] or [nb for nb in registry.NOTEBOOKS if nb.exercises]
+    before = None
+    if getattr(args, "compare", None):
+        try:
+            before = json.loads(Path(args.compare).read_text(encoding="utf-8"))
+            if not isinstance(before, list) or \
+                    not all(isinstance(r, dict) and {"exercise", "id", "status"} <= set(r) for r in before):
+                raise ValueError("not a list of mutants' outcomes")
+        except (OSError, ValueError) as exc:
+            print(f"--compare {args.compare}: cannot read it as a --json file of this command ({exc})", file=sys.stderr)
+            return 2
     equivalents = load_equivalents()
     outcomes: list[Outcome] = []
     by_notebook: dict[str, list[Outcome]] = {}
+    where: dict[str, tuple] = {}  # exercise -> (solution, check): to run a mutant again
     for nb in wanted:
         solution = nbformat.read(Path(args.solutions) / nb.filename, as_version=4)
         checks = importlib.import_module(nb.checks)
@@ -445,6 +527,7 @@ def run(args: argparse.Namespace) -> int:
             if args.exercise and exercise not in args.exercise:
                 continue
             check = getattr(checks, registry.check_name(exercise))
+            where[exercise] = (solution, check)
             bar = tqdm(desc=f"{nb.number} {exercise}", unit="mutant", file=sys.stderr, leave=False)
             mine = run_exercise(solution, exercise, check, sample=args.sample, progress=lambda _: bar.update())
             bar.close()
@@ -472,4 +555,31 @@ def run(args: argparse.Namespace) -> int:
                                                 "named": o.named, "result": o.result.to_json() if o.result else None,
                                                 "seconds": round(o.seconds, 3)} for o in outcomes], indent=1),
                                    encoding="utf-8")
+    if before is not None:
+        def rerun(differ: list[Outcome]) -> list[list[Outcome]]:
+            ids: dict[str, set[str]] = {}
+            for o in differ:
+                ids.setdefault(o.mutant.exercise, set()).add(o.mutant.id)
+            return [[o for exercise, only in ids.items()
+                     for o in run_exercise(where[exercise][0], exercise, where[exercise][1], only=only)]
+                    for _ in range(2)]
+
+        sorted_ = compare_runs(before, outcomes, rerun)
+        gone = [] if args.sample else sorted_["gone"]
+        print(f"compared with {args.compare}: {len(sorted_['same'])} the same, {len(sorted_['changed'])} changed, "
+              f"{len(sorted_['unstable'])} unstable (their result varies from run to run), "
+              f"{len(sorted_['new'])} new, {len(gone)} no longer made")
+        for o in sorted_["changed"]:
+            old_row = next(r for r in before if (r["exercise"], r["id"]) == (o.mutant.exercise, o.mutant.id))
+            print(f"CHANGED {o.mutant.exercise} {o.mutant.id}: {old_row['status']} {old_row.get('summary', '')!r}"
+                  f" -> {o.status} {o.summary!r}")
+            was = ((old_row.get("result") or {}).get("diagnosis") or {})
+            now = ((o.result.to_json() if o.result else {}).get("diagnosis") or {})
+            for part in ("tried", "got", "expected", "cause", "fix"):
+                if was.get(part) != now.get(part):
+                    print(f"    {part}: {was.get(part)!r}\n      -> {now.get(part)!r}")
+        for o in sorted_["unstable"]:
+            print(f"UNSTABLE {o.mutant.exercise} {o.mutant.id}: {o.summary!r}")
+        if sorted_["changed"]:
+            return 1
     return 1 if survivors else 0

@@ -13,7 +13,8 @@ import pytest
 from attn_course import registry
 from attn_course.checks.core import check, expect_close, as_tensor
 from attn_course.tools import nbmeta
-from attn_course.tools.mutants import load_equivalents, message_slips, mutants_of, result_slips, run_exercise
+from attn_course.tools.mutants import (Outcome, compare_runs, load_equivalents, message_slips, mutants_of,
+                                      result_slips, run_exercise)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +44,8 @@ def test_operators_make_the_classic_mistakes():
     assert all(m.source != CELL for m in mutants)
 
 
-def test_a_check_kills_the_mutants_it_should_and_survivors_are_reported():
+def _toy():
+    """A one-exercise solution notebook (the softmax above) and a check of it."""
     import torch
 
     @check("softmax", expects="a function softmax(x, dim=-1)")
@@ -61,6 +63,11 @@ def test_a_check_kills_the_mutants_it_should_and_survivors_are_reported():
     from attn_course.tools import nbmeta
 
     nbmeta.normalize(solution)
+    return solution, check_softmax
+
+
+def test_a_check_kills_the_mutants_it_should_and_survivors_are_reported():
+    solution, check_softmax = _toy()
     outcomes = run_exercise(solution, "softmax", check_softmax)
     assert len(outcomes) >= 20
     survivors = {o.mutant.id for o in outcomes if o.survived}
@@ -69,6 +76,77 @@ def test_a_check_kills_the_mutants_it_should_and_survivors_are_reported():
     assert any(s.startswith("binop") or s.startswith("call") for s in survivors)
     killed = [o for o in outcomes if not o.survived]
     assert killed and all(o.summary for o in killed)
+
+
+def _rows(outcomes) -> list[dict]:
+    """Outcomes as a ``--json`` file holds them."""
+    return [{"exercise": o.mutant.exercise, "id": o.mutant.id, "status": o.status, "summary": o.summary,
+             "result": o.result.to_json() if o.result else None} for o in outcomes]
+
+
+def test_compare_names_a_changed_diagnosis_and_tells_a_mutant_whose_result_varies_apart():
+    solution, check_softmax = _toy()
+    outcomes = run_exercise(solution, "softmax", check_softmax)
+    reruns = []
+
+    def rerun(differ):
+        reruns.append(sorted(o.mutant.id for o in differ))
+        return [run_exercise(solution, "softmax", check_softmax, only={o.mutant.id for o in differ}) for _ in range(2)]
+
+    same = compare_runs(_rows(outcomes), outcomes, rerun)
+    assert len(same["same"]) == len(outcomes) and not same["changed"] + same["unstable"] + same["new"] + same["gone"]
+    assert reruns == [], "nothing differs: nothing runs again"
+
+    before = _rows(outcomes)
+    killed = [r for r in before if r["status"] == "failed" and r["result"] and r["result"].get("diagnosis")]
+    reworded, varies = killed[0], killed[1]
+    reworded["result"]["diagnosis"]["cause"] += " (older wording)"  # what a refactor must not do
+    varies["result"]["summary"] = "what the memory held in the earlier run"
+    before.append({**before[0], "id": "binop:99:0:gone"})  # a mutant the solution no longer gives
+    dropped = before.pop(next(i for i, r in enumerate(before) if r is not reworded and r is not varies))  # not there
+
+    def rerun_varying(differ):  # this mutant's own result is not the same twice
+        runs = rerun(differ)
+        runs[1] = [Outcome(o.mutant, "error", "garbage", 0.0) if o.mutant.id == varies["id"] else o for o in runs[1]]
+        return runs
+
+    sorted_ = compare_runs(before, outcomes, rerun_varying)
+    assert [o.mutant.id for o in sorted_["changed"]] == [reworded["id"]]
+    assert [o.mutant.id for o in sorted_["unstable"]] == [varies["id"]]
+    assert [o.mutant.id for o in sorted_["new"]] == [dropped["id"]]
+    assert sorted_["gone"] == [("softmax", "binop:99:0:gone")]
+    assert len(sorted_["same"]) == len(outcomes) - 3
+    assert reruns[-1] == sorted([reworded["id"], varies["id"]]), "only what differs runs again"
+
+
+@pytest.mark.slow
+def test_compare_on_the_command_line_exits_1_only_when_a_verdict_or_message_changed(tmp_path, capsys):
+    import argparse
+    import json
+
+    from attn_course.tools import mutants
+
+    parser = argparse.ArgumentParser()
+    mutants.configure(parser)
+    first = tmp_path / "before.json"
+    argv = ["solutions/05_attention.ipynb", "--solutions", str(ROOT / "solutions"), "--exercise", "score_matrix_bytes"]
+    assert mutants.run(parser.parse_args([*argv, "--json", str(first)])) == 0
+    assert mutants.run(parser.parse_args([*argv, "--compare", str(first)])) == 0
+    assert " 0 changed" in capsys.readouterr().out
+    rows = json.loads(first.read_text())
+    target = next(r for r in rows if r["status"] == "failed" and r["result"])
+    target["result"]["summary"] = "an older wording"
+    first.write_text(json.dumps(rows))
+    assert mutants.run(parser.parse_args([*argv, "--compare", str(first)])) == 1
+    assert f"CHANGED score_matrix_bytes {target['id']}" in capsys.readouterr().out
+    target["result"]["summary"] = target["summary"]
+    target["result"]["diagnosis"]["cause"] = "an older cause"  # the same summary, another cause
+    first.write_text(json.dumps(rows))
+    assert mutants.run(parser.parse_args([*argv, "--compare", str(first)])) == 1
+    assert "cause: 'an older cause'" in capsys.readouterr().out
+    (tmp_path / "junk.json").write_text('{"not": "a run"}')
+    assert mutants.run(parser.parse_args([*argv, "--compare", str(tmp_path / "junk.json")])) == 2
+    assert "cannot read it as a --json file" in capsys.readouterr().err
 
 
 def _sample():
