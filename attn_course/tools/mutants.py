@@ -441,6 +441,12 @@ def _verdict(status: str, result: Any) -> str:
     return json.dumps([status, result], sort_keys=True, ensure_ascii=False)
 
 
+def as_row(o: Outcome) -> dict:
+    """One outcome as a ``--json`` file holds it (what ``--compare`` reads back)."""
+    return {**asdict(o.mutant), "status": o.status, "summary": o.summary, "named": o.named,
+            "result": o.result.to_json() if o.result else None, "seconds": round(o.seconds, 3)}
+
+
 def _full(o: Outcome) -> str:
     return _verdict(o.status, o.result.to_json() if o.result else None)
 
@@ -551,10 +557,7 @@ def run(args: argparse.Namespace) -> int:
             if o.rejected and not o.named:
                 print(f"GENERIC {o.mutant.exercise} {o.mutant.id}: {o.summary}")
     if args.json:
-        Path(args.json).write_text(json.dumps([{**asdict(o.mutant), "status": o.status, "summary": o.summary,
-                                                "named": o.named, "result": o.result.to_json() if o.result else None,
-                                                "seconds": round(o.seconds, 3)} for o in outcomes], indent=1),
-                                   encoding="utf-8")
+        Path(args.json).write_text(json.dumps([as_row(o) for o in outcomes], indent=1), encoding="utf-8")
     if before is not None:
         def rerun(differ: list[Outcome]) -> list[list[Outcome]]:
             ids: dict[str, set[str]] = {}
@@ -569,8 +572,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"compared with {args.compare}: {len(sorted_['same'])} the same, {len(sorted_['changed'])} changed, "
               f"{len(sorted_['unstable'])} unstable (their result varies from run to run), "
               f"{len(sorted_['new'])} new, {len(gone)} no longer made")
+        rows = {(r["exercise"], r["id"]): r for r in before}
         for o in sorted_["changed"]:
-            old_row = next(r for r in before if (r["exercise"], r["id"]) == (o.mutant.exercise, o.mutant.id))
+            old_row = rows[(o.mutant.exercise, o.mutant.id)]
             print(f"CHANGED {o.mutant.exercise} {o.mutant.id}: {old_row['status']} {old_row.get('summary', '')!r}"
                   f" -> {o.status} {o.summary!r}")
             was = ((old_row.get("result") or {}).get("diagnosis") or {})

@@ -13,7 +13,7 @@ import pytest
 from attn_course import registry
 from attn_course.checks.core import check, expect_close, as_tensor
 from attn_course.tools import nbmeta
-from attn_course.tools.mutants import (Outcome, compare_runs, load_equivalents, message_slips, mutants_of,
+from attn_course.tools.mutants import (Outcome, as_row, compare_runs, load_equivalents, message_slips, mutants_of,
                                       result_slips, run_exercise)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,8 +80,7 @@ def test_a_check_kills_the_mutants_it_should_and_survivors_are_reported():
 
 def _rows(outcomes) -> list[dict]:
     """Outcomes as a ``--json`` file holds them."""
-    return [{"exercise": o.mutant.exercise, "id": o.mutant.id, "status": o.status, "summary": o.summary,
-             "result": o.result.to_json() if o.result else None} for o in outcomes]
+    return [as_row(o) for o in outcomes]
 
 
 def test_compare_names_a_changed_diagnosis_and_tells_a_mutant_whose_result_varies_apart():
