@@ -510,9 +510,9 @@ def plot_rope(angles: torch.Tensor, scores: torch.Tensor) -> plt.Figure:
     fixed q and k placed at every pair of positions: constant along each diagonal (they depend on j − i)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.4, 3.9))
     image = left.imshow((angles % (2 * math.pi)).numpy(), aspect="auto", cmap="twilight", vmin=0, vmax=2 * math.pi)
-    left.set_xlabel("pair i (θ_i falls from left to right)")
-    left.set_ylabel("position p")
-    left.set_title("rotation angle p·θ_i mod 2π")
+    left.set_xlabel(r"pair $r$ ($\theta_r$ falls from left to right)")
+    left.set_ylabel("position $t$")
+    left.set_title(r"rotation angle $t \cdot \theta_r$ mod $2\pi$")
     fig.colorbar(image, ax=left, fraction=0.046, pad=0.04)
     heatmap(scores, ax=right, title="rope(q, i) · rope(k, j)", annotate=False, xlabel="key position j",
             ylabel="query position i")

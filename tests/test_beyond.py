@@ -117,6 +117,24 @@ def test_performer_attention_approaches_softmax_and_is_stable_at_large_scores():
     assert torch.isfinite(out).all()
 
 
+def test_orthogonal_rows_lower_the_feature_error_by_five_to_fifteen_percent():
+    """Notebook 13's claim, on its own setting (q, k, v (64, 16), scale 0.5): averaged over 200 draws,
+    orthogonal rows give an error 5–15 % smaller than independent rows' at n_f = 16, 64, 256 (8 other seeds
+    of the draws: 5.2–14.1 %)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(64, 16, generator=g, dtype=torch.float64) for _ in range(3))  # (64, 16)
+    exact = F.scaled_dot_product_attention(q * 0.5, k * 0.5, v)
+
+    def mean_error(n_f: int, orthogonal: bool) -> float:
+        errors = [(beyond.performer_attention(q * 0.5, k * 0.5, v, beyond.random_projection(
+            n_f, 16, generator=g, orthogonal=orthogonal)) - exact).norm() / exact.norm() for _ in range(200)]
+        return float(sum(errors) / len(errors))
+
+    for n_f in (16, 64, 256):
+        independent, orthogonal = mean_error(n_f, False), mean_error(n_f, True)
+        assert 0.85 * independent < orthogonal < 0.95 * independent, (n_f, independent, orthogonal)
+
+
 def test_performer_attention_equals_kernel_attention_of_the_unshifted_features():
     q, k, v = qkv(6, 4, n_k=9, seed=6)
     omega = beyond.random_projection(16, 4, generator=torch.Generator().manual_seed(7))

@@ -98,7 +98,8 @@ def check_positive_random_features(fn: Learner) -> str:
                  got="inf, NaN or 0 where the right features are ordinary numbers",
                  expected="finite features (the combined exponent ω·x − |x|²/2 is small)",
                  cause="you exponentiated ω·x (≈ 90: exp overflows float32 to inf) and −|x|²/2 (≈ −98: exp "
-                       "underflows to 0) separately before multiplying, so inf · 0 = NaN",
+                       "gives about 3·10⁻⁴³, a subnormal, or 0 where those are flushed) separately, then "
+                       "multiplied: inf times that is inf, or NaN",
                  fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
         expect_close_at_dtype(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
                               oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
