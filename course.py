@@ -10,8 +10,8 @@
 On Windows, type `python` instead of `python3`. `python3 course.py COMMAND --help` says more about a
 command (at once: it installs nothing).
 
-The environment lives in .venv next to this file and is reinstalled only when pyproject.toml or
-requirements.txt change. Run from an already activated virtual environment (or conda env), the
+The environment lives in .venv next to this file and is reinstalled only when pyproject.toml,
+requirements.txt or binder/jupyter_server_config.json change. Run from an already activated virtual environment (or conda env), the
 course installs into that one instead. Only the standard library is used here, on purpose: this
 script runs before anything is installed.
 
@@ -305,7 +305,8 @@ HELP = {
     "setup": """python3 course.py setup
 
 Create .venv (unless a virtual environment or conda env is active: then it installs into that one) and
-install the course into it. Done again only when pyproject.toml or requirements.txt change.""",
+install the course into it. Done again only when pyproject.toml, requirements.txt or
+binder/jupyter_server_config.json change.""",
     "lab": f"""python3 course.py lab [JUPYTERLAB ARGUMENTS...]
 
 Install the course if needed, then start JupyterLab in the course's folder with {FIRST_NOTEBOOK} open

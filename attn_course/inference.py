@@ -264,7 +264,7 @@ class GPU:
         return self.tflops / self.bandwidth
 
 
-#: NVIDIA H100 Tensor Core GPU datasheet, SXM5 form factor: the dense BF16 peak of attn_course.datasheet
+#: NVIDIA H100 SXM5: the dense BF16 peak of attn_course.datasheet
 #: (989.4 TFLOP/s) and 3.35 TB/s of HBM3 bandwidth; 132 SMs (NVIDIA H100 Tensor Core GPU Architecture
 #: whitepaper, the SXM5 product).
 H100_SXM = GPU("NVIDIA H100 SXM5", tflops=float(peak_tflops("NVIDIA H100 SXM5", "bfloat16")[0] or 989.4),

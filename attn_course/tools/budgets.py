@@ -17,6 +17,7 @@ from pathlib import Path
 
 import nbformat
 
+from .cli import positive
 from .runner import execute
 
 TIME_BUDGET_S = 30.0
@@ -73,7 +74,7 @@ def main(paths: list[str], *, repeats: int, json_path: str | None, out=sys.stdou
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="*", help="notebooks or folders (default: solutions/)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per notebook; the worst is reported")
+    parser.add_argument("--repeats", type=positive(int), default=1, help="runs per notebook; the worst is reported")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
 

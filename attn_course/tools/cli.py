@@ -24,6 +24,31 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def positive(kind: type = float):
+    """An argparse type: a number of ``kind`` above 0 (a limit of 0 or less would fail every answer)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} must be above 0")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def at_least_zero(text: str) -> int:
+    """An argparse type: an integer of 0 (no limit) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be 0 (no limit) or more")
+    return value
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only ``command``'s module is imported to add its arguments."""
     parser = argparse.ArgumentParser(prog="python -m attn_course",
@@ -40,4 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(command).parse_args(argv)
-    return importlib.import_module(COMMANDS[args.command][0]).run(args)
+    try:
+        return importlib.import_module(COMMANDS[args.command][0]).run(args)
+    except (OSError, ValueError, KeyError) as exc:  # a missing or unreadable file, a value the command refuses
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"python -m attn_course {args.command}: {type(exc).__name__}: {message}", file=sys.stderr)
+        return 2

@@ -164,16 +164,18 @@ def _exercise_headers(root: Path) -> dict[str, str]:
     return {nb.slug: links.header_source(nb, "exercise", repo, minutes.get(nb.slug)) for nb in registry.NOTEBOOKS}
 
 
-def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=sys.stdout) -> int:
+def generate(solutions: Path, exercises: Path, *, check_only: bool = False, out=None) -> int:
     """Write (or, with ``check_only``, compare) every exercise notebook. Returns a process exit code.
 
     Notebooks a learner edited are never overwritten (see the module docstring); with ``check_only``
     they are reported but not counted as stale."""
+    out = sys.stdout if out is None else out  # the stream of the moment, not of import time
     sources = sorted(p for p in solutions.glob("*.ipynb") if not p.stem.endswith(UPDATED_SUFFIX))
     if not sources:
         print(f"No solution notebooks found in {solutions}/.", file=out)
         return 1
-    exercises.mkdir(parents=True, exist_ok=True)
+    if not check_only:  # --check writes nothing, not even the folder
+        exercises.mkdir(parents=True, exist_ok=True)
     stale: list[str] = []
     problems = 0
     headers = _exercise_headers(solutions.parent)

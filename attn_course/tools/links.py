@@ -201,7 +201,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hub", metavar="URL", help="print the nbgitpuller link for this JupyterHub and stop")
 
 
-def run(args: argparse.Namespace, out=sys.stdout) -> int:
+def run(args: argparse.Namespace, out=None) -> int:
+    out = sys.stdout if out is None else out  # the stream of the moment, not of import time
     root = Path(args.root)
     repo = repository(root)
     if args.hub:

@@ -28,6 +28,7 @@ from pathlib import Path
 import nbformat
 
 from . import nbmeta
+from .cli import positive
 
 WPM = 130  # words per minute for technical prose with formulas (plain prose is read at 200-250)
 CODE_LPM = 15  # lines of code per minute, read and run
@@ -124,6 +125,13 @@ class Slot:
     start: int  # minutes from the start of the day
     minutes: int
     what: str
+
+
+def clock_time(text: str) -> str:
+    """An argparse type: a time of day written HH:MM (24-hour clock)."""
+    if not re.fullmatch(r"([01]?\d|2[0-3]):[0-5]\d", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time of day written HH:MM, e.g. 09:00 or 13:30")
+    return text
 
 
 def _clock(start_hhmm: str, offset: int) -> str:
@@ -239,11 +247,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timings", default="docs/schedule-timings.json",
                         help="bench-course --json results (seconds per notebook); measured and written if missing")
     parser.add_argument("--measure", action="store_true", help="run every notebook now and rewrite --timings")
-    parser.add_argument("--wpm", type=float, default=WPM, help=f"markdown words per minute (default {WPM})")
-    parser.add_argument("--code-lpm", type=float, default=CODE_LPM, help=f"code lines per minute (default {CODE_LPM})")
-    parser.add_argument("--exercise-minutes", type=float, default=EXERCISE_MINUTES,
+    parser.add_argument("--wpm", type=positive(float), default=WPM, help=f"markdown words per minute (default {WPM})")
+    parser.add_argument("--code-lpm", type=positive(float), default=CODE_LPM, help=f"code lines per minute (default {CODE_LPM})")
+    parser.add_argument("--exercise-minutes", type=positive(float), default=EXERCISE_MINUTES,
                         help=f"minutes per exercise (default {EXERCISE_MINUTES})")
-    parser.add_argument("--start", default="09:00", help="the workshop's start time (default 09:00)")
+    parser.add_argument("--start", type=clock_time, default="09:00", help="the workshop's start time (default 09:00)")
     parser.add_argument("--out", default="docs/schedule.md", help="where to write the schedule (default: docs/schedule.md)")
     parser.add_argument("--json", metavar="FILE", help="also write the estimates as JSON")
 

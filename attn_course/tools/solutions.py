@@ -26,7 +26,8 @@ def _unexpected_errors(nb, errors: list[int]) -> list[int]:
     return [i for i in errors if not allowed(nb.cells[i])]
 
 
-def run_in_place(path: Path, out=sys.stdout) -> bool:
+def run_in_place(path: Path, out=None) -> bool:
+    out = sys.stdout if out is None else out  # the stream of the moment, not of import time
     nb = nbformat.read(path, as_version=4)
     run = execute(nb, cwd=path.parent.resolve(), allow_errors=False)
     errors = _unexpected_errors(run.notebook, run.errors)
@@ -41,7 +42,8 @@ def run_in_place(path: Path, out=sys.stdout) -> bool:
     return True
 
 
-def main(paths: list[str], out=sys.stdout) -> int:
+def main(paths: list[str], out=None) -> int:
+    out = sys.stdout if out is None else out  # the stream of the moment, not of import time
     notebooks: list[Path] = []
     for p in map(Path, paths or ["solutions"]):
         notebooks.extend(sorted(p.glob("*.ipynb")) if p.is_dir() else [p])

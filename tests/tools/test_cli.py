@@ -38,6 +38,37 @@ def test_unknown_command_is_a_usage_error(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["grade", "--timeout", "0"], "--timeout: 0 must be above 0"),  # would fail every right answer
+    (["grade", "--memory-limit", "-1"], "--memory-limit: -1 must be above 0"),
+    (["grade", "--jobs", "two"], "--jobs: 'two' is not an integer"),
+    (["grade", "--address-space-limit", "-2"], "must be 0 (no limit) or more"),
+    (["schedule", "--start", "25:00"], "'25:00' is not a time of day written HH:MM"),
+    (["schedule", "--wpm", "0"], "--wpm: 0 must be above 0"),
+    (["bench-course", "--repeats", "0"], "--repeats: 0 must be above 0"),
+])
+def test_a_limit_or_setting_that_makes_no_sense_is_refused_before_anything_runs(argv, said, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_missing_or_unreadable_file_is_one_line_and_exit_2_not_a_traceback(tmp_path, capsys):
+    (tmp_path / "notes.md").write_text("# not a notebook\n")
+    for argv, said in [(["run-solutions", str(tmp_path / "99_nope.ipynb")], "No such file or directory"),
+                       (["run-solutions", str(tmp_path / "notes.md")], "NotJSONError"),
+                       (["links", "--root", str(tmp_path / "missing")], "pyproject.toml"),
+                       (["mutants", str(tmp_path / "99_nope.ipynb")], "no notebook '99_nope' in the course")]:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"python -m attn_course {argv[0]}: ") and said in err and "\n" not in err, (argv, err)
+
+
+def test_exercises_check_writes_nothing(tmp_path, capsys):
+    assert cli.main(["exercises", "--check", "--notebooks", str(tmp_path / "nowhere")]) == 1
+    assert not (tmp_path / "nowhere").exists()
+
+
 @pytest.mark.slow  # a fresh Python process
 @pytest.mark.parametrize("in_jupyter_terminal", [False, True])
 def test_a_python_without_the_courses_libraries_gets_told_which_python_to_use(in_jupyter_terminal):

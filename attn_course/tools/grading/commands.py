@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..cli import at_least_zero, positive
 from .journal import ClassInfo, Journal, key_for, read_journals, shard_of
 from .model import Row
 from .sandbox import Limits
@@ -62,20 +63,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--merge", nargs="+", metavar="DIR", help="build one class table from the --out folders of shards")
     g.add_argument("--assigned", metavar="LIST", help="the notebooks the table counts, e.g. 01,03,05 "
                    "(default: every notebook with exercises, as attn_course.registry.assigned() lists)")
-    g.add_argument("--jobs", type=int, default=None, metavar="N",
+    g.add_argument("--jobs", type=positive(int), default=None, metavar="N",
                    help="notebooks graded at the same time (default: 2, or 1 on a one-core machine)")
     g = parser.add_argument_group("the course and the limits")
     g.add_argument("--solutions", metavar="FOLDER", help="the course's solution notebooks "
                    "(default: solutions/ of the course folder you are in)")
-    g.add_argument("--timeout", type=float, default=60, metavar="S", help="seconds one cell may run (default: 60)")
-    g.add_argument("--notebook-timeout", type=float, default=300, metavar="S",
+    g.add_argument("--timeout", type=positive(float), default=60, metavar="S", help="seconds one cell may run (default: 60)")
+    g.add_argument("--notebook-timeout", type=positive(float), default=300, metavar="S",
                    help="CPU seconds one notebook's cells may use in all before they are stopped, and three "
                         "times as long on the clock (default: 300)")
-    g.add_argument("--memory-limit", type=int, default=2048, metavar="MB",
+    g.add_argument("--memory-limit", type=positive(int), default=2048, metavar="MB",
                    help="memory one notebook's processes may allocate in all (default: 2048, Binder's limit)")
-    g.add_argument("--address-space-limit", type=int, default=8192, metavar="MB",
+    g.add_argument("--address-space-limit", type=at_least_zero, default=8192, metavar="MB",
                    help="address-space limit (RLIMIT_AS) of each process; 0 for none (default: 8192)")
-    g.add_argument("--call-timeout", type=float, default=None, metavar="S",
+    g.add_argument("--call-timeout", type=positive(float), default=None, metavar="S",
                    help="lower the time limit of every call a check makes to the learner's code")
     g.add_argument("--no-landlock", dest="confine", action="store_false",
                    help="confine learner processes only as on a machine without Landlock (an audit hook, and "

@@ -59,7 +59,7 @@ def read_file(path: Path, *, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise Unreadable(f"{_kind(info.st_mode)}, not a file")
         if info.st_size > limit:
-            raise Unreadable(f"too large ({info.st_size / 2**20:.0f} MB; the limit is {limit / 2**20:.0f} MB)")
+            raise Unreadable(f"too large ({info.st_size / 2**20:.0f} MiB; the limit is {limit / 2**20:.0f} MiB)")
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))
@@ -68,7 +68,7 @@ def read_file(path: Path, *, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
         if size > limit:
-            raise Unreadable(f"grew past the limit of {limit / 2**20:.0f} MB while being read")
+            raise Unreadable(f"grew past the limit of {limit / 2**20:.0f} MiB while being read")
         return b"".join(chunks)
     finally:
         os.close(fd)
