@@ -346,8 +346,11 @@ def main(argv: list[str]) -> int:
     if command in ("help", "-h", "--help"):
         if rest and rest[0] in HELP:
             print(HELP[rest[0]])
-        else:
-            print(__doc__)
+            return 0
+        if rest:
+            say(f"no help on {rest[0]!r}: it is not a command; use one of: {', '.join(COMMANDS)}")
+            return 2
+        print(__doc__)
         return 0
     if command not in COMMANDS:
         say(f"unknown command {command!r}; use one of: {', '.join(COMMANDS)}")

@@ -117,6 +117,11 @@ def test_help_after_any_command_answers_without_installing(command, flag, monkey
     assert course.main(["help", command]) == 0 and capsys.readouterr().out.startswith(f"python3 course.py {command}")
 
 
+def test_help_on_something_that_is_not_a_command_says_so(capsys):
+    assert _module().main(["help", "frobnicate"]) == 2
+    assert "no help on 'frobnicate': it is not a command" in capsys.readouterr().out
+
+
 def test_grade_exit_codes_are_stated_in_help_and_readme():
     course = _module()
     for text in (course.HELP["grade"], course.__doc__, (ROOT / "README.md").read_text(encoding="utf-8")):

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .. import benchmark, timing
+from .cli import positive
 from .tables import write_csv, write_json
 
 __all__ = ["configure", "options_from_args", "run", "main"]
@@ -57,20 +58,20 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, help="B·n held fixed (default: 16384 on a GPU, 2048 on the CPU)")
     p.add_argument("--hidden", type=int, help="A·d_k held fixed (default: 2048 on a GPU, 256 on the CPU)")
     p.add_argument("--tiled-block", type=int, help="block size of the course's tiled loop (default: 1024 GPU, 256 CPU)")
-    p.add_argument("--min-run-time", type=float,
+    p.add_argument("--min-run-time", type=positive(float),
                    help="seconds of timed runs at least, per measurement (default 0.2 on a GPU, 0.1 on the CPU, "
                         "0.05 with --quick)")
-    p.add_argument("--max-run-time", type=float,
+    p.add_argument("--max-run-time", type=positive(float),
                    help="seconds after which a measurement whose spread (IQR) is still over 10%% of its median stops "
                         "and is marked unstable (default: 1 on the CPU, 2 on a GPU; with --quick or --min-run-time: "
                         "10 × that, at least 1)")
-    p.add_argument("--roofline-size", type=int, default=2048,
+    p.add_argument("--roofline-size", type=positive(int), default=2048,
                    help="CPU only: the size of the square matmul whose measured GFLOP/s is the roofline for %% of peak "
                         "(default 2048)")
-    p.add_argument("--threads", type=int,
+    p.add_argument("--threads", type=positive(int),
                    help="CPU only: torch threads (default 1, whatever else the machine runs, so that two runs "
                         "rank the implementations alike)")
-    p.add_argument("--max-memory", type=float, metavar="GB",
+    p.add_argument("--max-memory", type=positive(float), metavar="GB",
                    help="CPU only: skip implementations holding an n × n matrix when predicted to need more "
                         "(default: half of the RAM)")
     p.add_argument("--out", default="bench-results",

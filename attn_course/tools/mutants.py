@@ -512,6 +512,10 @@ def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     wanted = [registry.by_slug(Path(p).stem) for p in args.notebooks] or [nb for nb in registry.NOTEBOOKS if nb.exercises]
+    if unknown := sorted(set(args.exercise or ()) - {ex for nb in wanted for ex in nb.exercises}):
+        print(f"--exercise {', '.join(unknown)}: no such exercise in "
+              f"{', '.join(nb.filename for nb in wanted)}", file=sys.stderr)
+        return 2
     before = None
     if getattr(args, "compare", None):
         try:

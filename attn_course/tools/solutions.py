@@ -47,6 +47,9 @@ def main(paths: list[str], out=None) -> int:
     notebooks: list[Path] = []
     for p in map(Path, paths or ["solutions"]):
         notebooks.extend(sorted(p.glob("*.ipynb")) if p.is_dir() else [p])
+    if not notebooks:
+        print(f"no notebooks in {', '.join(paths or ['solutions'])}", file=out)
+        return 1
     ok = [run_in_place(p, out) for p in notebooks]
     return 0 if ok and all(ok) else 1
 

@@ -46,6 +46,7 @@ def test_unknown_command_is_a_usage_error(capsys):
     (["schedule", "--start", "25:00"], "'25:00' is not a time of day written HH:MM"),
     (["schedule", "--wpm", "0"], "--wpm: 0 must be above 0"),
     (["bench-course", "--repeats", "0"], "--repeats: 0 must be above 0"),
+    (["bench", "--threads", "0"], "--threads: 0 must be above 0"),
 ])
 def test_a_limit_or_setting_that_makes_no_sense_is_refused_before_anything_runs(argv, said, capsys):
     with pytest.raises(SystemExit) as info:
@@ -62,6 +63,13 @@ def test_a_missing_or_unreadable_file_is_one_line_and_exit_2_not_a_traceback(tmp
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"python -m attn_course {argv[0]}: ") and said in err and "\n" not in err, (argv, err)
+
+
+def test_options_that_cannot_apply_are_named_not_ignored(capsys):
+    assert cli.main(["mutants", "--exercise", "bogus", "solutions/01_dot_product.ipynb"]) == 2
+    assert "--exercise bogus: no such exercise in 01_dot_product.ipynb" in capsys.readouterr().err
+    assert cli.main(["grade", "--shard", "1/2"]) == 2  # a shard of one learner's own notebooks means nothing
+    assert "--shard splits a class" in capsys.readouterr().out
 
 
 def test_exercises_check_writes_nothing(tmp_path, capsys):

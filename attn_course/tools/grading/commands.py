@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
                         call_timeout=args.call_timeout)
         jobs = args.jobs or min(2, os.cpu_count() or 1)
         assigned = [a for a in (args.assigned or "").split(",") if a.strip()] or None
+        if args.shard and not args.class_folder:
+            print("grade --shard splits a class: give it with --class FOLDER.")
+            return 2
         if args.class_folder:
             if args.paths:
                 print("grade --class takes one folder of submissions; leave out the other paths.")
