@@ -23,6 +23,7 @@ the script cannot rot. ``--out DIR`` overrides the output folder.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -349,6 +350,10 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         tune(args.dry_run, Path(args.out) / "triton-tuning.json")
         return 0
+    if importlib.util.find_spec("triton") is None:
+        print("Triton is not installed here, and this script tests, times and tunes the course's Triton kernels: "
+              "`python -m pip install -e \".[gpu-dev]\"` installs it (about 1 GB; learners never need it).")
+        return 2
     started = time.perf_counter()
     env = dict(os.environ)
     if args.dry_run:

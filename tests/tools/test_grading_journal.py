@@ -138,3 +138,4 @@ def test_shards_graded_by_separate_processes_merge_into_one_table(tmp_path):
     summary = (tmp_path / "all" / "summary.md").read_text(encoding="utf-8")
     assert "Merged from shards 1/2, 2/2" in summary
     assert "byte-identical file to bob's 05_attention" in summary  # ada and bob were in different shards
+    assert "no exercises" not in summary  # nobody handed in 00_setup: nothing to say about it

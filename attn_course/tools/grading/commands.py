@@ -289,8 +289,9 @@ def _grade_class(folder, out, solutions_dir, limits, runner, shard, assigned, fr
                 subs.append(sub)
             else:
                 info.warnings.append(f"{sub.rel}: {sub.notebook.slug} is not assigned (--assigned); not graded")
-    if course.ungraded:
-        info.warnings.append(f"not graded, no exercises: {', '.join(course.ungraded)}")
+    handed_in = {collect.file_slug(item.rel) for learner in learners for item in scan.learners[learner]}
+    if ungraded := sorted(handed_in & set(course.ungraded)):  # only what someone handed in
+        info.warnings.append(f"not graded, no exercises: {', '.join(ungraded)}")
     journal = Journal(out, fresh=fresh)
     earlier = [e.get("course") for e in journal.entries if e.get("kind") == "class" and e.get("course")]
     if earlier and earlier[-1] != course.fingerprint():
