@@ -42,7 +42,7 @@ _WEAK = ("a fill value too weak for these scores", "you filled blocked scores wi
          "scores of ±3·10⁴ it is not 'minus infinity', so blocked keys still get weight",
          "fill with float('-inf') (or torch.finfo(scores.dtype).min)")
 _NAIVE = ("softmax without subtracting the maximum", "your softmax exponentiates the raw scores: e^1000 overflows to "
-          "inf and inf/inf is NaN", "subtract each row's maximum before exp, or use torch.softmax")
+          "inf and e^-1000 underflows to 0, and inf/inf or 0/0 is NaN", "subtract each row's maximum before exp, or use torch.softmax")
 _ADDED = ("bool mask added to the scores", f"fill the blocked scores with -inf: {MASK_FIX}")
 _FILLS = (-1e4, -1e3, -1e5, -1e2)
 _NOKEEPDIM = "without keepdim=True: shape (..., n_q) lines up with the keys' axis, so"

@@ -224,8 +224,9 @@ TEXT = {
                          "torch.ones(bq, bk, dtype=torch.bool).triu(q_start - k_start + 1)"),
     "mask_plus_inf": ("blocked scores set to +∞ instead of −∞", "exp(+inf) is inf, and the gradients turn into NaN",
                       "s.masked_fill(blocked, float('-inf'))"),
-    "exp_split": ("exp(S) and exp(L) taken separately", "at scores near 10³ exp(S) and exp(L) both overflow to inf, "
-                  "and inf/inf is NaN", "exponentiate S − L in one step: " + _TILE_P),
+    "exp_split": ("exp(S) and exp(L) taken separately", "with scores of order ±10³, exp(S) and exp(L) leave the "
+                  "floating-point range together: both inf where L is large (inf/inf is NaN), both 0 where L is far "
+                  "below 0 (0/0 is NaN)", "exponentiate S − L in one step: " + _TILE_P),
     "mask_after_exp": ("blocked entries zeroed after exp: inf · 0", "a blocked score far above L overflows to inf in "
                        "exp(S − L) before you zero it, and inf · 0 is NaN", "give the blocked scores −∞ before exp "
                        "(s.masked_fill(blocked, float('-inf'))), or select with torch.where after it"),

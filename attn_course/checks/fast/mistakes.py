@@ -22,7 +22,7 @@ _MAX_FAR = "when a block's maximum falls far below an earlier one, exp(m_old −
 
 SOFTMAX_MISTAKES: list[Known] = [
     Known("no_max", "no running maximum subtracted", "you exponentiated the raw values, so exp overflowed to inf for "
-          "values near 1000 (inf / inf = NaN)", "keep a running max m and exponentiate x − m", Pass(new_max=zero)),
+          "large values and underflowed to 0 for very negative ones (inf / inf and 0 / 0 are NaN)", "keep a running max m and exponentiate x − m", Pass(new_max=zero)),
     Known("sum", "running sum not rescaled", "you added each block's Σ exp(x − m_new) to a running sum that was still "
           "relative to the old maximum", "when the maximum grows, " + _RESCALE_FIX, Pass(factor=one)),
     Known("sign", "running sum rescaled by exp(m_new − m_old)", "you rescaled the running sum by exp(m_new − m_old): "
@@ -111,7 +111,7 @@ TILED_MISTAKES: list[Known] = [
           "below 0: a query whose scores are all far below 0 underflows to exp(−800) = 0 and gives 0/0 = NaN",
           "start m at −inf: torch.full(q_blk.shape[:-1] + (1,), float('-inf'))", Loop(start=0.0)),
     Known("no_max", "no running maximum subtracted", "you exponentiated the raw scores, so exp overflowed to inf for "
-          "scores in the hundreds", "keep a running row max m and exponentiate s − m", Loop(new_max=zero)),
+          "the largest scores and underflowed to 0 for a row far below 0 (inf / inf and 0 / 0 are NaN)", "keep a running row max m and exponentiate s − m", Loop(new_max=zero)),
     Known("p_raw", "tile weights exp(s), without the maximum", "your tile weights are exp(s): the running sum and "
           "accumulator are rescaled as if they were exp(s − m_new)", _PROB_FIX, Loop(prob=lambda s, m: torch.exp(s))),
     Known("p_plus", "tile weights exp(s + m_new)", "your tile weights are exp(s + m_new): the maximum added, not "

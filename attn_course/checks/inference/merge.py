@@ -47,8 +47,8 @@ MERGE = [Known(key, summary, cause, fix, lambda x, y, key=key: _pack(*_merge_var
      "rescale each side by exp(m_side − m) with m = max(m_a, m_b) before adding"),
     ("inverted", "rescaled by exp(m − m_side) instead of exp(m_side − m)", "your factors are ≥ 1: the rescaling is "
      "the wrong way round", "multiply by exp(m_a − m) and exp(m_b − m), each ≤ 1"),
-    ("absolute", "rescaled by e^m instead of e^(m_side − m)", "you multiplied by exp(m_a) and exp(m_b), which "
-     "overflow and forget the new maximum", "multiply by exp(m_a − m) and exp(m_b − m) with m = max(m_a, m_b)"),
+    ("absolute", "rescaled by e^m instead of e^(m_side − m)", "you multiplied by exp(m_a) and exp(m_b): l and acc "
+     "are then measured from 0, not from the merged maximum (and e^m overflows once m passes 88.7 in float32)", "multiply by exp(m_a − m) and exp(m_b − m) with m = max(m_a, m_b)"),
     ("only_l", "acc not rescaled", "you rescaled l but not the accumulators", "rescale acc_a and acc_b as l_a and l_b"),
     ("only_acc", "l not rescaled", "you rescaled the accumulators but not l", "rescale l_a and l_b as acc_a and acc_b"),
     ("m_first", "m not updated to the larger maximum", "you returned m_a as the merged m", "return m = max(m_a, m_b)"),

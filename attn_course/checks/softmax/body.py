@@ -227,9 +227,9 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
                      "it into 0; you exponentiated without subtracting the slice's own maximum")
         elif (gap := float((top.amax() - slice_top).min())) > 20:
             cause = (f"those slices' scores lie {fmt(gap)} or more below the tensor's largest score: with the maximum "
-                     "taken over the whole tensor, not per slice, their e^z are tiny or underflow to 0, and an epsilon "
-                     "or a clamp in the denominator hid the 0/0")
-        fail("slices of zeros", tried=tried, got=f"{int(zero.sum())} slice(s) along dim={dim} are all 0",
+                     "taken over the whole tensor, not per slice, their e^z are tiny or underflow to 0, so an epsilon "
+                     "or a clamp in the denominator outweighs them (or hides the 0/0)")
+        fail("slices of zeros", tried=tried, got=f"{int(zero.sum())} slice(s) along dim={dim} summing to less than 10⁻¹² (all ≈ 0)",
              expected="every slice along dim summing to 1", cause=cause,
              fix=kit.SHIFT_FIX if cause else kit.WEIGHTS_FIX)
     if ties := _tie(o, torch.softmax(xs, d), d):
