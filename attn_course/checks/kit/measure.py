@@ -86,11 +86,12 @@ def what_is_off(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: 
         (err <= 4 * torch.clamp(e.abs(), min=scale) * 2.0 ** -10).all())
     got = f"{what} agree with the expected values to about 3 significant digits only (largest difference " \
           f"{fmt(float(err.max()))})"
-    halves = [n for n in ("float16", "bfloat16") if rounded and torch.equal(a, a.to(getattr(torch, n)).double())]
+    # bfloat16 first: a bfloat16 number in float16's range is a float16 number too, not the other way round
+    halves = [n for n in ("bfloat16", "float16") if rounded and torch.equal(a, a.to(getattr(torch, n)).double())]
     if halves:  # only a result that went through half precision is made of half-precision numbers
         fail(f"{halves[0]} precision", tried=tried, got=got + f"; every value is a {halves[0]} number",
-             expected="the input's precision", cause=f"your result went through {halves[0]}, which keeps about 3 "
-             "significant digits, and was converted back afterwards",
+             expected="the input's precision", cause=f"your result went through {halves[0]}, which keeps about "
+             f"{DIGITS[getattr(torch, halves[0])]} significant digits, and was converted back afterwards",
              fix="compute in the input's dtype: leave out .half(), .to(torch.float16) or .to(torch.bfloat16)")
     explain(out)
     batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol, along=along)
@@ -125,7 +126,8 @@ def batch_entries(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what
 _BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}  # significant bits
 
 
-_DIGITS = {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}
+#: significant decimal digits each floating-point dtype keeps, as the messages state them
+DIGITS = {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}
 
 
 def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str, grid: bool = True) -> None:
@@ -150,7 +152,7 @@ def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, 
         "" if got.dtype == low else f" (every entry exactly representable in {name})") + f", although the inputs are "
          f"{inputs}", expected=f"the results at {inputs} precision",
          cause=f"part of your computation ran in {name}{'' if got.dtype != low else ' or narrower'} "
-               f"({narrowing_calls(low)}), which keeps about {_DIGITS[low]} significant digits: too few for these "
+               f"({narrowing_calls(low)}), which keeps about {DIGITS[low]} significant digits: too few for these "
                "inputs",
          fix="keep the inputs' dtype from start to end (a wider dtype inside is fine, a narrower one is not)")
 
@@ -220,8 +222,8 @@ def explain_nonfinite(slices: torch.Tensor, xs: torch.Tensor, dtype: torch.dtype
     top, bottom = (float(scores.max()), float(scores.min())) if scores.numel() else (-math.inf, math.inf)
     if top > hi:
         fail(f"{kinds} from an overflow", tried=tried, got=got, expected=expected, fix=SHIFT_FIX,
-             cause=f"in those slices {scaled} reaches {fmt(top)}, and in {name} e^z is inf for z > {hi:.2f}: you "
-                   "exponentiated without subtracting the slice's own maximum")
+             cause=f"the largest {scaled} in those slices is {fmt(top)}, and in {name} e^z is inf for z > {hi:.2f}: "
+                   "you exponentiated without subtracting each slice's own maximum")
     if scores.numel() and top < lo:
         fail(f"{kinds} from an underflow", tried=tried, got=got, expected=expected, fix=SHIFT_FIX,
              cause=f"in those slices every score is below {lo:.1f}, where e^z rounds to 0 in {name}, so the sum is 0 "

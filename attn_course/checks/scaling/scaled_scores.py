@@ -62,8 +62,8 @@ SCALE_TABLE = known_rows(  # first the products of notebook 01 gone wrong, then 
      "product by d_k)", _SQRT_FIX, lambda Q, K: _S(Q, K) / Q.shape[-1]),
     ("times", "multiplied by √d_k", "you multiplied the scores by √d_k; they must be *divided* by it", _SQRT_FIX,
      lambda Q, K: _S(Q, K) * math.sqrt(Q.shape[-1])),
-    ("half-power", "d_k ** 1/2 is d_k / 2", "d_k ** 1/2 means (d_k ** 1) / 2 (** binds tighter than /): you scaled "
-     "by d_k/2, not √d_k", "write d_k ** 0.5 or math.sqrt(d_k)",
+    ("half-power", "d_k ** 1/2 is d_k / 2", "d_k ** 1/2 means (d_k ** 1) / 2 (** binds tighter than /): S / d_k ** 1/2 "
+     "divides by d_k and then by 2 (by 2·d_k in all), S / (d_k ** 1/2) by d_k/2; neither is √d_k", "write d_k ** 0.5 or math.sqrt(d_k)",
      lambda Q, K: _S(Q, K) / Q.shape[-1] / 2, lambda Q, K: _S(Q, K) / (Q.shape[-1] / 2)),
     ("rounded", "√d_k rounded to an integer", "you rounded √d_k to a whole number (int(math.sqrt(d_k)), math.isqrt, "
      "//): wrong unless d_k is a perfect square", "divide by math.sqrt(d_k) itself",
