@@ -11,11 +11,11 @@ Shapes (any number of leading batch/head dimensions ``...``)::
 **Positions.** The queries are the *last* n_q of the n_k positions: query i sits at position
 ``i + n_k − n_q``. The causal mask is therefore aligned to the **bottom-right** corner of the
 (n_q, n_k) score matrix (what ``torch.nn.attention.bias.causal_lower_right`` and FlashAttention's
-``causal=True`` do), not to the top-left corner (what ``F.scaled_dot_product_attention(is_causal=True)``
+``causal=True`` do, from flash-attn 2.1 on), not to the top-left corner (what ``F.scaled_dot_product_attention(is_causal=True)``
 does: right only when n_q = n_k).
 
 **Sliding window.** ``window`` counts the keys a query sees, itself included: query at position p sees
-keys j with ``p − window < j ≤ p``. (FlashAttention's ``window_size=(left, 0)`` counts only the keys to
+keys j with ``p − window < j ≤ p``. (FlashAttention's ``window_size=(left, 0)``, flash-attn 2.3 and later, counts only the keys to
 the left: left = window − 1.)
 
 Masks are boolean, True = may attend (the course's convention); a query whose keys are all blocked gets

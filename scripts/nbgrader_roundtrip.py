@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Prove the course's nbgrader metadata with the real nbgrader (COURSE.md, "Grading": the real nbgrader works
-on ``solutions/``).
+"""Prove the course's nbgrader metadata with the real nbgrader (the real nbgrader works on ``solutions/``;
+docs/maintainers.md).
 
     python scripts/nbgrader_roundtrip.py [-v] [NN ...]     # default: 03 and 05
 

@@ -1,7 +1,7 @@
 """Measure the course's budgets: each solution notebook's wall time and its kernel's peak memory.
 
 ``python -m attn_course bench-course`` runs every solution notebook in a fresh kernel (the way a
-learner's first "Run All" does) and prints one row per notebook against the budgets in COURSE.md:
+learner's first "Run All" does) and prints one row per notebook against the budgets (docs/maintainers.md, "Budgets"):
 at most 30 s and 1 GB on a 2-core CPU machine.
 """
 

@@ -7,7 +7,7 @@ the freshly forked learner process, :mod:`.watch` the watching and killing half 
   starts may create, change or delete files only inside its own folder (``/dev/null`` aside), may read
   only there and in the folders :func:`readable_roots` lists (the system's, Python's, the course's
   private copy: never the class folder, the course's solutions or the grader's other folders), may not
-  signal or ptrace processes outside its sandbox (the grader, other learners; Landlock ABI ≥ 6), may
+  ptrace processes outside its sandbox (any ABI) nor signal them (ABI ≥ 6) (the grader, other learners), may
   open no TCP connection (ABI ≥ 4). The kernel enforces it, for subprocesses and C code too, and it
   cannot be undone. Where Landlock is missing, :func:`audit_guard` refuses Python-level writes
   outside the folder and reads inside the protected folders (an audit hook: subprocesses and C code
