@@ -399,7 +399,7 @@ def plot_window_tiles(n: int, block: int, window: int) -> plt.Figure:
         ax.set_title(f"{label}: {tiles} tiles computed")
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")
-    fig.suptitle(f"N = {n}, block {block}: dark = visible, light = masked in a computed tile, white = skipped",
+    fig.suptitle(f"n = {n}, block {block}: dark = visible, light = masked in a computed tile, white = skipped",
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -438,7 +438,7 @@ def plot_sink(weights: torch.Tensor, errors: dict[str, Sequence[float]], window:
     right.set_yscale("symlog", linthresh=1e-3)
     right.set_ylim(bottom=0)
     right.set_xlabel("query position")
-    right.set_ylabel("|output − full attention|")
+    right.set_ylabel("‖output − full attention‖")
     right.set_title(f"window of {window} keys")
     right.legend()
     fig.tight_layout()

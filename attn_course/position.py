@@ -543,11 +543,12 @@ def plot_rope_decay(distances: Sequence[int], values: torch.Tensor, d: int,
 def plot_rope_extension(distances: Sequence[int], curves: dict[str, torch.Tensor], train_len: int) -> plt.Figure:
     """Score-vs-distance curves of several RoPE variants, with the training length marked."""
     fig, ax = plt.subplots(figsize=(8.4, 3.6))
-    for name, values in curves.items():
-        ax.plot(list(distances), values.numpy(), lw=1.2, label=name)
+    for k, (name, values) in enumerate(curves.items()):  # the first curves on top: later ones oscillate over them
+        ax.plot(list(distances), values.numpy(), lw=1.2, label=name, zorder=2 + len(curves) - k)
     ax.axvline(train_len, color="grey", ls="--", lw=1)
     ax.text(train_len * 1.05, 0.9, "training length", fontsize=9, color="grey")
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(0, max(distances))  # no margin below 0: there are no negative distances
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("distance Δ = j − i")
     ax.set_ylabel("score / d")

@@ -62,7 +62,7 @@ def device_name(device: str | torch.device) -> str:
                     break
     except OSError:
         pass
-    return f"CPU: {name} ({os.cpu_count()} logical cores, {torch.get_num_threads()} torch threads)"
+    return f"CPU: {name} ({os.cpu_count()} logical cores, {(t := torch.get_num_threads())} torch thread{'s' * (t != 1)})"
 
 
 def _sync(device: torch.device) -> None:
