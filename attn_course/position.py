@@ -499,7 +499,7 @@ def plot_bias_heads(bias: torch.Tensor, title: str, heads: Sequence[int] | None 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.subplots_adjust(top=0.8)  # room for the title above the heads' titles
-    fig.colorbar(axes[0, -1].images[0], ax=list(axes[0]), fraction=0.05, pad=0.03)
+    fig.colorbar(axes[0, -1].images[0], ax=list(axes[0]), fraction=0.05, pad=0.03, label="bias added to the score")
     fig.suptitle(title, fontsize=11)
     return fig
 
