@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
             sample(f"{nb.number} done")
             row = samples[-1]
             if args.verbose:
-                print(f"{nb.number}: {row['kernels']} kernel(s) alive, {row['total_mb']} MB in all", flush=True)
+                print(f"{nb.number}: {row['kernels']} kernel(s) alive, {row['total_mb']} MiB in all", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -216,19 +216,19 @@ def main(argv: list[str]) -> int:
     if args.speed_run:
         ok = (warned_in_time or over is None) if args.binder else True
         verdict = (f"{'within' if within else 'OVER'} the budget; " + (
-            f"the memory indicator warned first at {warned['shown_mb']} MB of {warned['limit_mb']} MB ({warned['at']})"
+            f"the memory indicator warned first at {warned['shown_mb']} MiB of {warned['limit_mb']} MiB ({warned['at']})"
             if warned else "the memory indicator never warned") if args.binder else "reported only")
     else:
         ok = within or args.no_cull
         verdict = "reported only" if args.no_cull else ("OK" if within else "OVER the budget")
         if args.binder:
-            verdict += "; " + (f"the memory indicator warned at {warned['shown_mb']} MB" if warned
+            verdict += "; " + (f"the memory indicator warned at {warned['shown_mb']} MiB" if warned
                                else "the memory indicator never warned")
     if args.binder and not indicator["read"]:
         ok, verdict = False, verdict + "; the memory indicator (jupyter-resource-usage) did not answer: is it installed?"
-    print(f"{'Open notebooks' if ok else 'FAILED  open notebooks'}: peak {row['total_mb']} MB "
-          f"(server {row['server_mb']} MB + {row['kernels']} kernel(s) {row['kernels_mb']} MB) at {row['at']}, "
-          f"budget {BUDGET_MB} MB: {verdict}; {len(registry.NOTEBOOKS)} notebooks, {how}; "
+    print(f"{'Open notebooks' if ok else 'FAILED  open notebooks'}: peak {row['total_mb']} MiB "
+          f"(server {row['server_mb']} MiB + {row['kernels']} kernel(s) {row['kernels_mb']} MiB) at {row['at']}, "
+          f"budget {BUDGET_MB} MiB: {verdict}; {len(registry.NOTEBOOKS)} notebooks, {how}; "
           f"{time.monotonic() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"peak": row, "no_cull": args.no_cull, "speed_run": args.speed_run,

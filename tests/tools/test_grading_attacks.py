@@ -98,7 +98,7 @@ def test_memory_of_a_child_in_a_new_session_counts_against_the_notebook(tmp_path
     started = time.monotonic()
     rows = grade_notebook(learner_notebook(answers=RIGHT, added=[("attention", hog)]), tmp_path, limits=limits)
     assert rows["attention"].status == "passed", rows_text(rows)
-    assert "700 MB" in rows["score_matrix_bytes"].message + rows["score_matrix_bytes"].note, rows_text(rows)
+    assert "700 MiB" in rows["score_matrix_bytes"].message + rows["score_matrix_bytes"].note, rows_text(rows)
     assert time.monotonic() - started < 20, "the notebook was not stopped when its child passed the limit"
 
 

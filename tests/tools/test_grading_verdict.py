@@ -279,7 +279,7 @@ def test_memory_past_the_limit_stops_the_notebook(tmp_path):
     limits = Limits(**{**TEST_LIMITS.__dict__, "memory_mb": 700, "address_space_mb": None})
     rows = grade_notebook(learner_notebook(answers=RIGHT, added=[("attention", hog)]), tmp_path, limits=limits)
     assert _status(rows) == "passed"
-    assert rows["score_matrix_bytes"].status == "failed" and "700 MB" in rows["score_matrix_bytes"].message, \
+    assert rows["score_matrix_bytes"].status == "failed" and "700 MiB" in rows["score_matrix_bytes"].message, \
         rows_text(rows)
 
 

@@ -72,9 +72,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--notebook-timeout", type=positive(float), default=300, metavar="S",
                    help="CPU seconds one notebook's cells may use in all before they are stopped, and three "
                         "times as long on the clock (default: 300)")
-    g.add_argument("--memory-limit", type=positive(int), default=2048, metavar="MB",
+    g.add_argument("--memory-limit", type=positive(int), default=2048, metavar="MiB",
                    help="memory one notebook's processes may allocate in all (default: 2048, Binder's limit)")
-    g.add_argument("--address-space-limit", type=at_least_zero, default=8192, metavar="MB",
+    g.add_argument("--address-space-limit", type=at_least_zero, default=8192, metavar="MiB",
                    help="address-space limit (RLIMIT_AS) of each process; 0 for none (default: 8192)")
     g.add_argument("--call-timeout", type=positive(float), default=None, metavar="S",
                    help="lower the time limit of every call a check makes to the learner's code")

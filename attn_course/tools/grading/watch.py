@@ -241,7 +241,7 @@ class Runner:
             run.seconds = round(time.monotonic() - start, 2)
             if group is not None:
                 if not run.stopped and group.out_of_memory():
-                    run.stopped = f"used more than {limits.memory_mb} MB of memory and was killed"
+                    run.stopped = f"used more than {limits.memory_mb} MiB of memory and was killed"
                 group.kill()
             sandbox.sweep(token)
             self.running.pop(slot, None)
@@ -252,7 +252,7 @@ class Runner:
     def _watch(self, zygote: Zygote, pid: int, work: Path, start: float, group,
                limits: sandbox.Limits) -> tuple[str, dict, float | None]:
         """Watch until the learner process has ended; returns (why it was stopped, the server's ``ended``
-        message, peak memory in MB)."""
+        message, peak memory in MiB)."""
         peak = 0
         stopped = ""
         disk_start = shutil.disk_usage(work).free
@@ -272,9 +272,9 @@ class Runner:
             peak = max(peak, used)
             if not stopped:
                 if group is not None and group.out_of_memory():  # the kernel killed one of its processes
-                    stopped = f"used more than {limits.memory_mb} MB of memory and was killed"
+                    stopped = f"used more than {limits.memory_mb} MiB of memory and was killed"
                 elif used > limits.memory_mb * 2**20:
-                    stopped = f"used more than {limits.memory_mb} MB of memory and was stopped"
+                    stopped = f"used more than {limits.memory_mb} MiB of memory and was stopped"
                 elif sandbox.tree_cpu(zygote.pid) > limits.notebook_timeout:
                     stopped = f"used more than {limits.notebook_timeout:g} s of CPU time in all and was stopped"
                 elif elapsed > WALL_FACTOR * limits.notebook_timeout:
@@ -283,7 +283,7 @@ class Runner:
                     next_disk = elapsed + 0.5
                     if disk_start - shutil.disk_usage(work).free > limits.disk_mb * 2**20 and \
                             _size(work) > limits.disk_mb * 2**20:
-                        stopped = f"wrote more than {limits.disk_mb} MB of files and was stopped"
+                        stopped = f"wrote more than {limits.disk_mb} MiB of files and was stopped"
                 if stopped:
                     if group is not None:
                         group.kill()
