@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: command -> (module, one-line help)
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return importlib.import_module(COMMANDS[args.command][0]).run(args)
     except (OSError, ValueError, KeyError) as exc:  # a missing or unreadable file, a value the command refuses
+        if os.environ.get("ATTN_COURSE_TRACEBACK"):  # a maintainer chasing a bug wants the whole story
+            raise
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"python -m attn_course {args.command}: {type(exc).__name__}: {message}", file=sys.stderr)
+        print(f"python -m attn_course {args.command}: {type(exc).__name__}: {message} "
+              "(ATTN_COURSE_TRACEBACK=1 shows where)", file=sys.stderr)
         return 2

@@ -54,7 +54,7 @@ def test_a_limit_or_setting_that_makes_no_sense_is_refused_before_anything_runs(
     assert info.value.code == 2 and said in capsys.readouterr().err
 
 
-def test_a_missing_or_unreadable_file_is_one_line_and_exit_2_not_a_traceback(tmp_path, capsys):
+def test_a_missing_or_unreadable_file_is_one_line_and_exit_2_not_a_traceback(tmp_path, capsys, monkeypatch):
     (tmp_path / "notes.md").write_text("# not a notebook\n")
     for argv, said in [(["run-solutions", str(tmp_path / "99_nope.ipynb")], "No such file or directory"),
                        (["run-solutions", str(tmp_path / "notes.md")], "NotJSONError"),
@@ -63,6 +63,9 @@ def test_a_missing_or_unreadable_file_is_one_line_and_exit_2_not_a_traceback(tmp
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"python -m attn_course {argv[0]}: ") and said in err and "\n" not in err, (argv, err)
+    monkeypatch.setenv("ATTN_COURSE_TRACEBACK", "1")  # a maintainer asks for the traceback: the exception itself
+    with pytest.raises(FileNotFoundError):
+        cli.main(["run-solutions", str(tmp_path / "99_nope.ipynb")])
 
 
 def test_options_that_cannot_apply_are_named_not_ignored(capsys):
