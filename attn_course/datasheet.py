@@ -32,12 +32,10 @@ class Gpu(NamedTuple):
     source: str
 
 
-_H100 = ("NVIDIA H100 Tensor Core GPU datasheet (2023): "
-         "dense FP16/BF16 tensor core: the figure with sparsity ÷ 2, "
-         "rounded as in NVIDIA's H100 whitepaper (SXM5: 1,979 → 989.4)")
-_H200 = ("NVIDIA H200 Tensor Core GPU datasheet (2024): "
-         "dense FP16/BF16 tensor core: the figure with sparsity ÷ 2, "
-         "rounded as in NVIDIA's H100 whitepaper (SXM5: 1,979 → 989.4)")
+_HOPPER = ("dense FP16/BF16 tensor core: the figure with sparsity ÷ 2, rounded as in NVIDIA's H100 whitepaper "
+           "(SXM5: 1,979 → 989.4)")
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023): " + _HOPPER
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet (2024): " + _HOPPER
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021): FP16/BF16 tensor core, with sparsity ÷ 2"
 
 #: The first matching row wins, so the more specific variants (PCIe, NVL, 80GB) come before the plain model.

@@ -25,29 +25,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def positive(kind: type = float):
-    """An argparse type: a number of ``kind`` above 0 (a limit of 0 or less would fail every answer)."""
+def _number(kind: type, allowed, rule: str):
+    """An argparse type: a number of ``kind`` for which ``allowed(value)`` holds, else "TEXT ``rule``"."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} must be above 0")
+        if not allowed(value):
+            raise argparse.ArgumentTypeError(f"{text} {rule}")
         return value
-    parse.__name__ = f"positive {kind.__name__}"
+    parse.__name__ = kind.__name__  # what argparse names in "invalid ... value"
     return parse
 
 
-def at_least_zero(text: str) -> int:
-    """An argparse type: an integer of 0 (no limit) or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be 0 (no limit) or more")
-    return value
+def positive(kind: type = float):
+    """An argparse type: a number of ``kind`` above 0 (a limit of 0 or less would fail every answer)."""
+    return _number(kind, lambda value: value > 0, "must be above 0")
+
+
+#: An argparse type: an integer of 0 (no limit) or more.
+at_least_zero = _number(int, lambda value: value >= 0, "must be 0 (no limit) or more")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -14,7 +14,7 @@ from ..compare import Failure, as_tensor, describe_mismatch, expect_shape, fail,
 from ..core import learner_error
 from .answers import preview
 from .calls import CALL_WITH
-from .measure import DIGITS
+from .measure import DIGITS, made_of_half
 from .mistakes import Known, Suspects, fits
 from .raises import explain_raise
 
@@ -190,14 +190,13 @@ def _measure(fn: Any, cases: Sequence[TensorCase], values: list, wrong: Sequence
                        "Q[0] @ K[0].T) and uses them for the others, or leaves the others out",
                  fix="let the product run over all leading axes: Q @ K.transpose(-2, -1)")
     # every entry a float16 or bfloat16 number (and not all small integers): computed in that dtype
-    half = "" if t.dtype not in (torch.float32, torch.float64) or not t.numel() or not torch.isfinite(t).all() or (
-        bool((t == t.round()).all()) and float(t.abs().max()) < 2048) else next(
-        (str(h)[6:] for h in (torch.bfloat16, torch.float16) if bool((t.to(h).to(t.dtype) == t).all())), "")
-    # (bfloat16 first: a bfloat16 number in float16's range is a float16 number too, not the other way round)
+    half = None if t.dtype not in (torch.float32, torch.float64) or not t.numel() or not torch.isfinite(t).all() or (
+        bool((t == t.round()).all()) and float(t.abs().max()) < 2048) else made_of_half(t)
     if half and bool(((a64 - e64).abs() <= 2e-2 * max(case.magnitude, 1e-30)).all()):
-        fail(f"computed in {half}", tried=tried, got=f"values close to the expected ones but every one of them a "
-             f"{half} number: {preview(t)}", expected=expected, cause=f"part of your computation ran in {half} "
-             f"(.half(), .bfloat16()), which keeps about {DIGITS[getattr(torch, half)]} significant digits, and the "
+        name = str(half).replace("torch.", "")
+        fail(f"computed in {name}", tried=tried, got=f"values close to the expected ones but every one of them a "
+             f"{name} number: {preview(t)}", expected=expected, cause=f"part of your computation ran in {name} "
+             f"(.half(), .bfloat16()), which keeps about {DIGITS[half]} significant digits, and the "
              "result was converted back",
              fix="keep the computation in the inputs' dtype")
     if where and not describe_mismatch(t, e64, atol=case.atol, rtol=1e-5, factors=factors)[2]:

@@ -86,12 +86,11 @@ def what_is_off(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: 
         (err <= 4 * torch.clamp(e.abs(), min=scale) * 2.0 ** -10).all())
     got = f"{what} agree with the expected values to about 3 significant digits only (largest difference " \
           f"{fmt(float(err.max()))})"
-    # bfloat16 first: a bfloat16 number in float16's range is a float16 number too, not the other way round
-    halves = [n for n in ("bfloat16", "float16") if rounded and torch.equal(a, a.to(getattr(torch, n)).double())]
-    if halves:  # only a result that went through half precision is made of half-precision numbers
-        fail(f"{halves[0]} precision", tried=tried, got=got + f"; every value is a {halves[0]} number",
-             expected="the input's precision", cause=f"your result went through {halves[0]}, which keeps about "
-             f"{DIGITS[getattr(torch, halves[0])]} significant digits, and was converted back afterwards",
+    if rounded and (half := made_of_half(a)):  # only a result that went through half precision is made of its numbers
+        name = str(half).replace("torch.", "")
+        fail(f"{name} precision", tried=tried, got=got + f"; every value is a {name} number",
+             expected="the input's precision", cause=f"your result went through {name}, which keeps about "
+             f"{DIGITS[half]} significant digits, and was converted back afterwards",
              fix="compute in the input's dtype: leave out .half(), .to(torch.float16) or .to(torch.bfloat16)")
     explain(out)
     batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol, along=along)
@@ -128,6 +127,12 @@ _BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16
 
 #: significant decimal digits each floating-point dtype keeps, as the messages state them
 DIGITS = {torch.float32: 7, torch.float16: 3, torch.bfloat16: 2}
+
+
+def made_of_half(t: torch.Tensor) -> torch.dtype | None:
+    """The half-precision dtype every value of ``t`` is a number of, or None. bfloat16 is asked first: a bfloat16
+    number in float16's range is a float16 number too, not the other way round."""
+    return next((h for h in (torch.bfloat16, torch.float16) if torch.equal(t.to(h).to(t.dtype), t)), None)
 
 
 def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str, grid: bool = True) -> None:
