@@ -184,3 +184,158 @@ def test_a_submission_reads_neither_classmates_notebooks_nor_the_solutions(tmp_p
     assert grades[("ada", "attention")]["status"] == "passed", grades
     assert grades[("mal", "attention")]["status"] == "failed", grades
     assert "PermissionError" in grades[("mal", "attention")]["message"], grades
+
+
+# ---------------------------------------------------------------------------------------- red team, round 2
+#: Waits until a classmate's check has written its log (a stat of another learner's folder is not refused),
+#: then replaces its own record folder by a link to theirs: without care the grader reads their log as its own.
+_STEAL_RECORD = '''import os, time
+here = os.getcwd()
+base = os.path.dirname(here)
+found = None
+end = time.time() + 50
+while found is None and time.time() < end:
+    for k in range(1, 200):
+        d = os.path.join(base, "work-%d" % k, "record")
+        if d != os.path.join(here, "record") and os.path.exists(os.path.join(d, "attention" + ".np" + "z")):
+            found = d
+            break
+    time.sleep(0.05)
+if found:
+    time.sleep(1.0)
+    for name in os.listdir("record"):
+        os.remove(os.path.join("record", name))
+    os.rmdir("record")
+    os.symlink(found, "record")
+'''
+
+
+@pytest.mark.slow
+def test_a_record_folder_replaced_by_a_link_to_a_classmates_is_not_read(tmp_path):
+    """Two notebooks graded at once: bob's wrong answer swaps his record folder for a link to ada's while she
+    still runs (a slow cell of her own). His logs are read only from his own folder: he fails, and it says so."""
+    assert grader().runner.jobs >= 2
+    root, out = tmp_path / "class", tmp_path / "grades"
+    write(learner_notebook(answers=RIGHT, added=[("score_matrix_bytes", "import time\ntime.sleep(12)")]),
+          root / "ada" / f"{NOTEBOOK_05}.ipynb")
+    write(learner_notebook(answers=WRONG, added=[("score_matrix_bytes", _STEAL_RECORD)]),
+          root / "bob" / f"{NOTEBOOK_05}.ipynb")
+    log = io.StringIO()
+    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), limits=TEST_LIMITS, jobs=2,
+                       stdout=log, runner=grader().runner) == 0, log.getvalue()
+    grades = _grades(out)
+    assert grades[("ada", "attention")]["status"] == "passed", grades
+    assert grades[("bob", "attention")]["status"] == "failed", grades
+    assert "symbolic link" in grades[("bob", "attention")]["note"], grades
+
+
+@pytest.mark.slow
+def test_odd_text_in_a_submission_does_not_stop_the_class(tmp_path):
+    """A file name that is not UTF-8, a lone surrogate written into the learner's progress file, and cell
+    metadata of the wrong types (tags a number, nbgrader metadata a list): the class still gets its table."""
+    import os
+
+    root, out = tmp_path / "class", tmp_path / "grades"
+    write(correct(), root / "ada" / f"{NOTEBOOK_05}.ipynb")
+    (root / "ada").joinpath(os.fsdecode(b"notes-\xff.txt")).write_bytes(b"x")
+    odd = ("for k in range(40):\n    open('progress.jsonl', 'a').write("
+           "'{\"cell\": %d, \"error\": {\"type\": \"E\", \"message\": \"\\\\ud800\"}}\\n' % k)")
+    write(learner_notebook(answers=WRONG, added=[("attention", odd)]), root / "bob" / f"{NOTEBOOK_05}.ipynb")
+    nb = correct()
+    nb.cells[1].metadata["tags"] = 5
+    nb.cells[2].metadata["nbgrader"] = [1]
+    write(nb, root / "cy" / f"{NOTEBOOK_05}.ipynb")
+    log = io.StringIO()
+    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), limits=TEST_LIMITS, jobs=1,
+                       stdout=log, runner=grader().runner) == 0, log.getvalue()
+    grades = _grades(out)
+    assert grades[("ada", "attention")]["status"] == "passed", grades
+    assert grades[("bob", "attention")]["status"] == "failed" and "\\ud800" in grades[("bob", "attention")]["note"]
+    assert grades[("cy", "attention")]["status"] == "passed", grades
+    assert "notes-\\\\xff.txt" in (out / "summary.md").read_text(encoding="utf-8")  # its backslash escaped
+
+
+def test_removing_a_learners_folder_never_changes_what_a_link_in_it_points_to(tmp_path, monkeypatch):
+    """A link left in a folder the learner made read-only cannot be unlinked by a grader that is not root;
+    the retry makes the folder writable, and must not chmod the link's target (a classmate's notebook)."""
+    import os
+    import stat
+
+    from attn_course.tools.grading import watch
+
+    victim = tmp_path / "victim.ipynb"
+    victim.write_text("{}")
+    victim.chmod(0o444)
+    trap = tmp_path / "work" / "trap"
+    trap.mkdir(parents=True)
+    (trap / "link").symlink_to(victim)
+    unlink, refused = os.unlink, []
+
+    def unlink_as_a_user(path, *args, **kwargs):  # what a grader that is not root meets in a folder mode 0o500
+        if str(path).endswith("link") and not refused:
+            refused.append(path)
+            raise PermissionError(13, "Permission denied", str(path))
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink_as_a_user)
+    watch._rmtree(tmp_path / "work")
+    monkeypatch.undo()
+    assert refused and not (tmp_path / "work").exists()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o444
+
+
+def test_learners_text_in_the_summary_is_literal_markdown():
+    """Messages, flags and warnings hold what learners wrote (an exception's message, a file name): in
+    summary.md no HTML, link or table cell of theirs may take effect."""
+    from attn_course.tools.grading.journal import ClassInfo
+    from attn_course.tools.grading.model import Row
+    from attn_course.tools.grading.report import class_summary
+
+    evil = "<!-- [passed](http://x.test) <img src=x> \\| passed |"
+    rows = [Row("ada", NOTEBOOK_05, "attention", "failed", f"it raised E: {evil}", [f"copy {evil}"])]
+    text = class_summary(rows, ClassInfo(learners=["ada"], assigned=[NOTEBOOK_05], warnings=[f"ada/{evil}.txt"]))
+    for line in text.splitlines():
+        if "http://x.test" in line:
+            assert "<!--" not in line.replace("\\<", "") and "](" not in line.replace("\\]", ""), line
+            assert "<img" not in line.replace("\\<", ""), line
+            assert not line.startswith("|") or _unescaped_pipes(line) == 4, line  # both tables have 3 columns
+
+
+def _unescaped_pipes(line: str) -> int:
+    count, escaped = 0, False
+    for char in line:
+        count += char == "|" and not escaped
+        escaped = char == "\\" and not escaped
+    return count
+
+
+@pytest.mark.slow  # loads the test course
+def test_a_learners_copies_are_read_within_a_budget_and_a_notebook_of_endless_cells_is_refused(tmp_path,
+                                                                                            monkeypatch):
+    """Parsing costs seconds per thousand cells: a notebook of a million tiny cells, hard-linked a thousand
+    times, would keep the class waiting for days. Cells are counted before parsing, and a learner's
+    notebooks are read up to a budget."""
+    import os
+
+    import nbformat
+
+    from attn_course.tools.grading import collect, files
+
+    from ._grading import course
+
+    nb = correct()
+    nb.cells += [nbformat.v4.new_code_cell("x = 1") for _ in range(collect.MAX_CELLS)]
+    big = write(nb, tmp_path / "ada" / f"{NOTEBOOK_05}.ipynb")
+    sub = collect.read_submission(files.Found("ada", big, f"ada/{NOTEBOOK_05}.ipynb"), course())
+    assert sub.problem.startswith("not a course notebook") and "cells" in sub.problem, sub.problem
+    one = write(correct(), tmp_path / "bob" / f"{NOTEBOOK_05}.ipynb")
+    for k in range(30):
+        os.link(one, tmp_path / "bob" / f"copy-{k}.ipynb")
+    found = files.scan_class(tmp_path).learners["bob"]
+    monkeypatch.setattr(collect, "MAX_LEARNER_BYTES", 3 * one.stat().st_size)
+    read = []
+    monkeypatch.setattr(collect, "read_submission", lambda item, c, _real=collect.read_submission:
+                        read.append(item) or _real(item, c))
+    chosen, _, warnings = collect.collect("bob", found, course())
+    assert len(read) == 3 and [s.rel for s in chosen] == [f"bob/{NOTEBOOK_05}.ipynb"], [s.rel for s in chosen]
+    assert any("28 notebooks not read" in w for w in warnings), warnings

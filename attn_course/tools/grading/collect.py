@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,11 @@ from .course import Course, CourseNotebook, normalise
 from .plan import exercise_cells
 
 __all__ = ["Submission", "read_submission", "identify", "choose", "file_slug", "collect"]
+
+#: More cells than any course notebook has: a file holding more is not read further.
+MAX_CELLS = 5000
+#: The most notebook bytes read for one learner: copies past that are named in a warning, not read.
+MAX_LEARNER_BYTES = 4 * files.MAX_NOTEBOOK_BYTES
 
 _COPY = re.compile(r"(\s*\(\d+\)|-copy\d*|\s+copy\d*|-checkpoint|\.updated|[-_ ]\d{8}[-_T]?\d{4,6})$", re.I)
 
@@ -116,6 +122,13 @@ def read_submission(found: files.Found, course: Course) -> Submission:
         sub.problem = "not a notebook (not UTF-8 text)"
         return sub
     try:
+        # Counted before nbformat validates (seconds per thousand cells): a file of a million tiny cells,
+        # hard-linked a thousand times, would keep the class waiting for days.
+        raw = json.loads(text)
+        if isinstance(raw, dict) and isinstance(raw.get("cells"), list) and len(raw["cells"]) > MAX_CELLS:
+            sub.problem = f"not a course notebook ({len(raw['cells'])} cells; the limit is {MAX_CELLS})"
+            return sub
+        del raw
         nb = nbformat.reads(text, as_version=4)
     except Exception as exc:  # noqa: BLE001 - JSON errors, validation errors, recursion in nested JSON
         from nbformat.reader import NotJSONError
@@ -123,16 +136,41 @@ def read_submission(found: files.Found, course: Course) -> Submission:
         kind = "not valid JSON" if isinstance(exc, (NotJSONError, json.JSONDecodeError)) else "not a readable notebook"
         sub.problem = f"{kind} ({type(exc).__name__})"
         return sub
-    if not isinstance(nb.get("cells"), list):
+    if not isinstance(nb.get("cells"), list) or not all(isinstance(cell, dict) for cell in nb.cells):
         sub.problem = "not a notebook (no cells)"
         return sub
-    for cell in nb.cells:  # sources as text, whatever the file said
-        src = cell.get("source", "")
-        cell["source"] = "".join(src) if isinstance(src, list) else str(src)
+    for cell in nb.cells:
+        _plain_cell(cell)
+    try:
+        _identify(sub, nb, found, course)
+    except Exception as exc:  # noqa: BLE001 - whatever else the file holds, one learner's file never stops the class
+        sub.nb, sub.notebook, sub.flags = None, None, [f for f in sub.flags if "checkpoint" in f]
+        sub.problem = f"not a readable notebook ({type(exc).__name__})"
+    return sub
+
+
+def _plain_cell(cell: dict) -> None:
+    """A cell as the grader reads it, whatever the file said (nbformat does not validate everything): the
+    source as text, metadata a mapping, tags a list of strings, nbgrader metadata a mapping or absent."""
+    src = cell.get("source", "")
+    cell["source"] = "".join(map(str, src)) if isinstance(src, list) else str(src)
+    if not isinstance(cell.get("cell_type"), str):
+        cell["cell_type"] = "raw"
+    meta = cell.get("metadata")
+    if not isinstance(meta, dict):
+        cell["metadata"] = meta = nbformat.NotebookNode()
+    tags = meta.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        meta["tags"] = [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else []
+    if "nbgrader" in meta and not isinstance(meta["nbgrader"], dict):
+        del meta["nbgrader"]
+
+
+def _identify(sub: Submission, nb: nbformat.NotebookNode, found: files.Found, course: Course) -> None:
     sub.nb = nb
     sub.notebook, how = identify(nb, found.rel, course)
     if sub.notebook is None:
-        return sub
+        return
     named = file_slug(found.rel)
     if how == "file name":
         sub.flags.append("identified by its file name only (no exercise found in it)")
@@ -153,7 +191,6 @@ def read_submission(found: files.Found, course: Course) -> Submission:
     if same_as_solution:
         sub.flags.append(f"{same_as_solution} of {len(sub.notebook.exercises)} exercise cells are the course's "
                          "solution, character for character")
-    return sub
 
 
 def _order(sub: Submission) -> tuple:
@@ -182,7 +219,17 @@ def collect(learner: str, found: list[files.Found],
     warnings: list[str] = []
     by_slug: dict[str, list[Submission]] = {}
     rejected: list[Submission] = []
-    for item in found:
+    budget, unread = MAX_LEARNER_BYTES, []
+    for item in sorted(found, key=lambda f: (f.priority, f.rel)):  # the learner's own notebooks first
+        try:
+            size = os.lstat(item.path).st_size
+        except OSError:
+            size = 0
+        size = size if size <= files.MAX_NOTEBOOK_BYTES else 0  # too large: refused unread (read_file)
+        if size > budget:
+            unread.append(item.rel)
+            continue
+        budget -= size
         sub = read_submission(item, course)
         if sub.problem:
             rejected.append(sub)
@@ -198,6 +245,9 @@ def collect(learner: str, found: list[files.Found],
                             f"not graded as {learner}'s work")
             continue
         by_slug.setdefault(sub.notebook.slug, []).append(sub)
+    if unread:
+        warnings.append(f"{learner}: {len(unread)} notebooks not read, past {MAX_LEARNER_BYTES // 2**20} MiB of "
+                        f"notebooks in all: {', '.join(unread[:3])}" + (" and more" if len(unread) > 3 else ""))
     chosen = [choose(subs) for _, subs in sorted(by_slug.items())]
     graded = {s.notebook.slug for s in chosen}
     for sub in rejected:

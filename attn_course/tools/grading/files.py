@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MAX_NOTEBOOK_BYTES", "Unreadable", "read_file", "Found", "Scan", "scan_class", "scan_paths",
+__all__ = ["MAX_NOTEBOOK_BYTES", "Unreadable", "read_file", "open_folder", "Found", "Scan", "scan_class", "scan_paths",
            "snapshot", "changes", "ARCHIVES"]
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20
@@ -29,6 +29,35 @@ ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar")
 SKIPPED_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", "site-packages", "node_modules",
                 ".cache", ".local", ".ipython", ".jupyter", ".config", ".mozilla", ".npm", ".conda"}
 CHECKPOINTS = ".ipynb_checkpoints"
+
+
+def text(value: str) -> str:
+    """``value`` as text that can be written as UTF-8: a file name's undecodable bytes (which Python keeps as
+    lone surrogates) and any lone surrogate (from ``"\\ud800"`` in JSON a learner's process wrote) become
+    backslash escapes, so that one odd name or message cannot stop the journal or a report being written."""
+    value = str(value)
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape" if _only_escapes(value) else "backslashreplace") \
+            .decode("utf-8", "backslashreplace")
+
+
+def _only_escapes(value: str) -> bool:
+    """Whether every surrogate in ``value`` is one of those os.fsdecode makes of an undecodable byte."""
+    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in value)
+
+
+def plain(value):
+    """JSON-like data with every string (keys too) made writable by :func:`text`."""
+    if isinstance(value, str):
+        return text(value)
+    if isinstance(value, dict):
+        return {text(k) if isinstance(k, str) else k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
 
 
 class Unreadable(Exception):
@@ -44,14 +73,22 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_file(path: Path, *, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes; raises Unreadable otherwise."""
+def _is_link(path, dir_fd: int | None) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+    except (OSError, NotImplementedError):
+        return False
+
+
+def read_file(path: Path, *, limit: int = MAX_NOTEBOOK_BYTES, dir_fd: int | None = None) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; raises Unreadable otherwise. ``dir_fd``: a
+    folder's descriptor (:func:`open_folder`) that a relative ``path`` names a file directly inside."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd) if dir_fd is not None else os.open(path, flags)
     except OSError as exc:
-        if os.path.islink(path):
+        if _is_link(path, dir_fd):
             raise Unreadable("a symbolic link (not followed)") from None
         raise Unreadable(f"cannot be opened ({exc.strerror or exc})") from None
     try:
@@ -72,6 +109,23 @@ def read_file(path: Path, *, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def open_folder(path: Path) -> int:
+    """A descriptor of the folder ``path`` itself, never of what a symbolic link there points to (a
+    learner who replaced a folder the grader made by a link to someone else's would have the grader read
+    that); raises Unreadable otherwise. Files inside are then read with ``read_file(name, dir_fd=…)``."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise Unreadable("a symbolic link (not followed)") from None
+        raise Unreadable(f"cannot be opened ({exc.strerror or exc})") from None
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unreadable("not a folder")
+    return fd
 
 
 @dataclass
@@ -130,7 +184,7 @@ def _walk(folder: Path, learner: str, root: Path, scan: Scan) -> list[Found]:
                     continue
                 if entry.is_dir(follow_symlinks=False):
                     if entry.name in SKIPPED_DIRS or (entry.name.startswith(".") and entry.name != CHECKPOINTS):
-                        others.append(entry.name + "/")
+                        others.append(text(entry.name) + "/")
                     elif depth >= MAX_DEPTH:
                         scan.warnings.append(f"{rel}: nested too deeply; not searched")
                     else:
@@ -150,7 +204,7 @@ def _walk(folder: Path, learner: str, root: Path, scan: Scan) -> list[Found]:
             elif lower.endswith(ARCHIVES):
                 scan.warnings.append(f"{rel}: an archive; unpack it into the learner's folder to have it graded")
             else:
-                others.append(entry.name)
+                others.append(text(entry.name))
     if others:
         shown = ", ".join(sorted(others)[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         scan.warnings.append(f"{learner}: ignored what is not a notebook: {shown}")
@@ -159,9 +213,9 @@ def _walk(folder: Path, learner: str, root: Path, scan: Scan) -> list[Found]:
 
 def _rel(path: Path, root: Path) -> str:
     try:
-        return str(Path(path).relative_to(root))
+        return text(Path(path).relative_to(root))
     except ValueError:
-        return str(path)
+        return text(path)
 
 
 def scan_class(folder: Path) -> Scan:
@@ -174,7 +228,7 @@ def scan_class(folder: Path) -> Scan:
         scan.warnings.append(f"{root}: cannot be listed ({exc.strerror or exc})")
         return scan
     for entry in entries:
-        path, name = Path(entry.path), entry.name
+        path, name = Path(entry.path), text(entry.name)  # the learner's name, and how warnings show the entry
         try:
             if entry.is_symlink():
                 scan.warnings.append(f"{name}: a symbolic link; not followed, not graded")
@@ -232,7 +286,7 @@ def snapshot(folder: Path, *, limit: int = 200_000) -> dict[str, tuple]:
                 info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            rel = os.path.relpath(entry.path, folder)
+            rel = text(os.path.relpath(entry.path, folder))
             out[rel] = (stat.S_IFMT(info.st_mode), info.st_size, info.st_mtime_ns, info.st_ino)
             if stat.S_ISDIR(info.st_mode):
                 stack.append(Path(entry.path))

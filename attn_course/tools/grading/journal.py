@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import plain
 from .model import Row
 
 __all__ = ["JOURNAL", "Journal", "ClassInfo", "key_for", "shard_of", "read_journals"]
@@ -101,6 +102,7 @@ class Journal:
                 "it was restored from the grader's own copy (the grades hold only the grader's rows)")
 
     def _append(self, entry: dict[str, Any]) -> None:
+        entry = plain(entry)  # a lone surrogate (an odd file name, a learner's message) cannot be written as UTF-8
         line = json.dumps(entry, ensure_ascii=False) + "\n"
         self._fh.write(line)
         self._fh.flush()

@@ -144,8 +144,14 @@ def _key(message: str) -> str:
     return re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "#", message)[:160]
 
 
+_MD_SPECIAL = re.compile(r"([\\|<>\[\]])")
+
+
 def _md(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """``text`` on one line, as literal Markdown text: messages, flags and warnings hold what a learner wrote
+    (an exception's message, a file name), and ``<!--`` there would hide the rest of the summary, a ``|`` or a
+    trailing backslash add a column, ``[text](link)`` or ``<img …>`` show what the grader never said."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
 
 
 def class_summary(rows: list[Row], info: ClassInfo, *, top: int = 5) -> str:

@@ -73,9 +73,12 @@ class Run:
 
 def _rmtree(path: Path) -> None:
     def retry(func, target, _exc):
+        # A learner's folder may hold a link in a folder it made read-only: unlinking it fails, and a chmod
+        # of the link would change what it points to (a classmate's notebook, the grades). Never follow one.
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), stat.S_IRWXU)
-            os.chmod(target, stat.S_IRWXU)
+            for folder in (os.path.dirname(target), target):
+                if not os.path.islink(folder):
+                    os.chmod(folder, stat.S_IRWXU)
             func(target)
 
     shutil.rmtree(path, onerror=retry)
@@ -306,6 +309,9 @@ class Runner:
             except ValueError:
                 continue
             if isinstance(entry, dict):
+                entry = files.plain(entry)  # written by the learner's process: strings the reports can hold
+                if not isinstance(entry.get("error", {}), dict):
+                    entry["error"] = {"type": "an exception"}
                 if entry.get("start") and isinstance(entry.get("sandbox"), list):
                     run.sandbox = [str(s)[:200] for s in entry["sandbox"]][:10]
                 elif "cell" in entry or "done" in entry:
@@ -313,21 +319,35 @@ class Runner:
                 elif "crash" in entry:
                     run.problems.append(f"the learner process failed: {str(entry['crash'])[:200]}")
         target = self.logs / str(number)
-        for exercise in exercises:
-            if not _EXERCISE.match(exercise):
-                continue
-            source = work / RECORD / f"{exercise}.npz"
-            if not os.path.lexists(source):
-                continue
-            try:
-                data = files.read_file(source, limit=MAX_LOG_BYTES)
-            except files.Unreadable as exc:
-                run.problems.append(f"{exercise}: the check's log is {exc}")
-                continue
-            target.mkdir(mode=0o700, exist_ok=True)
-            copy = target / f"{exercise}.npz"
-            copy.write_bytes(data)
-            run.logs[exercise] = copy
+        # The logs are read through a descriptor of the record folder itself: the learner's process may have
+        # replaced that folder by a link to another learner's (still running) record folder, whose logs
+        # would then be graded as its own.
+        try:
+            folder = files.open_folder(work / RECORD)
+        except files.Unreadable as exc:
+            if os.path.lexists(work / RECORD):
+                run.problems.append(f"the checks' log folder is {exc}; no log was read")
+            return
+        try:
+            for exercise in exercises:
+                if not _EXERCISE.match(exercise):
+                    continue
+                name = f"{exercise}.npz"
+                try:
+                    os.lstat(name, dir_fd=folder)
+                except OSError:
+                    continue
+                try:
+                    data = files.read_file(name, limit=MAX_LOG_BYTES, dir_fd=folder)
+                except files.Unreadable as exc:
+                    run.problems.append(f"{exercise}: the check's log is {exc}")
+                    continue
+                target.mkdir(mode=0o700, exist_ok=True)
+                copy = target / name
+                copy.write_bytes(data)
+                run.logs[exercise] = copy
+        finally:
+            os.close(folder)
 
     def forget(self, run: Run) -> None:
         """Delete the private copies of a run's logs (once its verdicts are reached)."""
