@@ -216,7 +216,7 @@ def _shape_cause(got: tuple[int, ...], want: tuple[int, ...]) -> str:
     if len(got) + 1 == len(want) and any(s == 1 and want[:i] + want[i + 1:] == got for i, s in enumerate(want)):
         return "one axis of size 1 missing (keepdim=True would keep it)"
     if math.prod(got) == math.prod(want):
-        return "the right number of entries in the wrong shape: a reshape or view to the wrong sizes"
+        return "the right number of entries in the wrong shape: a reshape, view, split or stack to the wrong sizes"
     if len(got) < len(want):
         return ("an axis is missing: an index that picks one entry (x[0]) or a reduction (sum, mean, max) over "
                 "an axis the docstring keeps")
@@ -368,8 +368,9 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
     if affine:
         return affine
     wrong = ~close
-    worst = _worst_index(a, e)
-    detail = (f"largest difference {fmt(float((a - e).abs().nan_to_num(nan=math.inf)[worst]))} at index {worst}: "
+    diff = _difference(a, e)
+    worst = () if a.ndim == 0 else tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+    detail = (f"largest difference {fmt(float(diff[worst]))} at index {worst}: "
               f"got {fmt(float(a[worst]))}, expected {fmt(float(e[worst]))}")
     region = _where_wrong(wrong)
     got = f"{int(wrong.sum())} of {_count(a.numel(), 'entry', 'entries')} differ{region}; {detail}"
@@ -560,12 +561,9 @@ def _name_factor(c: float, factors: dict[str, float]) -> str:
     return ""
 
 
-def _worst_index(a: torch.Tensor, e: torch.Tensor) -> tuple[int, ...]:
-    diff = (a - e).abs()
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
-    if a.ndim == 0:
-        return ()
-    return tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+def _difference(a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """|a − e|: 0 where they are equal (equal infinities too), inf where either is NaN."""
+    return torch.where(a == e, 0.0, (a - e).abs()).nan_to_num(nan=math.inf, posinf=math.inf)
 
 
 def _where_wrong(wrong: torch.Tensor) -> str:

@@ -21,7 +21,7 @@ from ..masks import causal_mask
 from .boundary import Opaque
 from .compare import Failure
 from .core import Learner, LearnerRaised, LearnerTimedOut, check, fail, fmt, learner_error
-from .kit import Known, Suspects, bool_hint, explain_raise, factors, tensor_answer
+from .kit import Known, Suspects, bool_hint, expect_unchanged, explain_raise, factors, tensor_answer
 
 __all__ = ["check_normalised_entropy", "check_peak_weight", "check_self_attention_weight", "check_attention_distance",
            "check_effective_positions"]
@@ -91,11 +91,12 @@ def _cases(*, square_only: bool = False, single_key: bool = True, masks: bool = 
     return cases
 
 
-def _foreign_size(message: str, shape: tuple) -> int | None:
+def _foreign_size(message: str, shape: tuple, ran: list[tuple[int, ...]]) -> int | None:
     """A size the learner's error message names that the input cannot explain (not an axis, a product of two,
-    or an axis ± 1): the mark of a hard-coded size."""
+    or an axis ± 1), or an axis of an earlier input only (the code ran there): the mark of a hard-coded size."""
     dims = [int(s) for s in shape]
     explained = {1, *dims, *(d + 1 for d in dims), *(d - 1 for d in dims), *(a * b for a, b in combinations(dims, 2))}
+    explained -= {int(s) for r in ran for s in r} - set(dims)
     sizes = [int(s) for s in re.findall(r"size of tensor [ab] \((\d+)\)", message)]
     return next((s for s in sizes if s not in explained), None) if len(sizes) == 2 and set(sizes) & set(dims) else None
 
@@ -108,6 +109,10 @@ def _raise_hint(exc: LearnerRaised, what: str, shape: tuple[int, ...], mask, ran
                     fix=f"keep the signature {what}(weights, mask=None)")
     if bool_hint(exc):
         return bool_hint(exc)
+    foreign = _foreign_size(exc.message, shape, ran)  # before the shape hints: a size the input has not
+    if foreign is not None:
+        return dict(cause=f"the error names a size {foreign} that weights of shape {shape} do not have: a size in "
+                          "your code looks hard-coded", fix="take every size from weights.shape")
     if len(shape) > 2 and ran and all(len(s) == 2 for s in ran):
         return dict(cause=f"your function ran on single matrices such as {ran[0]} but raised on {shape}, a batch of "
                           "matrices: it assumes 2-D weights",
@@ -117,10 +122,6 @@ def _raise_hint(exc: LearnerRaised, what: str, shape: tuple[int, ...], mask, ran
         return dict(cause=f"your function ran on square weights but raised on {shape[-2]} queries × {shape[-1]} "
                           "keys: it uses one size for both axes",
                     fix="take n_q = weights.shape[-2] and n_k = weights.shape[-1] separately")
-    foreign = _foreign_size(exc.message, shape)
-    if foreign is not None:
-        return dict(cause=f"the error names a size {foreign} that weights of shape {shape} do not have: a size in "
-                          "your code looks hard-coded", fix="take every size from weights.shape")
     return explain_raise(exc)
 
 
@@ -130,7 +131,8 @@ def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle
     """One metric's check: the learner called on each case, every answer judged by one :class:`~.kit.Suspects` over
     the metric's table (``make(w, mask)``, w in float64) and rounded values, ``factors_of(n_q, n_k)`` naming a constant
     factor. ``explain(failure, out, case)`` adds what a measurement shows when no known mistake and no probe of the
-    comparison layer names a cause; the shapes that ran help read a later exception."""
+    comparison layer names a cause; the shapes that ran help read a later exception. Once every case matches, the
+    weights (and the mask) must come back unchanged."""
     rounded = Known("rounded", "rounded to whole numbers", "your values are the right ones rounded to integers "
                     "(.round(), .long(), // or an integer tensor along the way)", "keep the values as floats: no "
                     "rounding, no integer division", lambda w, mask: oracle(w, mask).round())
@@ -165,6 +167,10 @@ def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle
                 explain(failure, out, case)
             raise
         ran.append(shape)
+    case = next(c for c in cases if c["name"].startswith("causal weights"))  # small, exact zeros, a mask for entropy
+    args = (case["w"],) if case["mask"] is None else (case["w"], case["mask"])
+    expect_unchanged(fn, args, call=f"{what}(weights{', mask' if len(args) > 1 else ''})", name="weights",
+                     shown=case["name"], others=("mask",))
 
 
 def _guarded(h: torch.Tensor, k: torch.Tensor, log=torch.log) -> torch.Tensor:

@@ -794,8 +794,18 @@ def attn_top_two_keys(Q, K, V, mask=None):
     return w @ V, w
 
 
+def attn_shifted_by_the_minimum(Q, K, V, mask=None):
+    s = scaled_scores(Q, K)
+    low = s if mask is None else s.masked_fill(~mask, float("inf"))
+    e = torch.exp(masked(s, mask) - low.amin(-1, keepdim=True))  # "any shift works: softmax(x - c) = softmax(x)"
+    w = e / e.sum(-1, keepdim=True)
+    return w @ V, w
+
+
 @pytest.mark.parametrize("fn,phrases", [
-    (attn_batch_heads_merged, ["wrong shape (6, 4, 6), expected (2, 3, 4, 6)", "a reshape or view"]),
+    (attn_batch_heads_merged, ["wrong shape (6, 4, 6), expected (2, 3, 4, 6)", "a reshape, view, split or stack"]),
+    (attn_shifted_by_the_minimum, ["NaN where exp overflowed after a shift by the minimum", "span more than 709.8",
+                                   "subtract each row's maximum"]),
     (attn_naive_with_epsilon, ["NaN where exp overflowed", "an allowed score above 709.8",
                                "subtract each row's maximum"]),
     (attn_renormalise_then_zero, ["NaN where the allowed weights underflow", "took part in a softmax before"]),
@@ -811,3 +821,14 @@ def test_check_attention_measures_what_no_known_mistake_explains(fn, phrases, re
         assert "a fill value too weak" not in result.text()
     if fn is attn_top_two_keys:  # zero weights on allowed keys: no scale is fitted through log 0
         assert "divided by" not in result.text()
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    # counted in a float32 tensor: exact below 2²⁴, 64 bytes off at n = 65537
+    (lambda n, batch=1, heads=1, dtype=torch.float32: int(torch.tensor([batch, heads, n, n], dtype=torch.float32)
+                                                          .prod()) * _element(dtype),
+     ["count rounded by float32", "off by 64 bytes", "274886295552"]),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: bytes_ok(n, batch, heads, dtype) / 1e6, ["MB", "10⁶"]),
+])
+def test_check_score_matrix_bytes_float32_count_and_megabytes(fn, phrases, rejects):
+    rejects(check_score_matrix_bytes, fn, *phrases)

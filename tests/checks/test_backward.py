@@ -789,7 +789,7 @@ def tiled_tile_bug(bug):
                     rows = torch.arange(qs, qs + qi.shape[-2])[:, None]
                     cols = (torch.arange(ks + kj.shape[-2], ks) if bug == "arange_swapped" else
                             torch.arange(ks, ks + kj.shape[-2]))[None, :]
-                    s = s.masked_fill(cols > rows, math.inf if bug == "plus_inf" else -math.inf)
+                    s = s.masked_fill(cols > rows, {"plus_inf": math.inf, "zero_fill": 0.0}.get(bug, -math.inf))
                 p = s - lse[..., qs:qs + block_size, None] if bug == "no_exp" else torch.exp(s - lse[..., qs:qs + block_size, None])
                 ds = p * (doi @ vj.mT - delta[..., qs:qs + block_size, :])
                 dv[..., ks:ks + block_size, :] += p.mT @ doi
@@ -803,6 +803,7 @@ def tiled_tile_bug(bug):
     ("no_exp", ["exp forgotten: P = S − L"]),
     ("delta_mean", ["D as a mean instead of a sum"]),
     ("plus_inf", ["blocked scores set to +∞ instead of −∞"]),
+    ("zero_fill", ["blocked scores set to 0 instead of −∞", "exp(0 − L) is not 0"]),
     ("dq_no_ds", ["dQ = K/√d_k: the factor dS is missing"]),
     ("arange_swapped", ["raised RuntimeError", "torch.arange(start, end) got an end"]),
 ], keep={"delta_mean"}))
@@ -948,7 +949,27 @@ class PReusedForDS(torch.autograd.Function):
         return ds @ k * ctx.scale, ds.mT @ q * ctx.scale, dv, None
 
 
+class PSavedMulInPlace(PReusedForDS):
+    """The same p.mul_, but P saved with save_for_backward: autograd's version check raises on the second backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask=None):
+        p = masked_softmax(q @ k.mT / math.sqrt(q.shape[-1]), mask)
+        ctx.save_for_backward(q, k, v, p)
+        ctx.scale = 1 / math.sqrt(q.shape[-1])
+        return p @ v
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, p = ctx.saved_tensors
+        dv, dp = p.mT @ dout, dout @ v.mT
+        ds = p.mul_(dp - (dp * p).sum(-1, keepdim=True))
+        return ds @ k * ctx.scale, ds.mT @ q * ctx.scale, dv, None
+
+
 @pytest.mark.parametrize("cls,phrases", [
+    (PSavedMulInPlace, ["gradcheck fails", "fails or gives other gradients", "changes a tensor forward kept",
+                        "never change the saved ones in place"]),
     (NumpyForward, ["no gradient reaches the inputs", "forward returned a NumPy array",
                     "compute forward's output with torch operations"]),
     (CacheFreedInBackward, ["raised AttributeError", "one backward through both", "the gradients of both calls"]),

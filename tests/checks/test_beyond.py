@@ -696,3 +696,31 @@ def test_wrong_shapes_and_dtypes_are_reported_as_such(rejects, check, answer, ph
     result = rejects(check, answer, *phrases)
     assert_voice(result)
     assert "rows" not in result.diagnosis.summary  # no measurement of rows on a result of another shape
+
+
+# ============================================================================ an ε in the normaliser, both states at ones
+def lin_with_eps(q, k, v, eps=1e-6):  # the linear transformer's code adds an ε: not the docstring's formula
+    fq, fk = phi(q), phi(k)
+    return (fq @ (fk.mT @ v)) / (fq @ fk.sum(-2).unsqueeze(-1) + eps)
+
+
+def rec_states_at_ones(q, k, v):
+    fq, fk = phi(q), phi(k)
+    C = torch.ones(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    u = torch.ones(q.shape[:-2] + (q.shape[-1],), dtype=q.dtype)
+    outs = []
+    for t in range(q.shape[-2]):
+        C = C + fk[..., t, :, None] * v[..., t, None, :]
+        u = u + fk[..., t, :]
+        outs.append((fq[..., t, None, :] @ C)[..., 0, :] / (fq[..., t, :] * u).sum(-1, keepdim=True))
+    return torch.stack(outs, dim=-2)
+
+
+@pytest.mark.parametrize("check,answer,phrases", [
+    (check_linear_attention, lin_with_eps, ["each row off by a tiny factor: the normaliser"]),
+    (check_causal_linear_attention, rec_states_at_ones, ["states C and u start at ones", "u = torch.zeros"]),
+], ids=["eps", "ones"])
+def test_an_eps_is_not_called_float32_and_both_states_at_ones_are_named(rejects, check, answer, phrases):
+    result = rejects(check, answer, *phrases)
+    assert_voice(result)
+    assert "float32" not in result.diagnosis.summary

@@ -134,6 +134,12 @@ def test_a_probe_says_which_entry_and_what_to_do():
     assert "your query 0 holds query 2's values" in got
 
 
+def test_equal_infinities_are_no_difference():
+    e = torch.tensor([[-math.inf, 2.0, 3.0], [0.5, 0.5, 0.25]], dtype=torch.float64)  # -inf: a masked log-weight
+    got = describe_mismatch(torch.tensor([[-math.inf, 1.0, 3.0], [0.5, 0.5, 0.5]], dtype=torch.float64), e)[0]
+    assert "largest difference 1 at index (0, 1): got 1, expected 2" in got, got
+
+
 def test_expect_close_passes_axis_names_and_prefers_the_measured_fix():
     batch = torch.stack([E, 2 * E, -E])
     d = diagnosis(lambda: expect_close(batch[:, :1].expand(3, 3, 3), batch, tried="t", fix="general advice",

@@ -369,6 +369,22 @@ def os_pipelined(x, block_size=1):  # the next block's maximum taken before this
     return torch.exp(x - m) / l
 
 
+def os_written_over_x(x, block_size=1):  # the right loop, then the result computed in x's own storage
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    return x.sub_(m).exp_().div_(l)
+
+
+def os_copied_into_x(x, block_size=1):  # the right result, copied into x and x returned
+    x.copy_(os_ref(x, block_size))
+    return x
+
+
 OS_RIGHT = {"reference": os_ref, "torch.split": os_split, "running logsumexp": os_logsumexp,
             "while, first block": os_while_first_block, "float64 inside": os_float64_inside, "numpy": os_numpy,
             "rows one by one, preallocated output": os_rows_one_by_one, "rows side by side": os_rows_side_by_side,
@@ -408,6 +424,9 @@ OS_WRONG = {
     "every block's maximum at once, then the sums": (os_block_maxima_at_once, "reads x twice: goes back to blocks"),
     "float64 result for float32 input": (lambda x, b=1: os_ref(x.double(), b), "result in float64 for float32 input"),
     "float32 running state, updated in place": (os_float32_state, "float64 input, float32 precision"),
+    "float32 result via .float()": (lambda x, b=1: os_ref(x, b).float(), "a conversion to float32 (.float()"),
+    "result written over x with sub_, exp_, div_": (os_written_over_x, "x changed in place"),
+    "result copied into x with copy_": (os_copied_into_x, "x changed in place"),
     "renormalised over the whole row": (lambda x, b=1: (lambda e: e / e.sum(-1, keepdim=True))(os_ref(x, b)),
                                         "the whole row"),
     "block_size ignored (1)": (lambda x, b=1: os_ref(x, 1), "block_size not used"),
@@ -790,13 +809,23 @@ def ta_keep_flattened(q, k, v, block_size=64):  # the online loop, every score t
         out[..., qs:qs + block_size, :] = acc / l
     return out
 
+def vmapped(answer):
+    """``answer`` written for one (n, d) matrix, mapped over the leading axes with torch.func.vmap (whose tensors'
+    values the check's watcher cannot read)."""
+    def run(q, k, v, block_size=64):
+        flat = lambda t: t.reshape(-1, *t.shape[-2:])  # noqa: E731 - (…, n, d) → (batch, n, d)
+        out = torch.func.vmap(lambda a, b, c: answer(a, b, c, block_size))(flat(q), flat(k), flat(v))
+        return out.reshape(*q.shape[:-2], *out.shape[-2:])
+    return run
+
+
 TA_RIGHT = {"reference": ta_ref, "options at their right values": T(), "keys outside (FlashAttention-1 order)":
             ta_key_outer, "running logsumexp": ta_lse, "state from the first tile": ta_first_tile,
             "float64 inside": lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b).to(q.dtype),
             "while loops, output blocks joined with torch.cat": ta_blocks_cat_while,
             "running logaddexp into a preallocated output": ta_logaddexp_prealloc,
             "float64 inside, key blocks listed first, a dict of outputs": ta_float64_blocks,
-            "state updated in place": ta_inplace_state}
+            "state updated in place": ta_inplace_state, "torch.func.vmap over the leading axes": vmapped(ta_lse)}
 
 def ta_two_pass_elementwise(q, k, v, b=64):  # two passes over the keys, scores by broadcasting instead of @
     scale, out = 1 / math.sqrt(q.shape[-1]), torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
@@ -828,7 +857,18 @@ def ta_query_blocks_batched(q, k, v, block_size=64):  # every query block at onc
     return (acc / l).flatten(-3, -2)[..., :n_q, :]
 
 
+def ta_q_scaled_in_place(q, k, v, block_size=64):  # 1/√d_k folded into q once, in place, before the loop
+    q *= 1 / math.sqrt(q.shape[-1])
+    return attn(q, k, v, block_size, scale=lambda q, k, v, b: 1.0)
+
+
+def ca_k_scaled_in_place(q, k, v, block_size=64):  # 1/√d_k folded into k once, in place, before the loop
+    k /= math.sqrt(k.shape[-1])
+    return attn(q, k, v, block_size, True, scale=lambda q, k, v, b: 1.0)
+
+
 TA_WRONG = {
+    "1/√d_k folded into q in place": (ta_q_scaled_in_place, "q changed in place"),
     "two passes, scores by broadcasting": (ta_two_pass_elementwise, "reads the keys twice"),
     "float64 result for float32 input": (lambda q, k, v, b=64: ta_ref(q.double(), k.double(), v.double(), b),
                                          "result in float64 for float32 input"),
@@ -986,9 +1026,11 @@ CA_RIGHT = {"reference": C(), "global mask on every tile": C(masked=lambda qs, q
             "tile-local mask on the diagonal tiles only": C(hide=lambda r, c, qs, ks: (c - ks) > (r - qs)),
             "float64 inside": lambda q, k, v, b=64: attn(q.double(), k.double(), v.double(), b, True).to(q.dtype),
             "key loop broken at the diagonal, torch.where, output blocks joined": ca_early_stop,
-            "while loops, running logaddexp, float64 inside": ca_logaddexp_while}
+            "while loops, running logaddexp, float64 inside": ca_logaddexp_while,
+            "torch.func.vmap over the leading axes": vmapped(ca_early_stop)}
 
 CA_WRONG = {
+    "1/√d_k folded into k in place": (ca_k_scaled_in_place, "k changed in place"),
     "not causal": (lambda q, k, v, b=64: ta_ref(q, k, v, b), "not causal"),
     "every tile computed, masked": (C(k_range=lambda n, nk, b, qs, qe: range(0, nk, b), masked=lambda qs, qe, ks, ke: True),
                                     "computes the tiles above the diagonal"),
@@ -1048,7 +1090,9 @@ QUICK = {"sum not rescaled", "rescaled by exp(m_new - m_old), guarded", "last pa
          "diagonal tile skipped", "per-tile max", "keepdim missing", "a first loop for the maximum, then the online loop",
          "every weight tile appended to a list", "every causal tile kept, then two passes over them",
          "two loops, the sums as e @ ones", "no blocks: sort and @ ones", "second loop over a copy_ of x",
-         "block results merged at the end", "next block's maximum before this block's sum"}
+         "block results merged at the end", "next block's maximum before this block's sum",
+         "float32 result via .float()", "result written over x with sub_, exp_, div_", "result copied into x with copy_",
+         "1/√d_k folded into q in place", "1/√d_k folded into k in place"}
 
 
 def _cases(kind):

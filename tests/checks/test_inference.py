@@ -828,3 +828,46 @@ def test_check_merge_measures_what_no_known_mistake_explains(fn, phrases, reject
     result = rejects(check_merge_partials, fn, *phrases)
     if fn is merge_weighted_outputs:  # acc is not affine in the sums: no factor is read off (nor claimed)
         assert "multiplies part" not in result.text()
+
+
+# ================================================================================== inputs changed in place
+class CacheScalesQInPlace(ref.KVCache):
+    def attend(self, q):
+        q /= math.sqrt(q.shape[-1])  # scaled once, in place: the caller's query changes
+        return torch.softmax(q @ self.k.mT, dim=-1) @ self.v
+
+
+def merge_into_a(a, b):  # right values, but part a's l and acc are rescaled in place and returned
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    alpha, beta = torch.exp(m_a - safe), torch.exp(m_b - safe)
+    l_a.mul_(alpha).add_(l_b * beta)
+    acc_a.mul_(alpha).add_(acc_b * beta)
+    return m, l_a, acc_a
+
+
+def merge_scales_b_in_place(a, b):  # right values, but part b's sums are rescaled in place
+    (m_a, l_a, acc_a), (m_b, l_b, acc_b) = a, b
+    m = torch.maximum(m_a, m_b)
+    safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    alpha, beta = torch.exp(m_a - safe), torch.exp(m_b - safe)
+    l_b *= beta
+    acc_b *= beta
+    return m, l_a * alpha + l_b, acc_a * alpha + acc_b
+
+
+def window_scales_q_in_place(q, k, v, window, block_size):
+    q *= 1 / math.sqrt(q.shape[-1])  # the scale applied once, up front, to the caller's q
+    return window_tiled(scale=1.0)(q, k, v, window, block_size)
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_KVCache, CacheScalesQInPlace, ["q changed in place", "attend(q)"]),
+    (check_merge_partials, merge_into_a, ["part_a changed in place"]),
+    (check_merge_partials, merge_scales_b_in_place, ["part_b changed in place"]),
+    (check_sliding_window_attention, window_scales_q_in_place, ["q changed in place"]),
+])
+def test_checks_reject_an_input_changed_in_place(check, fn, phrases, rejects):
+    """The docstrings say the inputs are left unchanged: right values that overwrite an input are rejected."""
+    rejects(check, fn, "changed in place", *phrases)

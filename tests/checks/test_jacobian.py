@@ -290,7 +290,13 @@ def v_double_dot(p, g):
     return p * (g - 2 * (g * p).sum(-1, keepdim=True))
 
 
+def v_grad_reused_in_place(p, g):  # "saves a tensor": the upstream gradient becomes the result
+    g -= (g * p).sum(-1, keepdim=True)
+    return g.mul_(p)
+
+
 VJP_WRONG = [
+    (v_grad_reused_in_place, ["grad changed in place"]),
     (v_missing_dot, ["⟨g, p⟩ term missing"]),
     (v_sign, ["sign flipped"]),
     (v_plain_sum, ["plain sum of g"]),

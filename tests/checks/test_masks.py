@@ -556,3 +556,36 @@ def softmax_all_pad_sequences_zeroed(scores, mask):
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_masks_diagnose_what_no_known_mistake_reproduces(check, fn, phrases, rejects):
     rejects(check, fn, *phrases)
+
+
+def softmax_global_max(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(s - s.max())  # "the maximum, for stability"
+    return torch.nan_to_num(e / e.sum(dim=-1, keepdim=True))
+
+
+def softmax_global_max_empty_rows_zeroed(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(s - s.max())
+    return (e / e.sum(dim=-1, keepdim=True)).masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+
+
+def softmax_epsilon_in_the_sum(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0))
+    return e / (e.sum(dim=-1, keepdim=True) + 1e-4)  # "no 0/0 in empty rows": rows sum to 1 / (1 + 1e-4)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    # not "mask applied after the softmax, then renormalised": they agree here, not where the empty row is the largest
+    (softmax_global_max, ["maximum over the whole tensor", "which your code then set to 0"]),
+    (softmax_global_max_empty_rows_zeroed, ["maximum over the whole tensor", "0/0 is NaN"]),
+    (softmax_epsilon_in_the_sum, ["wrong values"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_masked_softmax_global_maximum_and_epsilon(fn, phrases, rejects):
+    rejects(check_masked_softmax, fn, *phrases)
+
+
+def test_float_padding_mask_fix_names_no_causal_comparison(rejects):
+    result = rejects(check_padding_mask_from_ids, lambda ids, pad_id: (ids != pad_id).float(), "float mask of 0s and 1s")
+    assert "j <= i" not in result.text()

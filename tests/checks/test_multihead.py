@@ -859,3 +859,13 @@ def test_mha_measures_what_no_known_mistake_explains(cls, phrases, rejects):
     result = rejects(check_MultiHeadAttention, cls, *phrases)
     if cls.__mro__[1] in (OutFromUnmaskedWeights, FusedThreeDModel, HiddenSize64):  # nothing measured to name
         assert not result.diagnosis.cause, result.text()
+
+
+def split_heads_of_width_n_heads(x, n_heads):
+    return torch.stack([x[..., h * n_heads:(h + 1) * n_heads] for h in range(n_heads)], dim=1)
+
+
+def test_shape_read_as_a_letter_twice_or_an_axis_missing(rejects):
+    rejects(check_split_heads, split_heads_of_width_n_heads, "(B, A, n, A)", "your result has A where the docstring "
+            "has d_head")
+    rejects(check_merge_heads, lambda x: x.sum(dim=(1, 3)), "(B, n)", "your result has no A·d_head axis")

@@ -221,6 +221,7 @@ def test_self_accepts_alternatives(fn, accepts):
     (lambda w: np.diag(np.asarray(w)), ["returned a NumPy array, not a tensor"]),
     (lambda w: torch.diag(w), ["raised RuntimeError", "ran on single matrices", "assumes 2-D weights"]),
     (lambda w: (w * torch.eye(8)).sum(-1), ["raised RuntimeError", "a size 8", "hard-coded"]),
+    (lambda w: (w * torch.eye(6)).sum(-1), ["a size 6 that weights of shape (2, 3, 5, 5) do not have", "hard-coded"]),
     (lambda w: w.amax(-1), ["largest weight, not the diagonal"]),
     (lambda w: w[..., 0], ["weight of the first key"]),
     (lambda w: w.sum(-2), ["column sums, not the diagonal"]),
@@ -291,6 +292,8 @@ def _signed(w):
     (lambda w: (w * _signed(w).abs()).sum(-1).round(), ["rounded to whole numbers"]),
     (lambda w: (w * (torch.arange(w.shape[-1])[None, :] - torch.arange(w.shape[-1])[:, None]).abs()).sum(-1),
      ["ran on square weights but raised on 4 queries × 7 keys"]),
+    (lambda w: (w * (torch.arange(6)[None, :] - torch.arange(6)[:, None]).abs()).sum(-1),  # the first case's size
+     ["a size 6 that weights of shape (4, 7) do not have", "hard-coded"]),
 ])
 def test_distance_names_each_pitfall(fn, phrases, rejects):
     rejects(check_attention_distance, fn, *phrases)
@@ -407,3 +410,44 @@ def test_entropy_truth_value_of_a_mask_and_rows_with_one_key(fn, phrases, reject
     result = rejects(check_normalised_entropy, fn, *phrases)
     if fn is entropy_one_key_as_uniform:  # the rows with entropy are right: no divisor is blamed
         assert "divided by" not in result.text() and "normalised by log" not in result.text()
+
+
+# ============================================================================ inputs left unchanged
+def entropy_zeros_patched_in_place(weights, mask=None):  # log(0) avoided by overwriting the zeros of weights
+    weights[weights == 0] = 1e-45
+    h = -(weights * weights.log()).sum(-1)
+    k = _allowed(weights, mask).to(h.dtype)
+    return torch.where(k > 1, h / k.clamp(min=2).log(), torch.zeros_like(h))
+
+
+def peak_rest_zeroed_in_place(weights):  # every weight below its row's largest set to 0, in weights itself
+    weights[weights < weights.amax(-1, keepdim=True)] = 0
+    return weights.amax(-1)
+
+
+def self_eye_multiplied_in_place(weights):
+    weights *= torch.eye(weights.shape[-1], dtype=weights.dtype)
+    return weights.sum(-1)
+
+
+def distance_multiplied_in_place(weights):
+    weights *= (torch.arange(weights.shape[-1])[None, :] - torch.arange(weights.shape[-2])[:, None]).abs()
+    return weights.sum(-1)
+
+
+def effective_zeros_set_to_one_in_place(weights):  # 1·log 1 = 0 stands in for 0·log 0, written into weights
+    weights[weights == 0] = 1.0
+    return torch.exp(-(weights * weights.log()).sum(-1))
+
+
+@pytest.mark.parametrize("check,fn", [
+    (check_normalised_entropy, entropy_zeros_patched_in_place),
+    (check_peak_weight, peak_rest_zeroed_in_place),
+    (check_self_attention_weight, self_eye_multiplied_in_place),
+    (check_attention_distance, distance_multiplied_in_place),
+    (check_effective_positions, effective_zeros_set_to_one_in_place),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_an_answer_that_overwrites_the_weights_is_rejected(check, fn, rejects):
+    """Each docstring leaves the weights unchanged: right values computed by overwriting them are rejected."""
+    text = rejects(check, fn, "changed in place", "weights changed in place").text()
+    assert "causal weights (6, 6) in float32" in text, text

@@ -975,3 +975,76 @@ def test_relative_bias_tables_have_distinct_rows():
         table = torch.randn(nb, heads, generator=g, dtype=torch.float64).to(*dtype or [torch.float64]).double()
         alike = torch.isclose(table[:, None], table[None], atol=1e-6, rtol=1e-5).all(-1)
         assert int(alike.sum()) == nb, (n, nb, heads)
+
+
+@pytest.mark.parametrize("fn,phrase", [(decode_rule(rotate_q=False), "queries not rotated"),
+                                       (decode_rule(rotate_k=False), "new keys stored unrotated")])
+def test_check_decode_tells_an_unrotated_part_from_every_token_at_n_cache(fn, phrase, rejects):
+    # on an empty cache both give the same numbers: a case with cached keys tells them apart
+    result = rejects(check_rope_decode_step, fn, phrase)
+    assert "give the same numbers" not in result.text() and "n_cache, n_cache + 1" not in result.text()
+
+
+# ================================================================================== inputs changed in place
+def t5_heads_first_in_place(n, table, bidirectional=True, max_distance=128):
+    rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+    buckets = ref.relative_position_bucket(rel, bidirectional, table.shape[0], max_distance)
+    table.t_()  # heads first, transposed in place: the caller's table becomes (A, num_buckets)
+    return table[:, buckets]
+
+
+def rope_writes_into_x(x, positions=None, base=10000.0):
+    """Right values, rotated into x itself: each pair from copies of the originals, written back in place."""
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None] * base ** (-torch.arange(0, d, 2) / d)
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    even, odd = x[..., 0::2].clone(), x[..., 1::2].clone()
+    x[..., 0::2] = even * cos - odd * sin
+    x[..., 1::2] = even * sin + odd * cos
+    return x
+
+
+def rope_positions_as_column(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    positions.unsqueeze_(-1)  # (n, 1), in place: the caller's positions change shape
+    return ref.apply_rope(x, positions[:, 0], base)
+
+
+def decode_rotates_in_place(q_new, k_new, k_cache):
+    n_cache = k_cache.shape[-2]
+    positions = torch.arange(n_cache, n_cache + q_new.shape[-2])
+    q_new[:] = ref.apply_rope(q_new, positions)  # rotated where they lie: the caller's q_new and k_new change
+    k_new[:] = ref.apply_rope(k_new, positions)
+    return q_new, torch.cat([k_cache, k_new], dim=-2)
+
+
+def additive_inverts_mask_in_place(q, k, v, W_q, W_k, w, mask=None):
+    scores = torch.tanh((q @ W_q.T)[..., :, None, :] + (k @ W_k.T)[..., None, :, :]) @ w
+    if mask is not None:
+        scores.masked_fill_(mask.logical_not_(), float("-inf"))  # logical_not_ flips the caller's mask
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def additive_w_as_column(q, k, v, W_q, W_k, w, mask=None):
+    w.unsqueeze_(-1)  # (d_h, 1), in place: the caller's w changes shape
+    scores = (torch.tanh((q @ W_q.T)[..., :, None, :] + (k @ W_k.T)[..., None, :, :]) @ w).squeeze(-1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_relative_position_bias, t5_heads_first_in_place, ["table changed in place"]),
+    (check_apply_rope, rope_writes_into_x, ["x changed in place"]),
+    (check_apply_rope, rope_positions_as_column, ["positions changed in place"]),
+    (check_rope_decode_step, decode_rotates_in_place, ["q_new changed in place"]),
+    (check_additive_attention, additive_inverts_mask_in_place, ["mask changed in place"]),
+    (check_additive_attention, additive_w_as_column, ["w changed in place"]),
+])
+def test_checks_reject_an_input_changed_in_place(check, fn, phrases, rejects):
+    """The docstrings say the inputs are left unchanged: right values that overwrite an input are rejected."""
+    rejects(check, fn, "changed in place", *phrases)

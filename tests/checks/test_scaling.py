@@ -408,6 +408,30 @@ def test_variance_check_names_each_mistake(fn, phrases, named, rejects):
     rejects_as(rejects, check_mc_score_variance, fn, phrases, named)
 
 
+def fixed_seed_without_generator(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    if generator is None:
+        generator = torch.Generator()  # a generator of its own, always the same seed: not the global random state
+    return _scores(d_k, sigma, n_samples, generator).var()
+
+
+def test_variance_check_names_a_fixed_seed_without_generator(rejects):  # adversarial audit g1
+    rejects(check_mc_score_variance, fixed_seed_without_generator, "the same estimate every time without a generator",
+            "draws from a fixed seed")
+
+
+def test_variance_check_names_every_q_against_every_k(rejects):  # adversarial audit g1
+    @mk
+    def all_pairs(d, s, n, g):
+        """var(q @ k.T), the variance of every q_i · k_j, from its sums: Σ q_i·k_j = (Σ q_i)·(Σ k_j) and
+        Σ (q_i·k_j)² = Σ (QᵀQ ∘ KᵀK). The same number without the n × n matrix (1.6 GB and O(n² d) work at
+        n = 20000, past the check's time limit on a slow machine)."""
+        q, k = R(n, d, g, s).double(), R(n, d, g, s).double()
+        total, squares, pairs = q.sum(0) @ k.sum(0), ((q.T @ q) * (k.T @ k)).sum(), n * n
+        return (squares - total**2 / pairs) / (pairs - 1)
+
+    rejects(check_mc_score_variance, all_pairs, "every q against every k", "exactly the number this mistake gives")
+
+
 @pytest.mark.parametrize("seed", range(1, 3))
 @pytest.mark.parametrize("fn", [divided_by_dk, scaled_score, std_returned, summed_over_samples, fixed_n,
                                 q_not_random, one_q_shared])

@@ -992,6 +992,16 @@ def test_log_softmax_red_team(fn, phrases, rejects):
     rejects(check_log_softmax, fn, *phrases)
 
 
+def ls_in_float32(x, dim=-1):  # float64 scores computed in float32: logsumexp of -20000 keeps 3 decimals
+    x32 = x.float()
+    return x32 - torch.logsumexp(x32, dim, keepdim=True)
+
+
+def test_log_softmax_names_float32_inside(rejects):  # adversarial audit g1
+    result = rejects(check_log_softmax, ls_in_float32, "computed in float32, not float64", "float32 values")
+    assert "expected -inf" not in result.text()
+
+
 def rt_t_naive(x, temperature):
     e = torch.exp(x / temperature)
     return e / e.sum(-1, keepdim=True)

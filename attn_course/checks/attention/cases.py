@@ -86,9 +86,10 @@ def attention_cases() -> list[Case]:
              rand(1, 1, 1, 8, dtype=f32), rand(1, 1, 6, 8, dtype=f32), rand(1, 1, 6, 1, dtype=f32),
              torch.tensor([[True, True, False, True, False, True]]), atol=2e-5),
         Case("a single key (n_k = 1)", rand(3, 4), rand(1, 4), rand(1, 2), None, atol=1e-7),
-        # Kept scores near +1000: e^1000 overflows; the last row, 2000 below, underflows under a global maximum.
+        # Kept scores near +1000: e^1000 overflows; the last row, 2000 below, underflows under a global maximum;
+        # row 0 also keeps -50, so a shift by the row's minimum (e^1053) overflows too.
         _large([[1000.0, 990.0, 1003.0, -50.0], [-40.0, 1002.0, 995.0, 1001.0], [-999.0, -1000.0, -1000.5, -998.0]],
-               [[True, False, True, False], [False, True, False, True], [True, True, True, True]],
+               [[True, False, True, True], [False, True, False, True], [True, True, True, True]],
                rand(4, 3), "large scores (about ±1000) with a mask", large=False),
         # Kept scores near -20000, blocked ones up to +30000: a finite fill weaker than about -1e5 leaks, and a
         # softmax over all keys gives the kept ones weight 0 (0/0 when renormalised).

@@ -206,6 +206,13 @@ def structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) -> 
             fail("NaN where exp overflowed", tried=tried, got=f"{where}: exactly the rows with an allowed score above "
                  f"{fmt(math.log(torch.finfo(scaled.dtype).max))}, where e^score is inf", expected=_FINITE,
                  cause=_NAIVE[1], fix=_NAIVE[2])
+        spread = scaled.masked_fill(~allowed, -math.inf).amax(-1) - scaled.masked_fill(~allowed, math.inf).amin(-1)
+        if torch.equal(nan_rows, spread > math.log(torch.finfo(scaled.dtype).max)):
+            fail("NaN where exp overflowed after a shift by the minimum", tried=tried, got=f"{where}: exactly the rows "
+                 f"whose allowed scores span more than {fmt(math.log(torch.finfo(scaled.dtype).max))}", expected=_FINITE,
+                 cause="you subtracted each row's minimum, not its maximum: in a row whose scores span more than "
+                 "that, the largest shifted score overflows e^x to inf, and inf/inf is NaN",
+                 fix="subtract each row's maximum: scores.amax(dim=-1, keepdim=True)")
         if torch.equal(nan_rows, (soft(scaled) * allowed).sum(-1) == 0):
             fail("NaN where the allowed weights underflow", tried=tried, got=f"{where}: exactly the rows where a "
                  "softmax over all keys gives every allowed key weight 0", expected=_FINITE, cause="blocked keys took "

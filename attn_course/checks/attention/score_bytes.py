@@ -18,7 +18,7 @@ from ..core import Learner, as_tensor, check, fail
 #: (n, batch, heads, dtype); None: the call leaves batch, heads and dtype at their defaults (1, 1, float32).
 _BYTE_CASES = [(6, 1, 1, torch.float32), (10, 3, 5, torch.float16), (7, 3, 1, torch.float64), (5, 1, 2, torch.bfloat16),
                (4096, 1, 12, torch.float16), (1, 1, 1, torch.float32), (9, 6, 7, torch.float64), (11, None, None, None),
-               (65536, 2, 8, torch.float32)]  # 2³⁸ bytes: past what a 32-bit integer holds
+               (65537, 2, 8, torch.float32)]  # ≈ 2³⁸ bytes: past a 32-bit integer, and not exact in float32
 _ELEMENT_FIX = "take the bytes per entry from the dtype: torch.empty((), dtype=dtype).element_size()"
 _PLAIN, _E = "return the plain number of bytes", "the bytes per entry"
 #: A KeyError naming a dtype: a dict of bytes per dtype, one missing (its key shown without the quotes).
@@ -56,7 +56,7 @@ _BYTE_MISTAKES = [
     *[(f"bytes in {unit}, not bytes", f"you converted to {long} (÷ {shown})", _PLAIN,
        lambda n, b, h, e, d=d: b * h * n * n * e / d) for unit, long, shown, d in (
         ("GB", "gigabytes", "10⁹", 1e9), ("GiB", "gibibytes", "2³⁰", 2**30), ("MiB", "mebibytes", "2²⁰", 2**20),
-        ("KiB", "kibibytes", "1024", 1024))],
+        ("KiB", "kibibytes", "1024", 1024), ("MB", "megabytes", "10⁶", 1e6), ("kB", "kilobytes", "1000", 1e3))],
     *[(f"bytes in {unit}, not bytes", f"you converted to {long} with //, which also rounds down", _PLAIN,
        lambda n, b, h, e, d=d: b * h * n * n * e // d) for unit, long, d in (("KiB", "kibibytes", 1024),
                                                                                 ("MiB", "mebibytes", 2**20))],
@@ -113,12 +113,17 @@ def check_score_matrix_bytes(fn: Learner) -> str:
                                    "torch.int32, or NumPy's default int on Windows before NumPy 2), which wraps round "
                                    "past 2³¹ − 1 ≈ 2.1 GB", "count with Python ints: batch * heads * n * n * "
                                    "dtype.itemsize")
+        if not found and got.is_integer() and 0 < abs(got - expected) <= 1e-6 * expected:  # a float32 count
+            summary, cause, fix = ("count rounded by float32", f"your count is off by {abs(got - expected):.0f} bytes: "
+                                   "it went through float32 (or a narrower float), which keeps about 7 significant "
+                                   "digits", "count with Python ints: batch * heads * n * n * dtype.itemsize")
         if given is None and not found:  # every case with explicit arguments passed: only the defaults differ
             summary, cause, fix = ("wrong default arguments", "with only n given, your function does not count "
                                    "batch=1, heads=1, dtype=torch.float32", "keep the defaults of the signature: "
                                    "score_matrix_bytes(n, batch=1, heads=1, dtype=torch.float32)")
-        fail(summary, tried=tried, got=f"{got:.10g}", expected=f"{expected} bytes (batch × heads × n × n × bytes per "
-             "entry)", cause=cause, fix=fix or "multiply batch × heads × n × n × the bytes of one entry")
+        fail(summary, tried=tried, got=f"{got:.0f}" if got.is_integer() else f"{got:.10g}", cause=cause,
+             expected=f"{expected} bytes (batch × heads × n × n × bytes per entry)",
+             fix=fix or "multiply batch × heads × n × n × the bytes of one entry")
     return f"exact on {len(_BYTE_CASES)} cases (float16, bfloat16, float32, float64; batch, heads, defaults)"
 
 
@@ -139,7 +144,7 @@ def _expect_int(raw, tried: str, expected: int) -> None:
 def _bytes_ratio(ratio: float) -> tuple[str, str, str] | None:
     """A count off by the same whole-number factor on every case."""
     for r, many in ((ratio, True), (1 / ratio if ratio else 0, False)):
-        if r > 1 and abs(r - round(r)) < 1e-9:
+        if r > 1.5 and abs(r - round(r)) < 1e-9:
             k, whose = round(r), "the right one" if many else "smaller than the right one"
             return (f"{k} times {'too many' if many else 'too few'} bytes", f"your count is {k} times {whose}: your "
                     f"formula has a factor {k} {'too many' if many else 'missing'}", "")

@@ -145,12 +145,13 @@ def check_AttentionFunction(fn: Learner) -> str:
     report = fn.observe("backward.gradcheck", q, k, v, mask, timeout=60)
     if not isinstance(report, dict) or not report.get("passed"):
         message = str(report.get("error", "")) if isinstance(report, dict) else repr(report)
-        reentrant = "not reentrant" in message  # right gradients once, other ones from a second backward
+        # right gradients once, then other ones (or autograd's in-place error) from a second backward
+        reentrant = "not reentrant" in message or "modified by an inplace operation" in message
         fail("gradcheck fails", tried="torch.autograd.gradcheck(AttentionFunction.apply, (q, k, v, mask)) in float64, "
              "shapes (2, 3, 4), (2, 5, 4), (2, 5, 2)", got=message[:400] or "gradcheck returned False",
              expected="gradcheck passes: your backward agrees with finite differences of your forward",
-             cause="a second backward through the same graph gives other gradients: your backward changes a tensor "
-                   "forward kept (an in-place operation such as p.mul_ on what is on ctx)" if reentrant else "",
+             cause="a second backward through the same graph fails or gives other gradients: your backward changes "
+                   "a tensor forward kept (an in-place operation such as p.mul_ on what is on ctx)" if reentrant else "",
              fix="compute new tensors in backward (ds = p * (…)), never change the saved ones in place" if reentrant
              else "compare your backward's formulas with the exercise's, line by line")
     return (f"forward and backward match autograd through F.scaled_dot_product_attention on {len(cases)} cases "

@@ -96,7 +96,7 @@ def _variant(q, k, v, dout, bug: str = "", *, mask=None, o=None, lse=None, block
                 blocked = {"mask_self": c >= r, "mask_ahead": c > r + 1, "mask_offset_sign": c - r >= 2 * (ks - qs) + 1
                            }.get(bug, c > r)
                 if bug != "mask_after_exp":
-                    s = s.masked_fill(blocked, INF if bug == "mask_plus_inf" else -INF)
+                    s = s.masked_fill(blocked, {"mask_plus_inf": INF, "mask_zero": 0.0}.get(bug, -INF))
             p = _tile_weights(s, lse[..., qs:qe], bug) if tiled else weights(s, mask, bug)
             if bug == "mask_after_exp" and blocked is not None:
                 p = p * ~blocked
@@ -224,6 +224,8 @@ TEXT = {
                          "torch.ones(bq, bk, dtype=torch.bool).triu(q_start - k_start + 1)"),
     "mask_plus_inf": ("blocked scores set to +∞ instead of −∞", "exp(+inf) is inf, and the gradients turn into NaN",
                       "s.masked_fill(blocked, float('-inf'))"),
+    "mask_zero": ("blocked scores set to 0 instead of −∞", "you filled the blocked scores with 0: exp(0 − L) is not 0, "
+                  "so future keys keep a weight", "s.masked_fill(blocked, float('-inf'))"),
     "exp_split": ("exp(S) and exp(L) taken separately", "with scores of order ±10³, exp(S) and exp(L) leave the "
                   "floating-point range together: both inf where L is large (inf/inf is NaN), both 0 where L is far "
                   "below 0 (0/0 is NaN)", "exponentiate S − L in one step: " + _TILE_P),
@@ -292,7 +294,7 @@ TILED = _COMMON + ("exp2_unconverted", "fresh_max", "tile_softmax", "lse_as_sum"
                    "delta_mean", "delta_no_o", "delta_no_dout", "dq_overwritten", "dkdv_overwritten", "dk_overwritten",
                    "dv_overwritten", "q_tail", "k_tail", "both_tails")
 CAUSAL = ("no_causal", "no_causal_anywhere", "diag_unmasked", "skip_diag", "mask_self", "mask_ahead", "local_mask",
-          "mask_offset_sign", "mask_after_exp", "mask_plus_inf")
+          "mask_offset_sign", "mask_after_exp", "mask_plus_inf", "mask_zero")
 
 
 def naive(q, k, v, dout, mask=None, bug="", **scales):

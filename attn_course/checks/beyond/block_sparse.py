@@ -188,7 +188,8 @@ def check_block_sparse_attention(fn: Learner) -> str:
         expect_close_at_dtype(suspects, out, expected, case, tried=tried, again=fn, fix=_SPARSE_FIX,
                               oracle="F.scaled_dot_product_attention with the layout's mask",
                               factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
-                              measured=lambda failure: _sparse_measured(fn, failure, out, expected, case))
+                              measured=lambda failure: _sparse_measured(fn, failure, out, expected, case),
+                              normaliser="the running sum ℓ")
     n, d_k, d_v, b = 48, 6, 2, 8
     layout = _layout(n // b, n // b, 521)
     tried = f"block_sparse_attention(q, k, v, layout, {b}) on q, k ({n}, {d_k}), v ({n}, {d_v}), counting its work"

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ..boundary import probe
-from ..compare import Failure, fail, same
+from ..compare import Failure, fail, fail_again, same
 from ..core import Learner
 from ..kit import Suspects, watch
 
@@ -32,7 +32,8 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
 
 
 def expect_close_at_dtype(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str,
-                          measured: Callable[[Failure], None] | None = None, **compare: Any) -> None:
+                          measured: Callable[[Failure], None] | None = None, normaliser: str = "",
+                          **compare: Any) -> None:
     """The engine's verdict at the tolerance of the input's dtype (``case[0]``); a float64 answer right only to
     float32's precision is named; then ``measured`` may name what a measurement of the answer shows. Last, the
     result must have the input's dtype."""
@@ -42,6 +43,7 @@ def expect_close_at_dtype(suspects: Suspects, out: Tensor, expected: Tensor, cas
     except Failure as failure:
         d = failure.diagnosis
         if not d.cause and dtype == torch.float64 and same(out, expected, **tolerance(torch.float32)):
+            _row_factors(out, expected, failure, normaliser)
             fail("computed in float32, not the input's float64", tried=tried, got=d.got,
                  expected="the values to float64's precision (the inputs are float64)",
                  cause="right to about 7 digits, as float32 gives: a tensor you created without dtype= (torch.zeros "
@@ -59,6 +61,21 @@ def expect_close_at_dtype(suspects: Suspects, out: Tensor, expected: Tensor, cas
 
 
 _DTYPE_FIX = "create every tensor with the input's dtype (dtype=q.dtype, or *_like functions)"
+
+
+def _row_factors(out: Tensor, expected: Tensor, failure: Failure, normaliser: str) -> None:
+    """Fail with a cause when each row of ``out`` is its expected row times a factor of its own, near 1 and not the
+    same for every row (float32 rounding differs entry by entry): the divisor of each row is slightly off."""
+    ratio = out.double() / expected
+    if not normaliser or expected.shape[-1] < 2 or not bool(torch.isfinite(ratio).all()):
+        return
+    within = float((ratio - ratio[..., :1]).abs().max())  # inside each row
+    across = float((ratio[..., 0] - ratio.flatten()[0]).abs().max())  # from row to row
+    if within < 1e-3 * across:
+        fail_again(failure, "each row off by a tiny factor: the normaliser", "every row of yours is the right row "
+                   f"times a factor of its own, at most {float((ratio - 1).abs().max()):.1e} away from 1: what each "
+                   f"row is divided by is not exactly {normaliser} (an ε added to it, or it alone computed in "
+                   "float32)", f"divide by {normaliser} as the docstring writes it, in the input's dtype, with no ε")
 
 
 def rows_right(out: Tensor, expected: Tensor) -> Tensor:

@@ -118,7 +118,7 @@ def check_linear_attention(fn: Learner) -> str:
         tried = f"linear_attention(q, k, v) on {label}"
         expect_close_at_dtype(suspects, as_tensor(fn(q, k, v), tried=tried), _kernel(_elu1(q), _elu1(k), v), (q, k, v),
                               tried=tried, again=fn, oracle="φ(q) (φ(k)ᵀ v) / φ(q) Σ φ(k) with φ = elu + 1, in float64",
-                              fix=_LINEAR_FIX, factors={"n_k": float(n_k)})
+                              fix=_LINEAR_FIX, factors={"n_k": float(n_k)}, normaliser="φ(q_i)ᵀ Σ_j φ(k_j)")
     no_square(fn, 64, "linear_attention(q, k, v) on q, k (64, 3), v (64, 2), watching the shapes it builds",
               "sum over the keys first: kv = φ(k)ᵀ v and u = φ(k).sum(-2); then φ(q) @ kv and φ(q) @ u",
               *qkv((), 64, 64, 3, 2, 120))
@@ -135,9 +135,10 @@ _RECUR_FIX = ("for t = 0 … n − 1: first C = C + φ(k_t) v_tᵀ and u = u + �
 def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
     """The recurrence in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
-    state = (torch.ones if mistake == "ones_C" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]),
-                                                                  dtype=torch.float64)
-    norm = (torch.ones if mistake == "ones_u" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1],), dtype=torch.float64)
+    state = (torch.ones if mistake in ("ones", "ones_C") else torch.zeros)(
+        fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
+    norm = (torch.ones if mistake in ("ones", "ones_u") else torch.zeros)(fq.shape[:-2] + (fk.shape[-1],),
+                                                                        dtype=torch.float64)
     rows = []
     for t in range(fq.shape[-2]):
         before, before_norm = state, norm
@@ -176,6 +177,8 @@ _CAUSAL_TABLE = variants(_recurrence, [
     ("ones_C", "state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)"),
     ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
      "start from u = torch.zeros(…)"),
+    ("ones", "states C and u start at ones", _ONES_CAUSE.format(what="state C and the normaliser state u").replace(
+        "so it starts", "so each starts"), "start from C = torch.zeros(…) and u = torch.zeros(…)"),
     ("no_phik", "φ(k_t) missing from the state update", "you added v_t to every row of C instead of φ(k_t) v_tᵀ, so "
      "the numerator weighs every earlier value by the sum of φ(q_t), not by φ(q_t)·φ(k_j)", _RECUR_FIX),
     ("mul", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX),
@@ -228,7 +231,7 @@ def _run_causal(fn: Learner, name: str, table: list[Known], seed: int, *, chunke
 
         expect_close_at_dtype(suspects, out, expected, case, tried=tried, again=fn, measured=measured, fix=fix,
                               oracle="causal kernel attention computed densely in float64",
-                              factors=None if chunked else {"d_k": float(d_k)})
+                              factors=None if chunked else {"d_k": float(d_k)}, normaliser="φ(q_t)ᵀ Σ_{j ≤ t} φ(k_j)")
 
 
 def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, d_k: int, c: int) -> None:
@@ -270,9 +273,10 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tens
     """The chunkwise form in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
     n = fq.shape[-2]
-    state = (torch.ones if mistake == "ones_C" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], v.shape[-1]),
-                                                                  dtype=torch.float64)
-    norm = (torch.ones if mistake == "ones_u" else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], 1), dtype=torch.float64)
+    state = (torch.ones if mistake in ("ones", "ones_C") else torch.zeros)(
+        fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
+    norm = (torch.ones if mistake in ("ones", "ones_u") else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], 1),
+                                                                        dtype=torch.float64)
     out = torch.zeros(fq.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
     for s in range(0, n - n % c if mistake == "tail" else n, c):
         a_q, a_k, a_v = fq[..., s:s + c, :], fk[..., s:s + c, :], v[..., s:s + c, :]
@@ -326,6 +330,8 @@ _CHUNK_TABLE = variants(_chunked, [
      "part is a matrix product (@); the shapes fit only because d_v = chunk_size here", "a @ v_c"),
     ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
      "start from u = torch.zeros(…)"),
+    ("ones", "states C and u start at ones", _ONES_CAUSE.format(what="state C and the normaliser state u").replace(
+        "so it starts", "so each starts"), "start from C = torch.zeros(…) and u = torch.zeros(…)"),
     ("colsum", "row sums of A taken over the queries", "you summed A = φ(q_c) φ(k_c)ᵀ over dim=-2 (down its columns, "
      "over the queries) instead of over the keys (along its rows); the (1, c) result + φ(q_c) u (c, 1) even "
      "broadcasts to a (c, c) matrix", "a.sum(dim=-1, keepdim=True)"),

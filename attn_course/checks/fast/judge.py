@@ -12,7 +12,7 @@ import torch
 
 from ..compare import Failure, call_or_skip, same
 from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
-from ..kit import Known, Suspects, expect_float64_precision, explain_raise
+from ..kit import Known, Suspects, expect_float64_precision, expect_unchanged, explain_raise, narrowing_calls
 from .cases import Case
 from .mistakes import CAUSAL_FIX, FINAL_FIX, PATTERNS, Q_WIDTH
 from .steps import Tensor, blocks
@@ -26,7 +26,8 @@ _LOOP_FIX = "print m, l and acc after each block on this input and compare them 
 def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known], raises: Sequence[tuple]) -> None:
     """The learner on every case (up to an exception), then each answer through the kit's engine. A row is a
     suspect only if it reproduces every answer after the first wrong one too; before the engine falls back to
-    a generic mismatch, the properties of :func:`_measure` are tried."""
+    a generic mismatch, the properties of :func:`_measure` are tried. Right values in the input's dtype: the inputs
+    must come back unchanged (:func:`~.kit.expect_unchanged`, on a small case)."""
     softmax = exercise == "online_softmax"
     suspects = Suspects(_remembered(exercise, cases, table), atol=2e-5, rtol=1e-3)  # float32's tolerance
     answers: list[tuple[Case, Tensor, str]] = []
@@ -57,9 +58,9 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
             fail(f"result in {got} for {want} input", tried=tried,
                  got=f"a {got} result, close to the right values but with {got}'s precision",
                  expected=f"a {want} result, like the input",
-                 cause="a tensor you created without dtype= (torch.empty, zeros and full make float32 by default)"
-                       if out.dtype == torch.float32 and given == torch.float64 else f"your computation converted to {got}",
-                 fix=f"create every tensor with dtype={first}.dtype (or with *_like functions)")
+                 cause=("a tensor you created without dtype= (torch.empty, zeros and full make float32 by default), "
+                        "or " if out.dtype == torch.float32 else "") + f"a conversion to {got} ({narrowing_calls(out.dtype)})",
+                 fix=f"create every tensor with dtype={first}.dtype (or with *_like functions) and convert nothing to {got}")
         if out.dtype != given:  # right values at a wider precision: still not what the docstring returns
             fail(f"result in {got} for {want} input", tried=tried, got=f"a {got} result with the right values",
                  expected=f"a {want} result: the docstring returns {first}'s dtype",
@@ -67,6 +68,9 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                        "and the result was not converted back",
                  fix=f"computing in a wider dtype is fine; convert the result back at the end: .to({first}.dtype)")
         expect_float64_precision(out, case.expected, tried=tried, what="your result", first=first)
+    small = cases[1]  # right values on every case: the inputs must come back as they were given
+    expect_unchanged(fn, small.args, call=f"{exercise}({'x' if softmax else 'q, k, v'}, {small.block})",
+                     name="x" if softmax else "q", shown=small.name, others=() if softmax else ("k", "v"))
 
 
 def _right(out: Tensor, case: Case) -> bool:

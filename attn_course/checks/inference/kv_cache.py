@@ -9,7 +9,8 @@ import torch
 
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, learner_error
-from ..kit import Known, Suspects, call_explained, expect_dtype, expect_float64_precision, lower_precision, unpack
+from ..kit import (Known, Suspects, call_explained, expect_dtype, expect_float64_precision, expect_unchanged,
+                   lower_precision, unpack)
 from .oracle import LOOSE, PATTERNS, attn, rows, sdpa, tolerance
 
 _AXIS_FROM_FRONT = ("IndexError", r"Dimension out of range", "your code numbers an axis from the front (transpose(2, "
@@ -249,6 +250,13 @@ def check_KVCache(cls: Learner) -> str:
             lower_precision(out, q.dtype, tried=tried, what="attend's output", grid=False)
             expect_dtype(out, q.dtype, tried=tried, what="attend's output")
             expect_float64_precision(out, sdpa(*case), tried=tried, what="attend's output")
+    g = torch.Generator().manual_seed(12)  # a prompt of 3 tokens on a new cache, then the newest query
+    q, k, v = (torch.randn(3, d, generator=g, dtype=torch.float64) for d in (4, 4, 3))
+    cache = _construct(cls)
+    expect_unchanged(cache.method("append"), (k, v), call="KVCache().append(k, v)", name="k", others=("v",),
+                     shown="k (3, 4), v (3, 3): a prompt of 3 tokens, float64")
+    expect_unchanged(cache.method("attend"), (q[-1:],), call="KVCache().append(k, v), then attend(q)", name="q",
+                     shown="q (1, 4), the newest token's query, float64")
     return (f"equals causal attention token by token on {len(cases)} cases (batch × heads, no batch axes, a prompt "
             "appended at once, scores ±100) and keeps two caches apart")
 

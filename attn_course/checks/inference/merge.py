@@ -9,7 +9,8 @@ import torch
 
 from ..compare import Failure, describe_mismatch, fmt, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, check, expect_shape, fail
-from ..kit import Known, Suspects, call_explained, expect_dtype, expect_float64_precision, lower_precision, unpack
+from ..kit import (Known, Suspects, call_explained, expect_dtype, expect_float64_precision, expect_unchanged,
+                   lower_precision, unpack)
 from .oracle import LOOSE, PATTERNS, tolerance
 
 
@@ -216,5 +217,16 @@ def check_merge_partials(fn: Learner) -> str:
                  cause=cause or _measured_factors(fn, a[0].dtype),
                  fix="m = max(m_a, m_b); each side is rescaled by exp(m_side − m) (0 when m_side = −inf); "
                      "l and acc are the rescaled sums")
+    # Each side as one (3, 3, 1) tensor stacking m, l and acc: it unpacks like the tuple, into views of that tensor,
+    # so the probe sees an in-place change of any of the three (it compares tensor arguments, not tuples).
+    g = torch.Generator().manual_seed(13)
+    m = torch.tensor([[0.5, -1.0, 0.2], [-0.3, 0.7, -torch.inf]], dtype=torch.float64)[..., None]  # each side rescaled
+    l = torch.rand(2, 3, 1, generator=g, dtype=torch.float64) + 0.5
+    acc = torch.randn(2, 3, 1, generator=g, dtype=torch.float64)
+    l[1, 2], acc[1, 2] = 0.0, 0.0  # part_b's last query sees no key
+    expect_unchanged(fn, tuple(torch.stack(side) for side in zip(m, l, acc)), call="merge_partials(part_a, part_b)",
+                     name="part_a", others=("part_b",), shown="part_a and part_b for 3 queries (d_v = 1, float64; "
+                     "part_b's last query sees no key), each passed as one (3, 3, 1) tensor stacking m, l and acc, "
+                     "which unpacks as the tuple does")
     return (f"matches the definition on {len(cases)} cases, both orders (rising and falling maxima, chunks with "
             "no visible key, scores ±1000)")

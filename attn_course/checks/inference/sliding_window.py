@@ -11,7 +11,7 @@ import torch
 from ..boundary import probe
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail
-from ..kit import Known, Suspects, call_explained, watch
+from ..kit import Known, Suspects, call_explained, expect_unchanged, watch
 from .oracle import LOOSE, PATTERNS, attn, dtype_name, rows, sdpa, tolerance, window
 
 
@@ -319,6 +319,8 @@ def check_sliding_window_attention(fn: Learner) -> str:
                  cause="you created the output (or the accumulator) without dtype=q.dtype",
                  fix="allocate with dtype=q.dtype (or torch.zeros_like from q's tensors)")
     _MEMO.clear()
+    expect_unchanged(fn, (*_window_qkv((), 10, 4, 90), 3, 4), call="sliding_window_attention(q, k, v, window=3, "
+                     "block_size=4)", name="q", others=("k", "v"), shown="q, k (10, 4), v (10, 5), float64")
     _check_work(fn)
     return (f"matches F.scaled_dot_product_attention with the window mask on {len(_ATTN_CASES)} cases and computes "
             "only the key blocks inside the window")

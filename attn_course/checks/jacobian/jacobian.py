@@ -220,7 +220,7 @@ def check_softmax_vjp(fn: Learner) -> str:
                 expected="∂ℒ/∂z shaped like p", explain=explain_vjp, atol=grad_atol, again=run.tensor,
                 signature="softmax_vjp(p, grad)", shape_fix="∂ℒ/∂z has the shape of p")
     kit.expect_unchanged(fn, cases[0], call="softmax_vjp(p, grad)", name="p", shown=describe(cases[0][0], "p"),
-                         numpy=run.mode == "numpy")
+                         numpy=run.mode == "numpy", others=("grad",))
     gen = torch.Generator().manual_seed(80)
     big = (probs(gen, 1, BIG_N, dtype=torch.float32), torch.randn(1, BIG_N, generator=gen))
     tried = f"softmax_vjp(p, grad) on p and grad of shape (1, {BIG_N}), float32, watching what it creates"

@@ -121,8 +121,10 @@ class Watch(TorchFunctionMode):
         self.ops.add(name)
         self.calls[name] = self.calls.get(name, 0) + 1
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
-        if self._reads is not None:
-            self._reads.follow(func, name, args, kwargs or {}, outs)
+        # under torch.func.vmap (or grad) a tensor's values cannot be read: only its shape is watched
+        reads = self._reads if self._reads is not None and not any(map(_wrapped, outs)) else None
+        if reads is not None:
+            reads.follow(func, name, args, kwargs or {}, outs)
         if outs and (name == "einsum" or name in _PRODUCTS):
             self._product(name, args, outs[0])
         elif outs and name in _MULTIPLIES and len(args) > 1 and all(isinstance(a, torch.Tensor) for a in args[:2]) \
@@ -139,8 +141,8 @@ class Watch(TorchFunctionMode):
                 self.reductions.add(combined)
             if kind in ("m", "s") and combined > 1 and len(self.reduction_kinds) < 256:
                 self.reduction_kinds.append(kind)
-            if self._reads is not None and kind and combined > 1:
-                self._reads.read(kind, read, combined)
+            if reads is not None and kind and combined > 1:
+                reads.read(kind, read, combined)
         for t in outs:
             self._tensor(name, t)
         return out
@@ -178,7 +180,7 @@ class Watch(TorchFunctionMode):
             self.exp_elements += t.numel()
             if t.shape[-2] * t.shape[-1] > math.prod(self.exp_tile or (0,)):
                 self.exp_tile = tuple(t.shape[-2:])
-            if t.shape[-2] > 1 and t.shape[-1] > 1 and not bool(t.any()):
+            if t.shape[-2] > 1 and t.shape[-1] > 1 and not _wrapped(t) and not bool(t.any()):
                 self.zero_tiles += 1
 
     def _born(self, storage: Any, shape: tuple[int, ...]) -> None:
@@ -270,7 +272,13 @@ def _reduction(name: str, args: tuple, kwargs: dict, outs: list) -> tuple[str, i
 
 def _ones(t: Any) -> bool:
     """A floating-point tensor of ones (what a sum written as a product multiplies by)."""
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and 0 < t.numel() <= 1 << 16 and bool((t == 1).all())
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and 0 < t.numel() <= 1 << 16 and not _wrapped(t) \
+        and bool((t == 1).all())
+
+
+def _wrapped(t: torch.Tensor) -> bool:
+    """A tensor inside torch.func.vmap or grad, whose values Python cannot read (only its shape)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -52,9 +52,9 @@ def _as_bool_mask(value: Any, *, tried: str, what: str = "your mask") -> torch.T
     values = sorted({float(v) for v in t.flatten()[:1000].tolist()})
     if set(values) <= {0.0, 1.0}:
         fail(f"a float mask of 0s and 1s ({kind}), not a bool mask", tried=tried,
-             got=f"{what} is {kind} with values {values}", expected=_BOOL, fix=f"{_MAKE_BOOL} such as j <= i",
-             cause="~, & and masked_fill need bool masks (torch.ones and torch.tril make floats unless given "
-             "dtype=torch.bool)")
+             got=f"{what} is {kind} with values {values}", expected=_BOOL, fix=_MAKE_BOOL,
+             cause="~, & and masked_fill need bool masks (torch.ones makes floats unless given dtype=torch.bool; "
+             "so do .float() and arithmetic on a bool mask)")
     if 0.0 in values and values[-1] <= 0:  # 0 to keep, a negative number to block
         fail("an additive float mask, not a bool mask", tried=tried, got=f"{what} is {kind}: 0 for kept positions, "
              f"{fmt(values[0]) if values[0] < 0 else '-inf'} for blocked ones", expected=_BOOL,

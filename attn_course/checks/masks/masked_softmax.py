@@ -68,8 +68,10 @@ def _softmax_mistakes(s: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
     full = torch.broadcast_to(mask, s.shape)
     empty, empty_q = ~full.any(-1, keepdim=True), ~mask.any(-2, keepdim=True)  # empty_q: over the queries (axis -2)
     inf, before = -math.inf, "fill the blocked scores with float('-inf') before the softmax"
-    plain, soft = torch.softmax(s.masked_fill(~full, inf), -1), torch.softmax(s, -1)
-    after, exps = soft * full, torch.exp(s) * full
+    blocked = s.masked_fill(~full, inf)
+    plain, soft = torch.softmax(blocked, -1), torch.softmax(s, -1)
+    after, exps, glob = soft * full, torch.exp(s) * full, torch.exp(blocked - blocked.max())
+    glob = glob / glob.sum(-1, keepdim=True)  # a softmax shifted by the whole tensor's maximum
     uniform = ("uniform weights in fully masked rows", "a finite fill such as -1e9 gives a row with every key blocked "
                "uniform weights over exactly the keys it must not see", f"set such rows to 0 ({_EMPTY_ROWS})")
     renormalised = ("mask applied after the softmax, then renormalised", "you zeroed the blocked weights after the "
@@ -103,6 +105,11 @@ def _softmax_mistakes(s: torch.Tensor, mask: torch.Tensor) -> list[tuple]:
         ("scores", "scores returned as weights", "you returned the masked scores, not their softmax",
          "return their torch.softmax(…, dim=-1)", lambda: s.masked_fill(~full, inf).masked_fill(empty, 0.0)),
         ("naive", *_NAIVE, lambda: exps / exps.sum(-1, keepdim=True)),
+        *[(f"globalmax{tag}", "maximum over the whole tensor", "you subtracted the whole tensor's maximum, not each "
+           f"row's: a row far below it underflows to 0, and 0/0 is NaN{said}", "subtract each row's own maximum "
+           "allowed score (amax(dim=-1, keepdim=True)), or use torch.softmax", made)
+          for tag, said, made in (("", "", glob.masked_fill(empty, 0.0)),
+                                  ("-nan0", ", which your code then set to 0", glob.nan_to_num(0.0)))],
         ("naive-nan0", _NAIVE[0], _NAIVE[1] + ", which your code then set to 0", _NAIVE[2],
          lambda: torch.nan_to_num(exps / exps.sum(-1, keepdim=True))),
         ("ones", "fully masked rows filled with 1", "a row with no allowed key must get weights 0, not 1",
@@ -148,7 +155,8 @@ def check_masked_softmax(fn: Learner) -> str:
                  f"({_EMPTY_ROWS}) in place of the weights" if rows else "", fix="return the softmax weights")
         try:
             suspects.expect(got, _softmax_oracle(s, mask), (s, mask), tried=tried, distinguish=every,
-                            again=lambda *a: as_tensor(fn(*a), tried=""), what="your weights", atol=case.atol)
+                            again=lambda *a: as_tensor(fn(*a), tried=""), what="your weights", atol=case.atol,
+                            rtol=1e-5)  # rows summing to 1 - 1e-4 (an epsilon added to the sum) are wrong
         except Failure as failure:
             if not failure.diagnosis.cause:
                 _softmax_structure(got, case, tried)

@@ -4,6 +4,7 @@ an exception or a shape that only these two use."""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -52,8 +53,9 @@ def _shape_in_symbols(out: torch.Tensor, want: tuple, sizes: dict[str, int], tar
         moved = [a for a, w in zip(axes, letters) if a != w]
         cause = f"your result has the docstring's axes in another order, {shown}: {and_(moved)} are out of place"
     else:
-        extra, missing = [a for a in axes if a not in letters], [w for w in letters if w not in axes]
-        cause = f"your result has {and_(extra)} where the docstring has {and_(missing)}"
+        extra, missing = (list((Counter(x) - Counter(y)).elements()) for x, y in ((axes, letters), (letters, axes)))
+        cause = "your result has " + (f"{and_(extra)} where the docstring has {and_(missing)}" if extra and missing
+                                      else f"no {and_(missing)} axis" if missing else f"an extra {and_(extra)} axis")
     fail(f"wrong shape {tuple(out.shape)} = {shown}, expected {target}", tried=tried,
          got=f"a result of shape {tuple(out.shape)}, which on this input reads as {shown}",
          expected=f"shape {tuple(want)} = {target}", cause=cause,

@@ -148,5 +148,7 @@ def check_additive_attention(fn: Learner) -> str:
         on_out.expect(out, exp_out, case, tried=tried, what="the output", fix=_ADD_FIX, **tol)
         for got, what in ((out, "the output"), (weights, "the weights")):
             kit.lower_precision(got, case[0].dtype, tried=tried, what=what, grid=False)
+    kit.expect_unchanged(fn, cases[1][1], call="additive_attention(q, k, v, W_q, W_k, w, mask)", name="q",
+                         others=("k", "v", "W_q", "W_k", "w", "mask"), shown=f"{cases[1][0]}, float64")
     return (f"matches wᵀ tanh(W_q q + W_k k) attention on {len(cases)} cases (batched, masks, n_q = 1, square "
             "weights, large scores)")

@@ -9,6 +9,7 @@ import math
 import torch
 
 from ... import position as ref
+from .. import kit
 from ..compare import Failure, expect_shape, fail, fail_again, fmt, same
 from ..core import Learner, check
 from ..kit import Suspects, variants
@@ -140,6 +141,10 @@ def check_relative_position_bias(fn: Learner) -> str:
         expected = torch.where(torch.isclose(out.double(), alt, atol=1e-6, rtol=1e-5), alt, expected)
         judge(suspects, fn, out, expected, case, tried, lambda f: _t5_measured(f, out, *case), what="your bias",
               fix=_T5_FIX, axes=_HEAD_AXES, distinguish=cases)
+    # `table` is the second argument: the first name goes to n, an int, which no call can change
+    kit.expect_unchanged(fn, cases[0], call="relative_position_bias(n, table, bidirectional, max_distance)", name="n",
+                         others=("table",), shown="n = 6, table (32 buckets × 2 heads) float64, bidirectional=True, "
+                         "max_distance=128")
     return (f"matches T5's buckets on {len(cases)} cases (bidirectional and not, logarithmic buckets, clamping "
             "beyond max_distance)")
 

@@ -183,6 +183,8 @@ def check_apply_rope(fn: Learner) -> str:
     if max(scores) - min(scores) > 1e-3 * max(1.0, abs(scores[0])):  # float32 angles at position 200: ~1e-5
         fail("scores depend on absolute positions", tried="q at position t, k at t + 3, for t = 0, 5, 40, 200",
              got="scores " + ", ".join(fmt(s) for s in scores), expected="the same score for every t", fix=_ROPE_FIX)
+    kit.expect_unchanged(fn, (x(3, 8), torch.tensor([4, 0, 9])), call="apply_rope(x, positions)", name="x",
+                         others=("positions",), shown="x (3, 8) float64 at positions [4, 0, 9]")
     return (f"matches RoFormer's interleaved rotation on {len(cases)} cases, and q·k depends only on j − i "
             f"(checked at distance 3 from positions 0 to 200)")
 
@@ -254,9 +256,15 @@ def check_rope_decode_step(fn: Learner) -> str:
         expect_shape(k_out, exp_k.shape, tried=tried, what="the extended cache",
                      fix="append the new keys along the positions: torch.cat([k_cache, k_rotated], dim=-2)")
         expect_shape(q_out, exp_q.shape, tried=tried, what="the rotated queries", fix="keep q_new's shape")
-        on_k.expect(k_out, exp_k, case, tried=tried, what="the extended cache", fix=_DECODE_FIX, **tol)
-        on_q.expect(q_out, exp_q, case, tried=tried, what="the rotated queries", fix=_DECODE_FIX, **tol)
+        for part, (on, got, exp, what) in enumerate([(on_k, k_out, exp_k, "the extended cache"),
+                                                     (on_q, q_out, exp_q, "the rotated queries")]):
+            # an empty cache makes "every token at n_cache" the same as a part left unrotated: the other cases tell
+            on.expect(got, exp, case, tried=tried, what=what, fix=_DECODE_FIX, again=lambda *c, i=1 - part: as_tensor(
+                fn(*c)[i], tried=tried), distinguish=[c for _, c in cases], **tol)
         for got, what in ((q_out, "the rotated queries"), (k_out, "the extended cache")):
             kit.lower_precision(got, case[0].dtype, tried=tried, what=what, grid=False)
+    kit.expect_unchanged(fn, (r(2, 8), r(2, 8), cached(r(3, 8))), call="rope_decode_step(q_new, k_new, k_cache)",
+                         name="q_new", others=("k_new", "k_cache"), shown="2 new tokens after 3 cached ones, d = 8, "
+                         "float64")
     return (f"matches cache length + offset on {len(cases)} cases (a prompt, single tokens, batch × heads, "
             "1000 cached keys); cached keys kept as they were")

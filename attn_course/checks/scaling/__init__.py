@@ -5,7 +5,8 @@ learner-side probe, which also says whether it was drawn from) in five settings 
 estimate must land within :data:`Z` standard errors of σ⁴·d_k; a mistake of :data:`PREDICTIONS` is named when it
 predicts all five. A few calls with 5 or 8 samples are first *replayed* (the common ways of drawing q and k redone
 here), naming a look-alike of the sample variance (:data:`LOOK_ALIKES`) for sure. Then: same seed, same estimate;
-``n_samples`` matters; the estimates scatter as they should (150 seeds); ``generator=None`` works.
+``n_samples`` matters; the estimates scatter as they should (150 seeds); ``generator=None`` works, drawing from the
+global random state.
 
 ``check_scaled_scores``: the kit's :func:`~..kit.judge_cases` on shapes whose axis sizes all differ and whose d_k are
 not perfect squares, so that the wrong size or a rounded √d_k can be told apart (:data:`SCALE_TABLE`); else the

@@ -183,7 +183,7 @@ def _mc_body(fn: Learner, seed: int = 0) -> str:
                    "random one is exactly Gaussian" if narrow and 0.15 <= spread <= 0.4 else "",
              fix=f"draw both q and k afresh for every sample: {DRAW}")
 
-    # generator=None (the default) must work too.
+    # generator=None (the default) must work too, drawing from the global random state.
     d, s, n = 32, 1.0, DEFAULT_N
     est, _ = _estimate(fn, d, s, n, None, expected=f"≈ {d}")
     se = mc_standard_error(d, s, n)
@@ -191,6 +191,14 @@ def _mc_body(fn: Learner, seed: int = 0) -> str:
         fail("wrong without a generator", tried=_describe_call(d, s, n, None), got=fmt(est), expected=f"σ⁴·d_k = {d} "
              f"± {fmt(Z * se)} ({Z:g} standard errors)", cause="with generator=None your function samples differently",
              fix="pass generator=generator to torch.randn: None is what torch.randn expects for 'no generator'")
+    if _estimate(fn, d, s, n, None, disturb=True)[0] == est:
+        fail("the same estimate every time without a generator", got=f"{fmt(est)} both times",
+             tried=f"{_describe_call(d, s, n, None)} twice, the global random state moved in between",
+             expected="two different estimates: with generator=None the draws come from the global random state",
+             cause="with generator=None your function draws from a fixed seed: a torch.Generator() of its own (which "
+                   "always starts from the same seed) or a torch.manual_seed(…) call",
+             fix="pass generator=generator, as it is, to every torch.randn call: None makes them use the global "
+                 "random state")
     return (f"within {Z:g} standard errors of σ⁴·d_k in {len(estimates)} settings (d_k 1–128, σ 0.5–3, "
             "n_samples 5000–20000); seeded")
 

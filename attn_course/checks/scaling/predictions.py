@@ -175,6 +175,9 @@ LOOK_ALIKES = [
     *_either_ddof("the same vector for q and k", "your estimate is the variance of q·q: q and k were the same random "
                   "draw", "draw k separately from q (two torch.randn calls)",
                   lambda q, k, ddof: var(dots(q, q), ddof)),
+    *_either_ddof("every q against every k", "you took the variance of q @ k.T, the n_samples × n_samples matrix of "
+                  "every q against every k; each sample is one pair, q[i] · k[i]", SUM_FIX,
+                  lambda q, k, ddof: var(q @ k.T, ddof)),
     *_either_ddof("summed over the samples", "you added the products over the samples (axis 0), not over each "
                   "pair's d_k entries, then took the variance of those d_k sums", SUM_FIX,
                   lambda q, k, ddof: var((q * k).sum(0), ddof)),

@@ -98,6 +98,9 @@ def judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Call
         a, r = (2e-3, 1e-2) if x.dtype in _HALF else (atol, 1e-4)
         expected_out = oracle(*case)
         if not kit.agrees(out, expected_out, atol=a, rtol=r) and not suspects.suspects(out, case, expected_out):
+            if x.dtype == torch.float64 and kit.agrees(out, expected_out, rtol=r,  # right to float32's precision
+                                                        atol=1e-5 * max(1.0, float(x.nan_to_num(0, 0, 0).abs().max()))):
+                kit.lower_precision(out, x.dtype, tried=tried, what=what)
             kit.what_is_off(out, expected_out, tried=tried, what=what, reduced=dim(case) if reduced else None, atol=a,
                             rtol=r, fix=shape_fix, explain=lambda o, case=case: explain(o, case, passed, tried),
                             along="the axis `dim`")
