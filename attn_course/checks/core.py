@@ -288,8 +288,9 @@ class Check:
             d = learner_error(exc, expected=self.expects)
             return CheckResult(self.exercise, Status.FAILED, d.summary, d)
         except MachineBusy as exc:
-            d = machine_busy(exc)
-            return CheckResult(self.exercise, Status.ERROR, d.summary, d)
+            d, t = machine_busy(exc), exc.timeout  # what the learner's process reported, for the grader to weigh
+            return CheckResult(self.exercise, Status.ERROR, d.summary, d,
+                               details={"busy": {"waited": t.waited, "computed": t.computed, "queued": t.queued}})
         except ReplayMismatch as exc:
             d = Diagnosis("not graded: the check's record is incomplete", got=str(exc),
                           cause="the notebook's run stopped or was interfered with before this check finished",

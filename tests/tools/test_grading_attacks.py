@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,23 @@ def test_patching_torch_in_the_learners_process_changes_no_reference_and_is_caug
     rows = grade_notebook(learner_notebook(answers=WRONG, added=[("before:attention", softmax)]), tmp_path / "b")
     assert rows["attention"].status == "failed", rows_text(rows)
     assert any("replaces a library attribute" in f for f in rows["attention"].flags), rows_text(rows)
+
+
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
+def test_a_computer_reported_too_busy_by_the_learners_process_alone_is_a_failure(tmp_path):
+    """The learner's process answers every call of the check with a made-up time-out on a busy machine
+    (30 s waited, 1 s computed, 25 s ready to run): replayed, that is "not checked: the computer was too
+    busy". The grader measured the process's own wait for a processor: well under a second, so the times
+    were false. A failure, flagged, never an error that asks to grade again."""
+    forge = ("from attn_course.checks.boundary import sessions\n"
+             "def run(self, op, ref, method, args, kwargs, *, timeout, extra=None, clock=None):\n"
+             "    return {'timeout': 10.0, 'waited': 30.0, 'computed': 1.0, 'by': 'wall', 'queued': 25.0}, {}\n"
+             "setattr(sessions.LocalSession, 'r' + 'un', run)")
+    rows = grade_notebook(learner_notebook(answers=WRONG, added=[("before:attention", forge)]), tmp_path)
+    if not Path("/proc/self/schedstat").exists():
+        pytest.skip("no /proc/<pid>/schedstat here: the grader cannot measure a wait for a processor")
+    assert rows["attention"].status == "failed", rows_text(rows)
+    assert any("the times were reported falsely" in f for f in rows["attention"].flags), rows_text(rows)
 
 
 @pytest.mark.slow  # runs a learner process (forked from the grader's fork server)

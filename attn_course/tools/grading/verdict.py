@@ -135,6 +135,13 @@ def _verdict(ex, source: str | None, ex_entry: dict, check_entry: dict, run: Run
             return FAILED, _short(f"the check's record cannot be used ({exc})")
         result = ex.check.evaluate(session=session)
         flags += [f for f in _log_flags(session, ex.name) if f not in flags]
+        busy = result.details.get("busy") if result.status.value == ERROR else None
+        if busy and run.queued is not None and run.queued + 0.1 < 0.5 * busy["waited"] - busy["computed"]:
+            # "Too busy" means the code was ready to run and kept waiting for a processor (boundary/outcomes.py),
+            # at least this long, in this process, by the grader's own count. Less: the times were made up.
+            flags.append(f"its check said the computer was too busy, yet the grader measured {run.queued:.1f} s of "
+                         "waiting for a processor in the whole run: the times were reported falsely")
+            return FAILED, "the check ran too long and was stopped (is your code very slow, or endless?)"
         if session.incomplete:  # the check was cut short in the learner's process: say by what
             if check_entry.get("timeout"):
                 return FAILED, "the check ran too long and was stopped (is your code very slow, or endless?)"

@@ -57,6 +57,7 @@ class Run:
     exit: dict[str, Any] = field(default_factory=dict)  # how the learner process ended
     seconds: float = 0.0
     cpu: float | None = None  # CPU seconds of the learner process itself (not of processes it started)
+    queued: float | None = None  # seconds its main thread waited for a processor (Linux; the grader's measure)
     peak_mb: float | None = None
     sandbox: list[str] = field(default_factory=list)  # what confinement the learner process reported
     problems: list[str] = field(default_factory=list)  # files that could not be read back, and why
@@ -236,7 +237,7 @@ class Runner:
             try:
                 pid = zygote.start(job)
                 run.stopped, ended, run.peak_mb = self._watch(zygote, pid, work, start, group, limits)
-                run.exit, run.cpu = ended.get("status", {}), ended.get("cpu")
+                run.exit, run.cpu, run.queued = ended.get("status", {}), ended.get("cpu"), ended.get("queued")
             except ZygoteDied as exc:
                 run.stopped = f"the grading process died ({exc})"
                 zygote.close()

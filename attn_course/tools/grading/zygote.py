@@ -64,6 +64,23 @@ def _describe(status: int) -> dict[str, Any]:
     return {"exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None}
 
 
+def _queued_at_exit(pid: int) -> float | None:
+    """Seconds the learner process's main thread (where its cells and checks run) spent ready to run but
+    waiting for a processor, read once it has ended and before it is reaped (Linux); None elsewhere. The
+    grader's own measure of "the computer was too busy", which the learner's process could only report."""
+    try:
+        while True:
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                break
+            except InterruptedError:
+                continue
+        with open(f"/proc/{pid}/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (AttributeError, OSError, ValueError, IndexError):  # no waitid or /proc (macOS, Windows)
+        return None
+
+
 def _spawn(job: dict[str, Any]) -> int:
     """Start a learner process without fork (Windows, or ``ATTN_COURSE_GRADING_SPAWN=1``)."""
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
@@ -116,7 +133,7 @@ def main() -> None:
             run(job)  # never returns
             os._exit(1)
         send({"started": pid})
-        cpu = None
+        cpu, queued = None, _queued_at_exit(pid)
         while True:
             try:
                 _, status, usage = os.wait4(pid, 0)
@@ -128,7 +145,7 @@ def main() -> None:
                 status = 0
                 break
         _reap_all()
-        send({"ended": pid, "status": _describe(status), "cpu": cpu})
+        send({"ended": pid, "status": _describe(status), "cpu": cpu, "queued": queued})
 
 
 # ============================================================================ the grader's side
