@@ -75,6 +75,42 @@ def _tensor(x) -> torch.Tensor:
     return torch.from_numpy(np.asarray(x)) if isinstance(x, np.ndarray) else x
 
 
+def check_qkv(q, k, v, names: str = "Q, K, V", *, arrays: bool = True):
+    """Validate query, key and value inputs; returns them as tensors (NumPy arrays converted when ``arrays``).
+
+    Expects floating-point tensors of one dtype, q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v),
+    and raises a one-sentence error naming the argument otherwise, instead of a deep PyTorch traceback
+    or a silently wrong answer.
+    """
+    labels = [name.strip() for name in names.split(",")]
+    checked = []
+    for label, x in zip(labels, (q, k, v)):
+        if arrays:
+            x = _tensor(x)
+        if not isinstance(x, torch.Tensor):
+            kinds = "a torch.Tensor or a NumPy array" if arrays else "a torch.Tensor"
+            raise TypeError(f"{label} must be {kinds}, but you passed a {type(x).__name__}; "
+                            f"wrap it with torch.tensor(...) first.")
+        if not x.is_floating_point():
+            raise TypeError(f"{label} must be a floating-point tensor, but yours has dtype {x.dtype}; "
+                            f"convert it with .float().")
+        checked.append(x)
+    q, k, v = checked
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"{names} must share one dtype, but you passed {q.dtype}, {k.dtype}, {v.dtype}; "
+                        f"convert them with .to(torch.float32) (or another common dtype).")
+    if q.dim() < 1 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError(f"{labels[1]} and {labels[2]} must have at least 2 axes, (..., n_k, d), but you passed "
+                         f"shapes {tuple(k.shape)} and {tuple(v.shape)}.")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{labels[0]} has d_k = {q.shape[-1]} (shape {tuple(q.shape)}) but {labels[1]} has "
+                         f"d_k = {k.shape[-1]} (shape {tuple(k.shape)}); queries and keys need the same last axis.")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"{labels[1]} has n_k = {k.shape[-2]} rows (shape {tuple(k.shape)}) but {labels[2]} has "
+                         f"{v.shape[-2]} (shape {tuple(v.shape)}); you need one value row per key.")
+    return q, k, v
+
+
 def attention(Q, K, V, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention.
 
@@ -83,7 +119,7 @@ def attention(Q, K, V, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
     (..., n_q, n_k). Returns ``(output, weights)`` of shapes (..., n_q, d_v) and (..., n_q, n_k);
     a query with no allowed key gets zero weights and a zero output.
     """
-    Q, K, V = _tensor(Q), _tensor(K), _tensor(V)
+    Q, K, V = check_qkv(Q, K, V)
     scaled = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., n_q, n_k)
     weights = masked_softmax(scaled, mask, dim=-1)  # (..., n_q, n_k), rows sum to 1 (or 0 if fully masked)
     return weights @ V, weights  # (..., n_q, d_v)
@@ -115,7 +151,7 @@ def attention_steps(Q, K, V, mask=None) -> list[tuple[str, torch.Tensor]]:
     Shapes: scores, scaled, masked and weights are (..., n_q, n_k); the output is (..., n_q, d_v).
     Without a mask, step 3 leaves the scaled scores unchanged.
     """
-    Q, K, V = _tensor(Q), _tensor(K), _tensor(V)
+    Q, K, V = check_qkv(Q, K, V)
     scores = Q @ K.transpose(-2, -1)  # (..., n_q, n_k)
     scaled = scores / math.sqrt(Q.shape[-1])
     weights = masked_softmax(scaled, mask, dim=-1)
@@ -140,7 +176,7 @@ def attention_with_mistake(Q, K, V, mistake: str, mask=None) -> tuple[torch.Tens
     (``mask``, when given, is a bool mask). Returns ``(output, weights)`` as the buggy code would."""
     if mistake not in MISTAKES:
         raise ValueError(f"unknown mistake {mistake!r}; choose one of {sorted(MISTAKES)}")
-    Q, K, V = _tensor(Q), _tensor(K), _tensor(V)
+    Q, K, V = check_qkv(Q, K, V)
     scaled = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])  # (..., n_q, n_k)
     if mistake == "softmax over queries":
         weights = torch.softmax(_shown_masked(scaled, mask), dim=-2)
@@ -260,6 +296,11 @@ def attention_stepper(Q, K, V, mask=None, *, query_labels=None, key_labels=None)
 # ----------------------------------------------------------------------------- cost
 def score_matrix_bytes(n: int, *, batch: int = 1, heads: int = 1, dtype: torch.dtype = torch.float32) -> int:
     """Bytes of the attention score (or weight) tensor of shape (batch, heads, n, n) in ``dtype``."""
+    for label, value in (("n", n), ("batch", batch), ("heads", heads)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{label} must be a non-negative integer, but you passed {value!r}.")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float16, but you passed {dtype!r}.")
     element = torch.empty((), dtype=dtype).element_size()
     return batch * heads * n * n * element
 

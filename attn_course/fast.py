@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .attention import score_matrix_bytes
+from .attention import check_qkv, score_matrix_bytes
 from .plots import line_plot, styled
 from .softmax import masked_softmax
 
@@ -58,6 +58,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     to 1/√d_k. With ``causal=True`` query i sees keys 0..i (queries and keys aligned at the start).
     The score matrix is what runs out of memory for long sequences.
     """
+    _check_inputs(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., n_q, n_k)
     if not causal:
@@ -76,6 +77,10 @@ def online_softmax(x: torch.Tensor, block_size: int = 1) -> torch.Tensor:
     are then exp(x − m) / l.
     """
     _check_block(block_size)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        kind = f"a tensor of dtype {x.dtype}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
+        raise TypeError(f"x must be a floating-point torch.Tensor, but you passed {kind}; "
+                        "convert it with torch.as_tensor(x).float().")
     n = x.shape[-1]
     m = torch.full(x.shape[:-1] + (1,), float("-inf"), dtype=x.dtype, device=x.device)  # (..., 1)
     l = torch.zeros_like(m)  # (..., 1)
@@ -106,6 +111,14 @@ class Tile:
     last: bool
 
 
+def _check_inputs(q, k, v) -> None:
+    """q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v): floating-point tensors of one dtype."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
+    if q.dim() < 2:
+        raise ValueError(f"q must have at least 2 axes, (..., n_q, d_k), but you passed shape {tuple(q.shape)}; "
+                         "use q[None] for a single query.")
+
+
 def _check_block(block_size: int) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
@@ -126,6 +139,7 @@ def tile_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: in
     (key position > query position → −inf).
     """
     _check_block(block_size)
+    _check_inputs(q, k, v)
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and n_q != n_k:
         raise ValueError(f"causal attention needs as many queries as keys, got {n_q} and {n_k}")
@@ -154,6 +168,7 @@ def tile_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: in
 
 
 def _tiled(q, k, v, block_size, causal, scale) -> torch.Tensor:
+    _check_inputs(q, k, v)
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., n_q, d_v)
     for tile in tile_steps(q, k, v, block_size, causal=causal, scale=scale):
         if tile.last:

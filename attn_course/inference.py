@@ -34,7 +34,8 @@ import torch
 
 from .datasheet import peak_tflops
 from .plots import MAX_WIDTH, heatmap, styled
-from .softmax import masked_softmax
+from .attention import check_qkv
+from .softmax import check_mask, masked_softmax
 
 __all__ = [
     "KVCache",
@@ -64,6 +65,13 @@ __all__ = [
 ]
 
 
+def _check_count(value, name: str, low: int = 1) -> int:
+    """An integer ≥ ``low`` (a block size, a window, a number of chunks), or a clear error."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name} must be an integer ≥ {low}, but you passed {value!r}.")
+    return int(value)
+
+
 # ============================================================================ the K/V cache
 class KVCache:
     """The keys and values of every token seen so far, for one attention layer.
@@ -83,6 +91,12 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[-2]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_qkv(k, k, v, "k, k, v", arrays=False)  # k and v: one row per new token
+        if self.k is not None and (k.shape[:-2] != self.k.shape[:-2] or k.shape[-1] != self.k.shape[-1]
+                                   or v.shape[-1] != self.v.shape[-1] or k.dtype != self.k.dtype):
+            raise ValueError(f"the cache holds k {tuple(self.k.shape)} and v {tuple(self.v.shape)} of dtype "
+                             f"{self.k.dtype}, but you appended k {tuple(k.shape)} and v {tuple(v.shape)} of dtype "
+                             f"{k.dtype}; new tokens need the same leading axes, widths and dtype.")
         if self.k is None:
             self.k, self.v = k, v
         else:
@@ -127,6 +141,7 @@ def sliding_window_mask(n_q: int, n_k: int, window: int, device=None) -> torch.T
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None) -> torch.Tensor:
     """softmax(q kᵀ / √d_k, masked) v with the course's mask rule: (..., n_q, d_k) → (..., n_q, d_v)."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n_q, n_k)
     return masked_softmax(scores, mask) @ v
 
@@ -139,9 +154,13 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=No
     m (..., n_q, 1) is the largest visible scaled score, l (..., n_q, 1) = Σ exp(s − m) and
     acc (..., n_q, d_v) = Σ exp(s − m) v. A row that sees no key of this chunk has m = −inf, l = 0, acc = 0.
     """
+    check_qkv(q, k, v, "q, k, v", arrays=False)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., n_q, c)
+    mask = check_mask(scores, mask)
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor (True = may attend), but yours has dtype {mask.dtype}.")
     if mask is not None:
-        scores = scores.masked_fill(~torch.as_tensor(mask, device=scores.device), float("-inf"))
+        scores = scores.masked_fill(~mask, float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)  # (..., n_q, 1), -inf where nothing is visible
     shift = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(scores - shift)  # (..., n_q, c), 0 where blocked
@@ -173,7 +192,12 @@ def split_k_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunk
     """Split-K (FlashDecoding) attention: the keys are cut into ``n_chunks`` chunks, each chunk's partial is
     computed independently (on a GPU: in parallel), then the partials are merged. Same result as
     :func:`masked_attention`. q (..., n_q, d_k), k (..., n_k, d_k), v (..., n_k, d_v) → (..., n_q, d_v)."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
     n_k = k.shape[-2]
+    n_chunks = _check_count(n_chunks, "n_chunks")
+    if n_chunks > n_k:
+        raise ValueError(f"n_chunks={n_chunks} is more than the {n_k} keys; every chunk needs at least one key, "
+                         f"so you need 1 ≤ n_chunks ≤ {n_k}.")
     bounds = np.linspace(0, n_k, n_chunks + 1).round().astype(int)
     total = None
     for start, stop in zip(bounds[:-1], bounds[1:]):
@@ -200,8 +224,11 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     block only the key blocks of :func:`visited_key_blocks` are computed (about window / block_size + 1 of
     them, however long n is); tiles cut by the band's edges are masked element by element.
     """
-    if block_size < 1 or window < 1:
-        raise ValueError(f"block_size and window must be positive, got {block_size} and {window}")
+    window, block_size = _check_count(window, "window"), _check_count(block_size, "block_size")
+    check_qkv(q, k, v, "q, k, v", arrays=False)
+    if q.dim() < 2 or q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"sliding-window self-attention needs as many queries as keys, (..., n, d), but you "
+                         f"passed q {tuple(q.shape)} and k {tuple(k.shape)}.")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     n = q.shape[-2]
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., n, d_v)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from .attention import attention
@@ -64,27 +65,63 @@ TOY_PAIRS = [
 ]
 
 
+# ----------------------------------------------------------------------------- input checks
+def _size(value, name: str) -> int:
+    """A non-negative integer size (Python, NumPy or 0-d tensor integer), or a clear error."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, but you passed {value!r}.")
+    return int(value)
+
+
+def _ids(ids, name: str) -> torch.Tensor:
+    """Token ids as a (B, n) integer tensor (lists and NumPy arrays are converted), or a clear error."""
+    if not isinstance(ids, torch.Tensor):
+        try:
+            ids = torch.as_tensor(np.asarray(ids))
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name} must be a (B, n) tensor of token ids, but you passed a {type(ids).__name__}.") from None
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, n), one row of token ids per sequence, but yours has shape "
+                         f"{tuple(ids.shape)}; for a single sequence use {name}[None].")
+    return ids
+
+
 # ----------------------------------------------------------------------------- masks
 def causal_mask(n: int, device=None) -> torch.Tensor:
     """(n, n) bool, True on and below the diagonal: query i may attend to keys j ≤ i."""
+    n = _size(n, "n")
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 def padding_mask_from_lengths(lengths, max_len: int | None = None) -> torch.Tensor:
     """(B, max_len) bool, True for the first ``lengths[b]`` positions of sequence b (real tokens)."""
     lengths = torch.as_tensor(lengths)
-    max_len = int(lengths.max()) if max_len is None else max_len
+    if lengths.numel() == 0 and lengths.dim() == 1:
+        lengths = lengths.long()  # [] → no sequences
+    if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be a 1-D sequence of integers, one per sequence, but you passed "
+                         f"shape {tuple(lengths.shape)} of dtype {lengths.dtype}.")
+    if lengths.numel() and bool((lengths < 0).any()):
+        raise ValueError(f"lengths must be non-negative, but you passed {lengths.tolist()}.")
+    longest = int(lengths.max()) if lengths.numel() else 0
+    max_len = longest if max_len is None else _size(max_len, "max_len")
+    if max_len < longest:
+        raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest} tokens); "
+                         f"you need max_len ≥ {longest} (or None).")
     return torch.arange(max_len, device=lengths.device) < lengths[:, None]  # (B, max_len)
 
 
 def padding_mask_from_ids(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """(B, n) bool, True where ``ids`` (B, n) is a real token, False at ``pad_id``."""
-    return ids != pad_id
+    return _ids(ids, "ids") != pad_id
 
 
 def encoder_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """(B, 1, n, n) bool for encoder self-attention over ``src_ids`` (B, n): every query sees every real
     source key."""
+    src_ids = _ids(src_ids, "src_ids")
     keys = padding_mask_from_ids(src_ids, pad_id)  # (B, n)
     n = src_ids.shape[-1]
     return keys[:, None, None, :].expand(-1, 1, n, n)  # (B, 1, n, n)
@@ -92,6 +129,7 @@ def encoder_mask(src_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 def decoder_mask(tgt_ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     """(B, 1, n, n) bool for decoder self-attention over ``tgt_ids`` (B, n): causal AND real keys."""
+    tgt_ids = _ids(tgt_ids, "tgt_ids")
     keys = padding_mask_from_ids(tgt_ids, pad_id)  # (B, n)
     n = tgt_ids.shape[-1]
     return causal_mask(n, tgt_ids.device) & keys[:, None, None, :]  # (n, n) & (B, 1, 1, n) → (B, 1, n, n)
@@ -101,6 +139,10 @@ def cross_attention_mask(tgt_ids: torch.Tensor, src_ids: torch.Tensor, pad_id: i
     """(B, 1, n_q, n_k) bool for cross-attention, ``tgt_ids`` (B, n_q) and ``src_ids`` (B, n_k): rows are
     target queries, columns source keys; only source padding is blocked (no causal constraint: the whole
     source is known)."""
+    tgt_ids, src_ids = _ids(tgt_ids, "tgt_ids"), _ids(src_ids, "src_ids")
+    if tgt_ids.shape[0] != src_ids.shape[0]:
+        raise ValueError(f"tgt_ids has {tgt_ids.shape[0]} sequences (shape {tuple(tgt_ids.shape)}) but src_ids has "
+                         f"{src_ids.shape[0]} (shape {tuple(src_ids.shape)}); you need one source per target.")
     keys = padding_mask_from_ids(src_ids, pad_id)  # (B, n_k)
     n_q = tgt_ids.shape[-1]
     return keys[:, None, None, :].expand(-1, 1, n_q, -1)  # (B, 1, n_q, n_k)
@@ -108,6 +150,12 @@ def cross_attention_mask(tgt_ids: torch.Tensor, src_ids: torch.Tensor, pad_id: i
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The additive form of a bool mask: 0 where True (keep), -inf where False (block); same shape."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        kind = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else f"a {type(mask).__name__}"
+        raise TypeError(f"mask must be a bool tensor (True = may attend), but you passed {kind}; "
+                        "convert a 0/1 mask with torch.as_tensor(mask).bool().")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype (it has to hold -inf), but you passed {dtype!r}.")
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
@@ -178,6 +226,9 @@ def mask_example(kind: str, batch: ToyBatch, b: int):
 
     ``kind`` is one of :data:`KINDS`; mask and weights have shape (B, 1, n_q, n_k) (one head).
     """
+    if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < len(batch.src_tokens):
+        raise ValueError(f"b must pick one of the batch's {len(batch.src_tokens)} sentence pairs "
+                         f"(0 … {len(batch.src_tokens) - 1}), but you passed {b!r}.")
     if kind == "encoder self-attention":
         q_ids, k_ids, mask = batch.src_ids, batch.src_ids, encoder_mask(batch.src_ids, batch.pad_id)
         rows, cols = batch.src_tokens[b], batch.src_tokens[b]

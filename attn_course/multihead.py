@@ -40,8 +40,31 @@ __all__ = [
 ]
 
 
+def _positive(value, name: str) -> int:
+    """A positive integer size (heads, widths), or a one-sentence error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, but you passed {value!r}.")
+    return value
+
+
+def _check_input(x, name: str, d_model: int, dtype: torch.dtype) -> None:
+    """x (B, n, d_model), a floating-point tensor of the module's dtype."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, n, {d_model}), but you passed a "
+                        f"{type(x).__name__}; convert it with torch.as_tensor(...).float().")
+    if x.dim() < 2 or x.shape[-1] != d_model:
+        raise ValueError(f"{name} must have shape (B, n, d_model={d_model}), but yours has shape {tuple(x.shape)}.")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but the module's weights are {dtype}; convert one of them, "
+                        f"e.g. {name}.to({dtype}) or module.to({x.dtype}).")
+
+
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, n, A·d_head) → (B, A, n, d_head): feature block a becomes head a."""
+    _positive(n_heads, "n_heads")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a tensor of shape (B, n, A·d_head), but you passed {shape}.")
     *lead, n, width = x.shape
     if width % n_heads:
         raise ValueError(f"the last axis ({width}) is not a multiple of n_heads ({n_heads})")
@@ -51,6 +74,9 @@ def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, A, n, d_head) → (B, n, A·d_head): the heads concatenated, head 0 first."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a tensor of shape (B, A, n, d_head) (at least 3 axes), but you passed {shape}.")
     *lead, n_heads, n, d_head = x.shape
     x = x.transpose(-3, -2)  # (B, n, A, d_head)
     return x.reshape(*lead, n, n_heads * d_head)  # (B, n, A·d_head)
@@ -82,8 +108,9 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *,
                  n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        d_head = default_d_head(d_model, n_heads) if d_head is None else d_head
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _positive(d_model, "d_model"), _positive(n_heads, "n_heads")
+        d_head = default_d_head(d_model, n_heads) if d_head is None else _positive(d_head, "d_head")
+        n_kv_heads = n_heads if n_kv_heads is None else _positive(n_kv_heads, "n_kv_heads")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head, self.n_kv_heads = d_model, n_heads, d_head, n_kv_heads
@@ -96,6 +123,10 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x_q: torch.Tensor, x_kv: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = self.q_proj.weight.dtype
+        _check_input(x_q, "x_q", self.d_model, dtype)
+        if x_kv is not None:
+            _check_input(x_kv, "x_kv", self.d_model, dtype)
         x_kv = x_q if x_kv is None else x_kv
         q = split_heads(self.q_proj(x_q), self.n_heads)      # (B, A, n_q, d_head)
         k = split_heads(self.k_proj(x_kv), self.n_kv_heads)  # (B, G, n_k, d_head)

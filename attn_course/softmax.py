@@ -122,6 +122,38 @@ def softmax_with_temperature(x, temperature: float, dim: int = -1):
     return softmax(x / temperature, dim)
 
 
+def check_mask(scores, mask, name: str = "scores"):
+    """Validate ``scores`` and ``mask`` for :func:`masked_softmax`; returns the mask as a tensor (or None).
+
+    Refuses, with a message naming the mistake, what would otherwise crash deep in PyTorch or give a
+    silently wrong answer: non-tensor or integer scores, an integer mask (0/1 would be *added* to the
+    scores, blocking nothing), a float mask of only 0s and 1s (a keep-mask in the wrong dtype), and a
+    mask that does not broadcast to the scores' shape.
+    """
+    if not isinstance(scores, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, but you passed a {type(scores).__name__}; "
+                        "convert it with torch.as_tensor(...) first.")
+    if not scores.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, but yours has dtype {scores.dtype}; "
+                        "convert it with .float().")
+    if mask is None:
+        return None
+    mask = torch.as_tensor(mask, device=scores.device)
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"mask must be a bool tensor (True = may attend) or an additive float tensor (0 keeps, "
+                        f"-inf blocks), but yours has dtype {mask.dtype}; use mask.bool() for a 0/1 keep-mask.")
+    if mask.is_floating_point() and mask.numel() and bool(((mask == 0) | (mask == 1)).all()) and bool((mask == 1).any()):
+        raise ValueError("your float mask holds only 0s and 1s, which looks like a keep-mask, but a float mask is "
+                         "added to the scores (0 keeps, -inf blocks); pass mask.bool() instead.")
+    try:
+        torch.broadcast_shapes(mask.shape, scores.shape)
+    except RuntimeError:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, which does not broadcast to the {name}' shape "
+                         f"{tuple(scores.shape)} (..., n_q, n_k); you need a mask of shape (n_q, n_k) or one that "
+                         "broadcasts to it.") from None
+    return mask
+
+
 def masked_softmax(scores: torch.Tensor, mask=None, dim: int = -1) -> torch.Tensor:
     """Softmax of ``scores`` over the allowed positions along ``dim``: **the course's one mask rule**.
 
@@ -132,8 +164,8 @@ def masked_softmax(scores: torch.Tensor, mask=None, dim: int = -1) -> torch.Tens
     output (weights @ V) is a zero vector — what ``F.scaled_dot_product_attention`` returns for it
     from PyTorch 2.5 on. Every reference in ``attn_course`` that masks uses this function.
     """
+    mask = check_mask(scores, mask)
     if mask is not None:
-        mask = torch.as_tensor(mask, device=scores.device)
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.to(scores.dtype)
     blocked = torch.isneginf(scores).all(dim=dim, keepdim=True)  # fully masked slices
     weights = torch.softmax(scores.masked_fill(blocked, 0.0), dim=dim)

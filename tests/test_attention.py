@@ -165,3 +165,46 @@ def test_step_buttons_move_and_clamp():
     assert control.value == 5 and control.next.disabled
     control.previous.click()
     assert control.value == 4
+
+
+# ----------------------------------------------------------------------------- bad input: clear messages
+@pytest.mark.parametrize("args, error, match", [
+    ((torch.randn(4, 8), torch.randn(5, 7), torch.randn(5, 6)), ValueError, r"Q has d_k = 8 .* K has d_k = 7"),
+    ((torch.randn(4, 8), torch.randn(5, 8), torch.randn(6, 6)), ValueError, r"K has n_k = 5 rows .* V has 6"),
+    ((torch.ones(4, 8, dtype=torch.long), torch.ones(5, 8), torch.ones(5, 6)), TypeError, r"Q must be a floating-point .* torch.int64"),
+    ((np.ones((4, 8), dtype=int), np.ones((5, 8)), np.ones((5, 6))), TypeError, r"Q must be a floating-point"),
+    ((torch.randn(4, 8).double(), torch.randn(5, 8), torch.randn(5, 6)), TypeError, r"share one dtype"),
+    (([[1.0] * 8], torch.randn(5, 8), torch.randn(5, 6)), TypeError, r"Q must be a torch.Tensor or a NumPy array.* list"),
+    ((None, torch.randn(5, 8), torch.randn(5, 6)), TypeError, r"Q must be a torch.Tensor"),
+])
+def test_attention_bad_inputs_are_named(args, error, match):
+    with pytest.raises(error, match=match):
+        attention(*args)
+    with pytest.raises(error, match=match):
+        attention_steps(*args)
+
+
+@pytest.mark.parametrize("mask, error, match", [
+    (torch.ones(4, 5, dtype=torch.long).tril(), TypeError, r"mask must be a bool tensor .* torch.int64"),
+    (torch.ones(4, 5).tril(), ValueError, r"only 0s and 1s.*mask.bool\(\)"),
+    (torch.ones(5, 4, dtype=torch.bool), ValueError, r"mask has shape \(5, 4\).*\(4, 5\)"),
+])
+def test_attention_bad_masks_are_named(mask, error, match):
+    with pytest.raises(error, match=match):
+        attention(torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 6), mask)
+
+
+def test_attention_float_additive_mask_still_works():
+    mask = torch.zeros(4, 5).masked_fill(~torch.ones(4, 5, dtype=torch.bool).tril(), float("-inf"))
+    _, weights = attention(torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 6), mask)
+    assert torch.equal(weights > 0, torch.ones(4, 5, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(n=-5), ValueError, r"n must be a non-negative integer.*-5"),
+    (dict(n=2.5), ValueError, r"n must be a non-negative integer.*2.5"),
+    (dict(n=8, dtype="float16"), TypeError, r"dtype must be a torch.dtype"),
+])
+def test_score_matrix_bytes_bad_inputs(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        score_matrix_bytes(**kwargs)

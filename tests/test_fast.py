@@ -133,3 +133,24 @@ def test_figures_are_readable_at_1366_by_768():
         assert readability_problems(fig) == []
     assert "GiB" in figs[0].axes[0].get_ylabel()
     assert [ax.get_title() for ax in figs[1].axes] == ["non-causal: 9 of 9 tiles", "causal: 6 of 9 tiles"]
+
+
+# ----------------------------------------------------------------------------- bad input: clear messages
+@pytest.mark.parametrize("fn", [fast.naive_attention, fast.tiled_attention])
+@pytest.mark.parametrize("shapes, match", [
+    (((4, 8), (5, 7), (5, 6)), r"q has d_k = 8 .* k has d_k = 7"),
+    (((4, 8), (5, 8), (6, 6)), r"k has n_k = 5 rows .* v has 6"),  # tiled: used to return a silently wrong output
+])
+def test_fast_attention_names_shape_mistakes(fn, shapes, match):
+    with pytest.raises(ValueError, match=match):
+        fn(*(torch.randn(s) for s in shapes))
+
+
+def test_fast_attention_names_dtype_mistakes():
+    q = torch.ones(4, 8, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"q must be a floating-point tensor.*torch.int64"):
+        fast.tiled_attention(q, q.float(), q.float(), 2)
+    with pytest.raises(TypeError, match=r"q must be a torch.Tensor.*ndarray"):
+        fast.tiled_attention(q.float().numpy(), q.float(), q.float(), 2)
+    with pytest.raises(TypeError, match=r"x must be a floating-point torch.Tensor.*torch.int64"):
+        fast.online_softmax(q, 2)

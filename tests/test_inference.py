@@ -178,3 +178,33 @@ def test_figures_are_readable():
     for fig in figs:
         assert readability_problems(fig) == []
         plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- bad input: clear messages
+def _qkv(n_q=4, n_k=5, d=8):
+    return torch.randn(n_q, d), torch.randn(n_k, d), torch.randn(n_k, 6)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: inf.split_k_attention(*_qkv(), 0), r"n_chunks must be an integer ≥ 1.*0"),
+    (lambda: inf.split_k_attention(*_qkv(), 10), r"n_chunks=10 is more than the 5 keys"),
+    (lambda: inf.sliding_window_attention(*_qkv(), 2, 2), r"as many queries as keys.*\(4, 8\).*\(5, 8\)"),
+    (lambda: inf.sliding_window_attention(*_qkv(4, 4), 2.5, 2), r"window must be an integer ≥ 1.*2.5"),
+    (lambda: inf.masked_attention(torch.randn(4, 8), torch.randn(5, 7), torch.randn(5, 6)), r"q has d_k = 8 .* k has d_k = 7"),
+    (lambda: inf.KVCache().append(torch.randn(2, 8), torch.randn(1, 6)), r"k has n_k = 2 rows .* v has 1"),
+])
+def test_inference_names_bad_inputs(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_kv_cache_refuses_a_token_of_another_width():
+    cache = inf.KVCache()
+    cache.append(torch.randn(1, 8), torch.randn(1, 6))
+    with pytest.raises(ValueError, match=r"the cache holds k \(1, 8\).*you appended k \(1, 7\)"):
+        cache.append(torch.randn(1, 7), torch.randn(1, 6))
+
+
+def test_partial_attention_names_a_non_bool_mask():
+    with pytest.raises(TypeError, match=r"mask must be a bool tensor .* torch.int64"):
+        inf.partial_attention(*_qkv(), torch.ones(4, 5, dtype=torch.long))

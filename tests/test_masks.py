@@ -154,3 +154,28 @@ def test_mask_builder_offers_the_sentences(monkeypatch):
     explorer.controls["pair"].value = 1  # redraws without error
     assert explorer.image.value
     plt.close("all")
+
+
+# ----------------------------------------------------------------------------- bad input: clear messages
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: M.causal_mask(-3), ValueError, r"n must be a non-negative integer.*-3"),
+    (lambda: M.causal_mask(2.5), ValueError, r"n must be a non-negative integer.*2.5"),
+    (lambda: M.padding_mask_from_lengths([3, 5], max_len=4), ValueError, r"max_len=4 is shorter .*\(5 tokens\)"),
+    (lambda: M.padding_mask_from_lengths([-1, 5]), ValueError, r"lengths must be non-negative"),
+    (lambda: M.padding_mask_from_lengths([2.5, 5]), ValueError, r"lengths must be a 1-D sequence of integers"),
+    (lambda: M.padding_mask_from_lengths(3), ValueError, r"lengths must be a 1-D sequence"),
+    (lambda: M.encoder_mask(torch.tensor([1, 2, 0]), 0), ValueError, r"src_ids must have shape \(B, n\).*\(3,\)"),
+    (lambda: M.decoder_mask(torch.tensor([1, 2, 0]), 0), ValueError, r"tgt_ids must have shape \(B, n\)"),
+    (lambda: M.cross_attention_mask(torch.ones(2, 3, dtype=torch.long), torch.ones(3, 4, dtype=torch.long), 0),
+     ValueError, r"tgt_ids has 2 sequences .* src_ids has 3"),
+    (lambda: M.additive_mask(torch.ones(3, 3)), TypeError, r"mask must be a bool tensor.*torch.float32"),
+    (lambda: M.additive_mask(torch.ones(3, 3, dtype=torch.bool), dtype=torch.long), TypeError, r"dtype must be a floating-point"),
+    (lambda: M.mask_example("cross-attention", M.toy_batch(), 5), ValueError, r"b must pick one of the batch's 2"),
+])
+def test_mask_builders_name_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_padding_mask_from_ids_accepts_lists():
+    assert torch.equal(M.padding_mask_from_ids([[1, 2, 0]], 0), torch.tensor([[True, True, False]]))

@@ -189,3 +189,19 @@ def test_fully_masked_row_gives_zero_weights_and_the_output_bias():
     assert torch.isfinite(out).all() and (w[:, :, 1] == 0).all()
     torch.testing.assert_close(out[0, 1], m.out_proj.bias)  # zero attention output, then W^O's bias
     torch.testing.assert_close(w[:, :, [0, 2]].sum(-1), torch.ones(1, 2, 2))
+
+
+# ----------------------------------------------------------------------------- bad input: clear messages
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: split_heads(torch.randn(1, 4, 8), 0), ValueError, r"n_heads must be a positive integer.*0"),
+    (lambda: merge_heads(torch.randn(4, 8)), ValueError, r"x must be a tensor of shape \(B, A, n, d_head\).*\(4, 8\)"),
+    (lambda: MultiHeadAttention(8, 0), ValueError, r"n_heads must be a positive integer.*0"),
+    (lambda: MultiHeadAttention(-8, 2), ValueError, r"d_model must be a positive integer.*-8"),
+    (lambda: MultiHeadAttention(8, 2, n_kv_heads=0), ValueError, r"n_kv_heads must be a positive integer"),
+    (lambda: MultiHeadAttention(8, 2)(torch.randn(1, 4, 6)), ValueError, r"x_q must have shape \(B, n, d_model=8\).*\(1, 4, 6\)"),
+    (lambda: MultiHeadAttention(8, 2)(torch.randn(1, 4, 8).double()), TypeError, r"x_q has dtype torch.float64.*torch.float32"),
+    (lambda: MultiHeadAttention(8, 2)(torch.randn(1, 4, 8), torch.randn(1, 5, 4)), ValueError, r"x_kv must have shape"),
+])
+def test_multihead_names_bad_inputs(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

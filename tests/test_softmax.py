@@ -172,3 +172,16 @@ def test_explorer_slider_uses_the_titles_format(monkeypatch):
     slider = seen["temperature"]
     assert isinstance(slider, widgets.FloatLogSlider) and slider.readout_format == ".2f"
     assert f"{10 ** slider.max:.2f}" == "19.95" and f"{10 ** slider.min:.2f}" == "0.05"
+
+
+# ----------------------------------------------------------------------------- bad input: clear messages
+@pytest.mark.parametrize("scores, mask, error, match", [
+    (torch.randn(4, 5), torch.ones(4, 5, dtype=torch.long), TypeError, r"mask must be a bool tensor .* torch.int64"),
+    (torch.randn(4, 5), torch.ones(4, 5).tril(), ValueError, r"only 0s and 1s"),
+    (torch.randn(4, 5), torch.ones(3, 5, dtype=torch.bool), ValueError, r"mask has shape \(3, 5\).*\(4, 5\)"),
+    (np.zeros((4, 5)), None, TypeError, r"scores must be a torch.Tensor.*ndarray"),
+    (torch.ones(4, 5, dtype=torch.long), None, TypeError, r"scores must be a floating-point tensor.*torch.int64"),
+])
+def test_masked_softmax_bad_inputs_are_named(scores, mask, error, match):
+    with pytest.raises(error, match=match):
+        ref.masked_softmax(scores, mask)
