@@ -290,6 +290,20 @@ def test_issue_11_item_9_einsum_and_sum_over_dim_1_pass(accepts):
     accepts(check_query_scores, lambda q, K: (q * K).sum(dim=1))
 
 
+def loop_over_six_keys(q, K):  # the example had six keys
+    return torch.stack([(q * K[j]).sum() for j in range(6)])
+
+
+def loop_over_the_query_size(q, K):  # q.shape[0] is d, not the number of keys
+    return torch.stack([(q * K[j]).sum() for j in range(q.shape[0])])
+
+
+def test_a_loop_bound_that_is_not_the_keys_axis_is_named(rejects):  # adversarial audit g1
+    rejects(check_query_scores_loop, loop_over_six_keys, "IndexError", "past the end of this axis", "range(6)",
+            "range(K.shape[0])")
+    rejects(check_query_scores_loop, loop_over_the_query_size, "the loop runs over the vector's entries")  # known
+
+
 def test_one_query_inputs_are_tensors_only():
     # the docstring says tensors: no case hands the learner a NumPy array
     from attn_course.checks.dot import _one_query_cases

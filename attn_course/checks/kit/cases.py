@@ -16,7 +16,7 @@ from .answers import preview
 from .calls import CALL_WITH
 from .measure import DIGITS, made_of_half
 from .mistakes import Known, Suspects, fits
-from .raises import explain_raise
+from .raises import explain_raise, hard_coded_hint
 
 __all__ = ["TensorCase", "judge_cases"]
 
@@ -122,7 +122,8 @@ def judge_cases(fn: Any, cases: Sequence[TensorCase], table: Sequence[Known], *,
         case = cases[wrong[0]]
         live = [k for k in suspects.table if not suspects.ruled_out(k)]  # none that a right result contradicts
         hint = explain_raise(exc, [(k.key, k.fix, lambda k=k: k.make(*case.key)) for k in live])
-        d = learner_error(exc, tried=tries[wrong[0]], expected=preview(case.expected))
+        ran = {n for c, ok in zip(cases, right) if ok for a in c.args if isinstance(a, torch.Tensor) for n in a.shape}
+        d = learner_error(exc, tried=tries[wrong[0]], expected=preview(case.expected), **hard_coded_hint(exc, ran))
         k = next((k for k in live if k.key == hint.get("cause")), None)
         raise Failure(replace(d, summary=k.summary, cause=k.cause, fix=k.fix) if k else d)
     i, values = valued[0], [o[0] for o in outs]

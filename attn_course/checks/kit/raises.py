@@ -16,7 +16,7 @@ from ..exceptions import explain_exception
 from ..core import learner_error
 
 __all__ = ["Construct", "Pattern", "explain_raise", "call_explained", "reproduce", "BOOL_HINT", "bool_hint",
-           "signature_hint", "reduction_hint"]
+           "signature_hint", "reduction_hint", "hard_coded_hint"]
 
 
 Construct = tuple[str, str, Callable[[], object]]  # (cause, fix, attempt): a known wrong construct, runnable here
@@ -107,3 +107,20 @@ def reduction_hint(exc: LearnerRaised, *, dim: bool) -> dict:
                     "count axes from the end (-1 for the last) rather than with a fixed axis number, and keep every "
                     "axis the input has (no .squeeze() without an axis)")
     return {}
+
+
+def hard_coded_hint(exc: LearnerRaised, sizes_that_ran: set[int]) -> dict:
+    """``dict(cause=…, fix=…)`` when an IndexError names an index that inputs the code ran on had (the largest of
+    their axes is in ``sizes_that_ran``) but this input's axis has not: a loop bound that is not the axis's size
+    (a number in the code, or another axis's size); else ``{}``."""
+    found = re.search(r"index (\d+) is out of bounds for dimension \d+ with size (\d+)", exc.message or "")
+    if exc.type_name != "IndexError" or not found or not sizes_that_ran:
+        return {}
+    index, size = int(found.group(1)), int(found.group(2))
+    if not size <= index < max(sizes_that_ran):
+        return {}
+    return dict(cause=f"your code reached index {index}, past the end of this axis of size {size}, where earlier inputs "
+                      "went through: its loop bound is not this axis's size, but a number written into the code "
+                      "(such as range(6)) or the size of another axis",
+                fix="loop over the size of the axis you index (range(K.shape[0]), or len(K), for K[j]); never write "
+                    "a size as a number")
