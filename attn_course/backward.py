@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from . import plots
+from .attention import check_qkv
 from .jacobian import softmax_vjp
 from .softmax import masked_softmax
 
@@ -80,6 +81,18 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: 
     bool tensor broadcastable to (..., n_q, n_k), True = may attend. Returns (dq, dk, dv) shaped like
     (q, k, v). Holds the whole (..., n_q, n_k) matrices P, dP and dS: O(n_q·n_k) memory.
     """
+    check_qkv(q, k, v, "q, k, v", arrays=False)
+    if q.dim() < 2:
+        raise ValueError(f"q must have at least 2 axes, (..., n_q, d_k), but you passed shape {tuple(q.shape)}.")
+    try:
+        lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} have leading axes that "
+                         "do not broadcast; you need the same (..., ) batch and head axes.") from None
+    want = tuple(lead) + (q.shape[-2], v.shape[-1])
+    if not isinstance(dout, torch.Tensor) or tuple(dout.shape) != want:
+        got = tuple(dout.shape) if isinstance(dout, torch.Tensor) else type(dout).__name__
+        raise ValueError(f"dout must have the output's shape (..., n_q, d_v) = {want}, but you passed {got}.")
     scale = _scale(q, scale)
     p = masked_softmax(q @ k.transpose(-2, -1) * scale, mask)  # (..., n_q, n_k); a fully masked row is 0
     return attention_backward_stored(q, k, v, p, dout, scale=scale)

@@ -33,6 +33,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import check_qkv
+from .fast import check_block_size
+from .masks import check_size
 from .plots import MAX_WIDTH, styled
 
 __all__ = [
@@ -67,6 +70,14 @@ Tensor = torch.Tensor
 FeatureMap = Callable[[Tensor], Tensor]
 
 
+def _check_causal(q, k, v) -> None:
+    """Causal linear attention: q, k, v as :func:`check_qkv` wants them, and one query per key (n_q = n_k)."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
+    if q.dim() < 2 or q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal linear attention needs one query per key, q (..., n, d_k) and k (..., n, d_k), "
+                         f"but you passed q {tuple(q.shape)} and k {tuple(k.shape)}.")
+
+
 # ============================================================================ linear attention
 def elu_feature_map(x: Tensor) -> Tensor:
     """φ(x) = elu(x) + 1, entry by entry: (..., n, d) → (..., n, d) (Katharopoulos et al.): x + 1 for x > 0,
@@ -91,11 +102,13 @@ def linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: FeatureMap = 
 
     Softmax's exp(q·k/√d_k) replaced by φ(q)·φ(k) (default φ = elu + 1): time O(n·d_k·d_v), memory O(d_k·d_v)
     besides inputs and output."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
     return kernel_attention(feature_map(q), feature_map(k), v)
 
 
 def decay_mask(n: int, gamma: float = 1.0, *, dtype: torch.dtype = torch.float64) -> Tensor:
     """(n, n) matrix D with D_ij = γ^{i−j} for j ≤ i and 0 above the diagonal (γ = 1: the causal mask as 0/1)."""
+    n = check_size(n, "n")
     i = torch.arange(n)[:, None]  # (n, 1)
     j = torch.arange(n)[None, :]  # (1, n)
     power = (i - j).clamp(min=0).to(dtype)  # (n, n)
@@ -108,6 +121,7 @@ def quadratic_linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: Fea
 
     A = (φ(q) φ(k)ᵀ) ⊙ D with D = :func:`decay_mask` (n, n); out = A v / rowsum(A). O(n²) like softmax
     attention, and the easiest form to read."""
+    _check_causal(q, k, v)
     a = feature_map(q) @ feature_map(k).transpose(-2, -1)  # (..., n, n)
     a = a * decay_mask(q.shape[-2], gamma, dtype=a.dtype)
     return (a @ v) / a.sum(dim=-1, keepdim=True)
@@ -120,6 +134,7 @@ def causal_linear_attention(q: Tensor, k: Tensor, v: Tensor, feature_map: Featur
     q, k (..., n, d_k), v (..., n, d_v) → (..., n, d_v). With φ = ``feature_map`` (n_f features):
     C_t = γ C_{t−1} + φ(k_t) v_tᵀ  (..., n_f, d_v),  u_t = γ u_{t−1} + φ(k_t)  (..., n_f),
     out_t = φ(q_t)ᵀ C_t / φ(q_t)ᵀ u_t. The state's size does not grow with t (a KV cache does)."""
+    _check_causal(q, k, v)
     phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, n_f) each
     lead, n, r = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
     state = torch.zeros(lead + (r, v.shape[-1]), dtype=v.dtype)  # (..., n_f, d_v)
@@ -144,6 +159,7 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, chunk_size: int,
     Work O(n·n_c·d + n·n_f·d_v): matrix products of size n_c instead of one token at a time."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    _check_causal(q, k, v)
     phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, n_f) each
     lead, n, r = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
     state = torch.zeros(lead + (r, v.shape[-1]), dtype=v.dtype)  # (..., n_f, d_v)
@@ -195,6 +211,11 @@ def performer_attention(q: Tensor, k: Tensor, v: Tensor, omega: Tensor) -> Tenso
     q and k are scaled by d_k^(−1/4) each, so that φ(q)·φ(k) estimates exp(q·k/√d_k). Numerically stable:
     the exponents are shifted by each query's own maximum and by one maximum over all keys before exp;
     both shifts multiply a whole row of the numerator and of the normaliser alike, so they cancel."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
+    if not isinstance(omega, torch.Tensor) or omega.dim() != 2 or omega.shape[-1] != q.shape[-1]:
+        shape = tuple(omega.shape) if isinstance(omega, torch.Tensor) else type(omega).__name__
+        raise ValueError(f"omega must be a (n_f, d_k) tensor with d_k = {q.shape[-1]} (q's last axis), but you "
+                         f"passed {shape}; draw it with random_projection(n_f, {q.shape[-1]}).")
     scale = q.shape[-1] ** -0.25
     qs, ks = q * scale, k * scale
     log_q = qs @ omega.transpose(-2, -1) - (qs * qs).sum(dim=-1, keepdim=True) / 2  # (..., n_q, n_f)
@@ -246,6 +267,19 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, layout: Tensor, bloc
     True per row → (..., n_q, d_v): softmax(q kᵀ · scale) v with the keys of skipped tiles left out, i.e.
     F.scaled_dot_product_attention with :func:`layout_mask`. Each query block keeps 09's running max m, sum
     ℓ and accumulator over its allowed key blocks only."""
+    check_qkv(q, k, v, "q, k, v", arrays=False)
+    check_block_size(block_size)
+    if q.dim() < 2:
+        raise ValueError(f"q must have at least 2 axes, (..., n_q, d_k), but you passed shape {tuple(q.shape)}.")
+    blocks = (-(-q.shape[-2] // block_size), -(-k.shape[-2] // block_size))
+    if not isinstance(layout, torch.Tensor) or layout.dtype != torch.bool or tuple(layout.shape) != blocks:
+        got = f"{tuple(layout.shape)} {layout.dtype}" if isinstance(layout, torch.Tensor) else type(layout).__name__
+        raise ValueError(f"layout must be a bool tensor of shape (⌈n_q/b⌉, ⌈n_k/b⌉) = {blocks} for n_q = "
+                         f"{q.shape[-2]}, n_k = {k.shape[-2]} and block_size = {block_size}, but you passed {got}.")
+    if layout.numel() and not bool(layout.any(dim=-1).all()):
+        empty = (~layout.any(dim=-1)).nonzero().flatten().tolist()
+        raise ValueError(f"layout rows {empty} have no True entry, so those query blocks would attend to nothing; "
+                         "you need at least one True per row.")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     n_q = q.shape[-2]
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)  # (..., n_q, d_v)

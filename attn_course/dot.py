@@ -38,11 +38,27 @@ __all__ = [
 ]
 
 
+def check_qk(q, K, q_name: str, k_name: str, *, one_query: bool = False) -> None:
+    """q and K as tensors whose last axes (d) agree; K with at least 2 axes, (..., n_k, d)."""
+    for name, x in ((q_name, q), (k_name, K)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, but you passed a {type(x).__name__}; "
+                            "convert it with torch.as_tensor(...) first.")
+    if K.dim() < 2 or q.dim() < 1 or (one_query and q.dim() != 1):
+        want = f"{q_name} (d,)" if one_query else f"{q_name} (..., n_q, d)"
+        raise ValueError(f"you need {want} and {k_name} (..., n_k, d), but you passed shapes {tuple(q.shape)} "
+                         f"and {tuple(K.shape)}.")
+    if q.shape[-1] != K.shape[-1]:
+        raise ValueError(f"{q_name} has d = {q.shape[-1]} (shape {tuple(q.shape)}) but {k_name} has d = {K.shape[-1]} "
+                         f"(shape {tuple(K.shape)}); queries and keys need the same last axis.")
+
+
 def query_scores_loop(q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     """Scores of one query against each key, one dot product at a time (a Python loop).
 
     q: (d,)   K: (n_k, d)   ->   (n_k,) with entry j = q · K[j]
     """
+    check_qk(q, K, "q", "K", one_query=True)
     scores = []
     for key in K:  # key: (d,)
         scores.append((q * key).sum())
@@ -54,6 +70,7 @@ def query_scores(q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 
     q: (d,)   K: (n_k, d)   ->   (n_k,)
     """
+    check_qk(q, K, "q", "K", one_query=True)
     return K @ q  # (n_k, d) @ (d,) -> (n_k,)
 
 
@@ -62,6 +79,7 @@ def score_matrix(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 
     Q: (..., n_q, d)   K: (..., n_k, d)   ->   (..., n_q, n_k)
     """
+    check_qk(Q, K, "Q", "K")
     return Q @ K.transpose(-2, -1)  # (..., n_q, d) @ (..., d, n_k) -> (..., n_q, n_k)
 
 
@@ -74,6 +92,7 @@ def cosine_scores(Q: torch.Tensor, K: torch.Tensor, eps: float = 1e-8) -> torch.
 
     Q: (..., n_q, d)   K: (..., n_k, d)   ->   (..., n_q, n_k), values in [-1, 1]
     """
+    check_qk(Q, K, "Q", "K")
     Q_unit = Q / Q.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., n_q, d)
     K_unit = K / K.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., n_k, d)
     return score_matrix(Q_unit, K_unit)

@@ -76,7 +76,7 @@ def online_softmax(x: torch.Tensor, block_size: int = 1) -> torch.Tensor:
     whenever the max grows from m to m', the sum so far is rescaled by exp(m − m'). The probabilities
     are then exp(x − m) / l.
     """
-    _check_block(block_size)
+    check_block_size(block_size)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         kind = f"a tensor of dtype {x.dtype}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
         raise TypeError(f"x must be a floating-point torch.Tensor, but you passed {kind}; "
@@ -119,7 +119,7 @@ def _check_inputs(q, k, v) -> None:
                          "use q[None] for a single query.")
 
 
-def _check_block(block_size: int) -> None:
+def check_block_size(block_size: int) -> None:
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
 
@@ -138,7 +138,7 @@ def tile_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: in
     query block's last row are skipped, and the tile on the diagonal is masked element by element
     (key position > query position → −inf).
     """
-    _check_block(block_size)
+    check_block_size(block_size)
     _check_inputs(q, k, v)
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and n_q != n_k:
@@ -170,6 +170,8 @@ def tile_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: in
 def _tiled(q, k, v, block_size, causal, scale) -> torch.Tensor:
     _check_inputs(q, k, v)
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)  # (..., n_q, d_v)
+    if k.shape[-2] == 0:
+        out.zero_()  # no keys: no tile is visited, and the output is 0 (as naive_attention gives)
     for tile in tile_steps(q, k, v, block_size, causal=causal, scale=scale):
         if tile.last:
             out[..., tile.q_start:tile.q_end, :] = tile.acc / tile.l  # one division per row, at the very end
@@ -241,6 +243,7 @@ def memory_traffic(n: int, d: int, block_size: int, *, batch: int = 1, heads: in
     Returns ``{"naive": bytes, "tiled": bytes, "score_matrix": bytes of one n × n matrix}``, all for
     B·A heads.
     """
+    check_block_size(block_size)
     element = torch.empty((), dtype=dtype).element_size()
     heads_total = batch * heads
     blocks = -(-n // block_size)

@@ -66,7 +66,7 @@ TOY_PAIRS = [
 
 
 # ----------------------------------------------------------------------------- input checks
-def _size(value, name: str) -> int:
+def check_size(value, name: str) -> int:
     """A non-negative integer size (Python, NumPy or 0-d tensor integer), or a clear error."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
@@ -91,7 +91,7 @@ def _ids(ids, name: str) -> torch.Tensor:
 # ----------------------------------------------------------------------------- masks
 def causal_mask(n: int, device=None) -> torch.Tensor:
     """(n, n) bool, True on and below the diagonal: query i may attend to keys j ≤ i."""
-    n = _size(n, "n")
+    n = check_size(n, "n")
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
@@ -106,7 +106,7 @@ def padding_mask_from_lengths(lengths, max_len: int | None = None) -> torch.Tens
     if lengths.numel() and bool((lengths < 0).any()):
         raise ValueError(f"lengths must be non-negative, but you passed {lengths.tolist()}.")
     longest = int(lengths.max()) if lengths.numel() else 0
-    max_len = longest if max_len is None else _size(max_len, "max_len")
+    max_len = longest if max_len is None else check_size(max_len, "max_len")
     if max_len < longest:
         raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest} tokens); "
                          f"you need max_len ≥ {longest} (or None).")

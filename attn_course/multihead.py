@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn as nn
 
+from .masks import check_size
 from .softmax import masked_softmax
 
 __all__ = [
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-def _positive(value, name: str) -> int:
+def check_positive(value, name: str) -> int:
     """A positive integer size (heads, widths), or a one-sentence error naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, but you passed {value!r}.")
@@ -61,7 +62,7 @@ def _check_input(x, name: str, d_model: int, dtype: torch.dtype) -> None:
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, n, A·d_head) → (B, A, n, d_head): feature block a becomes head a."""
-    _positive(n_heads, "n_heads")
+    check_positive(n_heads, "n_heads")
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a tensor of shape (B, n, A·d_head), but you passed {shape}.")
@@ -108,9 +109,9 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *,
                  n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        _positive(d_model, "d_model"), _positive(n_heads, "n_heads")
-        d_head = default_d_head(d_model, n_heads) if d_head is None else _positive(d_head, "d_head")
-        n_kv_heads = n_heads if n_kv_heads is None else _positive(n_kv_heads, "n_kv_heads")
+        check_positive(d_model, "d_model"), check_positive(n_heads, "n_heads")
+        d_head = default_d_head(d_model, n_heads) if d_head is None else check_positive(d_head, "d_head")
+        n_kv_heads = n_heads if n_kv_heads is None else check_positive(n_kv_heads, "n_kv_heads")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head, self.n_kv_heads = d_model, n_heads, d_head, n_kv_heads
@@ -150,6 +151,9 @@ def parameter_count(module: nn.Module) -> int:
 def kv_cache_bytes(*, n_layers: int, n_kv_heads: int, d_head: int, seq_len: int, batch: int = 1,
                    bytes_per_value: int = 2) -> int:
     """Memory of a K/V cache: a K and a V vector of width d_head per layer, K/V head and position."""
+    sizes = dict(n_layers=n_layers, n_kv_heads=n_kv_heads, d_head=d_head, seq_len=seq_len, batch=batch,
+                 bytes_per_value=bytes_per_value)
+    n_layers, n_kv_heads, d_head, seq_len, batch, bytes_per_value = (check_size(v, k) for k, v in sizes.items())
     return 2 * n_layers * n_kv_heads * d_head * seq_len * batch * bytes_per_value
 
 
@@ -159,6 +163,17 @@ def torch_masks(mask: torch.Tensor | None, *, batch: int, n_heads: int, n_q: int
     mask is the same for every batch entry and head, else (B·A, n_q, n_k) (batch-major, as it expects)."""
     if mask is None:
         return None
+    want = (batch, n_heads, n_q, n_k)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), but you passed {got}; use mask.bool().")
+    try:
+        fits = torch.broadcast_shapes(mask.shape, want) == want
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, which does not broadcast to (B, A, n_q, n_k) = "
+                         f"{want}; you need a mask of shape (n_q, n_k) or one that broadcasts to it.")
     full = torch.broadcast_to(mask, (batch, n_heads, n_q, n_k))
     if bool((full == full[:1, :1]).all()):
         return ~full[0, 0]  # (n_q, n_k)

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from matplotlib.ticker import MaxNLocator
 
+from .masks import check_size
 from .plots import MAX_WIDTH, heatmap, styled
 from .softmax import masked_softmax
 
@@ -150,6 +151,7 @@ def permutation_gap(attn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tenso
 def sinusoidal_encoding(n: int, d: int, base: float = 10000.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(n, d): row t is position t's encoding. Column 2r = sin(t / base^(2r/d)), column 2r + 1 =
     cos(t / base^(2r/d)) (Vaswani et al. 2017, §3.5); with an odd d the last column is a sine."""
+    n, d = check_size(n, "n"), check_size(d, "d")
     t = torch.arange(n, dtype=torch.float64)[:, None]  # (n, 1)
     two_r = torch.arange(0, d, 2, dtype=torch.float64)  # (ceil(d/2),): 0, 2, 4, …
     angles = t / base ** (two_r / d)  # (n, ceil(d/2))
@@ -170,6 +172,14 @@ def relative_position_bucket(relative_position: torch.Tensor, bidirectional: boo
     everything falls in the last bucket. The logarithm is taken in float64 (T5 uses float32: the two can
     differ where the real value is a whole number).
     """
+    half = num_buckets // 2 if bidirectional else num_buckets
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, (int, np.integer)) or half < 2:
+        need = 4 if bidirectional else 2
+        raise ValueError(f"num_buckets must be an integer ≥ {need} (bidirectional={bidirectional}), but you passed "
+                         f"{num_buckets!r}; T5 uses 32.")
+    if not max_distance > half // 2:
+        raise ValueError(f"max_distance must be larger than {half // 2} (the exact buckets of num_buckets = "
+                         f"{num_buckets}), but you passed {max_distance!r}; T5 uses 128.")
     rel = torch.as_tensor(relative_position).long()
     buckets = torch.zeros_like(rel)
     if bidirectional:
@@ -192,6 +202,14 @@ def relative_position_bias(n: int, table: torch.Tensor, bidirectional: bool = Tr
     ``table`` (num_buckets, A) is the learned bias of each bucket and head (T5's ``nn.Embedding``). T5 keeps
     one such table per stack (encoder, decoder), in its first layer, and every layer of the stack adds the
     same bias."""
+    n = check_size(n, "n")
+    if not isinstance(table, torch.Tensor) or table.dim() != 2:
+        shape = tuple(table.shape) if isinstance(table, torch.Tensor) else type(table).__name__
+        raise ValueError(f"table must be a (num_buckets, A) tensor, one bias per bucket and head, but you passed "
+                         f"{shape}.")
+    if table.shape[0] < (4 if bidirectional else 2):
+        raise ValueError(f"table has {table.shape[0]} rows (shape {tuple(table.shape)}), but you need at least "
+                         f"{4 if bidirectional else 2} buckets (bidirectional={bidirectional}); T5 uses 32.")
     positions = torch.arange(n)
     rel = positions[None, :] - positions[:, None]  # (n, n): j − i
     buckets = relative_position_bucket(rel, bidirectional, table.shape[0], max_distance)  # (n, n)
@@ -205,6 +223,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     def power_of_two(heads: int) -> list[float]:
         return [2.0 ** (-8.0 * (a + 1) / heads) for a in range(heads)]
 
+    n_heads = check_size(n_heads, "n_heads")
     if n_heads & (n_heads - 1) == 0:
         return torch.tensor(power_of_two(n_heads), dtype=torch.float64)
     closest = 2 ** int(math.floor(math.log2(n_heads)))
@@ -229,6 +248,23 @@ def rope_angles(positions: torch.Tensor, d: int, base: float = 10000.0) -> torch
     return torch.as_tensor(positions, dtype=torch.float64)[:, None] * theta  # (n, d/2)
 
 
+def _check_rope(x, positions) -> None:
+    """x (..., n, d) floating point with d even; positions None or (n,)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape (..., n, d), but you passed a {type(x).__name__}; "
+                        "convert it with torch.as_tensor(...).float().")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, but yours has dtype {x.dtype}; convert it with .float().")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., n, d), but yours has shape {tuple(x.shape)}; "
+                         "for one vector use x[None].")
+    if x.shape[-1] % 2:
+        raise ValueError(f"RoPE rotates pairs of dimensions: d must be even, got {x.shape[-1]}")
+    if positions is not None and tuple(torch.as_tensor(positions).shape) != (x.shape[-2],):
+        raise ValueError(f"positions must have shape (n,) = ({x.shape[-2]},), one per row of x {tuple(x.shape)}, "
+                         f"but yours has shape {tuple(torch.as_tensor(positions).shape)}.")
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: float = 10000.0) -> torch.Tensor:
     """Rotate each interleaved pair (x_2r, x_2r+1) of x (..., n, d), d even, by +t·θ_r at position t:
 
@@ -237,9 +273,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: flo
     ``positions`` (n,) defaults to 0 … n − 1. Same shape and dtype as x. Then
     rope(q, i) · rope(k, j) depends on i and j only through j − i (Su et al. 2021).
     """
+    _check_rope(x, positions)
     n, d = x.shape[-2:]
-    if d % 2:
-        raise ValueError(f"RoPE rotates pairs of dimensions: d must be even, got {d}")
     positions = torch.arange(n) if positions is None else positions
     angles = rope_angles(positions, d, base)  # (n, d/2)
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
@@ -251,6 +286,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | None = None, base: flo
 def apply_rope_halves(x: torch.Tensor, positions: torch.Tensor | None = None, base: float = 10000.0) -> torch.Tensor:
     """The GPT-NeoX / Hugging Face LLaMA convention: dimension r is paired with r + d/2. It equals
     :func:`apply_rope` on x with its dimensions reordered (the two differ only in which weights are paired)."""
+    _check_rope(x, positions)
     n, d = x.shape[-2:]
     positions = torch.arange(n) if positions is None else positions
     angles = rope_angles(positions, d, base)
@@ -282,6 +318,8 @@ def ntk_base(base: float, factor: float, d: int) -> float:
     """The "NTK-aware" base change for a context ``factor`` times longer (bloc97, 2023; Peng et al. 2023,
     YaRN): base · factor^(d/(d − 2)), which slows the slowest pair by exactly ``factor`` and the fastest
     not at all."""
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 4 or d % 2:
+        raise ValueError(f"d must be an even integer ≥ 4 (RoPE's head width), but you passed {d!r}.")
     return base * factor ** (d / (d - 2))
 
 

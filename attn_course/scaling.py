@@ -24,7 +24,7 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import torch
 
-from .dot import score_matrix
+from .dot import check_qk, score_matrix
 from .plots import styled
 
 __all__ = [
@@ -74,6 +74,7 @@ def scaled_scores(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 
     Q: (..., n_q, d_k)   K: (..., n_k, d_k)   ->   (..., n_q, n_k)
     """
+    check_qk(Q, K, "Q", "K")
     d_k = Q.shape[-1]
     return score_matrix(Q, K) / math.sqrt(d_k)
 

@@ -287,10 +287,13 @@ def _quiet_native_stderr() -> Iterator[None]:
     except (OSError, ValueError, AttributeError):
         yield
         return
+    null = os.open(os.devnull, os.O_WRONLY)  # a bare descriptor, closed at once: no file object left to finalise
     try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
+        os.dup2(null, 2)
+    finally:
+        os.close(null)
+    try:
+        yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)

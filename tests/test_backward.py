@@ -290,3 +290,13 @@ def test_figures_are_readable(make):
         assert plots.readability_problems(fig) == []
     finally:
         plt.close(fig)
+
+
+def test_attention_backward_shape_mismatch_gets_a_clear_message():
+    q, k, v = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 6)
+    with pytest.raises(ValueError, match="need the same last axis"):
+        ref.attention_backward(q, torch.randn(5, 7), v, torch.randn(4, 6))
+    with pytest.raises(ValueError, match="one value row per key"):
+        ref.attention_backward(q, k, torch.randn(6, 6), torch.randn(4, 6))
+    with pytest.raises(ValueError, match=r"dout must have the output's shape \(..., n_q, d_v\) = \(4, 6\)"):
+        ref.attention_backward(q, k, v, torch.randn(4, 5))

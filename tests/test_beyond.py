@@ -213,3 +213,28 @@ def test_figures_are_readable():
     for fig in figs:
         assert readability_problems(fig) == []
         plt.close(fig)
+
+
+def test_bad_input_gets_a_clear_message():
+    q, k, v = torch.randn(4, 8), torch.randn(5, 8), torch.randn(5, 6)
+    with pytest.raises(ValueError, match="need the same last axis"):
+        beyond.linear_attention(q, torch.randn(5, 7), v)
+    with pytest.raises(ValueError, match="one value row per key"):
+        beyond.linear_attention(q, k, torch.randn(6, 6))
+    for causal in (beyond.causal_linear_attention, beyond.quadratic_linear_attention,
+                   lambda q, k, v: beyond.chunked_linear_attention(q, k, v, 2)):
+        with pytest.raises(ValueError, match="one query per key"):
+            causal(q, k, v)  # n_q = 4, n_k = 5: used to return a silently wrong (4, 6) result
+    with pytest.raises(ValueError, match="n must be a non-negative integer"):
+        beyond.decay_mask(-1)
+    with pytest.raises(ValueError, match=r"omega must be a \(n_f, d_k\) tensor with d_k = 8"):
+        beyond.performer_attention(q, k, v, torch.randn(16, 7))
+    q4, v4 = torch.randn(4, 8), torch.randn(4, 6)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        beyond.block_sparse_attention(q4, q4, v4, torch.ones(2, 2, dtype=torch.bool), 0)
+    for layout in (torch.ones(1, 1, dtype=torch.bool), torch.ones(3, 3, dtype=torch.bool),
+                   torch.ones(2, 2, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"layout must be a bool tensor of shape .* = \(2, 2\)"):
+            beyond.block_sparse_attention(q4, q4, v4, layout, 2)
+    with pytest.raises(ValueError, match=r"layout rows \[1\] have no True entry"):
+        beyond.block_sparse_attention(q4, q4, v4, torch.tensor([[True, False], [False, False]]), 2)

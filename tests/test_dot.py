@@ -128,3 +128,15 @@ def test_dot_versus_cosine_labels_do_not_overlap():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["query", "key A: dot 0.96, cosine 0.99", "key B: dot 3.00, cosine 0.83"]
     plt.close(fig)
+
+
+def test_mismatched_d_gets_a_clear_message():
+    with pytest.raises(ValueError, match=r"Q has d = 8 \(shape \(4, 8\)\) but K has d = 7"):
+        dot.score_matrix(torch.randn(4, 8), torch.randn(5, 7))
+    with pytest.raises(ValueError, match="Q has d = 8"):
+        dot.cosine_scores(torch.randn(4, 8), torch.randn(5, 7))
+    for fn in (dot.query_scores, dot.query_scores_loop):
+        with pytest.raises(ValueError, match="q has d = 8"):
+            fn(torch.randn(8), torch.randn(5, 7))
+    with pytest.raises(TypeError, match="Q must be a torch.Tensor"):
+        dot.score_matrix(torch.randn(4, 8).numpy(), torch.randn(5, 8).numpy())  # NumPy's transpose(-2, -1) is not Kᵀ

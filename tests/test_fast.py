@@ -154,3 +154,13 @@ def test_fast_attention_names_dtype_mistakes():
         fast.tiled_attention(q.float().numpy(), q.float(), q.float(), 2)
     with pytest.raises(TypeError, match=r"x must be a floating-point torch.Tensor.*torch.int64"):
         fast.online_softmax(q, 2)
+
+
+def test_memory_traffic_needs_a_positive_block_size():
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        fast.memory_traffic(8, 4, 0)
+
+
+def test_tiled_attention_with_no_keys_is_zero():
+    q, k, v = qkv(4, 8, n_k=0, d_v=6)
+    assert torch.equal(fast.tiled_attention(q, k, v, 2), torch.zeros(4, 6, dtype=torch.float64))

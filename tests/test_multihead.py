@@ -205,3 +205,12 @@ def test_fully_masked_row_gives_zero_weights_and_the_output_bias():
 def test_multihead_names_bad_inputs(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_bad_sizes_and_masks_get_a_clear_message():
+    with pytest.raises(ValueError, match="n_layers must be a non-negative integer"):
+        kv_cache_bytes(n_layers=-1, n_kv_heads=1, d_head=1, seq_len=1)  # used to return -4
+    with pytest.raises(ValueError, match=r"mask has shape \(3, 3\), which does not broadcast to .* \(1, 2, 4, 4\)"):
+        torch_masks(torch.ones(3, 3, dtype=torch.bool), batch=1, n_heads=2, n_q=4, n_k=4)
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        torch_masks(torch.ones(4, 4), batch=1, n_heads=2, n_q=4, n_k=4)

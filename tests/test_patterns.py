@@ -149,3 +149,10 @@ def test_attention_gradients_at_initialisation():
         ref.attention_gradients(ref.AttentionOnlyModel(n_layers=2), tokens, targets)
 
 
+
+
+def test_synthetic_pattern_needs_a_positive_n():
+    with pytest.raises(ValueError, match="n must be a positive integer"):
+        ref.synthetic_pattern("diagonal", 0)
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        ref.synthetic_pattern("block", 8, block=0)

@@ -240,3 +240,27 @@ def test_figures_are_readable():
     for fig in figs:
         assert readability_problems(fig) == []
         plt.close(fig)
+
+
+def test_bad_input_gets_a_clear_message():
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        pos.apply_rope(torch.ones(4, 8, dtype=torch.long))  # used to return an int tensor
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        pos.apply_rope(torch.randn(4, 8).numpy())
+    with pytest.raises(ValueError, match=r"positions must have shape \(n,\) = \(4,\)"):
+        pos.apply_rope(torch.randn(4, 8), torch.arange(3))
+    with pytest.raises(ValueError, match="d must be even, got 5"):
+        pos.apply_rope_halves(torch.randn(4, 5))
+    with pytest.raises(ValueError, match="n_heads must be a non-negative integer"):
+        pos.alibi_slopes(-2)
+    for d in (2, 3):
+        with pytest.raises(ValueError, match="d must be an even integer ≥ 4"):
+            pos.ntk_base(10000.0, 2.0, d)
+    with pytest.raises(ValueError, match="table has 3 rows"):
+        pos.relative_position_bias(4, torch.randn(3, 2))
+    with pytest.raises(ValueError, match=r"table must be a \(num_buckets, A\) tensor"):
+        pos.relative_position_bias(4, torch.randn(32))
+    with pytest.raises(ValueError, match="max_distance must be larger than 8"):
+        pos.relative_position_bucket(torch.arange(4), num_buckets=32, max_distance=8)
+    with pytest.raises(ValueError, match="n must be a non-negative integer"):
+        pos.sinusoidal_encoding(-1, 4)

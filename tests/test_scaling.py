@@ -206,3 +206,8 @@ def test_saturation_log_panels_have_a_tick_label_below_every_point(stats):
             bottom = ax.get_ylim()[0]
             assert bottom <= lowest and f"{bottom:.0e}"[0] in "1235"
     plt.close(fig)
+
+
+def test_mismatched_d_gets_a_clear_message():
+    with pytest.raises(ValueError, match="Q has d = 8 .* but K has d = 7"):
+        scaling.scaled_scores(torch.randn(4, 8), torch.randn(5, 7))
