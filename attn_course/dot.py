@@ -93,6 +93,9 @@ def cosine_scores(Q: torch.Tensor, K: torch.Tensor, eps: float = 1e-8) -> torch.
     Q: (..., n_q, d)   K: (..., n_k, d)   ->   (..., n_q, n_k), values in [-1, 1]
     """
     check_qk(Q, K, "Q", "K")
+    if not (Q.is_floating_point() and K.is_floating_point()):
+        raise TypeError(f"Q and K must be floating-point tensors (a length needs a square root), but you passed "
+                        f"{Q.dtype} and {K.dtype}; convert them with .float().")
     Q_unit = Q / Q.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., n_q, d)
     K_unit = K / K.norm(dim=-1, keepdim=True).clamp_min(eps)  # (..., n_k, d)
     return score_matrix(Q_unit, K_unit)

@@ -47,7 +47,13 @@ def _is_numpy(x) -> bool:
 
 
 def _amax(x, dim: int):
-    """Maximum along ``dim``, kept as a size-1 axis so that it broadcasts against ``x``."""
+    """Maximum along ``dim``, kept as a size-1 axis so that it broadcasts against ``x`` (the first step of every
+    stable formula here, so the one place that says what ``x`` and ``dim`` must be)."""
+    if not (_is_numpy(x) or isinstance(x, torch.Tensor)):
+        raise TypeError(f"x must be a torch.Tensor or a NumPy array, but you passed a {type(x).__name__}; "
+                        "wrap it with torch.tensor(...) first.")
+    if not -x.ndim <= dim < x.ndim or x.shape[dim] == 0:
+        raise ValueError(f"dim={dim} must name an axis of x with at least one entry, but x has shape {tuple(x.shape)}.")
     if _is_numpy(x):
         return x.max(axis=dim, keepdims=True)
     return x.amax(dim=dim, keepdim=True)
@@ -117,8 +123,12 @@ def log_softmax(x, dim: int = -1):
 
 def softmax_with_temperature(x, temperature: float, dim: int = -1):
     """softmax(x / T) along ``dim``: T > 1 flattens the weights, T < 1 sharpens them (T → 0: arg-max)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    try:
+        positive = not isinstance(temperature, bool) and bool(temperature > 0)
+    except (TypeError, RuntimeError):  # None, a string, a tensor of several numbers
+        positive = False
+    if not positive:
+        raise ValueError(f"temperature must be a positive number, but you passed {temperature!r}")
     return softmax(x / temperature, dim)
 
 

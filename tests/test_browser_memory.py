@@ -52,7 +52,7 @@ def binder_lab(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "held = b'x' * (680 * 2**20)  # what a notebook's tensors hold: 680 MB, every page written\nlen(held)")])
+        "held = b'x' * (680 * 2**20)  # what a notebook's tensors hold: 680 MiB, every page written\nlen(held)")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, work / "memory.ipynb")
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"

@@ -140,3 +140,5 @@ def test_mismatched_d_gets_a_clear_message():
             fn(torch.randn(8), torch.randn(5, 7))
     with pytest.raises(TypeError, match="Q must be a torch.Tensor"):
         dot.score_matrix(torch.randn(4, 8).numpy(), torch.randn(5, 8).numpy())  # NumPy's transpose(-2, -1) is not Kᵀ
+    with pytest.raises(TypeError, match="floating-point tensors .* torch.int64"):
+        dot.cosine_scores(torch.ones(2, 3, dtype=torch.long), torch.ones(4, 3, dtype=torch.long))

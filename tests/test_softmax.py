@@ -185,3 +185,15 @@ def test_explorer_slider_uses_the_titles_format(monkeypatch):
 def test_masked_softmax_bad_inputs_are_named(scores, mask, error, match):
     with pytest.raises(error, match=match):
         ref.masked_softmax(scores, mask)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: ref.softmax([1.0, 2.0]), TypeError, r"x must be a torch.Tensor or a NumPy array.*list"),
+    (lambda: ref.log_softmax(torch.ones(3), 5), ValueError, r"dim=5 must name an axis.*\(3,\)"),
+    (lambda: ref.logsumexp(torch.empty(2, 0)), ValueError, r"at least one entry.*\(2, 0\)"),
+    (lambda: ref.softmax_with_temperature(torch.ones(3), None), ValueError, r"temperature must be a positive.*None"),
+    (lambda: ref.softmax_with_temperature(torch.ones(3), 0.0), ValueError, r"temperature must be a positive"),
+])
+def test_softmax_family_bad_inputs_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
