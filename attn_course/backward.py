@@ -44,6 +44,7 @@ import torch
 from . import plots
 from .attention import check_qkv
 from .jacobian import softmax_vjp
+from .masks import check_size
 from .softmax import masked_softmax
 
 __all__ = [
@@ -147,8 +148,7 @@ _SHAPES = "q, k, v must be (..., n_q, d_k), (..., n_k, d_k), (..., n_k, d_v) wit
 
 
 def _check_tiled(q, k, v, block_size, causal):
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    check_size(block_size, "block_size", positive=True)
     if q.dim() < 2 or k.dim() != q.dim() or v.dim() != q.dim():
         raise ValueError(f"{_SHAPES}; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:

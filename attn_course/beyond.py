@@ -34,7 +34,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import check_qkv
-from .fast import check_block_size
 from .masks import check_size
 from .plots import MAX_WIDTH, styled
 
@@ -157,8 +156,7 @@ def chunked_linear_attention(q: Tensor, k: Tensor, v: Tensor, chunk_size: int,
     numerator (A v)_i + γ^{i+1} φ(q)ᵀ C and normaliser rowsum(A)_i + γ^{i+1} φ(q)ᵀ u, where A is the
     chunk's masked quadratic form; then C ← γ^{e−s} C + Σ_j γ^{e−1−j} φ(k_j) v_jᵀ over the chunk (u alike).
     Work O(n·n_c·d + n·n_f·d_v): matrix products of size n_c instead of one token at a time."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+    check_size(chunk_size, "chunk_size", positive=True)
     _check_causal(q, k, v)
     phi_q, phi_k = feature_map(q), feature_map(k)  # (..., n, n_f) each
     lead, n, r = phi_q.shape[:-2], phi_q.shape[-2], phi_q.shape[-1]
@@ -268,7 +266,7 @@ def block_sparse_attention(q: Tensor, k: Tensor, v: Tensor, layout: Tensor, bloc
     F.scaled_dot_product_attention with :func:`layout_mask`. Each query block keeps 09's running max m, sum
     ℓ and accumulator over its allowed key blocks only."""
     check_qkv(q, k, v, "q, k, v", arrays=False)
-    check_block_size(block_size)
+    check_size(block_size, "block_size", positive=True)
     if q.dim() < 2:
         raise ValueError(f"q must have at least 2 axes, (..., n_q, d_k), but you passed shape {tuple(q.shape)}.")
     blocks = (-(-q.shape[-2] // block_size), -(-k.shape[-2] // block_size))

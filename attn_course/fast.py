@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .attention import check_qkv, score_matrix_bytes
+from .masks import check_size
 from .plots import line_plot, styled
 from .softmax import masked_softmax
 
@@ -76,7 +77,7 @@ def online_softmax(x: torch.Tensor, block_size: int = 1) -> torch.Tensor:
     whenever the max grows from m to m', the sum so far is rescaled by exp(m − m'). The probabilities
     are then exp(x − m) / l.
     """
-    check_block_size(block_size)
+    check_size(block_size, "block_size", positive=True)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         kind = f"a tensor of dtype {x.dtype}" if isinstance(x, torch.Tensor) else f"a {type(x).__name__}"
         raise TypeError(f"x must be a floating-point torch.Tensor, but you passed {kind}; "
@@ -119,11 +120,6 @@ def _check_inputs(q, k, v) -> None:
                          "use q[None] for a single query.")
 
 
-def check_block_size(block_size: int) -> None:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
-
-
 def tile_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int = 64, *,
                causal: bool = False, scale: float | None = None) -> Iterator[Tile]:
     """The tiled loop of FlashAttention-2's forward pass, one tile at a time.
@@ -138,7 +134,7 @@ def tile_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: in
     query block's last row are skipped, and the tile on the diagonal is masked element by element
     (key position > query position → −inf).
     """
-    check_block_size(block_size)
+    check_size(block_size, "block_size", positive=True)
     _check_inputs(q, k, v)
     n_q, n_k = q.shape[-2], k.shape[-2]
     if causal and n_q != n_k:
@@ -243,7 +239,7 @@ def memory_traffic(n: int, d: int, block_size: int, *, batch: int = 1, heads: in
     Returns ``{"naive": bytes, "tiled": bytes, "score_matrix": bytes of one n × n matrix}``, all for
     B·A heads.
     """
-    check_block_size(block_size)
+    check_size(block_size, "block_size", positive=True)
     element = torch.empty((), dtype=dtype).element_size()
     heads_total = batch * heads
     blocks = -(-n // block_size)

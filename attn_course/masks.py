@@ -66,12 +66,14 @@ TOY_PAIRS = [
 
 
 # ----------------------------------------------------------------------------- input checks
-def check_size(value, name: str) -> int:
-    """A non-negative integer size (Python, NumPy or 0-d tensor integer), or a clear error."""
+def check_size(value, name: str, *, positive: bool = False) -> int:
+    """A non-negative integer size (Python, NumPy or 0-d tensor integer), at least 1 when ``positive`` (heads,
+    widths, block sizes), or a clear error naming it: the one size check of the course's functions."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, but you passed {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < int(positive):
+        kind = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {kind} integer, but you passed {value!r}.")
     return int(value)
 
 

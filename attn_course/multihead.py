@@ -41,13 +41,6 @@ __all__ = [
 ]
 
 
-def check_positive(value, name: str) -> int:
-    """A positive integer size (heads, widths), or a one-sentence error naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, but you passed {value!r}.")
-    return value
-
-
 def _check_input(x, name: str, d_model: int, dtype: torch.dtype) -> None:
     """x (B, n, d_model), a floating-point tensor of the module's dtype."""
     if not isinstance(x, torch.Tensor):
@@ -62,7 +55,7 @@ def _check_input(x, name: str, d_model: int, dtype: torch.dtype) -> None:
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, n, A·d_head) → (B, A, n, d_head): feature block a becomes head a."""
-    check_positive(n_heads, "n_heads")
+    check_size(n_heads, "n_heads", positive=True)
     if not isinstance(x, torch.Tensor) or x.dim() < 2:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a tensor of shape (B, n, A·d_head), but you passed {shape}.")
@@ -109,9 +102,9 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *,
                  n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        check_positive(d_model, "d_model"), check_positive(n_heads, "n_heads")
-        d_head = default_d_head(d_model, n_heads) if d_head is None else check_positive(d_head, "d_head")
-        n_kv_heads = n_heads if n_kv_heads is None else check_positive(n_kv_heads, "n_kv_heads")
+        check_size(d_model, "d_model", positive=True), check_size(n_heads, "n_heads", positive=True)
+        d_head = default_d_head(d_model, n_heads) if d_head is None else check_size(d_head, "d_head", positive=True)
+        n_kv_heads = n_heads if n_kv_heads is None else check_size(n_kv_heads, "n_kv_heads", positive=True)
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head, self.n_kv_heads = d_model, n_heads, d_head, n_kv_heads

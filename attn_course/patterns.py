@@ -31,7 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .multihead import MultiHeadAttention, check_positive, merge_heads, split_heads
+from .masks import check_size
+from .multihead import MultiHeadAttention, merge_heads, split_heads
 from .plots import MAX_WIDTH, MIN_FONT, heatmap, styled
 from .softmax import entropy
 
@@ -149,8 +150,8 @@ def synthetic_pattern(kind: str, n: int = 8, *, sharpness: float = 0.9, block: i
     that "park" on a first or separator token do), block (uniform within consecutive blocks of
     ``block`` tokens), uniform (every key alike).
     """
-    n = check_positive(n, "n")
-    block = check_positive(block, "block")
+    n = check_size(n, "n", positive=True)
+    block = check_size(block, "block", positive=True)
     target = torch.zeros(n, n, dtype=torch.float64)
     rows = torch.arange(n)
     if kind == "diagonal":
