@@ -138,8 +138,17 @@ def worked_example(dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, to
 
 
 def format_matrix(values, decimals: int = 2, labels: list[str] | None = None) -> str:
-    """Text of a 1-D or 2-D tensor with a fixed number of decimals (``-0.00`` kept, as printed in print)."""
-    t = torch.as_tensor(values).detach().to(torch.float64)
+    """Text of a 1-D or 2-D tensor with a fixed number of decimals.
+
+    A small negative number keeps its sign (-0.004 prints ``-0.00``, as ``print`` would), but a residue of
+    rounding, far below the dtype's precision relative to the largest entry, prints as an exact 0: its sign
+    depends on the order the machine's BLAS adds the products in, not on the maths.
+    """
+    t = torch.as_tensor(values).detach()
+    finite = t[t.isfinite()].abs() if t.is_floating_point() else t.new_zeros(0)
+    residue = 64 * torch.finfo(t.dtype).eps * finite.max().item() if finite.numel() else 0.0
+    t = t.to(torch.float64)
+    t = torch.where(t.abs() <= residue, torch.zeros_like(t), t)
     rows = t.reshape(1, -1) if t.ndim == 1 else t
     width = max(len(f"{v:.{decimals}f}") for v in rows.flatten().tolist()) + 1
     lines = []

@@ -63,9 +63,21 @@ def test_worked_example_recomputes_the_sources_printed_scores():
     printed = torch.tensor(dot.SOURCE_RAW_SCORES, dtype=torch.float64)
     assert (S - printed).abs().max() < 1e-12  # one-decimal inputs: the two-decimal table is exact
     assert dot.format_matrix(S[0], 2).split() == ["0.70", "0.14", "-0.14", "0.51"]
-    assert dot.format_matrix(S[3], 2).split() == ["0.60", "-0.00", "0.02", "1.00"]
+    # S[3, 1] is exactly 0: the machine's BLAS leaves a residue of either sign (±1e-17); it prints as 0.00 on every machine
+    assert dot.format_matrix(S[3], 2).split() == ["0.60", "0.00", "0.02", "1.00"]
     assert S.argmax(dim=-1).tolist() == [0, 1, 2, 3]
     assert [round(c, 2) for c in F.cosine_similarity(Q, K, dim=-1).tolist()] == [0.95, 0.96, 0.96, 0.96]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_format_matrix_prints_a_rounding_residue_as_zero_but_keeps_a_small_negative(dtype):
+    eps = torch.finfo(dtype).eps
+    for residue in (eps, -eps, 1e-17, -1e-17):
+        assert dot.format_matrix(torch.tensor([1.0, residue], dtype=dtype), 2).split() == ["1.00", "0.00"]
+    assert dot.format_matrix(torch.tensor([1.0, -0.004], dtype=dtype), 2).split() == ["1.00", "-0.00"]
+    assert dot.format_matrix(torch.tensor([[-0.0, float("-inf")], [float("nan"), 0.5]], dtype=dtype), 1).split() == [
+        "0.0", "-inf", "nan", "0.5"]
+    assert dot.format_matrix(torch.tensor([3, -1]), 0).split() == ["3", "-1"]
 
 
 def test_worked_example_later_steps_match_the_source_too():
