@@ -1,9 +1,6 @@
-"""Checks for notebook 01 (queries, keys and the dot product).
-
-Each check runs the learner's function on its cases (square and not, batched up to five axes, size-1 axes, float32
-and float64, large values, zero vectors, a given ``eps``) with the kit's :func:`~.kit.judge_cases`, which compares
-every result with PyTorch and names a row of the check's table of known mistakes, or measures a wrong result; what
-only this notebook measures is the right scores in another order (:func:`_wrong_order`).
+"""Checks for notebook 01 (queries, keys and the dot product): each runs the learner's function on its cases with the
+kit's :func:`~.kit.judge_cases` over the check's table of known mistakes; what only this notebook measures is the right
+scores in another order (:func:`_wrong_order`).
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ def table(*rows: tuple) -> list:
 
 
 def judge(fn: Learner, cases: Sequence[Case], rows: list, **words) -> None:
-    """:func:`~.kit.judge_cases` with this notebook's tags, and a 1-D result that holds the right scores in another
-    order named as such."""
+    """:func:`~.kit.judge_cases` with this notebook's tags, naming a 1-D result of the right scores in another order."""
     def in_order(i: int, values: list, tried: str) -> None:
         a, e, tol = values[i].detach().double(), cases[i].expected, cases[i].atol
         if a.ndim == 1 and a.numel() > 1 and values[i].is_floating_point() and not torch.isnan(a).any() and \

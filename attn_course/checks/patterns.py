@@ -1,10 +1,6 @@
-"""Checks for notebook 08 (reading attention): the five per-query pattern metrics, each taking weights (..., n_q, n_k)
-and returning one value per query, (..., n_q), as tensors.
-
-Oracle: :mod:`attn_course.patterns` in float64. Each metric's known mistakes are :class:`~.kit.Known` rows,
-``make(w, mask)`` on the float64 weights, judged by one :class:`~.kit.Suspects` per run. The first case (row maxima
-that differ from row to row and from the matrix's maximum) sets them apart; batches, masks, non-square and size-1
-inputs follow.
+"""Checks for notebook 08 (reading attention): five per-query metrics of weights (..., n_q, n_k), each judged against
+:mod:`attn_course.patterns` in float64 by one :class:`~.kit.Suspects` over its :class:`~.kit.Known` rows (``make(w,
+mask)``). The first case (row maxima that differ from row to row and from the matrix's maximum) sets them apart.
 """
 
 from __future__ import annotations
@@ -50,9 +46,8 @@ def _general(*, extremes: bool) -> dict:
 
 
 def _cases(*, square_only: bool = False, single_key: bool = True, masks: bool = False, extremes: bool = False) -> list[dict]:
-    """Weights to measure: the general case first, exact zeros above a causal diagonal, a batch with one-hot and
-    uniform rows, non-square, size-1 axes, a single key; with ``masks``, the masks that made them (and mask shapes
-    that broadcast), a fully masked row and allowed keys whose weight is exactly 0."""
+    """Weights to measure, the general case first; with ``masks``, the masks that made them, masks that broadcast, a
+    fully masked row and allowed keys whose weight is exactly 0."""
     gen = torch.Generator().manual_seed(8)
     causal = causal_mask(6)
     batch = _rows((2, 3, 5, 5), gen)
@@ -128,11 +123,8 @@ def _raise_hint(exc: LearnerRaised, what: str, shape: tuple[int, ...], mask, ran
 def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle: Callable, *,
            factors_of: Callable[[int, int], dict[str, float]] | None = None,
            explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> None:
-    """One metric's check: the learner called on each case, every answer judged by one :class:`~.kit.Suspects` over
-    the metric's table (``make(w, mask)``, w in float64) and rounded values, ``factors_of(n_q, n_k)`` naming a constant
-    factor. ``explain(failure, out, case)`` adds what a measurement shows when no known mistake and no probe of the
-    comparison layer names a cause; the shapes that ran help read a later exception. Once every case matches, the
-    weights (and the mask) must come back unchanged."""
+    """One metric's check: every answer judged by one :class:`~.kit.Suspects` over ``table`` and rounded values;
+    ``explain(failure, out, case)`` adds a measurement when nothing names a cause; then the inputs unchanged."""
     rounded = Known("rounded", "rounded to whole numbers", "your values are the right ones rounded to integers "
                     "(.round(), .long(), // or an integer tensor along the way)", "keep the values as floats: no "
                     "rounding, no integer division", lambda w, mask: oracle(w, mask).round())
@@ -180,8 +172,7 @@ def _guarded(h: torch.Tensor, k: torch.Tensor, log=torch.log) -> torch.Tensor:
 
 
 def _explain_with_simple_rows(fn: Learner, oracle, what: str) -> Callable[[Failure, torch.Tensor, dict], bool]:
-    """An explanation in numbers a learner checks by hand: what the metric gives on four rows whose answers are known
-    (one-hot, uniform over 4 keys, half on 2 keys, 0.7 on one key), summarised by the first one it gets wrong."""
+    """An explanation in numbers a learner checks by hand: the metric on four rows whose answers are known."""
     rows = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4, [0.5, 0.5, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
     names = ("a one-hot row", "a row uniform over 4 keys", "a row of 0.5, 0.5, 0, 0", "a row of 0.7, 0.1, 0.1, 0.1")
     num = lambda x: "NaN" if x != x else f"{x + 0.0:.4g}"  # noqa: E731 - (+ 0.0: no "-0")

@@ -154,9 +154,9 @@ def _mask_axis_added(w: torch.Tensor, case: Case, tried: str) -> None:
                  fix="use the mask as it is: any mask that broadcasts to (…, n_q, n_k) works unchanged")
 
 
-def _random(fn: Learner, case: Case, tried: str, first: torch.Tensor, calls: int = 3) -> None:
-    """Fail when one of ``calls`` more calls gives other weights (dropout with a small p may keep all once)."""
-    for _ in range(calls):
+def _random(fn: Learner, case: Case, tried: str, first: torch.Tensor) -> None:
+    """Fail when one of three more calls gives other weights (dropout with a small p may keep all once)."""
+    for _ in range(3):
         w = kit.unpack(_call(fn, case, tried)[0], ("output", "weights"), tried=tried)[1]
         if tuple(w.shape) == tuple(first.shape) and not same(w, first, atol=0.0, rtol=0.0):
             fail("different results for the same input", tried=tried + ", more than once", got="calls with the same "

@@ -1,5 +1,4 @@
-"""Notebook 05's attention cases and their oracle: 12 cases of (Q, K, V, mask), judged against
-``F.scaled_dot_product_attention`` (the weights: its output with V = I)."""
+"""Notebook 05's 12 attention cases and their oracle F.scaled_dot_product_attention (the weights: its output, V = I)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 
-# ============================================================================ cases and oracle
 @dataclass
 class Case:
     name: str

@@ -42,7 +42,8 @@ _WEAK = ("a fill value too weak for these scores", "you filled blocked scores wi
          "scores of ±3·10⁴ it is not 'minus infinity', so blocked keys still get weight",
          "fill with float('-inf') (or torch.finfo(scores.dtype).min)")
 _NAIVE = ("softmax without subtracting the maximum", "your softmax exponentiates the raw scores: e^1000 overflows to "
-          "inf and e^-1000 underflows to 0, and inf/inf or 0/0 is NaN", "subtract each row's maximum before exp, or use torch.softmax")
+          "inf and e^-1000 underflows to 0, and inf/inf or 0/0 is NaN",
+          "subtract each row's maximum before exp, or use torch.softmax")
 _ADDED = ("bool mask added to the scores", f"fill the blocked scores with -inf: {MASK_FIX}")
 _FILLS = (-1e4, -1e3, -1e5, -1e2)
 _NOKEEPDIM = "without keepdim=True: shape (..., n_q) lines up with the keys' axis, so"
@@ -202,14 +203,14 @@ def structure(w: torch.Tensor, case: Case, tried: str, passed_dks: set[int]) -> 
     if torch.isnan(w).any():
         nan_rows = torch.isnan(w).any(-1)  # (..., n_q)
         where = f"NaN in {int(nan_rows.sum())} of {nan_rows.numel()} rows"
+        limit = math.log(torch.finfo(scaled.dtype).max)  # e^x overflows above it
         if torch.equal(nan_rows, torch.isinf(torch.exp(scaled.masked_fill(~allowed, -math.inf))).any(-1)):
             fail("NaN where exp overflowed", tried=tried, got=f"{where}: exactly the rows with an allowed score above "
-                 f"{fmt(math.log(torch.finfo(scaled.dtype).max))}, where e^score is inf", expected=_FINITE,
-                 cause=_NAIVE[1], fix=_NAIVE[2])
+                 f"{fmt(limit)}, where e^score is inf", expected=_FINITE, cause=_NAIVE[1], fix=_NAIVE[2])
         spread = scaled.masked_fill(~allowed, -math.inf).amax(-1) - scaled.masked_fill(~allowed, math.inf).amin(-1)
-        if torch.equal(nan_rows, spread > math.log(torch.finfo(scaled.dtype).max)):
+        if torch.equal(nan_rows, spread > limit):
             fail("NaN where exp overflowed after a shift by the minimum", tried=tried, got=f"{where}: exactly the rows "
-                 f"whose allowed scores span more than {fmt(math.log(torch.finfo(scaled.dtype).max))}", expected=_FINITE,
+                 f"whose allowed scores span more than {fmt(limit)}", expected=_FINITE,
                  cause="you subtracted each row's minimum, not its maximum: in a row whose scores span more than "
                  "that, the largest shifted score overflows e^x to inf, and inf/inf is NaN",
                  fix="subtract each row's maximum: scores.amax(dim=-1, keepdim=True)")

@@ -1,5 +1,4 @@
-"""check_score_matrix_bytes: every case runs first; a wrong formula is named only when it fits them all, else the
-bytes per entry or a constant factor are measured."""
+"""check_score_matrix_bytes: a wrong formula is named only when it fits every case, else what is off is measured."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from ..compare import Failure
 from ..core import Learner, as_tensor, check, fail
 
 
-# ============================================================================ score matrix bytes
 #: (n, batch, heads, dtype); None: the call leaves batch, heads and dtype at their defaults (1, 1, float32).
 _BYTE_CASES = [(6, 1, 1, torch.float32), (10, 3, 5, torch.float16), (7, 3, 1, torch.float64), (5, 1, 2, torch.bfloat16),
                (4096, 1, 12, torch.float16), (1, 1, 1, torch.float32), (9, 6, 7, torch.float64), (11, None, None, None),

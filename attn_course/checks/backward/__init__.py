@@ -2,16 +2,10 @@
 tiled_attention_backward.
 
 Oracle: autograd through ``F.scaled_dot_product_attention`` in float64 (from PyTorch 2.5 on it gives a fully
-masked row a zero output and zero gradients, the course's convention). Cases vary every argument: masks,
-fully masked rows, causal or not, blocks that do and do not divide n_q and n_k, batch and head axes,
-d_k ≠ d_v, size-1 axes, float32, scores and upstream gradients far from 1.
-
-Mistakes: one backward, :func:`_variant`, written once with a switch per known bug; each bug is a
-:class:`~..kit.Known` row (:data:`TEXT`) that a :class:`~..kit.Suspects` engine tries on the three gradients at
-once. When no row reproduces an answer the check measures it: a wrong scale (fitted), which line of the
-chain rule is wrong (the right gradients pin dS down), zero rows, float32 precision, then the difference.
-What outputs cannot show (an n × n tensor, the tile size, skipped causal tiles, autograd) is measured on
-the learner's side by the probe ``backward.watch``; only plain numbers come back.
+masked row a zero output and zero gradients, the course's convention). Mistakes: one backward with a switch per
+known bug (:mod:`.mistakes`), tried on the three gradients at once by a :class:`~..kit.Suspects`; what no row
+reproduces is measured (:mod:`.judge`). What outputs cannot show (an n × n tensor, the tile size, skipped causal
+tiles, autograd) is measured on the learner's side by the probes of :mod:`.probes`.
 """
 
 from __future__ import annotations

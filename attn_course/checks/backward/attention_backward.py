@@ -55,11 +55,10 @@ def _backward_raised(exc: LearnerRaised, q: torch.Tensor, mask: Any) -> dict:
 
 @check("attention_backward", expects="a function attention_backward(q, k, v, dout, mask=None) returning (dq, dk, dv)")
 def check_attention_backward(fn: Learner) -> str:
-    cases = _backward_cases()
+    cases, inputs = _backward_cases(), ("q", "k", "v", "dout")
     case = cases[1]  # first, what the code does besides its result: autograd, or writes into an input
     watch_and_forbid(fn, f"attention_backward(q, k, v, dout) on {case['name']}, watching the functions it calls",
-                     case["q"], case["k"], case["v"], case["dout"], what="attention_backward",
-                     inputs=("q", "k", "v", "dout"))
+                     *(case[x] for x in inputs), what="attention_backward", inputs=inputs)
     suspects = Suspects(table(NAIVE + MASKED, naive), atol=1e-6, rtol=1e-4)
     for case in cases:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
@@ -76,5 +75,3 @@ def check_attention_backward(fn: Learner) -> str:
               "masked_softmax(scores, mask), which is stable and gives a fully masked row zero weights")
     return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (masks, fully masked rows, "
             f"batch × heads, d_k ≠ d_v, size-1 axes, float32, saturated scores)")
-
-

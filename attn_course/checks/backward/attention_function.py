@@ -18,16 +18,15 @@ from .probes import WATCHED
 _BACKWARD_COUNT = ("the backward returns one gradient per input of forward, in order: for forward(ctx, q, k, v, mask) "
                    "that is four, the last one None because a bool mask has no gradient")
 _FORWARD_FIX = "forward returns softmax(q kᵀ/√d_k) v with the course's masked_softmax: shape (..., n_q, d_v)"
-_SAVE = ("ctx.save_for_backward takes tensors (or None) only",
-         "keep other values as attributes of ctx (ctx.scale = scale) and save only tensors")
 _APPLY_RAISES = [
     ("RuntimeError", "incorrect number of gradients", _BACKWARD_COUNT, "return dq, dk, dv, None"),
     ("RuntimeError", "invalid gradient at index", "a gradient from your backward does not have its input's shape: "
      "backward returns them in the order forward takes its inputs, (q, k, v, mask)", "return dq, dk, dv, None"),
     ("RuntimeError", r"Mismatch in shape: grad_output\[0\]", "the output of your forward does not have the attention "
      "output's shape (..., n_q, d_v)", _FORWARD_FIX),
-    ("TypeError", "save_for_backward can only save", *_SAVE),
-    ("RuntimeError", "save_for_backward can only save", *_SAVE),
+    *[(kind, "save_for_backward can only save", "ctx.save_for_backward takes tensors (or None) only",
+       "keep other values as attributes of ctx (ctx.scale = scale) and save only tensors")
+      for kind in ("TypeError", "RuntimeError")],
     MATMUL]
 #: Mistakes of the forward: rows of :data:`TEXT`, with the causes that differ there.
 _FORWARD_CAUSE = {"unscaled_all": "your forward computes softmax(q kᵀ) v without the 1/√d_k",
@@ -97,8 +96,8 @@ def check_AttentionFunction(fn: Learner) -> str:
                         fix="def forward(ctx, q, k, v, mask=None)") if (
                 exc.type_name == "TypeError" and "positional argument" in exc.message and exc.phase == "call") else {}
             fail_raised(exc, tried, "the attention output, then its gradients", _APPLY_RAISES, **hint)
-        raw, out = out, as_tensor(out, tried=tried, what="forward", expected="the attention output, one tensor (..., "
-                                                                              "n_q, d_v)")
+        raw, out = out, as_tensor(out, tried=tried, what="forward",
+                                  expected="the attention output, one tensor (..., n_q, d_v)")
         _expect_output(out, case, tried)
         if grads is None:  # apply connects every tensor forward returns to the graph: this output is not a tensor
             kind = "a NumPy array" if type(raw).__module__ == "numpy" else f"a {type(raw).__name__}"
@@ -156,5 +155,3 @@ def check_AttentionFunction(fn: Learner) -> str:
              else "compare your backward's formulas with the exercise's, line by line")
     return (f"forward and backward match autograd through F.scaled_dot_product_attention on {len(cases)} cases "
             f"(masks, a fully masked row) and with two calls in one graph; the backward is by hand; gradcheck passes")
-
-

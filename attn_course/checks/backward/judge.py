@@ -269,6 +269,3 @@ def fail_raised(exc: LearnerRaised, tried: str, expected: str, patterns=(), **hi
     """Fail with the learner's exception, explained by ``hint`` or else by a pattern of this topic."""
     hint = hint or explain_raise(exc, (), patterns)
     raise Failure(learner_error(exc, tried=tried, expected=expected, **hint)) from None
-
-
-

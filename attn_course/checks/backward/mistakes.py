@@ -316,4 +316,3 @@ def flat(grads) -> torch.Tensor:
 def table(keys, grads: Callable[..., tuple]) -> list[Known]:
     """Known rows for ``keys``: each makes the three gradients of ``grads(*case, bug=key)``, flattened."""
     return [Known(key, *TEXT[key], lambda *case, key=key: flat(grads(*case, bug=key))) for key in keys]
-

@@ -20,9 +20,8 @@ WATCHED = {"grad": "torch.autograd.grad", "backward": ".backward()", "vjp": "a v
 
 @probe("backward.watch")
 def _watch_probe(obj: Callable[..., Any], *args: Any, **kwargs: Any) -> dict:
-    """``obj(*args, **kwargs)`` once under :class:`~..kit.Watch`; back come the largest tensor storage and its shape,
-    the FLOPs of matrix products, what went through exp, the watched functions called (``calls``) and the positions
-    of tensor arguments it wrote into (``changed``). The result itself is dropped."""
+    """``obj(*args, **kwargs)`` once under :class:`~..kit.Watch`: what it created and computed, the watched functions
+    it called (``calls``) and the tensor arguments it wrote into (``changed``); its result is dropped."""
     before = [(i, a.clone()) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     report = watch(obj, *args, **kwargs)
     return {"changed": [i for i, copy in before if not torch.equal(args[i], copy)], "flops": int(report["flops"]),
@@ -86,4 +85,3 @@ def watch_and_forbid(fn: Learner, tried: str, *args: Any, what: str, inputs: tup
         forbid(fn.observe("backward.watch", *args, **kwargs), tried, what=what, inputs=inputs)
     except LearnerRaised:
         pass
-

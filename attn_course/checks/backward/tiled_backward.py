@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ...backward import tiled_attention_forward
 from ..compare import fail, same
 from ..core import Learner, LearnerRaised, check
 from ..kit import Suspects, call_explained
@@ -25,8 +26,6 @@ _TILE_RAISES = [
 
 
 def _tiled_cases() -> list[dict]:
-    from ...backward import tiled_attention_forward
-
     g = torch.Generator().manual_seed(13)
     cases = []
     for name, lead, n, m, d, dv, block, causal, *extra in [
@@ -58,7 +57,7 @@ def _tiled_cases() -> list[dict]:
         o, lse = tiled_attention_forward(q.double(), k.double(), v.double(), 16, causal=causal)
         cases.append(dict(name=name, q=q, k=k, v=v, o=o.to(dtype), lse=lse.to(dtype), dout=dout, block=block,
                           causal=causal, dtype=dtype, extreme=extreme, pass_block="default_block" not in extra,
-                          explicit_false="explicit_false" in extra))
+                          explicit_false="explicit_false" in extra, expected=oracle(q, k, v, dout, causal=causal)[1]))
     return cases
 
 
@@ -102,8 +101,7 @@ def check_tiled_attention_backward(fn: Learner) -> str:
         full = any(c["q"].shape[-2] % c["block"] == 0 == c["k"].shape[-2] % c["block"] for c in cases[:index])
         got = unpack_grads(_call_tiled(fn, case, tried, full_blocks_passed=full), tried)
         args = (*(case[x] for x in inputs), case["block"], case["causal"])
-        judge(suspects, got, oracle(case["q"], case["k"], case["v"], case["dout"], causal=case["causal"])[1], args,
-              tried=tried, dtype=case["dtype"], grads=tiled,
+        judge(suspects, got, case["expected"], args, tried=tried, dtype=case["dtype"], grads=tiled,
               nan_cause="your gradients were finite on every earlier case, so exp overflowed on scores this large"
               if case["extreme"] else "", nan_fix="exponentiate S − L in one step, torch.exp(s - lse[..., "
               "q_start:q_end, None]), and give blocked scores −∞ before exp (or select with torch.where after it)")
@@ -124,8 +122,7 @@ def _check_delta_from_o(fn: Learner, case: dict) -> None:
     tol = tolerance(expected, case["dtype"])
     if all(same(a, b, **tol) for a, b in zip(got, expected)):
         return
-    if all(same(a, b, **tol) for a, b in zip(got, oracle(case["q"], case["k"], case["v"], case["dout"],
-                                                        causal=case["causal"])[1])):
+    if all(same(a, b, **tol) for a, b in zip(got, case["expected"])):
         fail("D not computed from o", tried=tried,
              got="the same gradients as with the forward's o: your result does not depend on o",
              expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o)",
@@ -141,8 +138,6 @@ def _check_delta_from_o(fn: Learner, case: dict) -> None:
 def _watch_big(fn: Learner) -> dict:
     """The watch probe's reports (with what was tried) at n = BIG_N, causal and not; fails on an n × n tensor,
     autograd, an input written into."""
-    from ...backward import tiled_attention_forward
-
     g = torch.Generator().manual_seed(14)
     q, k, v, dout = (rand(g, 1, BIG_N, BIG_D) for _ in range(4))
     o, lse = tiled_attention_forward(q, k, v, 256)

@@ -113,9 +113,8 @@ _SPARSE_TABLE = variants(_sparse_tiles, [
 
 
 def _sparse_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
-    """Fail with what the query blocks show: right exactly where one key block is kept, or only some wrong; else
-    with what the learner's function gives when each query block keeps one key block only (its first): right
-    there means the tiles are combined wrongly, wrong there means one tile's own work is wrong."""
+    """Fail with what the query blocks show; else with the learner's result when each query block keeps its first key
+    block only: right there, the tiles are combined wrongly; wrong there, one tile's own work is wrong."""
     q, k, v, layout, b = case
     right = blocks_right(out, expected, b)
     if right is None:

@@ -1,6 +1,5 @@
-"""What notebook 13's checks share: their cases drawn (q, k, v), the verdict at the input dtype's tolerance,
-what a measurement of a wrong answer shows (which rows or blocks are right), and the probe :func:`work` with
-the test built on it (no (n, n) matrix)."""
+"""What notebook 13's checks share: cases drawn, the verdict at the input dtype's tolerance, which rows or blocks
+are right, and the probe :func:`work` with the test built on it (no (n, n) matrix)."""
 
 from __future__ import annotations
 
@@ -34,9 +33,8 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
 def expect_close_at_dtype(suspects: Suspects, out: Tensor, expected: Tensor, case: tuple, *, tried: str,
                           measured: Callable[[Failure], None] | None = None, normaliser: str = "",
                           **compare: Any) -> None:
-    """The engine's verdict at the tolerance of the input's dtype (``case[0]``); a float64 answer right only to
-    float32's precision is named; then ``measured`` may name what a measurement of the answer shows. Last, the
-    result must have the input's dtype."""
+    """The engine's verdict at the input's dtype's tolerance, naming a float64 answer right only to float32's
+    precision (else ``measured`` may say more); then the result must have the input's dtype."""
     dtype = case[0].dtype
     try:
         suspects.expect(out, expected, case, tried=tried, **tolerance(dtype), **compare)
@@ -64,8 +62,8 @@ _DTYPE_FIX = "create every tensor with the input's dtype (dtype=q.dtype, or *_li
 
 
 def _row_factors(out: Tensor, expected: Tensor, failure: Failure, normaliser: str) -> None:
-    """Fail with a cause when each row of ``out`` is its expected row times a factor of its own, near 1 and not the
-    same for every row (float32 rounding differs entry by entry): the divisor of each row is slightly off."""
+    """Fail when each row of ``out`` is its expected row times its own factor near 1 (float32 rounding would differ
+    entry by entry): the divisor of each row is slightly off."""
     ratio = out.double() / expected
     if not normaliser or expected.shape[-1] < 2 or not bool(torch.isfinite(ratio).all()):
         return
@@ -84,8 +82,7 @@ def rows_right(out: Tensor, expected: Tensor) -> Tensor:
 
 
 def blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
-    """For each block of ``size`` rows (the last may be shorter): are all its rows right in every batch entry?
-    None if the shapes differ."""
+    """For each block of ``size`` rows: are all its rows right in every batch entry? None if the shapes differ."""
     if tuple(out.shape) != tuple(expected.shape):
         return None
     right = rows_right(out, expected).reshape(-1, out.shape[-2]).all(0)  # (n,)
@@ -95,9 +92,8 @@ def blocks_right(out: Tensor, expected: Tensor, size: int) -> list[bool] | None:
 # ============================================================================ the probe: what the code builds
 @probe("beyond.work")
 def work(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
-    """Learner-side: run ``fn(*args)`` under :class:`~..kit.Watch` and report the torch functions it called
-    (``ops``), the shapes of the floating-point tensors it built (``shapes``), the shapes its matrix products
-    returned with counts (``products``) and their FLOPs (``flops``)."""
+    """Learner-side: ``fn(*args)`` under :class:`~..kit.Watch`: its torch calls (``ops``), the shapes of the floating
+    tensors it built (``shapes``), its matrix products' shapes and counts (``products``) and FLOPs (``flops``)."""
     return watch(fn, *args)
 
 

@@ -24,8 +24,7 @@ def _elu1(x: Tensor) -> Tensor:
 
 def _kernel(fq: Tensor, fk: Tensor, v: Tensor, *, causal: bool = False, future: bool = False,
             normalise: bool = True) -> Tensor:
-    """A v / rowsum(A) in float64, A = fq fkᵀ, masked to the past (j ≤ i) when causal, to the future (j ≥ i) when
-    ``future``."""
+    """A v / rowsum(A) in float64, A = fq fkᵀ, masked to j ≤ i when causal, to j ≥ i when ``future``."""
     a = fq.double() @ fk.double().transpose(-2, -1)  # (..., n_q, n_k)
     if causal or future:
         ones = torch.ones(a.shape[-2:], dtype=torch.float64)
@@ -53,8 +52,7 @@ _MAPS: list[tuple[str, str, Callable[[Tensor], Tensor]]] = [
 
 
 def _phi_table(causal: bool) -> list[Known]:
-    """Kernel attention with a wrong feature map on the queries, on the keys, or on both; and with q (and k)
-    scaled by 1/√d_k as softmax attention would."""
+    """Kernel attention with a wrong feature map on q, on k or on both; or with q (and k) scaled by 1/√d_k."""
     found = []
     for what, why, phi in _MAPS:
         positive = not what.startswith(("elu(x) without", "no feature", "elu(x) −", "x + 1"))
@@ -80,6 +78,13 @@ _MUL_CAUSE = ("you multiplied by the normaliser φ(q)ᵀ Σ φ(k) instead of div
 _ONES_CAUSE = ("you created the {what} with torch.ones instead of torch.zeros, so it starts with a sum of 1s before "
                "any key is added and every position sees keys that do not exist")
 _MUL_FIX = "divide: out = numerator / normaliser"
+#: Rows the recurrence and the chunkwise form share: the states started at ones, the normaliser multiplied.
+_ONES_C = ("ones_C", "state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)")
+_ONES_U = ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
+           "start from u = torch.zeros(…)")
+_ONES = ("ones", "states C and u start at ones", _ONES_CAUSE.format(what="state C and the normaliser state u").replace(
+    "so it starts", "so each starts"), "start from C = torch.zeros(…) and u = torch.zeros(…)")
+_MUL = ("mul", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX)
 
 
 # ============================================================================ exercise 1: linear attention
@@ -132,13 +137,17 @@ def check_linear_attention(fn: Learner) -> str:
 _RECUR_FIX = ("for t = 0 … n − 1: first C = C + φ(k_t) v_tᵀ and u = u + φ(k_t), then out_t = φ(q_t)ᵀ C / φ(q_t)ᵀ u")
 
 
+def _start(fq: Tensor, v: Tensor, mistake: str, *u_shape: int) -> tuple[Tensor, Tensor]:
+    """The states C (d_k × d_v) and u (d_k, ``*u_shape``): zeros, or ones under the mistakes that start them so."""
+    zeros_or_ones = lambda *keys: torch.ones if mistake in keys else torch.zeros  # noqa: E731
+    return (zeros_or_ones("ones", "ones_C")(fq.shape[:-2] + (fq.shape[-1], v.shape[-1]), dtype=torch.float64),
+            zeros_or_ones("ones", "ones_u")(fq.shape[:-2] + (fq.shape[-1], *u_shape), dtype=torch.float64))
+
+
 def _recurrence(q: Tensor, k: Tensor, v: Tensor, mistake: str = "") -> Tensor:
     """The recurrence in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
-    state = (torch.ones if mistake in ("ones", "ones_C") else torch.zeros)(
-        fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
-    norm = (torch.ones if mistake in ("ones", "ones_u") else torch.zeros)(fq.shape[:-2] + (fk.shape[-1],),
-                                                                        dtype=torch.float64)
+    state, norm = _start(fq, v, mistake)
     rows = []
     for t in range(fq.shape[-2]):
         before, before_norm = state, norm
@@ -174,14 +183,10 @@ _CAUSAL_TABLE = variants(_recurrence, [
      "(u is accumulated), so the numerator of position t only sees key t", _RECUR_FIX),
     ("reset_u", "normaliser state u not accumulated", "you set u to φ(k_t) at every step instead of adding it to "
      "u_{t−1} (C is accumulated), so the normaliser of position t only counts key t", _RECUR_FIX),
-    ("ones_C", "state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)"),
-    ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
-     "start from u = torch.zeros(…)"),
-    ("ones", "states C and u start at ones", _ONES_CAUSE.format(what="state C and the normaliser state u").replace(
-        "so it starts", "so each starts"), "start from C = torch.zeros(…) and u = torch.zeros(…)"),
+    _ONES_C, _ONES_U, _ONES,
     ("no_phik", "φ(k_t) missing from the state update", "you added v_t to every row of C instead of φ(k_t) v_tᵀ, so "
      "the numerator weighs every earlier value by the sum of φ(q_t), not by φ(q_t)·φ(k_j)", _RECUR_FIX),
-    ("mul", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX),
+    _MUL,
     ("no_phiq", "normaliser without φ(q_t)", "you divided by the sum of u_t's entries (Σ_{j ≤ t} of every feature of "
      "φ(k_j)) instead of the dot product φ(q_t)ᵀ u_t", "divide by (φ(q_t) * u).sum(dim=-1, keepdim=True)"),
     ("no_u", "normaliser without u_t", "you divided by the sum of φ(q_t)'s entries instead of the dot product "
@@ -214,8 +219,7 @@ _CAUSAL_CASES = [
 
 def _run_causal(fn: Learner, name: str, table: list[Known], seed: int, *, chunked: bool, fix: str) -> None:
     """The learner on every case of ``_CAUSAL_CASES`` (with its chunk size when ``chunked``) against causal kernel
-    attention computed densely. A failure no known mistake explains is measured: are exactly the rows a loop
-    over d_k covers right (:func:`_loop_bound`)? and for chunks, which chunks are wrong (:func:`_chunks_measured`)?"""
+    attention computed densely; a failure no known mistake explains is measured."""
     suspects = Suspects(table)
     for i, (label, (lead, n, d_k, d_v), scale, c) in enumerate(_CAUSAL_CASES):
         q, k, v = qkv(lead, n, n, d_k, d_v, seed + i, scale=scale, dtype=dtype_of(label))
@@ -235,8 +239,7 @@ def _run_causal(fn: Learner, name: str, table: list[Known], seed: int, *, chunke
 
 
 def _loop_bound(failure: Failure, out: Tensor, expected: Tensor, d_k: int, c: int) -> None:
-    """Fail with a cause when exactly the rows a loop over range(0, d_k, c) covers are right: the loop's bound
-    is the feature axis, q.shape[-1], not the positions."""
+    """Fail when exactly the rows a loop over range(0, d_k, c) covers are right: a bound of q.shape[-1], not n."""
     n = expected.shape[-2]
     done = min(n, -(-d_k // c) * c)
     if done >= n or tuple(out.shape) != tuple(expected.shape):
@@ -272,11 +275,7 @@ _CHUNK_FIX = ("for each chunk [s, e): A = (φ(q_c) φ(k_c)ᵀ) with the lower tr
 def _chunked(q: Tensor, k: Tensor, v: Tensor, c: int, mistake: str = "") -> Tensor:
     """The chunkwise form in float64 with one mistake switched on."""
     fq, fk, v = _elu1(q), _elu1(k), v.double()
-    n = fq.shape[-2]
-    state = (torch.ones if mistake in ("ones", "ones_C") else torch.zeros)(
-        fq.shape[:-2] + (fk.shape[-1], v.shape[-1]), dtype=torch.float64)
-    norm = (torch.ones if mistake in ("ones", "ones_u") else torch.zeros)(fq.shape[:-2] + (fk.shape[-1], 1),
-                                                                        dtype=torch.float64)
+    n, (state, norm) = fq.shape[-2], _start(fq, v, mistake, 1)
     out = torch.zeros(fq.shape[:-1] + (v.shape[-1],), dtype=torch.float64)
     for s in range(0, n - n % c if mistake == "tail" else n, c):
         a_q, a_k, a_v = fq[..., s:s + c, :], fk[..., s:s + c, :], v[..., s:s + c, :]
@@ -323,15 +322,12 @@ _CHUNK_TABLE = variants(_chunked, [
      "v_c instead of adding it (u is accumulated)", _CHUNK_FIX),
     ("reset_u", "normaliser state u not accumulated: only the previous chunk carried", "you set u to the last "
      "chunk's Σ φ(k_c) instead of adding it (C is accumulated)", _CHUNK_FIX),
-    ("ones_C", "state C starts at ones", _ONES_CAUSE.format(what="state C"), "start from C = torch.zeros(…)"),
+    _ONES_C,
     ("no_own", "the chunk's own keys missing from the numerator", "the numerator is only φ(q_c) C (the earlier "
      "chunks): A v_c, the chunk's own masked part, is left out while the normaliser counts it", _CHUNK_FIX),
     ("elementwise", "A * v_c instead of A @ v_c", "you multiplied A and v_c entry by entry (*) where the chunk's own "
      "part is a matrix product (@); the shapes fit only because d_v = chunk_size here", "a @ v_c"),
-    ("ones_u", "normaliser state u starts at ones", _ONES_CAUSE.format(what="normaliser state u"),
-     "start from u = torch.zeros(…)"),
-    ("ones", "states C and u start at ones", _ONES_CAUSE.format(what="state C and the normaliser state u").replace(
-        "so it starts", "so each starts"), "start from C = torch.zeros(…) and u = torch.zeros(…)"),
+    _ONES_U, _ONES,
     ("colsum", "row sums of A taken over the queries", "you summed A = φ(q_c) φ(k_c)ᵀ over dim=-2 (down its columns, "
      "over the queries) instead of over the keys (along its rows); the (1, c) result + φ(q_c) u (c, 1) even "
      "broadcasts to a (c, c) matrix", "a.sum(dim=-1, keepdim=True)"),
@@ -339,7 +335,7 @@ _CHUNK_TABLE = variants(_chunked, [
      "a.sum(dim=-1) without keepdim=True has shape (c,), which + φ(q_c) u (c, 1) broadcasts to a (c, c) matrix, so "
      "each row is divided by other rows' sums (the shapes fit only because d_v = chunk_size here)",
      "a.sum(dim=-1, keepdim=True)"),
-    ("mul", "multiplied by the normaliser instead of dividing", _MUL_CAUSE, _MUL_FIX),
+    _MUL,
     ("rowmean", "row sums of A as a mean", "you took the mean of each row of A (.mean) instead of its sum, so the "
      "chunk's own keys count 1/c as much in the normaliser", "a.sum(dim=-1, keepdim=True)"),
     ("u_mean", "u grows by the mean of φ(k_c), not the sum", "you added the mean of the chunk's key features "
@@ -359,8 +355,7 @@ _CHUNK_TABLE = variants(_chunked, [
 
 
 def _chunks_measured(fn: Learner, failure: Failure, out: Tensor, expected: Tensor, case: tuple) -> None:
-    """Fail with a cause when only the last, shorter chunk is wrong, or the first chunk is right and every later
-    one wrong; else with what the learner's function gives on the whole sequence as one chunk."""
+    """Which chunks are wrong; else what the learner's function gives on the whole sequence as one chunk."""
     q, k, v, c = case
     n, right = q.shape[-2], blocks_right(out, expected, c)
     if right is None or len(right) < 2:

@@ -1,21 +1,15 @@
 """Checks for notebook 09 (fast attention): ``online_softmax``, ``tiled_attention``, ``causal_tiled_attention``.
 
-Oracles: ``torch.softmax`` and ``F.scaled_dot_product_attention`` (``is_causal``), in float64, on cases that vary
-every argument (block sizes 1, equal to, longer than and not dividing n; 1-D to batch × heads; n_q ≠ n_k, d_k ≠
-d_v; float32 and float64; block maxima that rise, fall and sit hundreds apart). A wrong answer is named by the
-kit's engine from the tables below, each row the algorithm (:class:`Pass`, :class:`Loop`) with one step changed;
-when no row reproduces it, a property of it is measured (:func:`_measure`). How the result is computed is
-checked on the learner's side by the probe :func:`trace`: no torch.softmax or fused attention, every max and sum
-over one block, however written (amax, topk, a product with ones…; online_softmax: one pass, a running m and l
-updated after each block, each block's sum right after its maximum, no block reduced again once the loop has moved
-on), no tensor larger than a tile, nor tiles kept alive until they add up to the score matrix (the memory held at
-once under a quarter of it), the matrix-multiply work of one pass (none above the diagonal).
+Each answer is compared with its float64 oracle on the cases of :mod:`.cases` (every argument varied); a wrong one
+is named by the kit's engine from the tables of :mod:`.mistakes` (the algorithm of :mod:`.steps` with one step
+changed), else by a property measured on it (:mod:`.judge`). How a right answer is computed (in blocks, one pass,
+no tensor larger than a tile, no tile above the diagonal) is measured on the learner's side by the probe
+:func:`trace` (:mod:`.probe`).
 """
 
 from __future__ import annotations
 
 from ..core import Learner, check
-from ..kit import Known
 from .cases import causal_cases, softmax_cases, tiled_cases
 from .judge import run
 from .mistakes import CAUSAL_MISTAKES, SOFTMAX_MISTAKES, SOFTMAX_RAISES, TILED_MISTAKES, TILED_RAISES
@@ -23,7 +17,7 @@ from .probe import attention_structure, softmax_structure, trace
 from .steps import Loop, Pass
 
 __all__ = ["check_online_softmax", "check_tiled_attention", "check_causal_tiled_attention", "trace",
-           "Known", "Pass", "Loop", "SOFTMAX_MISTAKES", "TILED_MISTAKES", "CAUSAL_MISTAKES"]
+           "Pass", "Loop", "SOFTMAX_MISTAKES", "TILED_MISTAKES", "CAUSAL_MISTAKES"]
 
 
 # ============================================================================ the checks

@@ -90,8 +90,7 @@ def softmax_cases() -> tuple[Case, ...]:
 
 def qkv(lead: tuple[int, ...], n_q: int, n_k: int, d_k: int, d_v: int, b: int, seed: int, pattern: str = "mixed",
          dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor, Tensor]:
-    """q, k, v whose scores rise and fall key block by key block (q leans towards the all-ones direction,
-    each key block is shifted along it)."""
+    """q, k, v whose scores rise and fall block by block (q leans to all-ones, each key block shifted along it)."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(*lead, n_q, d_k, generator=g, dtype=torch.float64) + 1.0
     k = torch.randn(*lead, n_k, d_k, generator=g, dtype=torch.float64)

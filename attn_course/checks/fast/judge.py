@@ -24,15 +24,14 @@ _LOOP_FIX = "print m, l and acc after each block on this input and compare them 
 
 
 def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known], raises: Sequence[tuple]) -> None:
-    """The learner on every case (up to an exception), then each answer through the kit's engine. A row is a
-    suspect only if it reproduces every answer after the first wrong one too; before the engine falls back to
-    a generic mismatch, the properties of :func:`_measure` are tried. Right values in the input's dtype: the inputs
-    must come back unchanged (:func:`~.kit.expect_unchanged`, on a small case)."""
+    """Every case through the kit's engine: a row is a suspect only if it also reproduces every answer after the
+    first wrong one; before a generic mismatch, the properties of :func:`_measure`. Then dtypes and unchanged inputs."""
     softmax = exercise == "online_softmax"
+    args, first, what = ("x", "x", "your result") if softmax else ("q, k, v", "q", "your output")
     suspects = Suspects(_remembered(exercise, cases, table), atol=2e-5, rtol=1e-3)  # float32's tolerance
     answers: list[tuple[Case, Tensor, str]] = []
     for case in cases:
-        tried = f"{exercise}({'x' if softmax else 'q, k, v'}, {case.block}) on {case.name}"
+        tried = f"{exercise}({args}, {case.block}) on {case.name}"
         try:
             answers.append((case, as_tensor(fn(*case.args), tried=tried), tried))
         except LearnerRaised as exc:
@@ -47,13 +46,11 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                 (o := k.make(*c.args)) is None or same(a, o, atol=c.atol, rtol=c.rtol) for c, a, _ in answers[i + 1:])]
             if not suspects.suspects(out, case.args):
                 _measure(fn, out, case, tried, softmax)
-        suspects.expect(out, case.expected, case.args, tried=tried, what="your result" if softmax else "your output",
-                        atol=case.atol, rtol=case.rtol, fix=_LOOP_FIX,
-                        oracle="torch.softmax" if softmax else "F.scaled_dot_product_attention")
+        suspects.expect(out, case.expected, case.args, tried=tried, what=what, atol=case.atol, rtol=case.rtol,
+                        fix=_LOOP_FIX, oracle="torch.softmax" if softmax else "F.scaled_dot_product_attention")
     for case, out, tried in answers:  # right values, and no less precise than the input
         given = case.args[0].dtype
         got, want = (str(t).replace("torch.", "") for t in (out.dtype, given))
-        first = "x" if softmax else "q"
         if _PRECISION.get(out.dtype, 0) < _PRECISION[given]:
             fail(f"result in {got} for {want} input", tried=tried,
                  got=f"a {got} result, close to the right values but with {got}'s precision",
@@ -69,8 +66,8 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                  fix=f"computing in a wider dtype is fine; convert the result back at the end: .to({first}.dtype)")
         expect_float64_precision(out, case.expected, tried=tried, what="your result", first=first)
     small = cases[1]  # right values on every case: the inputs must come back as they were given
-    expect_unchanged(fn, small.args, call=f"{exercise}({'x' if softmax else 'q, k, v'}, {small.block})",
-                     name="x" if softmax else "q", shown=small.name, others=() if softmax else ("k", "v"))
+    expect_unchanged(fn, small.args, call=f"{exercise}({args}, {small.block})", name=first, shown=small.name,
+                     others=() if softmax else ("k", "v"))
 
 
 def _right(out: Tensor, case: Case) -> bool:
@@ -81,8 +78,7 @@ _OUTPUTS: dict[tuple[str, str, int], Any] = {}
 
 
 def _remembered(exercise: str, cases: Sequence[Case], table: Sequence[Known]) -> list[Known]:
-    """The table with each row's output on the check's own cases computed once per process (they are fixed;
-    None where the row raises)."""
+    """The table, each row's output on the check's own (fixed) cases computed once per process (None: it raises)."""
     index = {id(c.args[0]): i for i, c in enumerate(cases)}
 
     def once(known: Known) -> Callable[..., Any]:

@@ -158,6 +158,7 @@ CAUSAL_FIX = ("mask, in the tiles that reach above the diagonal, the scores whos
                "query position: s.masked_fill(cols > rows, -inf) with global positions rows = q_start + i, "
                "cols = k_start + j")
 DIAG_FIX = "stop the key loop at the diagonal: range(0, q_end, block_size)"
+_TO_DIAG = "visit key blocks up to and including the diagonal: range(0, q_end, block_size)"
 _C = functools.partial(Loop, causal=True)
 _ALL_KEYS, _EVERY_TILE = (lambda n, b, qs, qe, c: blocks(n, b)), (lambda qs, qe, ks, ke: True)
 _BEFORE_DIAG = (lambda n, b, qs, qe, c: [t for t in blocks(n, b) if t[0] < qs])
@@ -200,15 +201,13 @@ CAUSAL_MISTAKES: list[Known] = [
           "the sequence (an end of n: max( ) where min( ) belongs, or a size larger than block_size), so later blocks "
           "count those keys again", "end each key block at min(k_start + block_size, n)",
           _C(k_blocks=lambda n, b, qs, qe, c: [(s, n) for s, _ in blocks(n, b) if s < qe])),
-    Known("skip_diag", "diagonal tile skipped", _SKIPPED.format("at all (0/0 = NaN)"), DIAG_FIX.replace(
-          "stop the key loop at", "visit key blocks up to and including"), _C(k_blocks=_BEFORE_DIAG)),
-    Known("skip_diag_zeros", "diagonal tile skipped", _SKIPPED.format("(its rows come out as 0)"), DIAG_FIX.replace(
-          "stop the key loop at", "visit key blocks up to and including"), _C(k_blocks=_BEFORE_DIAG, finish=_SAFE_DIV)),
+    *[Known(key, "diagonal tile skipped", _SKIPPED.format(seen), _TO_DIAG, _C(k_blocks=_BEFORE_DIAG, **finish))
+      for key, seen, finish in (("skip_diag", "at all (0/0 = NaN)", {}),
+                                ("skip_diag_zeros", "(its rows come out as 0)", dict(finish=_SAFE_DIV)))],
     Known("skip_diag_after_first", "diagonal tile skipped after the first query block", "your key loop stops "
           "before the diagonal tile (range(0, q_start, …)) in every query block but the first (which would see no key "
           "at all): from the second block on, every query misses the keys of its own block, itself included",
-          DIAG_FIX.replace("stop the key loop at", "visit key blocks up to and including"),
-          _C(k_blocks=lambda n, b, qs, qe, c: [t for t in blocks(n, b) if t[0] < (qs or qe)])),
+          _TO_DIAG, _C(k_blocks=lambda n, b, qs, qe, c: [t for t in blocks(n, b) if t[0] < (qs or qe)])),
     *[Known(k.key, k.summary, k.cause, k.fix, dataclasses.replace(k.make, causal=True)) for k in TILED_MISTAKES],
 ]
 

@@ -1,7 +1,5 @@
-"""How the result is computed, measured on the learner's side by the probe ``fast.trace``: no torch.softmax
-or fused attention, every max and sum over one block (online_softmax: each block's sum right after its maximum, one
-pass: no block reduced again once the loop has moved on), no tensor larger than a tile, tiles not kept alive all
-at once (memory that grows like n, not n²), one pass of work."""
+"""How a right answer is computed, measured by the probe ``fast.trace``: no torch.softmax or fused attention, every
+max and sum over one block, read once; no tensor larger than a tile, nor every tile kept alive; one pass of work."""
 
 from __future__ import annotations
 
@@ -26,10 +24,8 @@ _FOLD = "m_new = max(m, block max); l = l · exp(m − m_new) + Σ exp(block −
 
 @probe("fast.trace")
 def trace(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
-    """Run ``fn(*args)`` under the kit's watcher: the torch functions called (``ops``), the largest tensor
-    created (``largest`` elements, ``shape``), the most bytes held at once (``live_peak``, ``live_shapes``), how
-    many inputs one output of each max or sum combined (``reductions``), which numbers of the first argument
-    they read (``reads``) and the matrix-multiply FLOPs (``flops``). Plain data only."""
+    """``fn(*args)`` under the kit's :class:`~..kit.Watch` (the first argument is the source whose ``reads`` it
+    follows): its report, plain data (ops, largest tensor, bytes held at once, reductions, FLOPs)."""
     watcher = Watch(source=args[0] if args else None, inputs=args)
     with watcher:
         fn(*args)

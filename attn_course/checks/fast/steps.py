@@ -61,12 +61,10 @@ class Pass:
 
 @dataclass(frozen=True)
 class Loop:
-    """The tiled attention loop (FlashAttention-2's forward), each step a parameter; the defaults are right.
-    ``scale(q, k, v, b)``; ``q_blocks(n_q, b)``, ``k_blocks(n_k, b, q_start, q_end, causal)``; a tile's causal
-    mask ``hide(rows, cols, q_start, k_start)`` (global positions), applied where ``masked(qs, qe, ks, ke)``,
-    with ``fill``; ``tile_max``, ``new_max``, ``sum_factor``, ``acc_factor``, ``start`` as in :class:`Pass`;
-    ``prob(s, m)`` the tile's weights; ``acc_update(acc, correction, p, v_block, l_old, l_new)``; ``finish(acc,
-    l)``; ``update_max``: m = m_new after each tile; ``short``: rows never computed are left out."""
+    """The tiled attention loop (FlashAttention-2's forward), each step a parameter (the defaults are right; steps
+    named as in :class:`Pass`). A tile's causal mask ``hide(rows, cols, q_start, k_start)`` takes global positions
+    and applies where ``masked(qs, qe, ks, ke)``; ``acc_update(acc, correction, p, v_block, l_old, l_new)``;
+    ``update_max``: m = m_new after each tile; ``short``: rows never computed are left out."""
 
     scale: Callable[[Tensor, Tensor, Tensor, int], float] = lambda q, k, v, b: q.shape[-1] ** -0.5
     q_blocks: Blocks = blocks

@@ -1,9 +1,7 @@
 """Checks for notebook 11 (attention at inference): KVCache, the two masks, merge_partials and the tiled
-sliding_window_attention. Oracles in float64: ``F.scaled_dot_product_attention``, ``tril(n_k − n_q)`` (what
-``causal_lower_right`` builds) and the merge's definition. When no :class:`~..kit.Known` mistake reproduces a wrong
-answer, the check measures what it can: which keys a query saw, which factor each side of a merge got, in which
-setting (one tile, no window…) the answer goes wrong.
-"""
+sliding_window_attention, against float64 oracles (:mod:`.oracle`). When no known mistake reproduces a wrong answer,
+the check measures what it can: which keys a query saw, which factor each side of a merge got, in which setting
+(one tile, no window…) the answer goes wrong."""
 
 from __future__ import annotations
 

@@ -3,14 +3,15 @@ its known mistakes, and the factor a wrong merge gives each side, measured."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
 
 from ..compare import Failure, describe_mismatch, fmt, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, check, expect_shape, fail
-from ..kit import (Known, Suspects, call_explained, expect_dtype, expect_float64_precision, expect_unchanged,
-                   lower_precision, unpack)
+from ..kit import (Suspects, call_explained, expect_dtype, expect_float64_precision, expect_unchanged,
+                   lower_precision, unpack, variants)
 from .oracle import LOOSE, PATTERNS, tolerance
 
 
@@ -42,8 +43,7 @@ def _merge_variant(a, b, mistake: str = ""):
 _EACH = "l = l_a·exp(m_a − m) + l_b·exp(m_b − m), and the same for acc"
 _MAX = "m = torch.maximum(m_a, m_b)"
 #: A case of merge_partials: (part_a, part_b).
-MERGE = [Known(key, summary, cause, fix, lambda x, y, key=key: _pack(*_merge_variant(x, y, key)))
-         for key, summary, cause, fix in [
+MERGE = variants(lambda x, y, key: _pack(*_merge_variant(x, y, key)), [
     ("none", "merge without rescaling", "you added l_a + l_b and acc_a + acc_b, computed relative to different maxima",
      "rescale each side by exp(m_side − m) with m = max(m_a, m_b) before adding"),
     ("inverted", "rescaled by exp(m − m_side) instead of exp(m_side − m)", "your factors are ≥ 1: the rescaling is "
@@ -71,7 +71,7 @@ MERGE = [Known(key, summary, cause, fix, lambda x, y, key=key: _pack(*_merge_var
     ("swapped", "each side rescaled by the other side's factor", "you multiplied side a by exp(m_b − m) and side b by "
      "exp(m_a − m)", "side a gets exp(m_a − m), side b gets exp(m_b − m)"),
     ("exp2", "rescaled with 2^(m_side − m) instead of e^(m_side − m)", "you used exp2 (or 2 ** …), but m and l "
-     "come from the natural exponential", "use torch.exp(m_side − m)")]]
+     "come from the natural exponential", "use torch.exp(m_side − m)")])
 
 
 def _merge_cases() -> list[tuple[str, tuple]]:
@@ -178,7 +178,7 @@ def check_merge_partials(fn: Learner) -> str:
             got = _unpack_partial(call_explained(fn, x, y, tried=tried, expected="(m, l, acc)", patterns=PATTERNS),
                                   tried, want)
             right = [same(g, w, **tol) for g, w in zip(got, want)]
-            for perm in ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)):
+            for perm in itertools.permutations(range(3)):  # the identity never passes: not all(right)
                 if not all(right) and all(same(got[i], want[j], **tol) for i, j in enumerate(perm)):
                     order = ", ".join(names[j] for j in perm)
                     fail(f"returned ({order}), not (m, l, acc)", tried=tried,

@@ -4,6 +4,7 @@ where a wrong answer goes wrong, and the work it does (tiles of block_size, only
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import torch
@@ -62,11 +63,6 @@ def _tiled(q, k, v, w, b, mistake: str = "", skip: bool = False) -> torch.Tensor
 
 
 _BAND = "keep key j for query i iff i − window < j ≤ i"
-_LOCAL = ("mask built from positions inside the tile", "you compared row and column numbers inside each tile, not the "
-          "positions q_start + r and k_start + c", "rows = torch.arange(q_start, q_end), cols = torch.arange(k_start, "
-          "k_end)")
-
-
 _MEMO: dict[tuple, tuple] = {}  # (id(q), mistake, skip) → (q, output): the engine asks for one more than once
 
 
@@ -104,7 +100,9 @@ WINDOW_ATTENTION = [Known(key, summary, cause, fix, lambda q, k, v, w, b, band=b
 ]] + [known for key, summary, cause, fix, skips in [
     ("no_self_tiles", "the query does not see itself", "your tiles mask key j = i too (j ≥ i, not j > i): query 0 "
      "sees no key (0 / 0 = NaN), the others miss their own", _BAND, SKIP),
-    ("local", *_LOCAL, BOTH),
+    ("local", "mask built from positions inside the tile", "you compared row and column numbers inside each tile, "
+     "not the positions q_start + r and k_start + c", "rows = torch.arange(q_start, q_end), cols = "
+     "torch.arange(k_start, k_end)", BOTH),
     ("sum", "running sum not rescaled", "when the maximum grows you add to l without rescaling it",
      _RESCALE + " (l and acc)", ()),
     ("acc", "accumulator not rescaled", "when the maximum grows you add to acc without rescaling it",
@@ -229,8 +227,7 @@ def _needed_tiles(n: int, b: int, w: int) -> int:
 
 @probe("inference.work")
 def _work(fn, *args) -> dict[str, Any]:
-    """Learner-side: ``fn(*args)``'s matmul FLOPs, the torch functions it called, the shapes of the float tensors it
-    built and how many products returned each shape."""
+    """Learner-side: ``fn(*args)``'s matmul FLOPs, torch functions called, float tensor shapes, products per shape."""
     seen = watch(fn, *args)
     return {key: seen[key] for key in ("flops", "ops", "shapes", "products")}
 
@@ -255,25 +252,25 @@ def _check_work(fn: Learner) -> None:
                  expected="no tensor larger than a (block, block) tile of scores",
                  cause="the values are right, but the memory is O(n²): that is what tiling avoids",
                  fix="compute scores one (block, block) tile at a time")
-        square: dict[int, int] = {}
+        square = Counter()
         for shape, count in work["products"]:
             if len(shape) >= 2 and shape[-1] == shape[-2] >= 2:
-                square[shape[-1]] = square.get(shape[-1], 0) + int(count)
+                square[shape[-1]] += int(count)
         measured.append(((n, d, b, w, batch), tried, work, square))
     for (n, d, b, w, batch), tried, work, square in measured:
         full_tiles = _needed_tiles(n - n % b, b, w)  # tiles of the full query blocks: every one is (b, b)
-        if square.get(b, 0) < full_tiles / 2:
+        if square[b] < full_tiles / 2:
             if common := sorted(set.intersection(*(set(m[3]) for m in measured)) - {c[2] for c in _WORK_CASES}):
                 cause = (f"your tiles are {common[-1]} × {common[-1]} whatever block_size is passed "
                          f"(block_size = {', '.join(str(c[2]) for c in _WORK_CASES)} here): block_size is ignored")
                 fix = "cut the queries and keys into blocks of block_size (the argument), not of a fixed size"
             else:
-                cause = (f"your code computed {square.get(b, 0)} ({b}, {b}) products where the window needs "
+                cause = (f"your code computed {square[b]} ({b}, {b}) products where the window needs "
                          f"{full_tiles} tiles: the scores come in pieces of another shape (row by row, or one slab of "
                          "keys per query block)")
                 fix = "loop over query blocks and, inside, key blocks: each tile is q_block @ k_blockᵀ"
             fail("scores not computed in (block_size, block_size) tiles", tried=tried,
-                 got=f"{square.get(b, 0)} matrix products of shape (…, {b}, {b})",
+                 got=f"{square[b]} matrix products of shape (…, {b}, {b})",
                  expected=f"score tiles of shape (…, {b}, {b}) (shorter only at the end of the sequence)",
                  cause=cause, fix=fix)
     for (n, d, b, w, batch), tried, work, _ in measured:

@@ -1,12 +1,10 @@
 """Checks for notebook 04 (the softmax Jacobian): softmax_jacobian, softmax_vjp, SoftmaxFunction.
 
 Oracle: PyTorch's autograd (``torch.autograd.functional.jacobian`` of ``torch.softmax`` for J, its gradient for the
-vector–Jacobian product and the Function's backward, ``gradcheck`` for the Function). The cases: one vector (n,),
-batches (B, n), square and not, and (B, A, n); size-1 axes, n = 1, float32 and float64, a saturated softmax, exact
-zeros in p (scores of -inf), upstream gradients of ±1000. Each part is one body (:func:`judge_cases`): its table of
-known mistakes (``kit.Known``) judged by ``kit.Suspects``, then what no mistake reproduces is measured (the diagonal,
-symmetry, rows that must sum to 0…). A gradcheck failure says which pass lost float64 precision, and the probe
-``kit.call`` says once whether the learner's code leaves its input (p or z) as it was.
+vector–Jacobian product and the Function's backward, ``gradcheck`` for the Function). Each part is one body
+(:func:`.cases.judge_cases`): its table of known mistakes (``kit.Known``) judged by ``kit.Suspects``, then what no
+mistake reproduces is measured (the diagonal, symmetry, rows that must sum to 0…). A gradcheck failure says which
+pass lost float64 precision.
 
 **O(n) memory and work**, the docstrings' promise for the VJP and the Function's backward, are measured where the
 learner's code runs (the probes :func:`vjp_cost` and :func:`function_cost`), once at n = 2048: the O(n) route holds

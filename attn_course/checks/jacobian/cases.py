@@ -12,7 +12,6 @@ from ..compare import Failure
 from ..core import LearnerRaised, learner_error
 
 INF = float("inf")
-_HALF = (torch.float16, torch.bfloat16)
 
 
 # ============================================================================ oracles and cases
@@ -47,7 +46,6 @@ def jacobian_cases() -> list[tuple]:
 
 def vjp_cases() -> list[tuple]:
     g, f32 = torch.Generator().manual_seed(8), torch.float32
-
     grad = lambda *shape, dtype=torch.float64: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
     s5 = probs(g, 5)
     return [
@@ -77,7 +75,6 @@ def forward_cases() -> list[tuple]:
 
 def backward_cases() -> list[tuple]:
     g = torch.Generator().manual_seed(10)
-
     rand = lambda *shape, dtype=torch.float64, scale=1.0: scale * torch.randn(  # noqa: E731
         *shape, generator=g, dtype=dtype)
     return [
@@ -92,10 +89,8 @@ def backward_cases() -> list[tuple]:
 
 def raised_hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str, reductions: bool = True,
                others: Callable[[tuple], bool] | None = None, cases: list[tuple] = ()) -> dict[str, str]:
-    """``cause``/``fix`` for an exception the learner's code raised on ``case`` after passing ``passed``: a wrong
-    signature, n = 1 or a new n where earlier ones worked, code for fewer axes, a reduction that lost its axis, an axis
-    that does not exist; else (``others``: whether the answer on another case is right) an input with another number
-    of axes on which the code works."""
+    """``cause``/``fix`` for an exception the learner's code raised on ``case`` after passing ``passed``, judged from
+    what worked before; ``others``: whether the answer on another case is right (an input where the code works)."""
     msg, x = exc.message, case[0]
     seen, ns = {c[0].ndim for c in passed}, {c[0].shape[-1] for c in passed}
     batched, n = x.ndim > max(seen, default=0) >= 1, x.shape[-1]
@@ -150,8 +145,8 @@ def judge_cases(cases: list[tuple], answer: Callable[[tuple, str], torch.Tensor]
                 others=right_on)))) from None
         right, a = oracle(*case), atol(case)
         fix = shape_fix(case, [c for c, _ in passed]) if callable(shape_fix) else shape_fix
-        if out.is_floating_point() and out.dtype not in _HALF and not kit.agrees(out, right, atol=a, rtol=1e-4) and \
-                not suspects.suspects(out, case, right):
+        if out.is_floating_point() and out.dtype not in (torch.float16, torch.bfloat16) and \
+                not kit.agrees(out, right, atol=a, rtol=1e-4) and not suspects.suspects(out, case, right):
             kit.what_is_off(out, right, tried=said, what=what, atol=a, rtol=1e-4, fix=fix,
                             reduced=right.ndim - 1 if reduced else None,
                             explain=lambda o, case=case: explain(o, case, said))

@@ -17,7 +17,6 @@ from .jacobian import VJP, VJP_CODE, K, dot, explain_vjp, grad_atol
 from .probes import BIG_N, observe, quadratic
 
 
-# ============================================================================ SoftmaxFunction
 class _ThroughLearner(torch.autograd.Function):
     """A Function whose forward and backward are the learner's, reached through Learner operations (``apply(z)``,
     ``apply.vjp(…)``), so that ``gradcheck`` runs in the check's own process and the grader, replaying the log, feeds
@@ -188,5 +187,5 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
     quadratic(cost.get("forward", {}), "your forward", tried, fix)
     quadratic(cost.get("backward", {}), "your backward", tried, fix)
     memory = f"O(n) at n = {BIG_N}" if cost.get("backward", {}).get("measured") else "memory not measured"
-    return (f"forward stable on {len(forward_cases())} cases, backward matches autograd on "
-            f"{len(backward_cases())} (grads of ±1000), gradcheck passes, {memory}")
+    return (f"forward stable on {len(forward)} cases, backward matches autograd on {len(backward)} (grads of ±1000), "
+            f"gradcheck passes, {memory}")

@@ -19,7 +19,6 @@ BIG_N = 2048
 QUADRATIC = BIG_N * BIG_N // 8
 
 
-# ============================================================================ the O(n) probes (learner side)
 def _cost(work: Callable[[], Any]) -> dict[str, Any]:
     """Run ``work()`` once under ``kit.Watch`` and tracemalloc: the largest tensor storage (elements) and its shape,
     the elements of every tensor a torch function returned ("total"), and NumPy's peak (bytes)."""

@@ -10,7 +10,6 @@ from ..core import Learner, as_tensor, check, fail, fmt
 from .answers import POLARITY, call
 
 
-# ============================================================================ additive
 def _large_scores(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """(2, 1, 3, 4) scores, kept ones near -2e4 and blocked ones up to +3e4, and the keep mask."""
     s = torch.tensor([[-20000.0, 30000.0, -20016.0, 0.0],
@@ -23,8 +22,8 @@ def _large_scores(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 @check("additive_mask", expects="a function additive_mask(mask, dtype=torch.float32) returning a float tensor")
 def check_additive_mask(fn: Learner) -> str:
     keep, fill = _large_scores(torch.float32)[1], "masked_fill(~mask, float('-inf'))"
-    for mask, dtype in [(keep, torch.float32), (keep, torch.float16), (keep, torch.float64), (keep, torch.bfloat16),
-                        (keep, None), (torch.ones(4, 4, dtype=torch.bool).tril()[None, None], torch.float64),
+    for mask, dtype in [*((keep, t) for t in (torch.float32, torch.float16, torch.float64, torch.bfloat16, None)),
+                        (torch.ones(4, 4, dtype=torch.bool).tril()[None, None], torch.float64),
                         (torch.tensor([True, False, True, True, False]), torch.float32),
                         (torch.zeros(2, 3, dtype=torch.bool), torch.float32),
                         (torch.ones(1, 1, dtype=torch.bool), torch.float16)]:

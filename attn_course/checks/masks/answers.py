@@ -31,7 +31,6 @@ TRIANGLES = [  # (key, summary, cause, fix, the causal part it makes of a square
 ]
 
 
-# ============================================================================ answers as bool masks
 def _as_bool_mask(value: Any, *, tried: str, what: str = "your mask") -> torch.Tensor:
     """The answer as a bool tensor, or a diagnosis of what it is instead (an array, a number, floats, integers)."""
     if isinstance(value, (int, float, np.number)) and not isinstance(value, (bool, np.bool_)):
@@ -193,8 +192,7 @@ _PATTERNS = [
 
 def call(fn: Callable, args: tuple, tried: str, expected: str, kwargs: dict | None = None,
          constructs: list = ()) -> Any:
-    """The learner's result. A construct (cause, fix, attempt) explains an exception whose message its attempt
-    reproduces."""
+    """The learner's result; an exception is explained by a construct that reproduces it, else by a pattern."""
     return kit.call_explained(lambda *a: fn(*a, **(kwargs or {})), *args, tried=tried, expected=expected,
                               constructs=constructs, patterns=_PATTERNS)
 

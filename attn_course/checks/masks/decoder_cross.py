@@ -10,7 +10,6 @@ from .answers import COUNTED, PAD_ID, POLARITY, TRIANGLES, Judge, compare, mask_
 _KEY_PADDING = "(src_ids != pad_id)[:, None, None, :]"
 
 
-# ============================================================================ decoder and cross
 def _heads_hints(B: int, n_q: int, n_k: int) -> list[tuple]:
     """Shapes that get the heads axis wrong: missing, or bigger than 1."""
     return [((B, n_q, n_k), "no heads axis", "a (B, n_q, n_k) mask lines B up with the heads axis of scores "

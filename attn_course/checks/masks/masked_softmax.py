@@ -1,5 +1,4 @@
-"""Check of the masked softmax: its cases, its oracle (F.scaled_dot_product_attention), its table of known
-mistakes, and what it says when no known mistake fits."""
+"""Check of the masked softmax: cases, oracle (F.scaled_dot_product_attention), known mistakes, measured causes."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from ..kit import Suspects, narrowing_calls
 from .answers import POLARITY, call, table
 
 
-# ============================================================================ masked softmax
 _SoftCase = namedtuple("_SoftCase", "name scores mask atol", defaults=(1e-7,))
 
 

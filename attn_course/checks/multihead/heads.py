@@ -1,5 +1,4 @@
-"""split_heads and merge_heads: their cases, their tables of known mistakes, their checks; with the explanations of
-an exception or a shape that only these two use."""
+"""split_heads and merge_heads: their cases, tables of known mistakes and checks, and the explanations only they use."""
 
 from __future__ import annotations
 
@@ -17,20 +16,16 @@ from .shared import PATTERNS, Sized, and_
 
 
 # ============================================================================ shared by split_heads and merge_heads
-_BATCH_HINT = dict(cause="your code ran with a batch of one (B = 1) but raised with a batch of several: it treats x "
-                         "as a single sequence", fix="keep B as the first axis throughout: reshape with x.shape[0] in "
-                   "front, and count the axes to transpose from the end")
-
-
 def _explain(exc: LearnerRaised, call: Callable, x: torch.Tensor) -> dict:
-    """Cause and fix of a learner's exception: a truth value asked of a tensor, code that runs on x[:1] only, else
-    what the message says."""
+    """Cause and fix of an exception: a tensor asked for one truth value, code that runs on x[:1] only, the message."""
     if bool_hint(exc):
         return bool_hint(exc)
     if x.shape[0] > 1:
         try:
             call(x[:1])
-            return _BATCH_HINT
+            return dict(cause="your code ran with a batch of one (B = 1) but raised with a batch of several: it treats "
+                              "x as a single sequence", fix="keep B as the first axis throughout: reshape with "
+                        "x.shape[0] in front, and count the axes to transpose from the end")
         except (LearnerRaised, LearnerTimedOut):
             pass
     return explain_raise(exc, patterns=PATTERNS)
@@ -40,10 +35,9 @@ def _shape_in_symbols(out: torch.Tensor, want: tuple, sizes: dict[str, int], tar
     """Fail on a shape that reads, in the docstring's letters, as other axes or another order: read only when every
     axis is exactly one letter or one product of two (``B·A``), and nothing else, here."""
     reading: dict[int, list[str]] = {}
-    for name in sizes:
-        reading.setdefault(sizes[name], []).append(name)
-    for x, y in itertools.combinations(sizes, 2):
-        reading.setdefault(sizes[x] * sizes[y], []).append(f"{x}·{y}")
+    products = [(f"{x}·{y}", sizes[x] * sizes[y]) for x, y in itertools.combinations(sizes, 2)]
+    for name, size in [*sizes.items(), *products]:
+        reading.setdefault(size, []).append(name)
     parts, letters = [reading.get(int(s), []) for s in out.shape], target[1:-1].split(", ")
     if not parts or any(len(p) != 1 for p in parts) or [p[0] for p in parts] == letters:
         return

@@ -1,5 +1,4 @@
-"""check_MultiHeadAttention: finding the learner's four projections, the cases and the check, and the causes it
-measures when no known mistake explains a mismatch."""
+"""check_MultiHeadAttention: the learner's four projections found, the cases, the check, and its measured causes."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ def _role(name: str) -> str | None:
 
 
 def _sizes_cause(role: str, p_in: int, p_out: int, want: tuple[int, int], a: int, d_head: int, d_model: int) -> str:
-    """What a projection's (in, out) sizes say went wrong, when they say it. The heads' side (W^Q's, W^K's, W^V's
-    outputs, W^O's inputs) should be A·d_head wide."""
+    """What a projection's (in, out) sizes say went wrong, if they say it; the heads' side should be A·d_head wide."""
     if (p_in, p_out) == want[::-1]:
         return f"nn.Linear takes (in_features, out_features); yours has them the other way round: {p_in} in"
     heads, other, other_want = (p_in, p_out, want[1]) if role == "o" else (p_out, p_in, want[0])
@@ -157,15 +155,6 @@ def _cases() -> list[dict]:
     ]
 
 
-def _describe(case: dict) -> str:
-    b, n, d = case["b"], case["n"], case["d"]
-    call = f"MultiHeadAttention({d}, {case['a']}{', ' + str(case['h']) if case['h'] is not None else ''})"
-    args = f"x_q {(b, n, d)}" + (f", x_kv {(b, case['m'], d)}" if case.get("m") else ", x_kv=None")
-    if case.get("mask") is not None:
-        args += f", mask {tuple(case['mask'].shape)}"
-    return f"{call} then forward({args}) — {case['name']}"
-
-
 def _unpack(result, tried: str, b: int, a: int, n_q: int, n_k: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     shapes = [tuple(t.shape) if isinstance(t, (torch.Tensor, np.ndarray)) else None for t in result] \
         if isinstance(result, (tuple, list)) else []
@@ -178,8 +167,7 @@ def _unpack(result, tried: str, b: int, a: int, n_q: int, n_k: int, d: int) -> t
 
 
 def _forward_hint(exc: LearnerRaised, mask, n: int, m: int | None, wide: bool) -> dict:
-    """Cause and fix of an exception in forward, from what this case adds to the plain one (``wide``: A·d_head ≠
-    d_model)."""
+    """Cause and fix of an exception in forward, from what this case adds (``wide``: A·d_head ≠ d_model)."""
     shapeish = any(w in exc.message for w in ("size", "shape", "dimension", "broadcast", "match"))
     if mask is not None and shapeish:
         return dict(cause=f"the mask {tuple(mask.shape)} does not broadcast against the scores (B, A, n_q, n_k), "
@@ -222,12 +210,14 @@ def check_MultiHeadAttention(cls: Learner) -> str:
     for case in cases:
         d, a, b, n, m, mask = case["d"], case["a"], case["b"], case["n"], case.get("m"), case.get("mask")
         d_head = case["h"] if case["h"] is not None else -(-d // a)
-        tried = _describe(case)
+        inputs = f"x_q {(b, n, d)}" + (f", x_kv {(b, m, d)}" if m else ", x_kv=None")
+        inputs += "" if mask is None else f", mask {tuple(mask.shape)}"
+        given = (d, a) if case["h"] is None else (d, a, d_head)  # MultiHeadAttention's arguments
+        tried = f"MultiHeadAttention{given} then forward({inputs}) — {case['name']}"
         refused = [(kind, "", f"your __init__ refuses d_model = {d} with {a} heads; with d_head given (or its default "
                     "⌈d_model / n_heads⌉) A need not divide d_model", "drop the divisibility check: W^Q maps d_model → "
                     "n_heads·d_head, W^O maps it back") for kind in ("AssertionError", "ValueError") if d % a]
-        module = call_explained(cls.construct, d, a, *([] if case["h"] is None else [case["h"]]), tried=tried,
-                                expected="a module", patterns=[*refused, *PATTERNS])
+        module = call_explained(cls.construct, *given, tried=tried, expected="a module", patterns=[*refused, *PATTERNS])
         minfo = module.inspect()
         if minfo.get("kind") != "module":
             fail("MultiHeadAttention(...) is not an nn.Module", tried=tried, got=str(minfo.get("type")),
@@ -274,8 +264,7 @@ def check_MultiHeadAttention(cls: Learner) -> str:
 # ============================================================================ the module: measured causes
 def _explain_mismatch(d: Diagnosis, module: Learner, args: tuple, result, got: dict, ctx: Case, tried: str,
                       layers: dict) -> None:
-    """Add a cause to the diagnosis ``d`` of a mismatch no known mistake explains: randomness, out off by one vector,
-    another scale, a broken property of the weights, fully masked queries; else the order four unnamed layers took."""
+    """Add a cause to the diagnosis ``d`` of a mismatch no known mistake explains, when a measurement finds one."""
     try:
         again = module(*args)
     except (LearnerRaised, LearnerTimedOut):
@@ -335,8 +324,7 @@ def _fitted_scale(d: Diagnosis, ctx: Case, weights: torch.Tensor) -> bool:
 
 
 def _broken_property(d: Diagnosis, ctx: Case, weights: torch.Tensor) -> bool:
-    """Name the first property every right answer's weights have that the learner's break: no weight on a blocked
-    key, weight on every allowed key, rows that sum to 1 (0 for a fully masked row)."""
+    """Name the first property of right weights that the learner's break: blocked keys, allowed keys, row sums."""
     w, full = weights.detach().to(torch.float64), ctx.allowed
     leak, missing = (w.abs() > 1e-6) & ~full, (w.abs() <= 1e-12) & full & (ctx.weights > 1e-6)
     if leak.any():
@@ -363,9 +351,7 @@ def _broken_property(d: Diagnosis, ctx: Case, weights: torch.Tensor) -> bool:
 
 def _masked_rows_only(d: Diagnosis, ctx: Case, out: torch.Tensor, weights: torch.Tensor) -> bool:
     """Name a difference confined to the queries that may attend to nothing (every key masked)."""
-    if ctx.mask is None:
-        return False
-    empty = ~ctx.allowed.any(-1)  # (B, A, n_q): queries that may attend to nothing
+    empty = ~ctx.allowed.any(-1)  # (B, A, n_q): queries that may attend to nothing (none without a mask)
     for got, want, rows, what in ((weights, ctx.weights, empty, "weights"), (out, ctx.out, empty.all(1), "out")):
         if not empty.any() or tuple(got.shape) != tuple(want.shape) or same(got, want, atol=2e-5, rtol=1e-4):
             continue

@@ -1,5 +1,4 @@
-"""MultiHeadAttention's oracle (nn.MultiheadAttention, else the float64 :func:`multihead`) and its table of known
-mistakes, each reproduced by :func:`multihead` with one argument changed, on a :class:`Case`."""
+"""MultiHeadAttention's oracle and its known mistakes, each :func:`multihead` with one argument changed."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from .heads import MERGE_MISTAKES, SPLIT_MISTAKES
 from .shared import Sized
 
 
-# ============================================================================ the module: oracle and mistakes
 _MASKING = {  # how the scores s (B, A, n_q, n_k) and the broadcast mask m become weights, right or wrong
     "ok": masked_softmax,
     "inverted": lambda s, m, dim: masked_softmax(s, ~m, dim),
@@ -77,19 +75,16 @@ def _oracle(P: dict, x_q, x_kv, mask, a: int, d_head: int, d_model: int) -> tupl
     if a * d_head != d_model or fully_masked:
         return (*multihead(P, x_q, x_kv, mask, a, d_head), False)
     torch_mha = nn.MultiheadAttention(d_model, a, batch_first=True, dtype=torch.float64).eval()
+    torch_mha.load_state_dict({"in_proj_weight": torch.cat([P[r][0] for r in "qkv"]), "out_proj.weight": P["o"][0],
+                               "in_proj_bias": torch.cat([P[r][1] for r in "qkv"]), "out_proj.bias": P["o"][1]})
     with torch.no_grad():
-        torch_mha.in_proj_weight.copy_(torch.cat([P[r][0] for r in "qkv"]))
-        torch_mha.in_proj_bias.copy_(torch.cat([P[r][1] for r in "qkv"]))
-        torch_mha.out_proj.weight.copy_(P["o"][0])
-        torch_mha.out_proj.bias.copy_(P["o"][1])
         out, w = torch_mha(x_q64, x_kv64, x_kv64, attn_mask=torch_masks(mask, batch=b, n_heads=a, n_q=n_q, n_k=n_k),
                            average_attn_weights=False)
     return out, w, True
 
 
 class Case:
-    """One forward call of the module check, as the mistakes' ``make(case, view)`` see it: weights, inputs, sizes,
-    and the oracle's (out, weights) and every mistake's, each computed once."""
+    """One forward call of the module check, as the mistakes' ``make(case, view)`` see it; each output computed once."""
 
     def __init__(self, P: dict, x_q, x_kv, mask, a: int, d_head: int, d_model: int, fused: bool):
         self.P, self.x_q, self.x_kv, self.mask, self.a, self.d_head, self.fused = P, x_q, x_kv, mask, a, d_head, fused

@@ -9,7 +9,6 @@ from ..core import Mistake
 from ..kit import Known
 
 
-# ============================================================================ shared by the three checks
 @dataclass(frozen=True)
 class Sized(Known):
     """A :class:`~..kit.Known` whose texts name the case's sizes: ``{A}``, ``{d_head}``… from ``sizes(*case)``."""

@@ -1,11 +1,9 @@
 """Checks for notebook 12 (position): is_permutation_equivariant (a test the learner writes), sinusoidal_encoding,
 relative_position_bias, alibi_bias, apply_rope, rope_decode_step and additive_attention.
 
-The learner's test runs learner-side (probe ``position.permutation_test``) under fixed seeds on six functions that treat
-positions alike and five that see them; the pattern of its verdicts names its flaw. The others compare in float64 with
-the conventions' formulas (held to ``attn_course.position`` and Hugging Face's T5 by ``tests/test_position.py``), name
-a :class:`~..kit.Known` mistake, or else measure what the answer is (frequencies, slopes…).
-"""
+The learner's test runs learner-side under fixed seeds; the pattern of its verdicts names its flaw. The others compare
+in float64 with the conventions' formulas (held to Hugging Face's T5 by ``tests/test_position.py``), name a known
+mistake, or else measure what the answer is (frequencies, slopes…)."""
 
 from .additive import check_additive_attention
 from .equivariance import check_is_permutation_equivariant

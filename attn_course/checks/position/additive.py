@@ -1,6 +1,5 @@
 """additive_attention: Bahdanau's wᵀ tanh(W_q q + W_k k) scores, its known mistakes on the weights and the
-output, and the wrong ways to pair queries with keys named by the learner's own exception.
-"""
+output, and the wrong ways to pair queries with keys named by the learner's own exception."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The learner's test is_permutation_equivariant: run learner-side (probe ``position.permutation_test``) on
-attentions that treat positions alike and ones that see them; the pattern of its verdicts names its flaw.
-"""
+attentions that treat positions alike and ones that see them; the pattern of its verdicts names its flaw."""
 
 from __future__ import annotations
 
@@ -75,11 +74,20 @@ def _run_test(test: Callable[..., Any], variant: str, seed: int = SEED) -> dict[
     return {"verdict": verdict, "asserted": False, "calls": calls}
 
 
-def _as_verdict(verdict: Any, tried: str) -> bool:
-    """True (equivariant) or False; None counts as a pytest-style pass."""
+_ATTN_HINT = [("ValueError", "attn takes", "you called attn with something other than a tensor of shape (n, d)",
+               "call attn(x) with x = torch.randn(n, d)")]
+
+
+def _verdict(fn: Learner, tried: str, *args: Any) -> tuple[dict[str, Any], bool]:
+    """The learner's test run learner-side on ``args`` (a variant, a seed): what the probe returned, and True
+    (equivariant) or False; None counts as a pytest-style pass."""
+    result = call(fn.observe, ("position.permutation_test", *args), tried, "True or False", patterns=_ATTN_HINT,
+                  tensor=False)
+    result = result if isinstance(result, dict) else {"verdict": result}
+    verdict = result.get("verdict")
     if verdict is None or isinstance(verdict, (bool, np.bool_)) or isinstance(verdict, (int, np.integer)) and \
             verdict in (0, 1):
-        return verdict is None or bool(verdict)
+        return result, verdict is None or bool(verdict)
     got = verdict.text if isinstance(verdict, Opaque) else repr(verdict)[:60]
     many = isinstance(verdict, torch.Tensor) and verdict.numel() > 1
     fail("the test did not return True or False", tried=tried, got=f"{type(verdict).__name__}: {got}",
@@ -158,14 +166,8 @@ def _blind_cause(results: dict, sizes: list[int], evidence: dict, seen_x: bool) 
 def check_is_permutation_equivariant(fn: Learner) -> str:
     results: dict[str, dict] = {}
     verdicts: dict[str, bool] = {}
-    attn_hint = [("ValueError", "attn takes", "you called attn with something other than a tensor of shape (n, d)",
-                  "call attn(x) with x = torch.randn(n, d)")]
     for name in ref.EQUIVARIANT + ref.POSITION_AWARE:
-        tried = f"is_permutation_equivariant(attn) with attn = {name}"
-        result = call(fn.observe, ("position.permutation_test", name), tried, "True or False", patterns=attn_hint,
-                      tensor=False)
-        results[name] = result if isinstance(result, dict) else {"verdict": result}
-        verdicts[name] = _as_verdict(results[name].get("verdict"), tried)
+        results[name], verdicts[name] = _verdict(fn, f"is_permutation_equivariant(attn) with attn = {name}", name)
     runs = [[c for c in r.get("calls", []) if isinstance(c, dict)] for r in results.values()]
     calls = [c for run in runs for c in run]
     sizes = sorted({c["shape"][-2] for c in calls if len(c.get("shape", [])) >= 2})
@@ -225,9 +227,7 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
     # the same test on what its one run could not show: rows moved but not changed, and other random draws
     tried = (f"is_permutation_equivariant(attn) with attn = {REORDERED} (plain attention's rows, ordered by x's first "
              "column: x and any reordering of it give the same output)")
-    reordered = call(fn.observe, ("position.permutation_test", REORDERED), tried, "True or False", patterns=attn_hint,
-                     tensor=False)
-    if _as_verdict(reordered.get("verdict") if isinstance(reordered, dict) else reordered, tried):
+    if _verdict(fn, tried, REORDERED)[1]:
         fail("the test ignores where the rows go", tried=tried, got="equivariant",
              expected="not equivariant: permuting x moves the output's rows somewhere else than perm says",
              cause="your comparison does not depend on the order of the rows (sorted rows, a mean, a sum or a norm "
@@ -235,9 +235,7 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
              fix="compare row by row: torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
     for seed in MORE_SEEDS:
         tried = f"is_permutation_equivariant(attn) with attn = symmetric distance bias, random draws seeded with {seed}"
-        again = call(fn.observe, ("position.permutation_test", "symmetric distance bias", seed), tried,
-                     "True or False", patterns=attn_hint, tensor=False)
-        if _as_verdict(again.get("verdict") if isinstance(again, dict) else again, tried):
+        if _verdict(fn, tried, "symmetric distance bias", seed)[1]:
             fail("the test misses symmetric distance bias on other random draws", tried=tried, got="equivariant",
                  expected=f"not equivariant, whatever the seed (it was with seed {SEED})",
                  cause="your permutation is sometimes one that keeps every distance |i − j|: torch.randperm can "

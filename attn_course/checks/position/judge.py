@@ -1,6 +1,5 @@
 """What the topic's checks share: the learner's call with its exceptions explained, the
-judge of one case, and the measurements that make its diagnoses precise (a kept slice, frequencies).
-"""
+judge of one case, and the measurements that make its diagnoses precise (a kept slice, frequencies)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Biases added to the scores by relative position, (A, n, n) per head: T5's bucketed relative_position_bias
-and ALiBi's alibi_bias, each with its known mistakes and what a wrong answer's buckets or slopes are.
-"""
+and ALiBi's alibi_bias, each with its known mistakes and what a wrong answer's buckets or slopes are."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Rotary embeddings: apply_rope (RoFormer's interleaved pairs, measured on unit pairs when wrong) and
-rope_decode_step (RoPE with a KV cache: new tokens at the cache length plus their offset).
-"""
+rope_decode_step (RoPE with a KV cache: new tokens at the cache length plus their offset)."""
 
 from __future__ import annotations
 

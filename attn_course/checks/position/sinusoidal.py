@@ -1,6 +1,5 @@
 """sinusoidal_encoding: Vaswani et al.'s interleaved sin/cos, its known mistakes, and what a wrong encoding's
-shape or frequencies are, measured.
-"""
+shape or frequencies are, measured."""
 
 from __future__ import annotations
 
@@ -65,9 +64,8 @@ _SIN_TABLE = variants(_sinusoid, [
 
 
 def _sinusoid_measured(fn: Learner, failure: Failure, out: torch.Tensor, n: int, d: int, base: float) -> None:
-    """Of a wrong shape: which slice it holds, or how its sizes follow n and d (measured on a second call with other
-    sizes). Of the right shape: the frequencies, when the columns are sin and cos of t·ω_r pair by pair with wrong ω;
-    else which columns are wrong."""
+    """Of a wrong shape: which slice it holds, or how its sizes follow n and d (a second call). Of the right shape:
+    the frequencies, when the columns are sin and cos of t·ω_r with wrong ω; else which columns are wrong."""
     if failure.diagnosis.cause:
         return
     right = _sinusoid(n, d, base)

@@ -11,7 +11,6 @@ from ..core import Learner, check, fail, fmt
 from ..kit import TensorCase as Case, judge_cases, known_rows, product_rows
 
 
-# ============================================================================ scaled scores
 def _scaled_cases() -> list[Case]:
     f32, f64 = torch.float32, torch.float64
     specs = [  # (what, Q shape, K shape, dtype, scale): every axis size differs; d_k not a square

@@ -22,13 +22,13 @@ def _literal(x: torch.Tensor) -> str:
     return "[" + ", ".join(_literal(row) for row in x) + "]"
 
 
-def describe_input(x: torch.Tensor, name: str = "x") -> str:
+def describe_input(x: torch.Tensor) -> str:
     """``x of shape (4, 3), float32``, or for a small input of whole numbers (the hand-made edges) its values."""
     dtype, values = str(x.dtype).replace("torch.", ""), x.detach().double()
     finite = values[torch.isfinite(values)]
     if x.numel() <= 12 and x.ndim <= 3 and bool((finite == finite.round()).all()):
-        return f"{name} = {_literal(values)} ({dtype})"
-    return f"{name} of shape {tuple(x.shape)}, {dtype}"
+        return f"x = {_literal(values)} ({dtype})"
+    return f"x of shape {tuple(x.shape)}, {dtype}"
 
 
 def expect_floating(out: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str = "your result") -> None:
@@ -72,10 +72,8 @@ def judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Call
                 explain: Callable, expected: str, shape_fix: str, what: str = "your result",
                 call: Callable[[tuple], str] | None = None,
                 dim: Callable[[tuple], int] = case_dim, reduced: bool = True, atol: float = 1e-5) -> kit.TensorOrArray:
-    """Run the learner's function on every case and judge each answer against ``oracle`` (same arguments): the shape,
-    the dtype, then the values — a known mistake of ``table`` that reproduces them, else what ``kit.what_is_off`` and
-    ``explain(out, case, passed, tried)`` measure. Then whether the input is left unchanged. ``call`` writes a case as
-    a call (by default ``name(x, dim)``, the name taken from ``signature``)."""
+    """Judge the answer on every case against ``oracle``: shape, dtype, then values (a mistake of ``table`` that
+    reproduces them, else ``kit.what_is_off`` and ``explain(out, case, passed, tried)``); then the input unchanged."""
     name = signature.split("(")[0]
     call = call or (lambda case: f"{name}(x{', ' + str(case[1]) if len(case) > 1 else ''})")
     run, suspects, passed = kit.TensorOrArray(fn), kit.Suspects(table, atol=atol, rtol=1e-4), []
@@ -200,11 +198,7 @@ def _tie(o: torch.Tensor, expected: torch.Tensor, d: int) -> str:
 def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str, what: str = "your weights",
                     temperature: float = 1.0, known: dict[str, float] | None = None, normalise_fix: str = "") -> None:
     """Fail with what is measurably wrong with softmax-like weights ``out`` of scores ``x`` along ``dim`` (at
-    ``temperature``): NaN or inf and where they come from, weight on -inf scores, an epsilon in the denominator,
-    slices of zeros, equal weights for different scores, negative weights, slices that do not sum to 1 (or do along
-    another axis), or weights of another temperature (``known`` names the temperatures the mistakes still possible
-    would give; at T = 1 by default a sign slip). ``normalise_fix``: the advice for slices that do not sum to 1.
-    Returns when it finds nothing."""
+    ``temperature``; ``known`` names the temperatures the mistakes still possible would give); return if nothing."""
     d = dim % x.ndim
     o, xs, dtype = out.detach().double(), x.detach().double() / temperature, x.dtype
     if (bad := ~torch.isfinite(o)).any():

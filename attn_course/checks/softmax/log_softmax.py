@@ -11,7 +11,6 @@ from .body import K, case_dim, default, explain_weights, judge_cases, score_case
 from .logsumexp import SLIPS, m, s
 
 
-# ============================================================================ log_softmax: its mistakes
 _LOG_OF = ("log of the softmax", "you took the log of the weights: a weight that underflowed to 0 gives log 0 = -inf, "
            "although its true log-probability is an ordinary number", "compute x − logsumexp(x) along dim, never "
            "log(softmax(x))")

@@ -12,7 +12,6 @@ from ..core import Learner, check, fail, fmt
 from .body import K, case_dim, default, judge_cases, score_cases
 
 
-# ============================================================================ logsumexp: its mistakes
 _LSE = "logsumexp(x) = m + log Σ e^(x − m), m = x.amax(dim, keepdim=True)"
 _NO_EXP = ("exponential missing", "you summed x − m (or its log) where logsumexp sums e^(x − m): those terms are ≤ 0, "
            "so the log of their sum is NaN", _LSE)

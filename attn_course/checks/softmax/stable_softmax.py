@@ -10,7 +10,6 @@ from ..core import Learner, check
 from .body import case_dim, default, explain_weights, judge_cases, score_cases
 
 
-# ============================================================================ stable_softmax
 @check("stable_softmax", expects="a function stable_softmax(x, dim=-1) returning weights shaped like x")
 def check_stable_softmax(fn: Learner) -> str:
     cases = score_cases(3)

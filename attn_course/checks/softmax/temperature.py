@@ -12,7 +12,6 @@ from .. import kit
 from .body import INF, K, explain_weights, judge_cases
 
 
-# ============================================================================ softmax_temperature
 def _temperature_cases() -> list[tuple[torch.Tensor, float]]:
     g = torch.Generator().manual_seed(6)
     x, t = 2 * torch.randn(3, 6, generator=g), torch.tensor
