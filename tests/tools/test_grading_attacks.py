@@ -228,13 +228,26 @@ if found:
 '''
 
 
+#: Ada's slow cell: she runs until a classmate's record folder has become a link and is gone again (his grading
+#: ended and his folder was removed), at most 20 s: her folder exists for as long as his check can read it.
+_OUTLAST_THE_THIEF = '''import glob, os, time
+end, seen = time.time() + 20, False
+while time.time() < end:
+    links = [d for d in glob.glob(os.path.join(os.path.dirname(os.getcwd()), "work-*", "record")) if os.path.islink(d)]
+    seen = seen or bool(links)
+    if seen and not links:
+        break
+    time.sleep(0.05)
+'''
+
+
 @pytest.mark.slow
 def test_a_record_folder_replaced_by_a_link_to_a_classmates_is_not_read(tmp_path):
     """Two notebooks graded at once: bob's wrong answer swaps his record folder for a link to ada's while she
     still runs (a slow cell of her own). His logs are read only from his own folder: he fails, and it says so."""
     assert grader().runner.jobs >= 2
     root, out = tmp_path / "class", tmp_path / "grades"
-    write(learner_notebook(answers=RIGHT, added=[("score_matrix_bytes", "import time\ntime.sleep(12)")]),
+    write(learner_notebook(answers=RIGHT, added=[("score_matrix_bytes", _OUTLAST_THE_THIEF)]),
           root / "ada" / f"{NOTEBOOK_05}.ipynb")
     write(learner_notebook(answers=WRONG, added=[("score_matrix_bytes", _STEAL_RECORD)]),
           root / "bob" / f"{NOTEBOOK_05}.ipynb")
