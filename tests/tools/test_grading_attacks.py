@@ -230,10 +230,12 @@ if found:
 
 #: Ada's slow cell: she runs until a classmate's record folder has become a link and is gone again (his grading
 #: ended and his folder was removed), at most 20 s: her folder exists for as long as his check can read it.
-_OUTLAST_THE_THIEF = '''import glob, os, time
+#: (Her folder's parent cannot be listed, so she looks at each name a classmate's folder can have, as he does.)
+_OUTLAST_THE_THIEF = '''import os, time
+base = os.path.dirname(os.getcwd())
 end, seen = time.time() + 20, False
 while time.time() < end:
-    links = [d for d in glob.glob(os.path.join(os.path.dirname(os.getcwd()), "work-*", "record")) if os.path.islink(d)]
+    links = [k for k in range(1, 200) if os.path.islink(os.path.join(base, "work-%d" % k, "record"))]
     seen = seen or bool(links)
     if seen and not links:
         break
