@@ -155,6 +155,7 @@ def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle
                                 "steps with the docstring on this input",
                             axes=(["batch entries"] + [None] * (want.ndim - 2) + ["queries"])[-want.ndim:])
         except Failure as failure:
+            _batch_shape(failure, out, want, ran)
             if explain is not None and not failure.diagnosis.cause:
                 explain(failure, out, case)
             raise
@@ -163,6 +164,15 @@ def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle
     args = (case["w"],) if case["mask"] is None else (case["w"], case["mask"])
     expect_unchanged(fn, args, call=f"{what}(weights{', mask' if len(args) > 1 else ''})", name="weights",
                      shown=case["name"], others=("mask",))
+
+
+def _batch_shape(failure: Failure, out: torch.Tensor, want: torch.Tensor, ran: list[tuple[int, ...]]) -> None:
+    """Name a wrong shape on the first batch after single matrices were right: code that walks the first axis."""
+    if not (failure.diagnosis.cause or out.shape == want.shape or not ran or any(len(s) != 2 for s in ran)):
+        failure.diagnosis.cause = (f"your function gave the right values on single matrices such as {ran[0]} but a "
+                                   f"result of shape {tuple(out.shape)} on a batch of matrices: it treats the first "
+                                   "axis as the queries (a loop `for row in weights`, or weights[i, i], walks it)")
+        failure.diagnosis.fix = "index from the end, so that leading axes pass through: dim=-1, weights[..., i, j]"
 
 
 def _guarded(h: torch.Tensor, k: torch.Tensor, log=torch.log) -> torch.Tensor:
@@ -175,7 +185,7 @@ def _explain_with_simple_rows(fn: Learner, oracle, what: str) -> Callable[[Failu
     """An explanation in numbers a learner checks by hand: the metric on four rows whose answers are known."""
     rows = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4, [0.5, 0.5, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]], dtype=torch.float64)
     names = ("a one-hot row", "a row uniform over 4 keys", "a row of 0.5, 0.5, 0, 0", "a row of 0.7, 0.1, 0.1, 0.1")
-    num = lambda x: "NaN" if x != x else f"{x + 0.0:.4g}"  # noqa: E731 - (+ 0.0: no "-0")
+    num = lambda x, p=4: "NaN" if x != x else f"{x + 0.0:.{p}g}"  # noqa: E731 - (+ 0.0: no "-0")
 
     def explain(failure: Failure, out: torch.Tensor, case: dict) -> bool:
         try:
@@ -187,9 +197,10 @@ def _explain_with_simple_rows(fn: Learner, oracle, what: str) -> Callable[[Failu
         pairs = [(n, float(g), float(e)) for n, g, e in zip(names, got.to(torch.float64), oracle(rows))]
         wrong = [(n, g, e) for n, g, e in pairs if not math.isclose(g, e, rel_tol=RTOL, abs_tol=ATOL)]
         if wrong:
-            failure.diagnosis.summary = f"{wrong[0][0]} gives {num(wrong[0][1])}, not {num(wrong[0][2])}"
+            p = next((p for p in range(4, 18) if all(num(g, p) != num(e, p) for _, g, e in wrong)), 17)  # digits
+            failure.diagnosis.summary = f"{wrong[0][0]} gives {num(wrong[0][1], p)}, not {num(wrong[0][2], p)}"
             failure.diagnosis.got += f"\n{what} on simple rows: " + ", ".join(
-                f"{n} → {num(g)} (expected {num(e)})" for n, g, e in pairs)
+                f"{n} → {num(g, p)} (expected {num(e, p)})" for n, g, e in pairs)
         return bool(wrong)
     return explain
 
@@ -331,6 +342,20 @@ def _normaliser_by_k(failure: Failure, out: torch.Tensor, case: dict) -> bool:
     return True
 
 
+def _few_keys_rows(failure: Failure, out: torch.Tensor, case: dict) -> bool:
+    """Name a value other than 0 on exactly the rows with at most one allowed key, every other row right."""
+    w, mask = case["w"].to(torch.float64), case["mask"]
+    o, want, k = out.detach().to(torch.float64), ref.normalised_entropy(w, mask), _allowed(w, mask)
+    bad = ~torch.isclose(o, want, atol=ATOL, rtol=RTOL) if o.shape == want.shape else None
+    if bad is None or not bad.any() or (bad & (k > 1)).any():
+        return False
+    failure.diagnosis.cause = (f"your value is {' or '.join(sorted({fmt(float(v)) for v in o[bad][:4]}))} on the rows "
+                               "with at most one allowed key (a single key, or a fully masked row), where the "
+                               "docstring gives 0: one key leaves no uncertainty; every other row is right")
+    failure.diagnosis.fix = "return 0 for the rows with at most one allowed key (torch.where(k > 1, H / log k, 0))"
+    return True
+
+
 def _zero_rows(failure: Failure, out: torch.Tensor, case: dict) -> bool:
     """Name the rows that are 0 where the answer is positive (a value the metric takes only for one-hot rows or rows
     with at most one allowed key)."""
@@ -355,7 +380,7 @@ def check_normalised_entropy(fn: Learner) -> str:
     simple_rows = _explain_with_simple_rows(fn, ref.normalised_entropy, "normalised_entropy")
 
     def explain(failure: Failure, out: torch.Tensor, case: dict) -> None:
-        if not _normaliser_by_k(failure, out, case):
+        if not _normaliser_by_k(failure, out, case) and not _few_keys_rows(failure, out, case):
             simple_rows(failure, out, case)  # a summary in numbers a learner checks by hand…
             _zero_rows(failure, out, case)  # … and where the values are 0 that should not be
 
@@ -438,6 +463,8 @@ SELF_MISTAKES = [
           lambda w, mask: w.sum(-1)),
     Known("anti", "anti-diagonal", "you took w[i, n − 1 − i], the anti-diagonal", _DIAG_FIX,
           lambda w, mask: w.flip(-1).diagonal(dim1=-2, dim2=-1)),
+    Known("anti_up", "anti-diagonal", "you took w[n − 1 − i, i], the anti-diagonal read from the bottom row",
+          _DIAG_FIX, lambda w, mask: w.flip(-2).diagonal(dim1=-2, dim2=-1)),
     Known("column_sums", "column sums, not the diagonal", "you summed each column (over the queries), which is the "
           "total weight each key receives, not the weight a query puts on itself", _DIAG_FIX, lambda w, mask: w.sum(-2)),
     Known("peak", "largest weight, not the diagonal", "you took each row's largest weight; the query's own position "

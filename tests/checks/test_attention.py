@@ -832,3 +832,17 @@ def test_check_attention_measures_what_no_known_mistake_explains(fn, phrases, re
 ])
 def test_check_score_matrix_bytes_float32_count_and_megabytes(fn, phrases, rejects):
     rejects(check_score_matrix_bytes, fn, *phrases)
+
+
+def attn_scores_clamped(Q, K, V, mask=None):  # "clamp the scores, against overflow"
+    scores = (Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])).clamp(-100, 100)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ V, weights
+
+
+def test_weights_that_land_on_round_values_are_not_called_rounded(rejects):
+    # clamped, the ±1000 scores of a row tie: weights of 1/2 and 1/4, far from the right ones, not rounded ones
+    result = rejects(check_attention, attn_scores_clamped)
+    assert "rounded" not in result.text(), result.text()

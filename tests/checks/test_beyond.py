@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -724,3 +725,25 @@ def test_an_eps_is_not_called_float32_and_both_states_at_ones_are_named(rejects,
     result = rejects(check, answer, *phrases)
     assert_voice(result)
     assert "float32" not in result.diagnosis.summary
+
+
+# ============================================================================ audit D: NumPy inside
+def chunked_in_numpy(q, k, v, chunk_size):  # the docstring's steps, chunk by chunk, in NumPy
+    q, k, v = q.numpy(), k.numpy(), v.numpy()
+    phi_q, phi_k = np.where(q > 0, q + 1, np.exp(np.minimum(q, 0))), np.where(k > 0, k + 1, np.exp(np.minimum(k, 0)))
+    state = np.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]), dtype=q.dtype)
+    norm = np.zeros(q.shape[:-2] + (q.shape[-1], 1), dtype=q.dtype)
+    out = []
+    for s in range(0, q.shape[-2], chunk_size):
+        fq, fk, vc = phi_q[..., s:s + chunk_size, :], phi_k[..., s:s + chunk_size, :], v[..., s:s + chunk_size, :]
+        a = np.tril(fq @ np.swapaxes(fk, -1, -2))
+        out.append((a @ vc + fq @ state) / (a.sum(-1, keepdims=True) + fq @ norm))
+        state = state + np.swapaxes(fk, -1, -2) @ vc
+        norm = norm + fk.sum(-2)[..., None]
+    return torch.from_numpy(np.concatenate(out, axis=-2))
+
+
+def test_chunked_linear_attention_in_numpy_is_accepted(accepts):
+    """No torch tensor is built, so the probe counts no (chunk, chunk) product: that is no evidence of a
+    recurrence, and the right values pass."""
+    accepts(check_chunked_linear_attention, chunked_in_numpy)

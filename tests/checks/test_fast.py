@@ -1265,3 +1265,105 @@ def test_a_block_read_late_or_results_merged_are_not_called_a_second_loop(reject
     assert "which are not columns of x" in d.got and "second pass" not in d.cause, d
     d = rejects(check_tiled_attention, ta_query_blocks_batched, "computes a whole column of tiles at once").diagnosis
     assert "12 (16, 16) tiles side by side" in d.got and "n · block_size" in d.cause and "n²" not in d.cause, d
+
+
+# ============================================================================ audit D: named for what they did
+def ca_float32_inside(q, k, v, block_size=64):  # right steps, but everything in float32: a float32 result
+    q, k, v = q.float(), k.float(), v.float()
+    n, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],))
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        m = torch.full((*q.shape[:-2], qe - qs, 1), -math.inf)
+        l, acc = torch.zeros_like(m), torch.zeros((*q.shape[:-2], qe - qs, v.shape[-1]))
+        for ks in range(0, qe, block_size):
+            ke = min(ks + block_size, n)
+            s = q[..., qs:qe, :] @ k[..., ks:ke, :].mT * scale
+            s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], m_new
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
+def test_a_float32_result_is_named_by_its_dtype_not_as_a_scale(rejects):
+    """On scores near −20000 float32 rounding leaves the tolerance: the answer is close, in float32, and the
+    fitted temperature is 1/√d_k itself; the diagnosis is the dtype, never "scaled by 0.3536 instead of 0.3536"."""
+    d = rejects(check_causal_tiled_attention, ca_float32_inside, "result in float32 for float64 input").diagnosis
+    assert "scaled" not in d.summary and "dtype=" in d.fix, d
+
+
+def ta_two_passes_per_query_block(q, k, v, block_size=64):  # each query block's tiles kept in a list, then reduced
+    n_q, n_k, scale = q.shape[-2], k.shape[-2], 1 / math.sqrt(q.shape[-1])
+    rows = []
+    for qs in range(0, n_q, block_size):
+        q_blk = q[..., qs:qs + block_size, :]
+        tiles = [q_blk @ k[..., ks:ks + block_size, :].mT * scale for ks in range(0, n_k, block_size)]
+        m = torch.stack([t.amax(-1, keepdim=True) for t in tiles]).amax(0)
+        l = sum(torch.exp(t - m).sum(-1, keepdim=True) for t in tiles)
+        acc = sum(torch.exp(t - m) @ v[..., i * block_size:(i + 1) * block_size, :] for i, t in enumerate(tiles))
+        rows.append(acc / l)
+    return torch.cat(rows, dim=-2)
+
+
+def ca_two_passes_per_query_block(q, k, v, block_size=64):
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    rows = []
+    for qs in range(0, n, block_size):
+        qe = min(n, qs + block_size)
+        tiles = [(q[..., qs:qe, :] @ k[..., ks:ks + block_size, :].mT * scale).masked_fill(
+            torch.arange(ks, min(n, ks + block_size))[None] > torch.arange(qs, qe)[:, None], -math.inf)
+            for ks in range(0, qe, block_size)]
+        m = torch.cat([t.amax(-1, keepdim=True) for t in tiles], -1).amax(-1, keepdim=True)
+        l = sum(torch.exp(t - m).sum(-1, keepdim=True) for t in tiles)
+        acc = sum(torch.exp(t - m) @ v[..., i * block_size:(i + 1) * block_size, :] for i, t in enumerate(tiles))
+        rows.append(acc / l)
+    return torch.cat(rows, dim=-2)
+
+
+@pytest.mark.parametrize("check, fn", [(check_tiled_attention, ta_two_passes_per_query_block),
+                                       (check_causal_tiled_attention, ca_two_passes_per_query_block)])
+def test_a_query_blocks_tiles_kept_for_a_second_pass_are_rejected(check, fn, rejects):
+    """The docstring: each tile let go once folded into m, l and acc. Keeping a query block's 12 tiles for a
+    maximum over all of them holds n · block_size numbers, under the quarter of n² the full-matrix rule needs."""
+    result = rejects(check, fn, "keeps a query block's score tiles alive at once")
+    d = result.diagnosis
+    assert "tiles of shape (2, 16, 16)" in d.got and "a query block has 12 key blocks" in d.got, d
+    assert "n · block_size" in d.cause, d
+    assert_voice(result)
+
+
+def ca_mask_hides_self_guarded(q, k, v, block_size=64):  # key ≥ query masked; a guard turns 0/0 into 0
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qe = min(n, qs + block_size)
+        m = torch.full((*q.shape[:-2], qe - qs, 1), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros_like(out[..., qs:qe, :])
+        for ks in range(0, qe, block_size):
+            ke = min(n, ks + block_size)
+            s = (q[..., qs:qe, :] @ k[..., ks:ke, :].mT * scale).masked_fill(
+                torch.arange(ks, ke)[None] >= torch.arange(qs, qe)[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            safe = torch.where(m_new.isinf(), torch.zeros_like(m_new), m_new)
+            p, c = torch.exp(s - safe), torch.exp(m - safe)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], m_new
+        out[..., qs:qe, :] = torch.nan_to_num(acc / l)
+    return out
+
+
+def test_a_mask_hiding_the_diagonal_is_named_behind_a_nan_guard(rejects):
+    d = rejects(check_causal_tiled_attention, ca_mask_hides_self_guarded, "mask hides the query's own key").diagnosis
+    assert "comes out as 0" in d.cause and "key > query" in d.fix, d
+
+
+def ca_float32_cast_back(q, k, v, block_size=64):  # float32 inside, the result cast back to q's dtype
+    return ca_float32_inside(q, k, v, block_size).to(q.dtype)
+
+
+def test_float32_inside_a_float64_result_is_named_by_its_precision(rejects):
+    """Off by 2e-4 on scores near −20000, as the float32 oracle is: the precision, not a scale of 0.3536 "instead of"
+    0.3536, nor a generic "wrong values"."""
+    d = rejects(check_causal_tiled_attention, ca_float32_cast_back, "float64 input, float32 precision").diagnosis
+    assert "scaled" not in d.summary and "float32" in d.cause, d

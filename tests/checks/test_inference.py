@@ -871,3 +871,39 @@ def window_scales_q_in_place(q, k, v, window, block_size):
 def test_checks_reject_an_input_changed_in_place(check, fn, phrases, rejects):
     """The docstrings say the inputs are left unchanged: right values that overwrite an input are rejected."""
     rejects(check, fn, "changed in place", *phrases)
+
+
+# ============================================================================ audit D: named for what they did
+class CacheScalesKInPlace(ref.KVCache):
+    def append(self, k, v):
+        k *= 1 / math.sqrt(k.shape[-1])  # the caller's keys scaled once, in place, then cached
+        return super().append(k, v)
+
+    def attend(self, q):
+        return torch.softmax(q @ self.k.mT, dim=-1) @ self.v  # already scaled
+
+
+def test_a_cache_returning_keys_it_scaled_in_place_is_named_in_place(rejects):
+    """Attend is right, the returned K is k/√d_k: the cause is the caller's k changed in place, not a factor."""
+    d = rejects(check_KVCache, CacheScalesKInPlace, "k changed in place").diagnosis
+    assert "off by a factor" not in d.summary, d
+
+
+def window_arguments_swapped(q, k, v, block_size, window):  # the last two parameters in the other order
+    return ref.sliding_window_attention(q, k, v, window, block_size)
+
+
+def window_mask_n_q_as_window(n_q, n_k, window):  # n_q where window belongs
+    p = torch.arange(n_k - n_q, n_k)[:, None]
+    j = torch.arange(n_k)[None, :]
+    return (j <= p) & (j > p - n_q)
+
+
+@pytest.mark.parametrize("check, fn", [(check_sliding_window_attention, window_arguments_swapped),
+                                       (check_sliding_window_mask, window_mask_n_q_as_window)])
+def test_a_row_that_fits_one_case_by_chance_is_not_named(check, fn, rejects):
+    """window = 3 with block_size = 4 (or n_q = 3 with window = 4) looks like "one key too many (few)" on the first
+    case only: a known mistake is named when it also fits the answer's other wrong cases."""
+    d = rejects(check, fn).diagnosis
+    assert "window off by one" not in d.summary, d
+    assert "query 3" in d.cause or "query 0" in d.cause, d

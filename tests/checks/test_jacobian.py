@@ -593,8 +593,9 @@ def test_gradcheck_runs_through_learner_operations_only(tmp_path):
     import json
 
     ops = [e["op"] for e in json.loads(data["__events__"].tobytes().decode())]
-    # gradcheck's backward calls; the probes: input unchanged (float32 case, then float64) and cost
-    assert ops.count("vjp") > 20 and ops.count("observe") == 3
+    # gradcheck's backward calls; the probes: input unchanged on the first case and on the one holding -inf (each in
+    # its dtype, then the other float dtype) and cost
+    assert ops.count("vjp") > 20 and ops.count("observe") == 5
     assert check_SoftmaxFunction.evaluate(session=ReplaySession(log)).to_json() == live.to_json()
 
 
@@ -891,3 +892,47 @@ class RtCtxAttribute(torch.autograd.Function):  # p kept on ctx, not saved: work
 @pytest.mark.parametrize("cls", [RtSetupContext, RtCtxAttribute])
 def test_SoftmaxFunction_accepts_red_team_alternatives(cls, accepts):  # noqa: N802
     accepts(check_SoftmaxFunction, cls)
+
+
+# =============================================================================== inputs changed only where they are special
+def j_zeros_clamped_in_place(p):  # "no exact zeros": changes p only where it is 0
+    p.clamp_(min=1e-12)
+    return torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+
+
+def v_zeros_clamped_in_place(p, g):
+    p.clamp_(min=1e-12)
+    return p * (g - (g * p).sum(-1, keepdim=True))
+
+
+def f_infinities_replaced_in_place(z):  # "no infinities": changes z only where it is -inf
+    z[z == -INF] = -1e4
+    return torch.softmax(z, -1)
+
+
+@pytest.mark.parametrize("check,fn,phrase", [
+    (check_softmax_jacobian, j_zeros_clamped_in_place, "p changed in place"),
+    (check_softmax_vjp, v_zeros_clamped_in_place, "p changed in place"),
+    (check_SoftmaxFunction, make_function(lambda p, g: p * (g - (g * p).sum(-1, keepdim=True)),
+                                          f_infinities_replaced_in_place), "z changed in place"),
+], ids=["jacobian", "vjp", "function"])
+def test_in_place_changes_of_special_entries_are_caught(check, fn, phrase, rejects):
+    result = rejects(check, fn, phrase)
+    assert "a copy taken before the call" in result.diagnosis.tried
+
+
+class SoftmaxWithTrailingNone(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z):
+        p = torch.softmax(z, dim=-1)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return p * (grad - (grad * p).sum(-1, keepdim=True)), None  # autograd accepts trailing None gradients
+
+
+def test_function_backward_may_return_a_trailing_none(accepts):
+    accepts(check_SoftmaxFunction, SoftmaxWithTrailingNone)

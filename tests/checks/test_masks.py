@@ -589,3 +589,55 @@ def test_masked_softmax_global_maximum_and_epsilon(fn, phrases, rejects):
 def test_float_padding_mask_fix_names_no_causal_comparison(rejects):
     result = rejects(check_padding_mask_from_ids, lambda ids, pad_id: (ids != pad_id).float(), "float mask of 0s and 1s")
     assert "j <= i" not in result.text()
+
+
+# ============================================================================ inputs changed in place
+def lengths_unsqueezed_in_place(lengths, max_len=None):
+    max_len = int(lengths.max()) if max_len is None else max_len
+    lengths.unsqueeze_(-1)  # "a column, to compare with the positions"
+    return torch.arange(max_len) < lengths
+
+
+def ids_padding_overwritten(ids, pad_id):
+    ids[ids == pad_id] = -1  # "mark the padding"
+    return ids != -1
+
+
+def decoder_ids_overwritten(tgt_ids, pad_id):
+    n = tgt_ids.shape[1]
+    tgt_ids[tgt_ids != pad_id] = 1  # "real tokens as 1"
+    return torch.ones(n, n, dtype=torch.bool).tril() & (tgt_ids == 1)[:, None, None, :]
+
+
+def cross_src_shifted_in_place(tgt_ids, src_ids, pad_id):
+    src_ids -= pad_id  # "padding is now 0"
+    return (src_ids != 0)[:, None, None, :].expand(-1, 1, tgt_ids.shape[1], -1)
+
+
+def additive_mask_flipped_in_place(mask, dtype=torch.float32):
+    mask.logical_not_()  # "the blocked positions"
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
+
+
+@pytest.mark.parametrize("check,fn,phrase", [
+    (check_padding_mask_from_lengths, lengths_unsqueezed_in_place, "lengths changed in place"),
+    (check_padding_mask_from_ids, ids_padding_overwritten, "ids changed in place"),
+    (check_decoder_mask, decoder_ids_overwritten, "tgt_ids changed in place"),
+    (check_cross_attention_mask, cross_src_shifted_in_place, "src_ids changed in place"),
+    (check_additive_mask, additive_mask_flipped_in_place, "mask changed in place"),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_mask_builders_that_change_their_input_in_place_are_named(check, fn, phrase, rejects):
+    # every returned mask is right: only the caller's tensor, changed by the call, tells these apart
+    result = rejects(check, fn, phrase)
+    assert "a copy taken before the call" in result.diagnosis.tried
+
+
+@pytest.mark.parametrize("check,fn", [
+    (check_padding_mask_from_lengths, lambda lengths, max_len=None: (
+        lambda L: torch.arange(int(L.max()) if max_len is None else max_len) < L.unsqueeze_(-1))(lengths.clone())),
+    (check_padding_mask_from_ids, lambda ids, pad_id: (lambda c: c.ne_(pad_id).bool())(ids.clone())),
+    (check_additive_mask, lambda mask, dtype=torch.float32: torch.zeros(mask.shape, dtype=dtype).masked_fill_(
+        mask.clone().logical_not_(), float("-inf"))),
+], ids=["lengths", "ids", "additive"])
+def test_in_place_steps_on_copies_are_accepted(check, fn, accepts):
+    accepts(check, fn)

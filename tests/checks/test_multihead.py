@@ -869,3 +869,11 @@ def test_shape_read_as_a_letter_twice_or_an_axis_missing(rejects):
     rejects(check_split_heads, split_heads_of_width_n_heads, "(B, A, n, A)", "your result has A where the docstring "
             "has d_head")
     rejects(check_merge_heads, lambda x: x.sum(dim=(1, 3)), "(B, n)", "your result has no A·d_head axis")
+
+
+# ============================================================================ audit: keys and values swapped
+def test_mha_names_keys_and_values_swapped(rejects):
+    """k_proj and v_proj mixed up (keys from v_proj, values from k_proj) is named, not left as 'wrong values'."""
+    cls = _learner(_LEARNER, "k = self.k_proj(x_kv)", "k = self.v_proj(x_kv)", "v = self.v_proj(x_kv)",
+                   "v = self.k_proj(x_kv)")
+    rejects(check_MultiHeadAttention, cls, "keys and values swapped", "the keys with v_proj")

@@ -451,3 +451,38 @@ def test_an_answer_that_overwrites_the_weights_is_rejected(check, fn, rejects):
     """Each docstring leaves the weights unchanged: right values computed by overwriting them are rejected."""
     text = rejects(check, fn, "changed in place", "weights changed in place").text()
     assert "causal weights (6, 6) in float32" in text, text
+
+
+# ============================================================================ audit: causes named
+def peak_row_by_row(weights):  # `for row in weights` visits rows of one matrix, whole matrices of a batch
+    return torch.tensor([max(row) for row in weights.tolist()])
+
+
+def self_weight_by_index(weights):  # weights[i, i] indexes the first two axes
+    return torch.stack([weights[i, i] for i in range(weights.shape[0])])
+
+
+def entropy_one_for_single_keys(weights, mask=None):  # rows with at most one allowed key given 1, not 0
+    h = -torch.special.xlogy(weights, weights).sum(-1)
+    k = _allowed(weights, mask).to(h.dtype)
+    return torch.where(k > 1, h / k.clamp(min=2).log(), 1.0)
+
+
+def entropy_in_half(weights, mask=None):  # the entropy summed in float16: right to about 3 digits only
+    w = weights.half()
+    h = -torch.special.xlogy(w, w).sum(-1).to(weights.dtype)
+    k = _allowed(weights, mask).to(h.dtype)
+    return torch.where(k > 1, h / k.clamp(min=2).log(), 0.0)
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_peak_weight, peak_row_by_row, ["wrong shape (2, 5, 5)", "treats the first axis as the queries"]),
+    (check_self_attention_weight, self_weight_by_index, ["wrong shape (2, 5, 5)", "right values on single matrices"]),
+    (check_self_attention_weight, lambda w: w.flip(-2).diagonal(dim1=-2, dim2=-1),
+     ["anti-diagonal", "w[n − 1 − i, i]"]),
+    (check_normalised_entropy, entropy_one_for_single_keys, ["wrong values", "your value is 1 on the rows with at "
+                                                             "most one allowed key", "where the docstring gives 0"]),
+    (check_normalised_entropy, entropy_in_half, ["gives 1.0003, not 1"]),
+], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
+def test_audit_named_causes(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)

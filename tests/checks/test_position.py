@@ -1048,3 +1048,31 @@ def additive_w_as_column(q, k, v, W_q, W_k, w, mask=None):
 def test_checks_reject_an_input_changed_in_place(check, fn, phrases, rejects):
     """The docstrings say the inputs are left unchanged: right values that overwrite an input are rejected."""
     rejects(check, fn, "changed in place", *phrases)
+
+
+# ============================================================================ audit: additive_attention
+def additive_in_float64(q, k, v, W_q, W_k, w, mask=None):  # computed in float64, never converted back
+    q, k, v, W_q, W_k, w = (t.double() for t in (q, k, v, W_q, W_k, w))
+    return ref.additive_attention(q, k, v, W_q, W_k, w, mask)
+
+
+def additive_dot_product(q, k, v, W_q, W_k, w, mask=None):  # the projections multiplied, not added
+    scores = (q @ W_q.T) @ (k @ W_k.T).transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+def additive_float64_then_back(q, k, v, W_q, W_k, w, mask=None):  # float64 inside, q's dtype out: right
+    out, weights = additive_in_float64(q, k, v, W_q, W_k, w, mask)
+    return out.to(q.dtype), weights.to(q.dtype)
+
+
+def test_check_additive_wants_q_dtype(rejects, accepts):
+    rejects(check_additive_attention, additive_in_float64, "in float64, not q's float32", ".to(q.dtype)")
+    accepts(check_additive_attention, additive_float64_then_back)
+
+
+def test_check_additive_names_dot_product_scores(rejects):
+    rejects(check_additive_attention, additive_dot_product, "dot-product scores, not additive ones")

@@ -561,3 +561,35 @@ def test_scaled_scores_cases_tell_the_sizes_apart():
 def test_scaled_scores_not_attempted_and_not_a_function(rejects, unfinished):
     rejects(check_scaled_scores, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
     rejects(check_scaled_scores, [1, 2], "not a function")
+
+
+# audit A: answers that assume the result (variances add up) instead of measuring the variance of the dot products
+def variance_of_one_product_times_dk(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = sigma * torch.randn(n_samples, d_k, generator=generator)
+    return (q * k).var() * d_k
+
+
+def variance_per_entry_summed(d_k, sigma=1.0, n_samples=20_000, generator=None):
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = sigma * torch.randn(n_samples, d_k, generator=generator)
+    return (q * k).var(dim=0).sum()
+
+
+def variance_of_the_lengths_product(d_k, sigma=1.0, n_samples=20_000, generator=None):  # another quantity, all pairs used
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = sigma * torch.randn(n_samples, d_k, generator=generator)
+    return (q.norm(dim=-1) * k.norm(dim=-1)).var()
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (variance_of_one_product_times_dk, ["d_k × the variance of one product", "variances add up"]),
+    (variance_per_entry_summed, ["a variance per entry, then summed", "variances add up"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_variance_check_names_estimates_that_assume_the_answer(fn, phrases, rejects):
+    rejects(check_mc_score_variance, fn, *phrases)
+
+
+def test_variance_check_does_not_blame_a_sample_cap_on_another_quantity(rejects):
+    text = rejects(check_mc_score_variance, variance_of_the_lengths_product).text()
+    assert "fewer samples" not in text and "fewer pairs" not in text, text

@@ -1026,3 +1026,22 @@ def rt_t_in_place(x, temperature):
 def test_softmax_temperature_red_team(fn, phrases, absent, rejects):
     text = rejects(check_softmax_temperature, fn, *phrases).text()
     assert not any(a in text for a in absent), text
+
+
+# audit A
+def rt_clamp_after_shift(x, dim=-1):  # "no underflow": a clamp that leaves -inf scores a weight of e^-50
+    e = torch.exp((x - x.amax(dim, keepdim=True)).clamp(min=-50))
+    return e / e.sum(dim, keepdim=True)
+
+
+def test_stable_softmax_needs_exactly_zero_weight_on_minus_inf(rejects):
+    rejects(check_stable_softmax, rt_clamp_after_shift, "weight on -inf scores", "exactly 0")
+
+
+def rt_lse_half_inside(x, dim=-1):  # on three values the rounding looked like a factor and a shift
+    return torch.logsumexp(x.half(), dim).to(x.dtype)
+
+
+def test_logsumexp_names_float16_inside(rejects):
+    text = rejects(check_logsumexp, rt_lse_half_inside, "float16 precision").text()
+    assert "rescaling" not in text, text

@@ -183,6 +183,11 @@ CAUSAL_MISTAKES: list[Known] = [
             "no query sees itself and the first one sees nothing at all (0/0 = NaN)", "mask only key > query: a query "
             "may attend to itself", _C(hide=lambda r, c, qs, ks: c >= r, masked=masked))
       for i, masked in enumerate((Loop.masked, _EVERY_TILE))],  # tiles past the diagonal masked, or every tile
+    *[Known(f"excl_self_zeros {i}", "mask hides the query's own key", "your mask hides key ≥ query instead of key > "
+            "query, so no query sees itself, and the first one, which then sees no key at all, comes out as 0 (a guard "
+            "against 0/0 hides the NaN)", "mask only key > query: a query may attend to itself",
+            _C(hide=lambda r, c, qs, ks: c >= r, masked=masked, finish=_SAFE_DIV))
+      for i, masked in enumerate((Loop.masked, _EVERY_TILE))],
     Known("one_ahead", "mask one position late", "your mask hides key > query + 1, so every query also sees the next "
           "key", "mask key > query", _C(hide=lambda r, c, qs, ks: c > r + 1)),
     Known("swapped", "mask hides the past instead of the future", "your mask compares the wrong way round (key < "

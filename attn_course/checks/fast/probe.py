@@ -58,6 +58,7 @@ def _held_rule(seen: dict[str, Any], lead: int, n: int, d: int, b: int, itemsize
     state and a few tiles (under 5 % here), one that keeps every tile holds n² numbers (over 50 %, causal too)."""
     full, held = lead * n * n * itemsize, int(seen.get("live_peak", 0))
     if 4 * held < full:
+        _row_of_tiles(seen, n, d, b, tried)
         return
     shape, count, nbytes = (seen.get("live_shapes") or [[[], 0, 0]])[0]
     tiles = len(shape) >= 2 and d < shape[-1] <= b and shape[-2] <= b
@@ -75,6 +76,25 @@ def _held_rule(seen: dict[str, Any], lead: int, n: int, d: int, b: int, itemsize
                "the memory that tiling avoids",
          fix="use each tile inside the key loop as soon as it is computed: fold it into m, l and acc, then let it go "
              "(no list of tiles); keep only the running state and the output")
+
+
+def _row_of_tiles(seen: dict[str, Any], n: int, d: int, b: int, tried: str) -> None:
+    """As many (block, block) score tiles alive at once as a query block has key blocks (n / b): a right answer folds
+    each tile in and lets it go, holding a few at a time; one that keeps a query block's tiles for a second loop over
+    them (a maximum over every tile first, then the sums) holds them all, memory that grows like n · block_size."""
+    row = n // b
+    for shape, count, nbytes in seen.get("live_shapes") or []:
+        if len(shape) >= 2 and d < shape[-1] <= b and d < shape[-2] <= b and count >= row:
+            fail("keeps a query block's score tiles alive at once", tried=tried + ", and the memory it holds at once",
+                 got=f"your code keeps {count} tiles of shape {tuple(shape)} alive at the same time "
+                     f"({nbytes:,} bytes): a query block has {row} key blocks here",
+                 expected=f"a few ({b}, {b}) tiles at a time beside the output and the running m, l and acc",
+                 cause="the values are right, but each tile stays alive after it is computed (kept in a list for a "
+                       "maximum over all of them, then the sums): a second pass over the tiles, with memory that grows "
+                       "like n · block_size, where the online algorithm folds each tile into m, l and acc and lets it "
+                       "go",
+                 fix="inside the key loop: m_new = max(m, tile max); rescale l and acc by exp(m − m_new); add the "
+                     "tile's exp(s − m_new) sums and p @ v_block; m = m_new; keep no list of tiles")
 
 
 def _tile_work(n: int, d_k: int, d_v: int, b: int, *, causal: bool, extra: int = 0, passes: int = 1) -> float:

@@ -11,7 +11,7 @@ import torch
 from ..compare import Failure, same
 from ..core import Learner, as_tensor, check, fail
 from ..kit import Known, Suspects, call_explained
-from .oracle import PATTERNS, dtype_name, rows, window
+from .oracle import PATTERNS, confirm, dtype_name, rows, window
 
 
 def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str) -> torch.Tensor:
@@ -31,6 +31,11 @@ def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str) -> torch.Tenso
          cause=f"you built the mask as numbers ({dtype})" if right else "",
          fix="build it with dtype=torch.bool, or end with .bool()" if right else
              "build the mask with dtype=torch.bool (comparisons give bool)")
+
+
+def _quiet_bool(value: Any) -> Any:
+    """The learner's answer on another case as a bool tensor, or None (what it is then is judged on its own case)."""
+    return value if isinstance(value, torch.Tensor) and value.dtype == torch.bool else None
 
 
 def _keys(row: torch.Tensor) -> str:
@@ -64,6 +69,8 @@ def _check_masks(fn: Learner, name: str, table: list[Known], cases: list[tuple],
                  got=f"your mask of shape {tuple(got.shape)}", expected=f"shape {(n_q, n_k)}: one row per query",
                  cause=f"your mask has {rows(got.shape[0])}{named} where the n_q = {n_q} queries need {n_q}: the "
                        "query positions run over the wrong range (they are n_k − n_q … n_k − 1)", fix=fix)
+        if tuple(got.shape) == tuple(expected.shape) and not bool((got == expected).all()):
+            confirm(suspects, fn, got, case, expected, cases, oracle, dict(atol=0, rtol=0), convert=_quiet_bool)
         try:
             suspects.expect(got, expected, case, tried=tried, what="your mask", atol=0, rtol=0, fix=fix, again=fn,
                             distinguish=cases)

@@ -87,6 +87,14 @@ def backward_cases() -> list[tuple]:
     ]
 
 
+def unchanged_cases(cases: list[tuple], special: Callable[[torch.Tensor], bool]) -> list[tuple]:
+    """The cases on which an answer must leave its inputs as they were: the first, and the first whose input holds
+    ``special`` values (exact zeros in p, ±inf in z), where an in-place clamp or replacement changes only those
+    entries and leaves the first case, and every result, as it was."""
+    odd = next((c for c in cases if special(c[0])), None)
+    return [cases[0]] + ([odd] if odd is not None and odd is not cases[0] else [])
+
+
 def raised_hint(exc: LearnerRaised, case: tuple, passed: list, *, signature: str, reductions: bool = True,
                others: Callable[[tuple], bool] | None = None, cases: list[tuple] = ()) -> dict[str, str]:
     """``cause``/``fix`` for an exception the learner's code raised on ``case`` after passing ``passed``, judged from

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..core import Learner, as_tensor, check, fail, fmt
-from .answers import POLARITY, call
+from .answers import POLARITY, call, expect_inputs_unchanged
 
 
 def _large_scores(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,11 +22,12 @@ def _large_scores(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 @check("additive_mask", expects="a function additive_mask(mask, dtype=torch.float32) returning a float tensor")
 def check_additive_mask(fn: Learner) -> str:
     keep, fill = _large_scores(torch.float32)[1], "masked_fill(~mask, float('-inf'))"
-    for mask, dtype in [*((keep, t) for t in (torch.float32, torch.float16, torch.float64, torch.bfloat16, None)),
-                        (torch.ones(4, 4, dtype=torch.bool).tril()[None, None], torch.float64),
-                        (torch.tensor([True, False, True, True, False]), torch.float32),
-                        (torch.zeros(2, 3, dtype=torch.bool), torch.float32),
-                        (torch.ones(1, 1, dtype=torch.bool), torch.float16)]:
+    cases = [*((keep, t) for t in (torch.float32, torch.float16, torch.float64, torch.bfloat16, None)),
+             (torch.ones(4, 4, dtype=torch.bool).tril()[None, None], torch.float64),
+             (torch.tensor([True, False, True, True, False]), torch.float32),
+             (torch.zeros(2, 3, dtype=torch.bool), torch.float32),
+             (torch.ones(1, 1, dtype=torch.bool), torch.float16)]
+    for mask, dtype in cases:
         want, shape = dtype or torch.float32, tuple(mask.shape)
         name, zeros = str(want).replace("torch.", ""), "torch.zeros(mask.shape, dtype=dtype)"
         shown = f"additive_mask(mask {shape}" + (f", dtype=torch.{name})" if dtype else ") with the default dtype")
@@ -91,4 +92,6 @@ def check_additive_mask(fn: Learner) -> str:
                  cause=f"{named} is finite: it gives uniform weights, not zeros, to a query with every key blocked, "
                        "and it blocks only while the scores stay smaller than it",
                  fix="fill with float('-inf'), which every floating-point dtype holds")
+    expect_inputs_unchanged(fn, [(mask,) for mask, dtype in cases if dtype is None], names=("mask",),
+                            call=lambda case: "additive_mask(mask)")
     return "0 / -inf in float16, bfloat16, float32 and float64 (and the default); no leak with scores of ±3·10⁴"

@@ -197,6 +197,17 @@ def call(fn: Callable, args: tuple, tried: str, expected: str, kwargs: dict | No
                               constructs=constructs, patterns=_PATTERNS)
 
 
+def expect_inputs_unchanged(fn: Learner, cases: list[tuple], *, call: Callable[[tuple], str],
+                            names: tuple[str, ...]) -> None:
+    """Fail when the learner's code changes one of its tensor arguments (called ``names``, in order) in place on any
+    of ``cases``: the mask it returns can be right while the caller's ids, lengths or mask no longer hold what they
+    held (ids[ids == pad_id] = …, lengths.unsqueeze_(…), mask.logical_not_()). ``call(case)`` shows the call."""
+    for case in cases:
+        kit.expect_unchanged(fn, case, call=call(case), name=names[0], others=names[1:],
+                             shown="; ".join(f"{name} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                                             for name, t in zip(names, case)))
+
+
 def mask_of(fn: Learner, args: tuple, tried: str, shape: tuple, kwargs: dict | None = None,
             constructs: list = ()) -> torch.Tensor:
     return _as_bool_mask(call(fn, args, tried, f"a {shape} bool tensor", kwargs, constructs), tried=tried)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Learner, as_tensor, check, fail
-from .answers import COUNTED, PAD_ID, POLARITY, TRIANGLES, Judge, call, compare, mask_of
+from .answers import COUNTED, PAD_ID, POLARITY, TRIANGLES, Judge, call, compare, expect_inputs_unchanged, mask_of
 
 
 # ============================================================================ causal
@@ -116,6 +116,8 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
         expected = torch.arange(S)[None, :] < lengths[:, None].long()  # (B, S)
         compare(got, expected, judge, case, tried=tried, hints=hints, regions=_padding_regions(expected),
                 index_names=" (sequence, position)", unit="position")
+    expect_inputs_unchanged(fn, judge.cases, names=("lengths",),  # max_len passed by position, as the signature has it
+                            call=lambda case: f"padding_mask_from_lengths(lengths, {case[1]})")
     return (f"correct on {len(cases)} batches (a zero length, no padding, one sequence, max_len given and "
             "default, int32 and int64 lengths)")
 
@@ -153,4 +155,5 @@ def check_padding_mask_from_ids(fn: Learner) -> str:
                   "function returns the plain (B, S) mask", "return ids != pad_id as it is; add axes where it is used")]
         compare(mask_of(fn, case, tried, (B, S)), ids != pad_id, judge, case, tried=tried, hints=hints,
                 regions=_padding_regions(ids != pad_id), index_names=" (sequence, position)", unit="position")
+    expect_inputs_unchanged(fn, cases, names=("ids",), call=lambda case: f"padding_mask_from_ids(ids, pad_id={case[1]})")
     return f"correct on {len(cases)} batches (pad ids 0, 1, 3 and 9; left and right padding; an all-<pad> sequence)"

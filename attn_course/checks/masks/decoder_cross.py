@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core import Learner, check
-from .answers import COUNTED, PAD_ID, POLARITY, TRIANGLES, Judge, compare, mask_of
+from .answers import COUNTED, PAD_ID, POLARITY, TRIANGLES, Judge, compare, expect_inputs_unchanged, mask_of
 
 _KEY_PADDING = "(src_ids != pad_id)[:, None, None, :]"
 
@@ -89,6 +89,7 @@ def check_decoder_mask(fn: Learner) -> str:
         compare(got, torch.ones(T, T, dtype=torch.bool).tril() & keys, judge, case, tried=tried,
                 hints=_heads_hints(B, T, T), index_names=" (batch, head, query, key)",
                 regions=_pair_regions(ids != pad_id, ids != pad_id, True))
+    expect_inputs_unchanged(fn, cases, names=("tgt_ids",), call=lambda case: f"decoder_mask(tgt_ids, pad_id={case[1]})")
     return "causal AND key padding (right and left padding, an all-<pad> sequence), with a heads axis of size 1"
 
 
@@ -139,5 +140,7 @@ def check_cross_attention_mask(fn: Learner) -> str:
         compare(mask_of(fn, case, tried, (B, 1, T, S)), (src != pad_id)[:, None, None, :].expand(B, 1, T, S), judge,
                 case, tried=tried, hints=hints, regions=_pair_regions(tgt != pad_id, src != pad_id, False),
                 index_names=" (batch, head, query, key)")
+    expect_inputs_unchanged(fn, cases, names=("tgt_ids", "src_ids"),
+                            call=lambda case: f"cross_attention_mask(tgt_ids, src_ids, pad_id={case[2]})")
     return ("rows = target, columns = source, only source padding blocked (right and left padding, an all-<pad> "
             "source), with a heads axis of size 1")

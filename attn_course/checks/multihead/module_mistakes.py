@@ -154,6 +154,8 @@ MODULE_MISTAKES = [
        when=lambda c: not c.fused, roles="kqv"),  # fused: a split order, below
     _m("v_with_w_k", "values projected with W^K", "you computed the values with k_proj", "v = v_proj(x_kv)",
        roles="qkk"),
+    _m("kv_swapped", "keys and values swapped", "you computed the keys with v_proj and the values with k_proj",
+       "k = k_proj(x_kv), v = v_proj(x_kv)", when=lambda c: not c.fused, roles="qvk"),  # fused: a split order, below
     *(_inside(MERGE_MISTAKES, key, "merge") for key in ("no_transpose", "interleaved", "reversed")),
     _m("no_out_proj", "W^O not applied", "you returned the concatenated heads without out_proj",
        "return self.out_proj(concatenated heads)", out_proj=False),

@@ -28,7 +28,8 @@ def _additive(q, k, v, Wq, Wk, w, mask=None, mistake: str = "") -> tuple[torch.T
     pre = hq[..., :, None, :] + hk[..., None, :, :]  # (..., n_q, n_k, d_h)
     hidden = {"no_tanh": pre, "separate": torch.tanh(hq)[..., :, None, :] + torch.tanh(hk)[..., None, :, :],
               "sigmoid": torch.sigmoid(pre), "relu": torch.relu(pre)}.get(mistake, torch.tanh(pre))
-    scores = torch.tanh(pre @ w) if mistake == "w_before" else hidden @ (torch.ones_like(w) if mistake == "no_w" else w)
+    scores = torch.tanh(pre @ w) if mistake == "w_before" else hq @ hk.transpose(-2, -1) if mistake == "dot" else \
+        hidden @ (torch.ones_like(w) if mistake == "no_w" else w)
     scores = scores / {"scaled": math.sqrt(Wq.shape[0]), "scaled_dk": math.sqrt(k.shape[-1])}.get(mistake, 1.0)
     if mask is not None and mistake not in ("after", "ignored"):
         scores = scores.masked_fill(mask if mistake == "polarity" else ~mask,
@@ -58,6 +59,9 @@ _ADD_ROWS = [
     ("no_w", "w ignored", "you summed the hidden units instead of weighting them with w", "hidden @ w"),
     ("w_before", "w applied before the tanh", "you computed tanh(wᵀ(W_q q + W_k k)); the score is "
      "wᵀ tanh(W_q q + W_k k)", f"{_TANH} @ w"),
+    ("dot", "dot-product scores, not additive ones", "your scores are (W_q q_i)·(W_k k_j), a dot product of the "
+     "projections (multiplicative attention); additive attention adds them, applies tanh, then takes w's dot product",
+     f"{_TANH} @ w"),
     ("sigmoid", "sigmoid instead of tanh", "your hidden units go through a sigmoid; Bahdanau's score uses tanh", _TANH),
     ("relu", "ReLU instead of tanh", "your hidden units go through a ReLU; Bahdanau's score uses tanh", _TANH),
     ("scaled", "scores scaled by √d_h", "additive attention has no 1/√d scale", "leave the scores unscaled"),
@@ -147,6 +151,12 @@ def check_additive_attention(fn: Learner) -> str:
         on_out.expect(out, exp_out, case, tried=tried, what="the output", fix=_ADD_FIX, **tol)
         for got, what in ((out, "the output"), (weights, "the weights")):
             kit.lower_precision(got, case[0].dtype, tried=tried, what=what, grid=False)
+            if got.is_floating_point() and got.dtype.itemsize > case[0].dtype.itemsize:
+                kind, given = str(got.dtype)[6:], str(case[0].dtype)[6:]
+                fail(f"{what} in {kind}, not q's {given}", tried=tried, got=f"{what} in {kind}",
+                     expected=f"{given}, q's dtype, as the docstring says", cause=f"your computation converted to "
+                     f"{kind} (.double(), dtype={kind}, or a {kind} tensor of your own) and did not convert back",
+                     fix="compute in q's dtype, or convert the results back with .to(q.dtype)")
     kit.expect_unchanged(fn, cases[1][1], call="additive_attention(q, k, v, W_q, W_k, w, mask)", name="q",
                          others=("k", "v", "W_q", "W_k", "w", "mask"), shown=f"{cases[1][0]}, float64")
     return (f"matches wᵀ tanh(W_q q + W_k k) attention on {len(cases)} cases (batched, masks, n_q = 1, square "

@@ -195,6 +195,13 @@ LOOK_ALIKES = [
     *_either_ddof("summed over the samples", "you added the products over the samples (axis 0), not over each "
                   "pair's d_k entries, then took the variance of those d_k sums", SUM_FIX,
                   lambda q, k, ddof: var((q * k).sum(0), ddof)),
+    *_either_ddof("d_k × the variance of one product", "you took the variance of the single products qᵢ·kᵢ and "
+                  "multiplied it by d_k: that assumes the answer (variances add up) instead of measuring the variance "
+                  "of the dot products", SUM_FIX, lambda q, k, ddof: q.shape[1] * var((q * k).flatten(), ddof)),
+    *_either_ddof("a variance per entry, then summed", "you took the variance of each entry's product qᵢ·kᵢ over the "
+                  "samples (axis 0) and added the d_k variances up: that assumes the answer (variances add up) instead "
+                  "of measuring the variance of the dot products", SUM_FIX,
+                  lambda q, k, ddof: sum(var((q * k)[:, i], ddof) for i in range(q.shape[1]))),
 ]
 
 #: Denominators a learner may divide the sum of squared deviations by, with their names.
@@ -451,7 +458,10 @@ def _name_variance_mistake(estimates: list[float], settings: list[tuple[int, flo
         effective = sum(per_setting) / sum((r - 1) ** 2 for r in ratios)
         # (below 30 pairs the estimates are too far off for sampling noise: the scatter test below names that; a q or
         # a k shared by all the pairs looks the same here, and its scatter at d_k = 1 tells it apart)
-        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4 and spread() <= 30:
+        # (a function that uses m < SCATTER_N pairs also scatters about SCATTER_N / m times too much at d_k = 1: an
+        # answer whose scatter there is far below what its effective count implies measures another quantity)
+        if 30 <= effective < min(n_ for _, _, n_ in settings) / 4 and \
+                max(1.0, SCATTER_N / effective) / 4 <= spread() <= 30:
             fail("fewer samples than n_samples", tried=tried, got=got_all, expected=expected, cause="your estimates "
                  f"land on both sides of σ⁴·d_k, as far as from about {fmt(effective)} pairs: your function uses fewer "
                  "pairs than n_samples (a cap, or part of the draws)", fix=f"draw n_samples pairs, {DRAW}, and use "

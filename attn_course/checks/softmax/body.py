@@ -60,6 +60,22 @@ def raised_hint(exc: LearnerRaised, *, signature: str) -> dict[str, str]:
     return kit.reduction_hint(exc, dim="dim" in signature)
 
 
+def _through_half(out: torch.Tensor, *, tried: str, what: str) -> None:
+    """Fail when every fractional entry of a wrong ``out`` (two at least) is a float16 or bfloat16 number: a
+    float32/64 computation lands on their grid by chance with probability about 2⁻¹³ per entry. (``kit.what_is_off``
+    names this only when it sees no factor or shift first, and on a few values rounding can look like one.)"""
+    values = out.detach()[torch.isfinite(out.detach())]
+    telling = values[values != values.round()]
+    if out.dtype not in _HALF and telling.numel() >= 2 and (half := kit.measure.made_of_half(telling)):
+        name = str(half).replace("torch.", "")
+        fail(f"{name} precision", tried=tried, expected="the input's precision",
+             got=f"{what} agree with the expected values to about 3 significant digits only; every value is a "
+                 f"{name} number",
+             cause=f"your result went through {name}, which keeps about {kit.measure.DIGITS[half]} significant "
+                   "digits, and was converted back afterwards",
+             fix="compute in the input's dtype: leave out .half(), .to(torch.float16) or .to(torch.bfloat16)")
+
+
 # ============================================================================ one body for every check
 K = kit.AlongDim  # a known mistake whose texts may name the case's dim
 
@@ -71,9 +87,11 @@ def case_dim(case: tuple) -> int:
 def judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Callable, table: list[kit.Known],
                 explain: Callable, expected: str, shape_fix: str, what: str = "your result",
                 call: Callable[[tuple], str] | None = None,
-                dim: Callable[[tuple], int] = case_dim, reduced: bool = True, atol: float = 1e-5) -> kit.TensorOrArray:
+                dim: Callable[[tuple], int] = case_dim, reduced: bool = True, atol: float = 1e-5,
+                exact: Callable[[torch.Tensor, tuple, str], None] | None = None) -> kit.TensorOrArray:
     """Judge the answer on every case against ``oracle``: shape, dtype, then values (a mistake of ``table`` that
-    reproduces them, else ``kit.what_is_off`` and ``explain(out, case, passed, tried)``); then the input unchanged."""
+    reproduces them, else ``kit.what_is_off`` and ``explain(out, case, passed, tried)``), then what the docstring
+    fixes exactly (``exact(out, case, tried)``, on results right within the tolerance); then the input unchanged."""
     name = signature.split("(")[0]
     call = call or (lambda case: f"{name}(x{', ' + str(case[1]) if len(case) > 1 else ''})")
     run, suspects, passed = kit.TensorOrArray(fn), kit.Suspects(table, atol=atol, rtol=1e-4), []
@@ -102,8 +120,12 @@ def judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Call
             kit.what_is_off(out, expected_out, tried=tried, what=what, reduced=dim(case) if reduced else None, atol=a,
                             rtol=r, fix=shape_fix, explain=lambda o, case=case: explain(o, case, passed, tried),
                             along="the axis `dim`")
+            if x.dtype not in _HALF and kit.agrees(out, expected_out, atol=a, rtol=8e-3):  # right to 2-3 digits only,
+                _through_half(out, tried=tried, what=what)  # and what_is_off saw a factor or a shift in the rounding
         suspects.expect(out, expected_out, case, tried=tried, again=run.tensor, what=what, atol=a, rtol=r,
                         fix=shape_fix if out.shape != expected_out.shape else "")
+        if exact:
+            exact(out, case, tried)
         passed.append(case)
     kit.expect_unchanged(fn, cases[0], call=call(cases[0]), name="x", shown=describe_input(cases[0][0]),
                          numpy=run.mode == "numpy")
