@@ -1,11 +1,10 @@
 """The comparison layer every check shares: turn an answer into a tensor, compare it with the oracle,
 and, when it differs, say what is wrong in the course's one template (:class:`~.result.Diagnosis`).
 
-Known mistakes are :class:`Mistake` objects: the cause in the second person, the fix, and what a
-learner who made that mistake would have returned. A mismatch is blamed on a mistake only when the
-answer reproduces that mistake's output; when none does, :func:`describe_mismatch` measures what
-the difference *is* (shape, dtype, NaN, a constant factor, swapped axes, wrong only in some rows…)
-and names a cause only when the measurement supports it.
+A known mistake on one case (:class:`Mistake`, what the kit's ``Known.on`` makes) is blamed only when the
+answer reproduces its output; when none does, :func:`describe_mismatch` measures what the difference *is*
+(shape, dtype, NaN, a constant factor, swapped axes, wrong only in some rows…) and names a cause only when
+the measurement supports it.
 """
 
 from __future__ import annotations
@@ -20,22 +19,8 @@ import torch
 from .boundary import Opaque, describe_value
 from .result import Diagnosis
 
-__all__ = [
-    "Failure",
-    "fail",
-    "Mistake",
-    "as_tensor",
-    "expect_shape",
-    "expect_finite",
-    "expect_close",
-    "expect_equal",
-    "matching_mistakes",
-    "describe_mismatch",
-    "Mismatch",
-    "same",
-    "fmt",
-    "fail_again",
-]
+__all__ = ["Failure", "fail", "fail_again", "Mistake", "as_tensor", "expect_shape", "expect_finite", "expect_close",
+           "expect_equal", "matching_mistakes", "describe_mismatch", "Mismatch", "same", "fmt", "fmt_apart"]
 
 
 class Failure(Exception):
@@ -58,13 +43,19 @@ def fail_again(failure: Failure, summary: str, cause: str, fix: str) -> NoReturn
     fail(summary, tried=d.tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
 
 
-def fmt(x: float) -> str:
+def fmt(x: float, digits: int = 4) -> str:
     """A number as a learner reads it: 4 significant digits, no noise."""
     if x != x:
         return "NaN"
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
-    return f"{x:.4g}"
+    return f"{x:.{digits}g}"
+
+
+def fmt_apart(a: float, b: float) -> tuple[str, str]:
+    """Two numbers that differ, each with the fewest significant digits (4 at least) that show they differ."""
+    digits = next((d for d in range(4, 18) if fmt(a, d) != fmt(b, d)), 17)
+    return fmt(a, digits), fmt(b, digits)
 
 
 @dataclass
@@ -370,8 +361,8 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, what: str
     wrong = ~close
     diff = _difference(a, e)
     worst = () if a.ndim == 0 else tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
-    detail = (f"largest difference {fmt(float(diff[worst]))} at index {worst}: "
-              f"got {fmt(float(a[worst]))}, expected {fmt(float(e[worst]))}")
+    shown = fmt_apart(float(a[worst]), float(e[worst]))
+    detail = f"largest difference {fmt(float(diff[worst]))} at index {worst}: got {shown[0]}, expected {shown[1]}"
     region = _where_wrong(wrong)
     got = f"{int(wrong.sum())} of {_count(a.numel(), 'entry', 'entries')} differ{region}; {detail}"
     return Mismatch(got, _EXPECTED, "", f"wrong values{region}")

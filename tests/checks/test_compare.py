@@ -218,3 +218,10 @@ def test_a_lost_axis_is_named_with_the_callers_axis_names():
     assert d.summary == "only head 2 kept (axis 0 dropped)" and "head 2 alone" in d.cause
     d = diagnosis(lambda: expect_shape(bias[0], bias.shape, tried="t", values=bias))  # unnamed: a batch axis
     assert d.summary == "only batch entry 0 kept (axis 0 dropped)"
+
+
+def test_got_and_expected_show_the_digits_that_tell_them_apart():  # 4 when they are enough
+    a, e = torch.tensor([1.0, 1.6710001], dtype=torch.float64), torch.tensor([1.0, 1.671], dtype=torch.float64)
+    got = describe_mismatch(a, e, atol=0.0, rtol=0.0)[0]
+    assert "got 1.6710001, expected 1.671" in got, got
+    assert "got 2.5, expected 1.671" in describe_mismatch(a + torch.tensor([0.0, 0.829]), e, atol=0.0, rtol=0.0)[0]

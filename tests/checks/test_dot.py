@@ -143,6 +143,11 @@ def mul_in_place(q, K):
     return K.sum(-1)
 
 
+def doubles_q_in_place(q, K):  # a wrong result, and the caller's q changed: the change is what is named
+    q[0] = q[0] * 2
+    return K @ q
+
+
 def times_equals(q, K):
     K *= q
     return K.sum(dim=-1)
@@ -225,6 +230,7 @@ ONE_QUERY_WRONG = [
     W(lambda q, K: torch.from_numpy(K) @ q, "torch.from_numpy"),
     W(mul_in_place, "K in place", "x = x * y"),
     W(times_equals, "K in place"),
+    W(doubles_q_in_place, "changed its input q in place", "a wrong result", "x[…] = …"),
     W(lambda q, K: (K.half() @ q.half()).float(), "float16"),
     W(lambda q, K: (K.bfloat16() * q.bfloat16()).sum(-1).to(K.dtype), "bfloat16"),
     W(lambda q, K: (K @ q).half(), "float16"),

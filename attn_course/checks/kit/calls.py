@@ -78,7 +78,8 @@ def expect_unchanged(fn: Any, args: tuple, *, call: str, name: str, shown: str, 
             fail(f"{name} changed in place", tried=f"{call} on {where}, comparing {name} with a copy taken before the "
                  "call", got=f"after the call, {name} no longer holds the values it was given",
                  expected=f"{name} left as it was: the function only reads it",
-                 cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), or out=x) overwrites "
+                 cause="an in-place operation on the input (x -= …, x /= …, x.sub_(…), x.exp_(), x[…] = … or out=x) "
+                       "overwrites "
                        "the caller's tensor" + ("" if given is args else "; in this dtype a conversion such as "
                        "x.to(torch.float64) or x.float() returned x itself, so the in-place step after it reached "
                        "the caller's tensor"),

@@ -93,15 +93,7 @@ def judge_cases(fn: Any, cases: Sequence[TensorCase], table: Sequence[Known], *,
     right = [v is not None and v.is_floating_point() and _close(v, c.expected, c.atol)
              for (v, _, _), c in zip(outs, cases)]
     if all(right):
-        moved = next((i for i, o in enumerate(outs) if o[2]), None)
-        if moved is not None:
-            names = " and ".join(arg_names[j] for j in outs[moved][2])
-            fail(f"changed its input {names} in place", tried=tries[moved],
-                 got=f"the right result, but afterwards the caller's {names} holds different values",
-                 expected=f"{names} left as it was (the docstring: inputs are left unchanged)",
-                 cause=f"your code modifies {names} in place (an operation ending in _ such as mul_, div_ or "
-                       "transpose_, or +=, *=, /= on an input)",
-                 fix="compute into a new tensor: write x = x * y (or x / n) instead of x *= y (x /= n)")
+        _in_place(outs, tries, arg_names, "the right result")
         return
     wrong = [i for i, ok in enumerate(right) if not ok]
     suspects = Suspects([k for k in table if all(fits(k, cases[i].key, raised=outs[i][1] is not None, value=outs[i][0],
@@ -126,12 +118,27 @@ def judge_cases(fn: Any, cases: Sequence[TensorCase], table: Sequence[Known], *,
         d = learner_error(exc, tried=tries[wrong[0]], expected=preview(case.expected), **hard_coded_hint(exc, ran))
         k = next((k for k in live if k.key == hint.get("cause")), None)
         raise Failure(replace(d, summary=k.summary, cause=k.cause, fix=k.fix) if k else d)
+    _in_place(outs, tries, arg_names, "a wrong result")  # no known mistake explains it: the changed input comes first
     i, values = valued[0], [o[0] for o in outs]
     if measure:
         measure(i, values, tries[i])
     named = factors(cases[i]) if factors else None
     _measure(fn, cases, values, wrong, i, tries[i], arg_names, oracle, named, tags or {})
     expect(i, factors=named)
+
+
+def _in_place(outs: list, tries: list[str], arg_names: Sequence[str], result: str) -> None:
+    """Fail on the first call that changed an input in place (``outs``: the (value, exception, changed) of each)."""
+    moved = next((i for i, o in enumerate(outs) if o[2]), None)
+    if moved is not None:
+        names = " and ".join(arg_names[j] for j in outs[moved][2])
+        fail(f"changed its input {names} in place", tried=tries[moved],
+             got=f"{result}, and afterwards the caller's {names} holds different values",
+             expected=f"{names} left as it was (the docstring: inputs are left unchanged)",
+             cause=f"your code modifies {names} in place (an operation ending in _ such as mul_, div_ or "
+                   "transpose_, +=, *=, /= or an assignment x[…] = … on an input)",
+             fix="compute into a new tensor: write x = x * y (or x / n) instead of x *= y (x /= n), or start from "
+                 "a copy: x = x.clone()")
 
 
 def _measure(fn: Any, cases: Sequence[TensorCase], values: list, wrong: Sequence[int], i: int, tried: str,

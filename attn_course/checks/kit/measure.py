@@ -56,10 +56,11 @@ def what_is_off(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: 
 
     A wrong shape: one value per slice along axis ``reduced`` (a reduction returned where the entries belong; ``fix``
     is the advice), or the right values with the size-1 axes dropped. The right shape: NaN or inf where the truth is
-    finite go to ``explain(out)`` (the topic's own measurements: where they come from); then, unless
-    :func:`~.compare.describe_mismatch` names a cause, a constant factor or a shift, in order: a result that went
-    through float16 or bfloat16, ``explain(out)``, some batch entries wrong (:func:`batch_entries`, ``along`` naming
-    the reduced axis), values right to about 3 significant digits only."""
+    finite go to ``explain(out)`` (the topic's own measurements: where they come from); then a result that went
+    through float16 or bfloat16 (asked first: on a few values its rounding looks like a factor and a shift); then,
+    unless :func:`~.compare.describe_mismatch` names a cause, a constant factor or a shift, in order:
+    ``explain(out)``, some batch entries wrong (:func:`batch_entries`, ``along`` naming the reduced axis), values
+    right to about 3 significant digits only."""
     got, want = tuple(out.shape), tuple(expected.shape)
     if got != want:
         if reduced is not None and want[reduced] > 1 and got == want[:reduced] + (1,) + want[reduced + 1:]:
@@ -76,10 +77,8 @@ def what_is_off(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: 
     a, e = out.detach().double(), expected.detach().double()
     if bool((~torch.isfinite(a) & torch.isfinite(e)).any()):
         explain(out)
-    mismatch = describe_mismatch(out, expected, what=what, atol=atol, rtol=rtol)
-    if mismatch[2] or mismatch[3].startswith(("off by a factor", "shifted by")):
-        return
-    # Rounded: within a few float16 rounding steps of the truth everywhere, yet not equal to it.
+    # Rounded: within a few float16 rounding steps of the truth everywhere, yet not equal to it (asked before the
+    # comparison's causes: on a few values float16's rounding can look like a factor and a shift).
     scale, err = float(e.abs().max()), (a - e).abs()
     rounded = out.dtype not in (torch.float16, torch.bfloat16) and bool(torch.isfinite(a).all()) and bool(
         torch.isfinite(e).all()) and float(err.max()) > 2.0 ** -14 * scale and bool(
@@ -92,6 +91,9 @@ def what_is_off(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: 
              expected="the input's precision", cause=f"your result went through {name}, which keeps about "
              f"{DIGITS[half]} significant digits, and was converted back afterwards",
              fix="compute in the input's dtype: leave out .half(), .to(torch.float16) or .to(torch.bfloat16)")
+    mismatch = describe_mismatch(out, expected, what=what, atol=atol, rtol=rtol)
+    if mismatch[2] or mismatch[3].startswith(("off by a factor", "shifted by")):
+        return
     explain(out)
     batch_entries(out, expected, tried=tried, what=what, atol=atol, rtol=rtol, along=along)
     if rounded:
