@@ -108,6 +108,33 @@ def _loop(q: torch.Tensor, K: torch.Tensor, keys) -> torch.Tensor:
     return torch.stack([(q * K[j]).sum() for j in keys])
 
 
+def _first_entries(m: int, key_first: bool = False) -> Callable:
+    """Scores whose sum over a vector's entries runs over range(m), a length typed in: an IndexError past the end of
+    a shorter vector (q[i] first, or K[j, i] first: the message names dimension 0 or 1), m products of a longer one."""
+    def product(q: torch.Tensor, K: torch.Tensor, j: int, i: int) -> torch.Tensor:
+        return K[j, i] * q[i] if key_first else q[i] * K[j, i]
+
+    return lambda q, K: torch.stack([sum(product(q, K, j, i) for i in range(m)) for j in range(len(K))])
+
+
+#: The longest vector of the one-query cases: a length typed in above it is past every vector.
+_LONGEST = max(case.args[0].shape[0] for case in _one_query_cases())
+
+
+def _typed_in_lengths() -> list[tuple]:
+    """A vector length typed in (range(m), q[:m]) where len(q) belongs, for every m that a case tells apart; a loop
+    and a slice that stop at m give the same numbers wherever both run, so they share their words."""
+    fix = "run over every entry: for i in range(len(q)), or (q * key).sum()"
+    rows = [(f"typed-length-{m}", f"the vector length typed in as {m}", f"your sum over a vector's entries stops "
+             f"after {m} of them (range({m}), or q[:{m}]: a length typed in), not len(q), so a longer vector loses its "
+             "last products (and with range, a shorter one runs past its end)", fix, _first_entries(m),
+             _first_entries(m, key_first=True), *([lambda q, K, m=m: K[:, :m] @ q[:m]] if m < _LONGEST else []))
+            for m in range(2, _LONGEST + 1)]
+    return rows + [("typed-length-long", "a vector length typed in", "your sum over a vector's entries runs a fixed "
+                    "number of times (a length typed in, such as range(10)), more than this vector has, so it runs "
+                    "past its end", fix, _first_entries(_LONGEST + 1), _first_entries(_LONGEST + 1, key_first=True))]
+
+
 def _mT(Q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return Q @ K.transpose(-2, -1)
 
@@ -192,6 +219,7 @@ ONE_QUERY_TABLE = table(
      "(q * key).sum()", lambda q, K: K[:, 0] * q[0]),
     ("dot-matrix", "torch.dot on a matrix", "torch.dot takes two vectors (1-D), and K is a matrix", "use K @ q (or "
      "torch.mv(K, q)); torch.dot(q, K[j]) works inside a loop", lambda q, K: torch.dot(q, K), lambda q, K: q.dot(K)),
+    *_typed_in_lengths(),
     ("mm-vector", "torch.mm with a vector", "torch.mm multiplies two matrices, and q is a vector", "use torch.mv(K, q) "
      "or K @ q", lambda q, K: torch.mm(K, q), lambda q, K: K.mm(q)),
 )
@@ -343,6 +371,9 @@ COSINE_TABLE = table(
      "similarity cos θ", "return the cosine itself", _pairs(lambda c: 1 - c)),
     ("abs", "absolute values", "you took the absolute value; a cosine keeps its sign (−1 for opposite directions)",
      "return the cosine itself", _pairs(torch.abs)),
+    ("clamped", "negative cosines set to 0", "you clamped the cosines at 0 (.clamp(min=0), relu, or clamp(0, 1)): "
+     "a cosine keeps its sign, down to −1 for opposite directions", "return the cosine itself, without a clamp",
+     _pairs(lambda c: c.clamp(min=0))),
     ("angle", "the angle instead of its cosine", "you returned the angle θ (arccos); the exercise asks for cos θ",
      "return the cosine itself", _pairs(lambda c: torch.arccos(c.clamp(-1, 1)))),
     *_norms("unclamped", *_UNCLAMPED, lambda x, e: x / x.norm(dim=-1, keepdim=True)),

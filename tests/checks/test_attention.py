@@ -846,3 +846,53 @@ def test_weights_that_land_on_round_values_are_not_called_rounded(rejects):
     # clamped, the ±1000 scores of a row tie: weights of 1/2 and 1/4, far from the right ones, not rounded ones
     result = rejects(check_attention, attn_scores_clamped)
     assert "rounded" not in result.text(), result.text()
+
+
+# ============================================================================ audit: off-by-one counts named
+@pytest.mark.parametrize("fn,phrase", [
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * (n + 1) * _element(dtype),
+     "n(n + 1) entries per matrix, not n²"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n - 1) ** 2 * dtype.itemsize,
+     "(n − 1)² entries per matrix"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n + 1) ** 2 * dtype.itemsize,
+     "(n + 1)² entries per matrix"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n * (n - 1) * dtype.itemsize,
+     "n(n − 1) entries per matrix"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n * n - 1) * dtype.itemsize,
+     "(n − 1)(n + 1) = n² − 1 entries"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * len(range(n + 1)) * n * dtype.itemsize,
+     "n(n + 1) entries per matrix"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: sum(range(n)) * batch * heads * dtype.itemsize,
+     "one triangle without the diagonal"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: (batch + 1) * heads * n * n * dtype.itemsize,
+     "batch + 1 for batch"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * (heads - 1) * n * n * dtype.itemsize,
+     "heads − 1 for heads"),
+])
+def test_check_score_matrix_bytes_names_off_by_one_counts(fn, phrase, rejects):
+    result = rejects(check_score_matrix_bytes, fn, phrase)
+    assert "expected 144" not in result.diagnosis.summary
+
+
+def _off_by_one_and_four_bytes(n, batch=1, heads=1, dtype=torch.float32):
+    return batch * heads * n * (n + 1) * 4  # two mistakes at once: no single formula is named
+
+
+def test_check_score_matrix_bytes_names_no_formula_for_two_mistakes(rejects):
+    result = rejects(check_score_matrix_bytes, _off_by_one_and_four_bytes, "168 bytes, expected 144")
+    assert not result.diagnosis.cause
+
+
+@pytest.mark.parametrize("fn", [
+    lambda n, batch=1, heads=1, dtype=torch.float32: math.prod((batch, heads, n, n)) * dtype.itemsize,
+    lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * n ** 2
+    * torch.tensor([], dtype=dtype).element_size(),
+    lambda n, batch=1, heads=1, dtype=torch.float32: int(np.prod([batch, heads, n, n], dtype=np.int64))
+    * dtype.itemsize,
+    lambda n, batch=1, heads=1, dtype=torch.float32: len(range(n)) * len(range(n)) * batch * heads * dtype.itemsize,
+    lambda n, batch=1, heads=1, dtype=torch.float32: sum(n for _ in range(n)) * batch * heads * dtype.itemsize,
+    lambda n, batch=1, heads=1, dtype=torch.float32: (n * (n + 1) // 2 + n * (n - 1) // 2) * batch * heads
+    * dtype.itemsize,  # both triangles, the diagonal once
+])
+def test_check_score_matrix_bytes_accepts_other_counts(fn, accepts):
+    accepts(check_score_matrix_bytes, fn)

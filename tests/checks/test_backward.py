@@ -16,6 +16,7 @@ from attn_course import backward as ref
 from attn_course.checks.backward import check_attention_backward, check_AttentionFunction, check_tiled_attention_backward
 from attn_course.checks.result import Status
 from attn_course.softmax import masked_softmax
+from tests.checks.test_voice import assert_voice
 
 
 def quick(params, keep):
@@ -1013,3 +1014,74 @@ def test_no_two_known_backward_mistakes_agree_where_they_first_go_wrong(which):
     alike = [(a, b) for n, a in enumerate(keys) for b in keys[n + 1:]
              if first[a][0] == first[b][0] and same(first[a][1], first[b][1], atol=1e-6, rtol=1e-4)]
     assert not alike, alike
+
+
+def _unmasked_in_ds(factor_unmasked, rowsum_unmasked, zeroed):
+    """dV from the masked P, but dS with the softmax of the unmasked scores in its factor and/or its row sum."""
+    def attention_backward(q, k, v, dout, mask=None):
+        scale = 1 / math.sqrt(q.shape[-1])
+        s = q @ k.mT * scale
+        p = masked_softmax(s, mask)
+        p_all = torch.softmax(s, dim=-1)  # forgot the mask here
+        dp = dout @ v.mT
+        ds = (p_all if factor_unmasked else p) * (dp - (dp * (p_all if rowsum_unmasked else p)).sum(-1, keepdim=True))
+        if zeroed and mask is not None:
+            ds = torch.where(mask, ds, torch.zeros_like(ds))
+        return ds @ k * scale, ds.mT @ q * scale, p.mT @ dout
+    return attention_backward
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (_unmasked_in_ds(True, True, False), ["dS from the unmasked P", "blocked keys get weight"]),
+    (_unmasked_in_ds(True, True, True), ["dS from the unmasked P, zeroed at masked keys"]),
+    (_unmasked_in_ds(True, False, False), ["unmasked P as the factor of dS"]),
+    (_unmasked_in_ds(True, False, True), ["unmasked P as dS's factor, zeroed at masked keys"]),
+    (_unmasked_in_ds(False, True, False), ["unmasked P in dS's rowsum(dP ⊙ P)"]),
+    (_unmasked_in_ds(False, True, True), ["unmasked P in dS's rowsum(dP ⊙ P)"]),
+])
+def test_attention_backward_names_an_unmasked_p_in_ds(answer, phrases, rejects):
+    assert_voice(rejects(check_attention_backward, answer, *phrases))
+
+
+def _tiled_delta(delta_of):
+    """A learner's FlashAttention-2 backward, right except for D."""
+    def tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False):
+        scale = 1 / math.sqrt(q.shape[-1])
+        delta = delta_of(dout, o)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for ks in range(0, k.shape[-2], block_size):
+            kj, vj = k[..., ks:ks + block_size, :], v[..., ks:ks + block_size, :]
+            for qs in range(ks if causal else 0, q.shape[-2], block_size):
+                qi, do = q[..., qs:qs + block_size, :], dout[..., qs:qs + block_size, :]
+                s = qi @ kj.mT * scale
+                if causal:
+                    rows, cols = torch.arange(qs, qs + s.shape[-2]), torch.arange(ks, ks + s.shape[-1])
+                    s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+                p = torch.exp(s - lse[..., qs:qs + block_size, None])
+                dv[..., ks:ks + block_size, :] += p.mT @ do
+                ds = p * (do @ vj.mT - delta[..., qs:qs + block_size, :])
+                dq[..., qs:qs + block_size, :] += ds @ kj * scale
+                dk[..., ks:ks + block_size, :] += ds.mT @ qi * scale
+        return dq, dk, dv
+    return tiled_attention_backward
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (_tiled_delta(lambda dout, o: (dout * dout).sum(-1, keepdim=True)), ["D = rowsum(dO ⊙ dO): O replaced by dO"]),
+    (_tiled_delta(lambda dout, o: (dout ** 2).sum(dim=-1).unsqueeze(-1)), ["D = rowsum(dO ⊙ dO)"]),
+    (_tiled_delta(lambda dout, o: torch.einsum("...nd,...nd->...n", o, o)[..., None]), ["D = rowsum(O ⊙ O)"]),
+])
+def test_tiled_backward_names_d_from_the_wrong_pair(answer, phrases, rejects):
+    assert_voice(rejects(check_tiled_attention_backward, answer, *phrases))
+
+
+@pytest.mark.parametrize("answer", [
+    _tiled_delta(lambda dout, o: (dout * o).sum(-1, keepdim=True)),
+    _tiled_delta(lambda dout, o: torch.einsum("...nd,...nd->...n", dout, o)[..., None]),
+    _tiled_delta(lambda dout, o: (dout[..., None, :] @ o[..., :, None])[..., 0]),
+    _unmasked_in_ds(False, False, False),
+    _unmasked_in_ds(False, False, True),
+])
+def test_right_d_and_right_p_in_ds_pass(answer, accepts):
+    accepts(check_attention_backward if answer.__name__ == "attention_backward" else check_tiled_attention_backward,
+            answer)

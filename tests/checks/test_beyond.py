@@ -747,3 +747,114 @@ def test_chunked_linear_attention_in_numpy_is_accepted(accepts):
     """No torch tensor is built, so the probe counts no (chunk, chunk) product: that is no evidence of a
     recurrence, and the right values pass."""
     accepts(check_chunked_linear_attention, chunked_in_numpy)
+
+
+# ============================================================================ feature maps named, inputs left unchanged
+def _lin(phi_q, phi_k=None, phi_v=None):
+    """Linear attention with the feature maps given for q, k (q's unless given) and v (none unless given)."""
+    def linear_attention(q, k, v):
+        fq, fk = phi_q(q), (phi_k or phi_q)(k)
+        vv = v if phi_v is None else phi_v(v)
+        return (fq @ (fk.mT @ vv)) / (fq @ fk.sum(-2).unsqueeze(-1))
+    return linear_attention
+
+
+@pytest.mark.parametrize("answer,phrases", [
+    (_lin(lambda x: torch.relu(x) + 1), ["φ = relu(x) + 1", "entry becomes 1"]),
+    (_lin(lambda x: x.clamp(min=0) + 1, phi_k=phi), ["φ = relu(x) + 1 on q only"]),
+    (_lin(lambda x: torch.where(x > 0, x, torch.expm1(x))), ["φ not positive: elu(x) without + 1"]),
+    (_lin(phi, phi_v=phi), ["φ applied to v too", "feature map"]),
+    (_lin(lambda x: torch.relu(x) + 1, phi_v=lambda x: torch.relu(x) + 1), ["φ = relu(x) + 1 applied to v too"]),
+    (_lin(F.elu, phi_v=F.elu), ["φ = elu(x) without + 1 applied to v too"]),
+])
+def test_linear_attention_names_other_feature_maps(rejects, answer, phrases):
+    assert_voice(rejects(check_linear_attention, answer, *phrases))
+
+
+def rec_phi_on_v(q, k, v):
+    fq, fk, fv = phi(q), phi(k), phi(v)
+    a = (fq @ fk.mT).tril()
+    return (a @ fv) / a.sum(-1, keepdim=True)
+
+
+def test_causal_linear_attention_names_phi_on_v(rejects):
+    assert_voice(rejects(check_causal_linear_attention, rec_phi_on_v, "φ applied to v too"))
+
+
+@pytest.mark.parametrize("answer", [
+    _lin(lambda x: F.elu(x, alpha=1.0) + 1.0),
+    _lin(lambda x: torch.where(x > 0, x + 1, x.exp())),
+    _lin(lambda x: F.elu(x) + torch.ones_like(x)),
+    lambda q, k, v: torch.einsum("...id,...de->...ie", phi(q), torch.einsum("...jd,...je->...de", phi(k), v))
+    / (phi(q) * phi(k).sum(-2, keepdim=True)).sum(-1, keepdim=True),
+    lambda q, k, v: (phi(q) @ (phi(k).mT @ v)) * (1.0 / (phi(q) @ phi(k).mT.sum(-1, keepdim=True))),
+])
+def test_linear_attention_accepts_more_ways(accepts, answer):
+    accepts(check_linear_attention, answer)
+
+
+def rf_x_squared_in_place(x, omega):
+    proj = x @ omega.T
+    x.mul_(x)  # the right numbers, but the caller's x now holds its squares
+    return torch.exp(proj - x.sum(-1, keepdim=True) / 2) / math.sqrt(omega.shape[0])
+
+
+def rf_omega_scaled_in_place(x, omega):
+    omega /= math.sqrt(math.sqrt(omega.shape[0]))  # folds a scale into the caller's omega
+    return torch.exp(x @ omega.T * math.sqrt(math.sqrt(omega.shape[0])) - (x * x).sum(-1, keepdim=True) / 2) \
+        / math.sqrt(omega.shape[0])
+
+
+def bs_q_scaled_in_place(q, k, v, layout, block_size):
+    q /= math.sqrt(q.shape[-1])  # the scale folded into the caller's q
+    return bs_ref(q * math.sqrt(q.shape[-1]), k, v, layout, block_size)
+
+
+def bs_v_in_place(q, k, v, layout, block_size):
+    out = bs_ref(q, k, v, layout, block_size)
+    v.zero_()  # clears the caller's v after use
+    return out
+
+
+@pytest.mark.parametrize("check,answer,phrases", [
+    (check_positive_random_features, rf_x_squared_in_place, ["x changed in place"]),
+    (check_positive_random_features, rf_omega_scaled_in_place, ["omega changed in place"]),
+    (check_block_sparse_attention, bs_q_scaled_in_place, ["q changed in place"]),
+    (check_block_sparse_attention, bs_v_in_place, ["v changed in place"]),
+])
+def test_inputs_changed_in_place_are_named(rejects, check, answer, phrases):
+    assert_voice(rejects(check, answer, *phrases))
+
+
+@pytest.mark.parametrize("answer", [
+    lambda x, o: torch.exp(torch.einsum("...nd,rd->...nr", x, o) - x.pow(2).sum(-1, keepdim=True) / 2)
+    / math.sqrt(o.shape[0]),
+    lambda x, o: torch.exp(x @ o.T - 0.5 * (x @ x.mT).diagonal(dim1=-2, dim2=-1)[..., None]) / o.shape[0] ** 0.5,
+    lambda x, o: (x @ o.T - (x * x).sum(-1, keepdim=True) / 2).exp().div(math.sqrt(o.shape[0])),
+    lambda x, o: torch.exp(x.clone().matmul(o.T).sub_((x * x).sum(-1, keepdim=True) / 2)) / math.sqrt(o.shape[0]),
+    lambda x, o: torch.from_numpy(rf_ref(x.double(), o.double()).numpy()).to(x.dtype),
+])
+def test_positive_random_features_accepts_more_ways(accepts, answer):
+    accepts(check_positive_random_features, answer)
+
+
+def bs_query_blocks_gathered(q, k, v, layout, block_size):
+    """Per query block, the kept key blocks concatenated, then one softmax: a clone of q scaled in place."""
+    q = q.clone()
+    q *= 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for i in range(layout.shape[0]):
+        rows = slice(i * block_size, (i + 1) * block_size)
+        cols = torch.cat([torch.arange(j * block_size, min((j + 1) * block_size, k.shape[-2]))
+                          for j in layout[i].nonzero().flatten().tolist()])
+        out[..., rows, :] = torch.softmax(q[..., rows, :] @ k[..., cols, :].mT, -1) @ v[..., cols, :]
+    return out
+
+
+@pytest.mark.parametrize("answer", [
+    bs_query_blocks_gathered,
+    lambda q, k, v, layout, b: bs_ref(q.clone(), k.clone(), v.clone(), layout.clone(), b),
+    lambda q, k, v, layout, b: bs_ref(q.contiguous(), k, v, layout.bool(), int(b)),
+])
+def test_block_sparse_attention_accepts_more_ways(accepts, answer):
+    accepts(check_block_sparse_attention, answer)

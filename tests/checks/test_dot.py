@@ -560,3 +560,117 @@ def test_cosine_eps_cases_tell_the_two_clamping_conventions_apart():
 def test_cosine_not_attempted_and_not_a_function(rejects, unfinished):
     rejects(check_cosine_scores, unfinished, "not attempted", status=Status.NOT_ATTEMPTED)
     rejects(check_cosine_scores, 3, "not a function")
+
+
+# ============================================================ audit A: typed-in lengths, clamped cosines
+def typed_in_three(q, K):  # the example's vectors had 3 entries
+    scores = []
+    for key in K:
+        total = 0.0
+        for i in range(3):
+            total = total + q[i] * key[i]
+        scores.append(total)
+    return torch.stack(scores)
+
+
+def typed_in_eight_raises(q, K):  # past the end of every shorter vector: the IndexError is named
+    return torch.stack([sum(q[i] * K[j, i] for i in range(8)) for j in range(len(K))])
+
+
+def typed_in_ten_key_first(q, K):  # longer than every vector; K[j, i] first names dimension 1 in the message
+    return torch.stack([sum(K[j, i] * q[i] for i in range(10)) for j in range(len(K))])
+
+
+def typed_in_seven(q, K):
+    return torch.stack([sum(q[i] * k[i] for i in range(7)) for k in K])
+
+
+def typed_in_slice_five(q, K):  # a slice: shorter vectors are kept whole, longer ones cut
+    return torch.stack([(q[:5] * k[:5]).sum() for k in K])
+
+
+def typed_in_written_out(q, K):  # three products written out by hand
+    return torch.stack([q[0] * k[0] + q[1] * k[1] + q[2] * k[2] for k in K])
+
+
+TYPED_LENGTH_WRONG = [
+    W(typed_in_three, "the vector length typed in as 3", "range(3)", "len(q)"),
+    W(typed_in_eight_raises, "IndexError", "the vector length typed in as 8", "range(8)", "runs past its end"),
+    W(typed_in_ten_key_first, "IndexError", "a vector length typed in", "more than this vector has"),
+    W(typed_in_seven, "the vector length typed in as 7"),
+    W(typed_in_slice_five, "the vector length typed in as 5", "q[:5]"),
+    W(typed_in_written_out, "the vector length typed in as 3"),
+    W(lambda q, K: K[:, :2] @ q[:2], "the vector length typed in as 2", "q[:2]"),
+]
+
+
+@pytest.mark.parametrize("fn, phrases, named", TYPED_LENGTH_WRONG)
+def test_a_vector_length_typed_in_is_named(fn, phrases, named, rejects):
+    rejects_as(rejects, check_query_scores_loop if fn.__name__.startswith("typed") else check_query_scores, fn, phrases,
+               named)
+
+
+def loop_over_len_q(q, K):
+    return torch.stack([sum(q[i] * k[i] for i in range(len(q))) for k in K])
+
+
+def loop_over_key_width(q, K):
+    scores = []
+    for j in range(K.shape[0]):
+        total = torch.zeros((), dtype=K.dtype)
+        for i in range(K.shape[1]):
+            total = total + K[j, i] * q[i]
+        scores.append(total)
+    return torch.stack(scores)
+
+
+def loop_zip(q, K):
+    return torch.stack([sum(a * b for a, b in zip(q, key)) for key in K])
+
+
+def slice_of_full_length(q, K):  # a slice up to the vector's own length keeps every entry
+    return torch.stack([(q[:q.numel()] * key[:key.shape[-1]]).sum() for key in K])
+
+
+def loop_over_numel(q, K):
+    return torch.stack([torch.stack([q[i] * key[i] for i in range(q.numel())]).sum() for key in K])
+
+
+@pytest.mark.parametrize("fn", [loop_over_len_q, loop_over_key_width, loop_zip, slice_of_full_length, loop_over_numel])
+def test_loops_over_the_vector_length_pass(fn, accepts):
+    accepts(check_query_scores_loop, fn)
+
+
+def cos_matrix(Q, K, eps):
+    return unit(Q, eps) @ unit(K, eps).mT
+
+
+COSINE_CLAMPED = [
+    W(lambda Q, K, eps=1e-8: cos_matrix(Q, K, eps).clamp(min=0), "negative cosines set to 0", "down to −1"),
+    W(lambda Q, K, eps=1e-8: torch.relu(cos_matrix(Q, K, eps)), "negative cosines set to 0"),
+    W(lambda Q, K, eps=1e-8: cos_matrix(Q, K, eps).clamp(0, 1), "negative cosines set to 0"),
+    W(lambda Q, K, eps=1e-8: F.relu(Q @ K.mT) / (Q.norm(dim=-1, keepdim=True).clamp_min(eps)
+                                                 * K.norm(dim=-1).clamp_min(eps).unsqueeze(-2)),
+      "negative cosines set to 0"),  # the dot products clamped before the division: the same numbers
+    W(lambda Q, K, eps=1e-8: torch.where(cos_matrix(Q, K, eps) < 0, 0.0, cos_matrix(Q, K, eps)),
+      "negative cosines set to 0"),
+]
+
+
+@pytest.mark.parametrize("fn, phrases, named", COSINE_CLAMPED)
+def test_cosine_clamped_at_zero_is_named(fn, phrases, named, rejects):
+    rejects_as(rejects, check_cosine_scores, fn, phrases, named)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda Q, K, eps=1e-8: cos_matrix(Q, K, eps).clamp(min=-1),  # a clamp at −1 changes nothing
+    lambda Q, K, eps=1e-8: cos_matrix(Q, K, eps).clamp(-1.0, 1.0).to(Q.dtype),
+    lambda Q, K, eps=1e-8: torch.nn.CosineSimilarity(dim=-1, eps=eps)(Q[..., :, None, :], K[..., None, :, :]),
+    lambda Q, K, eps=1e-8: (Q @ K.mT) / (torch.linalg.norm(Q, dim=-1, keepdim=True).clamp(min=eps)
+                                         * torch.linalg.norm(K, dim=-1).clamp(min=eps).unsqueeze(-2)),
+    lambda Q, K, eps=1e-8: torch.matmul(F.normalize(Q, p=2.0, dim=-1, eps=eps),
+                                        F.normalize(K, p=2.0, dim=-1, eps=eps).transpose(-1, -2)),
+    lambda Q, K, eps=1e-8: torch.relu(cos_matrix(Q, K, eps)) - torch.relu(-cos_matrix(Q, K, eps)),  # relu and back
+])
+def test_cosine_alternatives_near_a_clamp_pass(fn, accepts):
+    accepts(check_cosine_scores, fn)

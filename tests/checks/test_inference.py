@@ -15,6 +15,7 @@ from attn_course import inference as ref
 from attn_course.checks.inference import (check_bottom_right_causal_mask, check_KVCache, check_merge_partials,
                                           check_sliding_window_attention, check_sliding_window_mask)
 from attn_course.checks.result import Status
+from tests.checks.test_voice import assert_voice
 
 
 def attend_over(q, K, V, *, scale=None, dim=-1, naive=False):
@@ -907,3 +908,128 @@ def test_a_row_that_fits_one_case_by_chance_is_not_named(check, fn, rejects):
     d = rejects(check, fn).diagnosis
     assert "window off by one" not in d.summary, d
     assert "query 3" in d.cause or "query 0" in d.cause, d
+
+
+# ========================================================================= preallocated buffers, rows never written
+class CacheAttendsWholeBuffer(CachePreallocated):
+    def attend(self, q):  # the whole buffer: its unfilled zero slots too
+        return torch.softmax(q @ self.k.transpose(-1, -2) / q.shape[-1] ** 0.5, -1) @ self.v
+
+
+class CacheDoublingAttendsWholeBuffer(CacheBuffer):
+    def attend(self, q):
+        return F.scaled_dot_product_attention(q, self.k, self.v)
+
+
+class CacheReturnsWholeBuffer(CachePreallocated):
+    def append(self, k, v):
+        super().append(k, v)
+        return self.k, self.v
+
+
+@pytest.mark.parametrize("cls,phrases", [
+    (CacheAttendsWholeBuffer, ["attended over unfilled zero slots of the buffer", "plus 63 slots"]),
+    (CacheDoublingAttendsWholeBuffer, ["attended over unfilled zero slots of the buffer", "plus 1 slot whose"]),
+    (CacheReturnsWholeBuffer, ["the returned K includes the buffer's unfilled slots", "63 rows of zeros"]),
+])
+def test_check_kvcache_names_unfilled_buffer_slots(cls, phrases, rejects):
+    assert_voice(rejects(check_KVCache, cls, *phrases))
+
+
+class CacheFilledLength(CachePreallocated):
+    def attend(self, q):
+        return F.scaled_dot_product_attention(q, self.k[..., :self.t, :], self.v[..., :self.t, :])
+
+
+class CacheNarrowed:
+    def __init__(self):
+        self.k = self.v = None
+        self.t = 0
+
+    def append(self, k, v):
+        if self.k is None:
+            self.k = torch.zeros(*k.shape[:-2], 128, k.shape[-1], dtype=k.dtype)
+            self.v = torch.zeros(*v.shape[:-2], 128, v.shape[-1], dtype=v.dtype)
+        self.k.narrow(-2, self.t, k.shape[-2]).copy_(k)
+        self.v.narrow(-2, self.t, v.shape[-2]).copy_(v)
+        self.t += k.shape[-2]
+        return self.k.narrow(-2, 0, self.t), self.v.narrow(-2, 0, self.t)
+
+    def attend(self, q):
+        K, V = self.k.narrow(-2, 0, self.t), self.v.narrow(-2, 0, self.t)
+        return torch.softmax(torch.einsum("...qd,...kd->...qk", q, K) / math.sqrt(q.shape[-1]), -1) @ V
+
+
+class CacheMaskedBuffer(CachePreallocated):
+    def attend(self, q):  # the whole buffer, but its unfilled slots masked out
+        filled = (torch.arange(self.k.shape[-2]) < self.t)[None, :]  # (1, capacity): one query row
+        return F.scaled_dot_product_attention(q, self.k, self.v, attn_mask=filled)
+
+
+class CacheTupleList:
+    def __init__(self):
+        self.items = []
+
+    def append(self, k, v):
+        self.items.append((k, v))
+        return torch.cat([a for a, _ in self.items], -2), torch.cat([b for _, b in self.items], -2)
+
+    def attend(self, q):
+        K, V = (torch.cat(x, -2) for x in zip(*self.items))
+        w = torch.softmax((q / math.sqrt(q.shape[-1])) @ K.mT, dim=-1)
+        return w @ V
+
+
+class CacheLogSumExp(CacheManualStable):
+    def attend(self, q):
+        s = q @ self.k.mT / math.sqrt(self.k.shape[-1])
+        return torch.exp(s - torch.logsumexp(s, -1, keepdim=True)) @ self.v
+
+
+@pytest.mark.parametrize("cls", [CacheFilledLength, CacheNarrowed, CacheMaskedBuffer, CacheTupleList, CacheLogSumExp])
+def test_check_kvcache_accepts_more_buffers(cls, accepts):
+    accepts(check_KVCache, cls)
+
+
+def _window_rows(alloc, starts):
+    """A tiled sliding-window attention whose query loop visits the blocks ``starts(n, b)`` of an ``alloc`` output."""
+    def sliding_window_attention(q, k, v, window, block_size):
+        n, b = q.shape[-2], block_size
+        out = alloc(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+        for qs in starts(n, b):
+            qe = min(qs + b, n)
+            qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
+            m = torch.full(qb.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+            l, acc = torch.zeros_like(m), torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+            for ks in range(max(0, qs - window + 1) // b * b, qe, b):
+                ke = min(ks + b, n)
+                r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+                s = (qb @ k[..., ks:ke, :].mT).masked_fill((c > r) | (c <= r - window), -math.inf)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                alpha, p = torch.exp(m - safe), torch.exp(s - safe)
+                l, acc, m = l * alpha + p.sum(-1, keepdim=True), acc * alpha + p @ v[..., ks:ke, :], m_new
+            out[..., qs:qe, :] = acc / l
+        return out
+    return sliding_window_attention
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (_window_rows(torch.zeros, lambda n, b: range(b, n, b)), ["output rows never written (0, 1, 2, 3)", "are 0"]),
+    (_window_rows(torch.zeros, lambda n, b: range(0, n, 2 * b)), ["output rows never written (4, 5, 6, 7)"]),
+    (_window_rows(torch.zeros, lambda n, b: range(2 * b, n, b)), ["output rows never written (0, 1, 2, 3, 4, 5…)"]),
+])
+def test_window_attention_names_rows_never_written(fn, phrases, rejects):
+    assert_voice(rejects(check_sliding_window_attention, fn, *phrases))
+
+
+@pytest.mark.parametrize("fn", [
+    _window_rows(torch.empty, lambda n, b: range(0, n, b)),
+    _window_rows(torch.zeros, lambda n, b: range(0, n, b)),
+    _window_rows(lambda shape, dtype: torch.full(shape, math.nan, dtype=dtype), lambda n, b: range(0, n, b)),
+    _window_rows(torch.ones, lambda n, b: reversed(range(0, n, b))),
+    _window_rows(torch.zeros, lambda n, b: [s for s in range(0, n, b) if s % (2 * b) == 0]
+                 + [s for s in range(0, n, b) if s % (2 * b)]),
+])
+def test_window_attention_accepts_any_block_order_and_buffer(fn, accepts):
+    accepts(check_sliding_window_attention, fn)

@@ -594,8 +594,8 @@ def test_gradcheck_runs_through_learner_operations_only(tmp_path):
 
     ops = [e["op"] for e in json.loads(data["__events__"].tobytes().decode())]
     # gradcheck's backward calls; the probes: input unchanged on the first case and on the one holding -inf (each in
-    # its dtype, then the other float dtype) and cost
-    assert ops.count("vjp") > 20 and ops.count("observe") == 5
+    # its dtype, then the other float dtype), grad unchanged by backward (in both float dtypes) and cost
+    assert ops.count("vjp") > 20 and ops.count("observe") == 7
     assert check_SoftmaxFunction.evaluate(session=ReplaySession(log)).to_json() == live.to_json()
 
 
@@ -936,3 +936,209 @@ class SoftmaxWithTrailingNone(torch.autograd.Function):
 
 def test_function_backward_may_return_a_trailing_none(accepts):
     accepts(check_SoftmaxFunction, SoftmaxWithTrailingNone)
+
+
+# =============================================================================== audit: named causes
+def j_delta_as_one(p):  # p_i (δ_ij − p_j) with δ_ij written as 1
+    return p.unsqueeze(-1) * (1 - p.unsqueeze(-2))
+
+
+def j_delta_as_ones_matrix(p):
+    n = p.shape[-1]
+    return p.unsqueeze(-1) * (torch.ones(n, n, dtype=p.dtype) - p.unsqueeze(-2))
+
+
+def j_delta_dropped_in_a_loop(p):
+    n = p.shape[-1]
+    rows = [torch.stack([p[..., i] - p[..., i] * p[..., j] for j in range(n)], -1) for i in range(n)]
+    return torch.stack(rows, -2)
+
+
+def j_delta_einsum(p):
+    return p.unsqueeze(-1) - torch.einsum("...i,...j->...ij", p, p)
+
+
+@pytest.mark.parametrize("fn", [j_delta_as_one, j_delta_as_ones_matrix, j_delta_dropped_in_a_loop, j_delta_einsum])
+def test_jacobian_names_a_delta_replaced_by_one(fn, rejects):
+    result = rejects(check_softmax_jacobian, fn, "δ_ij replaced by 1", "p_i (1 − p_j)")
+    assert "off-diagonal entries wrong" not in result.text()
+
+
+def j_eye_minus_p(p):
+    eye = torch.eye(p.shape[-1], dtype=p.dtype)
+    return p.unsqueeze(-1) * (eye - p.unsqueeze(-2))
+
+
+def j_where(p):
+    eye = torch.eye(p.shape[-1], dtype=torch.bool)
+    outer = p.unsqueeze(-1) * p.unsqueeze(-2)
+    return torch.where(eye, p.unsqueeze(-1) - outer, -outer)
+
+
+def j_eye_times_p(p):
+    return torch.eye(p.shape[-1], dtype=p.dtype) * p.unsqueeze(-2) - torch.einsum("...i,...j->...ij", p, p)
+
+
+def j_numpy_kronecker(p):
+    return p[..., :, None] * (np.eye(p.shape[-1], dtype=p.dtype) - p[..., None, :])
+
+
+def j_outer_subtracted_in_place_of_a_new_tensor(p):
+    J = torch.diag_embed(p)
+    J -= p.unsqueeze(-1) * p.unsqueeze(-2)  # in place on a new tensor, not on p
+    return J
+
+
+@pytest.mark.parametrize("fn", [j_eye_minus_p, j_where, j_eye_times_p, j_numpy_kronecker,
+                                j_outer_subtracted_in_place_of_a_new_tensor])
+def test_jacobian_accepts_kronecker_forms(fn, accepts):
+    accepts(check_softmax_jacobian, fn)
+
+
+def v_dot_prefix(p, g):  # a size written into the slice: right while n = 5
+    return p * (g - (g * p)[..., :5].sum(-1, keepdim=True))
+
+
+def v_dot_without_first(p, g):
+    return p * (g - (g * p)[..., 1:].sum(-1, keepdim=True))
+
+
+def v_dot_every_other(p, g):
+    return p * (g - (g * p)[..., ::2].sum(-1, keepdim=True))
+
+
+def v_dot_loop_one_short(p, g):
+    dot = torch.zeros_like(p[..., :1])
+    for j in range(p.shape[-1] - 1):
+        dot = dot + g[..., j:j + 1] * p[..., j:j + 1]
+    return p * (g - dot)
+
+
+def v_dot_narrow(p, g):
+    return p * (g - (g * p).narrow(-1, 1, p.shape[-1] - 2).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (v_dot_prefix, ["summed over part of each row", "entries 0 to 4 only", "[..., :5]"]),
+    (v_dot_without_first, ["summed over part of each row", "entries 1 to 4", "[..., 1:]"]),
+    (v_dot_every_other, ["summed over part of each row", "entries 0, 2, 4", "[..., ::2]"]),
+    (v_dot_loop_one_short, ["summed over part of each row", "entries 0 to 3", "[..., :4]"]),
+    (v_dot_narrow, ["summed over part of each row", "entries 1 to 3", "[..., 1:4]"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_vjp_names_a_partial_dot(fn, phrases, rejects):
+    result = rejects(check_softmax_vjp, fn, *phrases)
+    assert "rows do not sum to 0" not in result.text()
+
+
+def test_function_backward_names_a_partial_dot(rejects):
+    rejects(check_SoftmaxFunction, make_function(v_dot_prefix), "summed over part of each row", "[..., :5]")
+
+
+def v_dot_cumsum(p, g):
+    return p * (g - (g * p).cumsum(-1)[..., -1:])
+
+
+def v_dot_full_slice(p, g):
+    return p * (g - (g * p)[..., :p.shape[-1]].sum(-1, keepdim=True))
+
+
+def v_dot_loop(p, g):
+    dot = torch.zeros_like(p[..., :1])
+    for j in range(p.shape[-1]):
+        dot = dot + g[..., j:j + 1] * p[..., j:j + 1]
+    return p * (g - dot)
+
+
+def v_dot_tensordot(p, g):
+    return p * (g - (g * p) @ torch.ones(p.shape[-1], 1, dtype=p.dtype))
+
+
+def v_dot_split_halves(p, g):
+    k = p.shape[-1] // 2
+    gp = g * p
+    return p * (g - gp[..., :k].sum(-1, keepdim=True) - gp[..., k:].sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("fn", [v_dot_cumsum, v_dot_full_slice, v_dot_loop, v_dot_tensordot, v_dot_split_halves])
+def test_vjp_accepts_other_ways_to_sum_the_row(fn, accepts):
+    accepts(check_softmax_vjp, fn)
+
+
+def b_sub_then_mul_in_place(p, grad):
+    grad.sub_((grad * p).sum(-1, keepdim=True))
+    return grad.mul_(p)
+
+
+def b_augmented_assignment(p, grad):
+    grad -= (grad * p).sum(-1, keepdim=True)
+    grad *= p
+    return grad
+
+
+def b_in_place_after_double(p, grad):  # grad.double() is grad itself for float64 grads only
+    grad = grad.double()
+    grad -= (grad * p.double()).sum(-1, keepdim=True)
+    return (grad * p).to(p.dtype)
+
+
+def b_in_place_after_float(p, grad):  # grad.float() is grad itself for float32 grads only
+    grad = grad.float()
+    grad -= (grad * p.float()).sum(-1, keepdim=True)
+    return (grad * p).to(p.dtype)
+
+
+@pytest.mark.parametrize("bw,where", [(b_sub_then_mul_in_place, "z of shape (5,), float64"),
+                                      (b_augmented_assignment, "z of shape (5,), float64"),
+                                      (b_in_place_after_double, "z of shape (5,), float64"),
+                                      (b_in_place_after_float, "the same values in float32")],
+                         ids=lambda v: getattr(v, "__name__", ""))
+def test_function_backward_that_overwrites_grad_is_named(bw, where, rejects):
+    result = rejects(check_SoftmaxFunction, make_function(bw), "grad changed in place by backward",
+                     "other branches of the graph", "grad -= …")
+    assert where in result.diagnosis.tried
+
+
+def b_on_a_clone(p, grad):
+    g = grad.clone()
+    g -= (g * p).sum(-1, keepdim=True)
+    return g.mul_(p)
+
+
+def b_in_place_on_its_own_difference(p, grad):
+    return (grad - (grad * p).sum(-1, keepdim=True)).mul_(p)
+
+
+def b_out_argument(p, grad):
+    out = torch.empty_like(grad)
+    torch.mul(p, grad - (grad * p).sum(-1, keepdim=True), out=out)
+    return out
+
+
+def b_rebound_not_in_place(p, grad):
+    grad = grad - (grad * p).sum(-1, keepdim=True)  # a new tensor bound to the same name
+    grad = grad * p
+    return grad
+
+
+def b_in_place_after_times_one(p, grad):
+    g = grad * 1
+    g -= (g * p).sum(-1, keepdim=True)
+    g *= p
+    return g
+
+
+@pytest.mark.parametrize("bw", [b_on_a_clone, b_in_place_on_its_own_difference, b_out_argument, b_rebound_not_in_place,
+                                b_in_place_after_times_one])
+def test_function_backward_that_works_on_a_copy_passes(bw, accepts):
+    accepts(check_SoftmaxFunction, make_function(bw))
+
+
+def test_an_overwritten_grad_breaks_a_graph_with_two_branches():
+    """Why the check rejects it: y = a + b hands one gradient tensor to both Functions."""
+    cls = make_function(b_sub_then_mul_in_place)
+    z = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(2, 5, dtype=torch.float64)
+    gz, _ = torch.autograd.grad(cls.apply(z) + cls.apply(w), (z, w), g.clone())
+    p = torch.softmax(z.detach(), -1)
+    assert not torch.allclose(gz, p * (g - (g * p).sum(-1, keepdim=True)))

@@ -641,3 +641,69 @@ def test_mask_builders_that_change_their_input_in_place_are_named(check, fn, phr
 ], ids=["lengths", "ids", "additive"])
 def test_in_place_steps_on_copies_are_accepted(check, fn, accepts):
     accepts(check, fn)
+
+
+# ============================================================================ audit: scores rounded to half precision
+def ms_scores_through_half(scores, mask):  # "float16 scores save memory", the rest in float32
+    s = scores.half().float()
+    return torch.nan_to_num(torch.softmax(s.masked_fill(~mask, float("-inf")), -1), nan=0.0)
+
+
+def ms_scores_through_half_back_to_dtype(scores, mask):
+    s = scores.to(torch.float16).to(scores.dtype)
+    return ms_nan_to_num(s, mask)
+
+
+def ms_scores_through_bfloat16(scores, mask):
+    return ms_nan_to_num(scores.bfloat16().float(), mask).to(scores.dtype)
+
+
+def ms_float32_scores_through_half(scores, mask):  # only the float32 case is rounded
+    s = scores.half().float() if scores.dtype == torch.float32 else scores
+    return ms_nan_to_num(s, mask)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (ms_scores_through_half, ["scores rounded to float16", ".half()", "about 3 significant digits"]),
+    (ms_scores_through_half_back_to_dtype, ["scores rounded to float16", "float64 precision"]),
+    (ms_scores_through_bfloat16, ["scores rounded to bfloat16", ".bfloat16()"]),
+    (ms_float32_scores_through_half, ["scores rounded to float16", "float32 precision"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_masked_softmax_names_scores_rounded_to_half(fn, phrases, rejects):
+    result = rejects(check_masked_softmax, fn, *phrases)
+    assert "wrong values only in rows" not in result.text()
+
+
+def ms_float64_throughout(scores, mask):
+    s = scores.to(torch.float64).masked_fill(~mask, float("-inf"))
+    return torch.nan_to_num(torch.softmax(s, -1), nan=0.0).to(scores.dtype)
+
+
+def ms_softmax_dtype_argument(scores, mask):
+    w = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1, dtype=torch.float64)
+    return torch.nan_to_num(w, nan=0.0).to(scores.dtype)
+
+
+def ms_logsumexp(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    return torch.where(torch.isfinite(lse), torch.exp(s - lse), torch.zeros_like(s))
+
+
+def ms_additive_float_mask(scores, mask):
+    bias = torch.zeros(mask.shape, dtype=scores.dtype).masked_fill(~mask, float("-inf"))
+    return torch.nan_to_num(torch.softmax(scores + bias, -1), nan=0.0)
+
+
+def ms_exp_of_shifted(scores, mask):
+    full = torch.broadcast_to(mask, scores.shape)
+    m = torch.where(full, scores, torch.full_like(scores, float("-inf"))).amax(-1, keepdim=True)
+    e = torch.where(full, torch.exp(scores - m.nan_to_num(0.0, neginf=0.0)), torch.zeros_like(scores))
+    total = e.sum(-1, keepdim=True)
+    return e / total.clamp(min=torch.finfo(scores.dtype).tiny)
+
+
+@pytest.mark.parametrize("fn", [ms_float64_throughout, ms_softmax_dtype_argument, ms_logsumexp, ms_additive_float_mask,
+                                ms_exp_of_shifted])
+def test_masked_softmax_accepts_wider_or_other_routes(fn, accepts):
+    accepts(check_masked_softmax, fn)

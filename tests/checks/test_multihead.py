@@ -877,3 +877,176 @@ def test_mha_names_keys_and_values_swapped(rejects):
     cls = _learner(_LEARNER, "k = self.k_proj(x_kv)", "k = self.v_proj(x_kv)", "v = self.v_proj(x_kv)",
                    "v = self.k_proj(x_kv)")
     rejects(check_MultiHeadAttention, cls, "keys and values swapped", "the keys with v_proj")
+
+
+# ============================================================================ in place, half precision, moved entries
+# The docstrings say "x is left unchanged": an in-place change of x is named, whatever the operation; a returned view
+# of x, or an in-place step on a copy, is not one.
+def split_transpose_in_place(x, n_heads):
+    b, n, width = x.shape
+    x.resize_(b, n, n_heads, width // n_heads)
+    return x.transpose_(1, 2)
+
+
+def split_scaled_and_back(x, n_heads):  # x * 3 / 3 rounds: the caller's x comes back changed
+    x.mul_(3)
+    x.div_(3)
+    return mh.split_heads(x, n_heads)
+
+
+def split_unsqueezed(x, n_heads):
+    x.unsqueeze_(0)
+    return mh.split_heads(x[0], n_heads)
+
+
+def merge_transpose_in_place(x):
+    b, a, n, d = x.shape
+    return x.transpose_(1, 2).reshape(b, n, a * d)
+
+
+def merge_doubled_then_halved_result(x):
+    x.mul_(2)
+    return mh.merge_heads(x) / 2
+
+
+@pytest.mark.parametrize("check,fn", [(check_split_heads, split_transpose_in_place),
+                                      (check_split_heads, split_scaled_and_back),
+                                      (check_split_heads, split_unsqueezed),
+                                      (check_merge_heads, merge_transpose_in_place),
+                                      (check_merge_heads, merge_doubled_then_halved_result)])
+def test_heads_name_x_changed_in_place(check, fn, rejects):
+    rejects(check, fn, "x changed in place", "x = x.clone()")
+
+
+def split_unflatten_movedim(x, n_heads):
+    return torch.movedim(x.unflatten(-1, (n_heads, -1)), 2, 1)
+
+
+def split_view_swapaxes(x, n_heads):
+    b, n, _ = x.shape
+    return x.view(b, n, n_heads, -1).swapaxes(1, 2)  # a view of x: x itself is untouched
+
+
+def split_by_torch_split(x, n_heads):
+    return torch.stack(torch.split(x, x.shape[-1] // n_heads, dim=-1), dim=1)
+
+
+def split_copy_then_in_place(x, n_heads):
+    b, n, width = x.shape
+    return x.clone().reshape(b, n, n_heads, width // n_heads).transpose_(1, 2)
+
+
+def split_contiguous(x, n_heads):
+    b, n, width = x.shape
+    return x.reshape(b, n, n_heads, width // n_heads).permute(0, 2, 1, 3).contiguous()
+
+
+def merge_flatten(x):
+    return x.permute(0, 2, 1, 3).flatten(2)
+
+
+def merge_movedim(x):
+    return torch.movedim(x, 1, 2).flatten(-2)
+
+
+def merge_copy_then_in_place(x):
+    b, a, n, d = x.shape
+    return x.clone().transpose_(1, 2).reshape(b, n, a * d)
+
+
+def merge_view_of_contiguous(x):
+    b, a, n, d = x.shape
+    return x.swapaxes(1, 2).contiguous().view(b, n, -1)
+
+
+def merge_hstack_heads(x):
+    return torch.cat([x[:, h] for h in range(x.shape[1])], dim=-1)
+
+
+@pytest.mark.parametrize("check,fn", [
+    *((check_split_heads, f) for f in (split_unflatten_movedim, split_view_swapaxes, split_by_torch_split,
+                                       split_copy_then_in_place, split_contiguous)),
+    *((check_merge_heads, f) for f in (merge_flatten, merge_movedim, merge_copy_then_in_place, merge_view_of_contiguous,
+                                       merge_hstack_heads))])
+def test_heads_accept_views_and_copies(check, fn, accepts):
+    accepts(check, fn)
+
+
+def split_through_half(x, n_heads):
+    return mh.split_heads(x.half(), n_heads).to(x.dtype)
+
+
+def split_through_bfloat16(x, n_heads):
+    return mh.split_heads(x.to(torch.bfloat16), n_heads).to(x.dtype)
+
+
+def merge_through_half(x):
+    return mh.merge_heads(x).half().float() if x.dtype == torch.float32 else mh.merge_heads(x).half().double()
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_split_heads, split_through_half, ["float16 precision", "every value is a float16 number",
+                                             "went through float16"]),
+    (check_split_heads, split_through_bfloat16, ["bfloat16 precision", "went through bfloat16"]),
+    (check_merge_heads, merge_through_half, ["float16 precision", "went through float16"]),
+])
+def test_heads_name_a_trip_through_half_precision(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)
+
+
+def split_batch_and_positions_mixed(x, n_heads):  # (B·n, A, d_head) then heads first: rows of two sequences mixed
+    b, n, width = x.shape
+    return x.reshape(b * n, n_heads, -1).transpose(0, 1).reshape(b, n_heads, n, -1)
+
+
+def merge_positions_taken_batch_first(x):  # rows read batch entry fastest
+    b, a, n, d = x.shape
+    rows = x.transpose(1, 2).reshape(b * n, a * d)
+    return rows[torch.arange(b * n).reshape(n, b).T.flatten()].reshape(b, n, a * d)
+
+
+@pytest.mark.parametrize("check,fn,phrases", [
+    (check_split_heads, split_batch_and_positions_mixed,
+     ["x's entries moved across axes B and A·d_head", "holds x[1, 0, 0]", "puts x[0, 0, 4]"]),
+    (check_merge_heads, merge_positions_taken_batch_first,
+     ["x's entries moved across axes B and n", "each of x's values exactly once"]),
+])
+def test_heads_name_entries_moved_across_axes(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)
+
+
+def test_a_wrong_answer_with_other_values_is_not_said_to_move_entries(rejects):
+    result = rejects(check_split_heads, lambda x, n_heads: split_batch_and_positions_mixed(x, n_heads) + 1e-3)
+    assert "moved" not in result.text()
+
+
+_HALF_WEIGHTS = ("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores.half(), dim=-1).float()")
+
+
+@pytest.mark.parametrize("changes,phrases", [
+    (_HALF_WEIGHTS, ["float16 precision", "the weights agree", "went through float16"]),
+    (("weights = torch.nan_to_num(weights, nan=0.0)",
+      "weights = torch.nan_to_num(weights, nan=0.0).bfloat16().float()"),
+     ["bfloat16 precision", "went through bfloat16"]),  # not "weight rows do not sum to 1"
+    ((_RETURN, "return self.out_proj(out).half().float(), weights"), ["float16 precision", "out's values agree"]),
+    (("q = self.q_proj(x_q).view(B, n_q, A, d).transpose(1, 2)", "q = self.q_proj(x_q).view(B, A, n_q, d)"),
+     ["heads split without a transpose (queries only)", "for the queries only"]),
+    (("v = self.v_proj(x_kv).view(B, n_k, A, d).transpose(1, 2)", "v = self.v_proj(x_kv).view(B, n_k, d, A)"
+      ".permute(0, 3, 1, 2)"), ["features split in the wrong order (values only)", "(A, d_head), not (d_head, A)"]),
+])
+def test_mha_names_half_precision_and_one_projection_split_wrong(changes, phrases, rejects):
+    rejects(check_MultiHeadAttention, _learner(_LEARNER, *changes), *phrases)
+
+
+@pytest.mark.parametrize("changes", [
+    ("scores = q @ k.transpose(-2, -1) / math.sqrt(d)",
+     'scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(d)'),
+    ("q = self.q_proj(x_q).view(B, n_q, A, d).transpose(1, 2)",
+     "q = self.q_proj(x_q).unflatten(-1, (A, d)).movedim(2, 1)"),
+    ("out = (weights @ v).transpose(1, 2).reshape(B, n_q, A * d)", "out = torch.cat((weights @ v).unbind(1), dim=-1)"),
+    ("scores = q @ k.transpose(-2, -1) / math.sqrt(d)", "scores = torch.matmul(q, k.mT).div(d ** 0.5)"),
+    ('scores = scores.masked_fill(~mask, float("-inf"))', 'scores = torch.where(mask, scores, float("-inf"))'),
+    ("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores.double(), dim=-1).float()"),
+])
+def test_mha_accepts_more_styles(changes, accepts):
+    accepts(check_MultiHeadAttention, _learner(_LEARNER, *changes))

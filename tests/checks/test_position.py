@@ -509,6 +509,103 @@ def test_check_rope_names_each_pitfall(fn, phrases, rejects):
     rejects(check_apply_rope, fn, *phrases)
 
 
+
+def rope_through(dtype):
+    """RoPE computed in ``dtype`` (float16 or bfloat16) and converted back to x's dtype."""
+    def rope(x, positions=None, base=10000.0):
+        return ref.apply_rope(x.to(dtype), positions, base).to(x.dtype)
+    return rope
+
+
+def rope_result_rounded_to_half(x, positions=None, base=10000.0):
+    return ref.apply_rope(x, positions, base).half().to(x.dtype)
+
+
+def rope_cos_sin_in_half(x, positions=None, base=10000.0):
+    """Right but for cos and sin, stored in float16 "to save memory"."""
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None] * base ** (-torch.arange(0, d, 2) / d)
+    cos, sin = torch.cos(angles).half().to(x.dtype), torch.sin(angles).half().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def rope_angles_in_half(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = (positions[:, None] * base ** (-torch.arange(0, d, 2) / d)).half()
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (rope_through(torch.float16), ["float16 precision", "every value is a float16 number", "went through float16"]),
+    (rope_through(torch.bfloat16), ["bfloat16 precision", "went through bfloat16"]),
+    (rope_result_rounded_to_half, ["float16 precision"]),
+    (rope_cos_sin_in_half, ["cos and sin in float16", "rounded to float16 numbers", "leave out .half()"]),
+    (rope_angles_in_half, ["cos and sin in float16"]),
+])
+def test_check_rope_names_half_precision(fn, phrases, rejects):
+    result = rejects(check_apply_rope, fn, *phrases)
+    assert "not a rotation of each pair" not in result.text()  # what it said before: the lengths are 1 ± 1e-3
+
+
+def rope_unflattened_pairs(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    a, b = x.unflatten(-1, (d // 2, 2)).unbind(-1)
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
+
+
+def rope_copy_then_assign(x, positions=None, base=10000.0):
+    """In-place writes, into a copy: x itself is untouched."""
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    theta = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.outer(positions.double(), theta)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    out = x.clone()
+    out[..., 0::2] = x[..., 0::2] * cos - x[..., 1::2] * sin
+    out[..., 1::2] = x[..., 0::2] * sin + x[..., 1::2] * cos
+    return out
+
+
+def rope_rotation_matrix(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    angles = positions[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (n, d/2)
+    c, s = angles.cos(), angles.sin()
+    rot = torch.stack([torch.stack([c, -s], -1), torch.stack([s, c], -1)], -2).to(x.dtype)  # (n, d/2, 2, 2)
+    pairs = x.reshape(*x.shape[:-1], d // 2, 2, 1)
+    return (rot @ pairs).reshape(x.shape)
+
+
+def rope_float32_angles(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n, dtype=torch.float32) if positions is None else positions.float()
+    angles = positions[:, None] / base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    return torch.stack([x[..., ::2] * cos - x[..., 1::2] * sin, x[..., ::2] * sin + x[..., 1::2] * cos], -1).flatten(-2)
+
+
+def rope_complex_float64(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    positions = torch.arange(n) if positions is None else positions
+    freqs = torch.exp(1j * positions[:, None].double() * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d))
+    z = torch.complex(x[..., 0::2].double(), x[..., 1::2].double()) * freqs
+    return torch.stack([z.real, z.imag], -1).flatten(-2).to(x.dtype)
+
+
+@pytest.mark.parametrize("fn", [rope_unflattened_pairs, rope_copy_then_assign, rope_rotation_matrix,
+                                rope_float32_angles, rope_complex_float64])
+def test_check_rope_accepts_more_styles(fn, accepts):
+    accepts(check_apply_rope, fn)
+
+
 # ================================================================================== additive_attention
 def additive_loops(q, k, v, W_q, W_k, w, mask=None):
     scores = torch.empty(*q.shape[:-1], k.shape[-2], dtype=q.dtype)

@@ -593,3 +593,102 @@ def test_variance_check_names_estimates_that_assume_the_answer(fn, phrases, reje
 def test_variance_check_does_not_blame_a_sample_cap_on_another_quantity(rejects):
     text = rejects(check_mc_score_variance, variance_of_the_lengths_product).text()
     assert "fewer samples" not in text and "fewer pairs" not in text, text
+
+
+# ============================================================================ audit A: other distributions, d_k ± 1
+@mk
+def uniform_symmetric(d, s, n, g):  # U(−σ, σ): variance σ²/3 per entry, σ⁴/9 per product
+    return (s * (torch.rand(n, d, generator=g) * 2 - 1) * s * (torch.rand(n, d, generator=g) * 2 - 1)).sum(-1).var()
+
+
+@mk
+def uniform_in_place(d, s, n, g):
+    q = torch.empty(n, d).uniform_(-s, s, generator=g)
+    k = torch.empty(n, d).uniform_(-s, s, generator=g)
+    return torch.einsum("nd,nd->n", q, k).var()
+
+
+@mk
+def uniform_centred(d, s, n, g):  # U(−σ/2, σ/2): variance σ²/12 per entry
+    return (s * (torch.rand(n, d, generator=g) - 0.5) * s * (torch.rand(n, d, generator=g) - 0.5)).sum(-1).var()
+
+
+@mk
+def one_entry_short(d, s, n, g):
+    return _scores(d - 1, s, n, g).var()
+
+
+@mk
+def first_entry_dropped(d, s, n, g):  # a slice that drops one entry: d_k − 1 products per pair
+    return (R(n, d, g, s) * R(n, d, g, s))[:, 1:].sum(-1).var()
+
+
+@mk
+def one_entry_long(d, s, n, g):
+    return _scores(d + 1, s, n, g).var()
+
+
+DISTRIBUTION_WRONG = [
+    (uniform_symmetric, ["uniform entries on [−σ, σ], not normal", "σ⁴·d_k / 9", "torch.randn"]),
+    (uniform_in_place, ["uniform entries on [−σ, σ], not normal"]),
+    (uniform_centred, ["uniform entries on [−σ/2, σ/2], not normal", "σ⁴·d_k / 144"]),
+    (uniform_draws, ["torch.rand instead of torch.randn"]),
+    (one_entry_short, ["d_k − 1 entries per vector", "σ⁴·(d_k − 1)"]),
+    (first_entry_dropped, ["d_k − 1 entries per vector"]),
+    (one_entry_long, ["d_k + 1 entries per vector", "σ⁴·(d_k + 1)"]),
+]
+
+
+@pytest.mark.parametrize("fn,phrases", DISTRIBUTION_WRONG, ids=lambda v: getattr(v, "__name__", ""))
+def test_variance_check_names_the_distribution_and_the_length(fn, phrases, rejects):
+    result = rejects(check_mc_score_variance, fn, *phrases)
+    assert len(result.diagnosis.summary) <= 60
+
+
+@pytest.mark.parametrize("seed", range(1, 3))
+@pytest.mark.parametrize("fn", [uniform_symmetric, one_entry_short, one_entry_long])
+def test_variance_check_names_the_distribution_and_the_length_on_every_seed(fn, seed, rejects):
+    rejects(make_mc_check(seed), fn, next(p for f, p in DISTRIBUTION_WRONG if f is fn)[0])
+
+
+@mk
+def box_muller(d, s, n, g):  # normal entries made from uniform ones
+    def normal():
+        u1, u2 = torch.rand(n, d, generator=g, dtype=torch.float64), torch.rand(n, d, generator=g, dtype=torch.float64)
+        return torch.sqrt(-2 * torch.log1p(-u1)) * torch.cos(2 * math.pi * u2)
+
+    return float(((s * normal()) * (s * normal())).sum(-1).var())
+
+
+@mk
+def normal_with_tensors(d, s, n, g):
+    std = torch.full((n, d), float(s))
+    return (torch.normal(torch.zeros(n, d), std, generator=g) * torch.normal(torch.zeros(n, d), std, generator=g)
+            ).sum(-1).var()
+
+
+@mk
+def entries_added_one_by_one(d, s, n, g):  # a loop over the d_k entries, every one of them
+    q, k = R(n, d, g, s), R(n, d, g, s)
+    total = torch.zeros(n)
+    for i in range(d):
+        total = total + q[:, i] * k[:, i]
+    return total.var()
+
+
+@mk
+def batched_matmul(d, s, n, g):
+    q, k = R(n, d, g, s), R(n, d, g, s)
+    return torch.bmm(q[:, None, :], k[:, :, None]).flatten().var(unbiased=False)
+
+
+@mk
+def centred_by_hand(d, s, n, g):
+    scores = _scores(d, s, n, g).double()
+    return float(((scores - scores.mean()) ** 2).sum() / (n - 1))
+
+
+@pytest.mark.parametrize("fn", [box_muller, normal_with_tensors, entries_added_one_by_one, batched_matmul,
+                                centred_by_hand], ids=lambda f: f.__name__)
+def test_variance_check_accepts_other_correct_samplers(fn, accepts):
+    accepts(check_mc_score_variance, fn)

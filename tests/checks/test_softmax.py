@@ -1045,3 +1045,84 @@ def rt_lse_half_inside(x, dim=-1):  # on three values the rounding looked like a
 def test_logsumexp_names_float16_inside(rejects):
     text = rejects(check_logsumexp, rt_lse_half_inside, "float16 precision").text()
     assert "rescaling" not in text, text
+
+
+# =============================================================================== audit A: a running logaddexp
+def lse_running_from_zero(x, dim=-1):  # acc = 0, then acc = logaddexp(acc, v): e^0 = 1 inside the log
+    acc = 0
+    for v in x.unbind(dim):
+        acc = torch.logaddexp(torch.as_tensor(acc, dtype=x.dtype), v)
+    return acc
+
+
+def lse_reduce_from_zeros(x, dim=-1):
+    import functools
+
+    return functools.reduce(torch.logaddexp, x.unbind(dim), torch.zeros((), dtype=x.dtype))
+
+
+def lse_select_from_zeros_like(x, dim=-1):
+    acc = torch.zeros_like(x.select(dim, 0))
+    for i in range(x.shape[dim]):
+        acc = torch.logaddexp(acc, x.select(dim, i))
+    return acc
+
+
+def ls_running_from_zero(x, dim=-1):
+    return x - lse_reduce_from_zeros(x, dim).unsqueeze(dim)
+
+
+@pytest.mark.parametrize("check, fn, phrases", [
+    (check_logsumexp, lse_running_from_zero, ["running logaddexp started from 0", "e^0 = 1", "-inf"]),
+    (check_logsumexp, lse_reduce_from_zeros, ["running logaddexp started from 0"]),
+    (check_logsumexp, lse_select_from_zeros_like, ["running logaddexp started from 0"]),
+    (check_log_softmax, ls_running_from_zero, ["running logaddexp started from 0", "in logsumexp"]),
+], ids=["loop", "reduce", "select", "log_softmax"])
+def test_a_running_logaddexp_from_zero_is_named(check, fn, phrases, rejects):
+    rejects(check, fn, *phrases)
+
+
+def lse_running_from_minus_inf(x, dim=-1):
+    acc = torch.full(x.select(dim, 0).shape, -INF, dtype=x.dtype)
+    for v in x.unbind(dim):
+        acc = torch.logaddexp(acc, v)
+    return acc
+
+
+def lse_running_from_first(x, dim=-1):
+    import functools
+
+    return functools.reduce(torch.logaddexp, x.unbind(dim))
+
+
+def lse_numpy_reduce(x, axis=-1):
+    return np.logaddexp.reduce(np.asarray(x, dtype=np.float64), axis=axis)
+
+
+def lse_special(x, dim=-1):
+    return torch.special.logsumexp(x, dim)
+
+
+def lse_running_max_and_sum(x, dim=-1):  # one pass: a running maximum and a rescaled running sum
+    m = torch.full(x.select(dim, 0).shape, -INF, dtype=torch.float64)
+    total = torch.zeros_like(m)
+    for v in x.double().unbind(dim):
+        new = torch.maximum(m, v)
+        total = total * torch.exp(m - new).nan_to_num(0.0) + torch.exp(v - new).nan_to_num(0.0)
+        m = new
+    return (m + torch.log(total)).to(x.dtype)
+
+
+@pytest.mark.parametrize("fn", [lse_running_from_minus_inf, lse_running_from_first, lse_numpy_reduce, lse_special,
+                                lse_running_max_and_sum])
+def test_logsumexp_accepts_running_reductions(fn, accepts):
+    accepts(check_logsumexp, fn)
+
+
+@pytest.mark.parametrize("fn", [lambda x, dim=-1: x - lse_running_from_minus_inf(x, dim).unsqueeze(dim),
+                                lambda x, dim=-1: x - lse_running_from_first(x, dim).unsqueeze(dim),
+                                lambda x, dim=-1: x - torch.special.logsumexp(x, dim, keepdim=True),
+                                lambda x, dim=-1: x - lse_running_max_and_sum(x, dim).unsqueeze(dim),
+                                lambda x, dim=-1: torch.special.log_softmax(x, dim)])
+def test_log_softmax_accepts_running_reductions(fn, accepts):
+    accepts(check_log_softmax, fn)

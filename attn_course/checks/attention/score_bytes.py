@@ -22,6 +22,34 @@ _PLAIN, _E = "return the plain number of bytes", "the bytes per entry"
 #: A KeyError naming a dtype: a dict of bytes per dtype, one missing (its key shown without the quotes).
 _NO_DTYPE_ENTRY = ("KeyError", r"(?s)^'*(.*?torch\..*?)'*$", "a table of bytes per dtype that has no entry for {1}",
                    _ELEMENT_FIX + " (it knows every dtype)")
+
+
+def _shifted(k: int) -> str:
+    return "n" if k == 0 else f"(n {'+' if k > 0 else '−'} {abs(k)})"
+
+
+def _entries(a: int, c: int) -> str:
+    """(n + a)(n + c) as written: n(n + 1), (n − 1)², (n − 1)(n + 1) = n² − 1."""
+    if a == c:
+        return f"{_shifted(a)}²"
+    if 0 in (a, c):
+        return f"n{_shifted(a or c)}"
+    return f"{_shifted(a)}{_shifted(c)}" + (f" = n² − {c * c}" if a == -c else "")
+
+
+_SIZES = "the score tensor has batch × heads matrices of n × n entries"
+#: Counts off by one (or two): n ± 1 for a side of the matrix, batch ± 1 or heads ± 1 matrices.
+_OFF_BY_ONE = [
+    *[(f"{_entries(a, c)} entries per matrix, not n²", f"you counted {_entries(a, c)} entries in each score matrix: "
+       "a side off by one or two (n + 1, n − 1…) where the matrix has n rows and n columns",
+       "each matrix is n × n: batch * heads * n * n * dtype.itemsize",
+       lambda n, b, h, e, a=a, c=c: b * h * (n + a) * (n + c) * e)
+      for a in (-2, -1, 0, 1, 2) for c in (-2, -1, 0, 1, 2) if a <= c and (a, c) != (0, 0)],
+    *[(f"{name} {sign} 1 for {name}", f"you multiplied by {name} {sign} 1, not by {name}: an off-by-one in the "
+       "number of score matrices", f"{_SIZES}: batch * heads * n * n * dtype.itemsize",
+       lambda n, b, h, e, k=k, on=on: (b + k * (on == 0)) * (h + k * (on == 1)) * n * n * e)
+      for on, name in enumerate(("batch", "heads")) for k, sign in ((-1, "−"), (1, "+"))],
+]
 #: Wrong formulas of (n, batch, heads, bytes per entry e): (summary, cause, fix, formula).
 _BYTE_MISTAKES = [
     ("bits, not bytes", f"you counted bits: {_E} times 8", "leave out the factor 8",
@@ -51,6 +79,10 @@ _BYTE_MISTAKES = [
     ("only one triangle counted", "you counted n(n + 1)/2 entries, one triangle with its diagonal; the score tensor "
      "holds all n × n entries, masked or not", "count every entry: n * n",
      lambda n, b, h, e: b * h * (n * (n + 1) // 2) * e),
+    ("one triangle without the diagonal counted", "you counted n(n − 1)/2 entries, one triangle without its "
+     "diagonal; the score tensor holds all n × n entries, masked or not", "count every entry: n * n",
+     lambda n, b, h, e: b * h * (n * (n - 1) // 2) * e),
+    *_OFF_BY_ONE,
     *[(f"bytes in {unit}, not bytes", f"you converted to {long} (÷ {shown})", _PLAIN,
        lambda n, b, h, e, d=d: b * h * n * n * e / d) for unit, long, shown, d in (
         ("GB", "gigabytes", "10⁹", 1e9), ("GiB", "gibibytes", "2³⁰", 2**30), ("MiB", "mebibytes", "2²⁰", 2**20),

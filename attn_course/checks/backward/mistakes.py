@@ -61,6 +61,18 @@ def _ds(p: torch.Tensor, dp: torch.Tensor, rows: torch.Tensor, bug: str) -> torc
     return bugs.get(bug, lambda: p * (dp + rows if bug in ("delta_sign", "rowsum_sign") else dp - rows))()
 
 
+def _unmasked_ds(s: torch.Tensor, p: torch.Tensor, dp: torch.Tensor, mask: Any, bug: str) -> torch.Tensor:
+    """dS with the softmax of the unmasked scores in its factor P (``_factor``), in its row sum (``_rowsum``) or in
+    both, then zeroed at the blocked keys (``_zeroed``) or not; P (the masked one) stays right everywhere else."""
+    if mask is None:
+        return p * (dp - (dp * p).sum(-1, keepdim=True))
+    unmasked = torch.softmax(s, -1)
+    factor = p if "rowsum" in bug else unmasked
+    inner = p if "factor" in bug else unmasked
+    ds = factor * (dp - (dp * inner).sum(-1, keepdim=True))
+    return ds.masked_fill(~mask, 0.0) if bug.endswith("zeroed") else ds
+
+
 def _variant(q, k, v, dout, bug: str = "", *, mask=None, o=None, lse=None, block=None, causal=False, scale=None,
              gscale=None):
     """The backward in float64 with one known bug (``bug=""``: none). Without ``lse``: the chain rule on the whole
@@ -75,8 +87,8 @@ def _variant(q, k, v, dout, bug: str = "", *, mask=None, o=None, lse=None, block
     block = block if tiled else max(n, m, 1)
     if tiled:  # D: (..., n_q)
         o = o.to(torch.float64)
-        delta = {"delta_mean": (dout * o).mean(-1), "delta_no_o": dout.sum(-1), "delta_no_dout": o.sum(-1)
-                 }.get(bug, (dout * o).sum(-1))
+        delta = {"delta_mean": (dout * o).mean(-1), "delta_no_o": dout.sum(-1), "delta_no_dout": o.sum(-1),
+                 "delta_dout_dout": (dout * dout).sum(-1), "delta_o_o": (o * o).sum(-1)}.get(bug, (dout * o).sum(-1))
     n_end = n - n % block if bug in ("q_tail", "both_tails") else n
     m_end = m - m % block if bug in ("k_tail", "both_tails") else m
     masked = causal and bug != "no_causal"
@@ -106,6 +118,7 @@ def _variant(q, k, v, dout, bug: str = "", *, mask=None, o=None, lse=None, block
             dp = vb @ dob.mT if bug == "dp_transposed" else dob @ vb.mT
             rows = (dp * p).sum(-1, keepdim=True) if not tiled or bug == "delta_tile" else delta[..., qs:qe, None]
             ds = _ds(p, dp, rows, bug)
+            ds = _unmasked_ds(s, p, dp, mask, bug) if bug.startswith("ds_unmasked") else ds
             ds = ds.masked_fill(~mask, 0.0) if bug == "mask_ds_only" else ds
             tq = {"dq_transposed": lambda: ds.mT @ kb, "dq_from_q": lambda: ds @ qb, "dq_no_ds": lambda: kb,
                   "dq_no_k": lambda: ds}.get(bug, lambda: ds @ kb)() * sq
@@ -125,6 +138,7 @@ _SQRT, _SCALE = "divide by math.sqrt(d_k)", "scale = 1 / math.sqrt(q.shape[-1])"
 _DQ, _DK, _DV = "dQ = dS K/√d_k", "dK = dSᵀ Q/√d_k", "dV = Pᵀ dO: p.transpose(-2, -1) @ dout"
 _DS = "dS = P ⊙ (dP − rowsum(dP ⊙ P))"
 VJP_FIX = "dS = P ⊙ (dP − (dP * P).sum(-1, keepdim=True))"
+_UNMASKED_FIX = "use the masked P = masked_softmax(scores, mask) in dS as well: it is 0 at the blocked keys"
 _MASK_FIX = "use the course's masked_softmax(scores, mask): a fully masked row gets zero weights, so zero gradients"
 _TILE_P = "P = torch.exp(s - lse[..., q_start:q_end, None])"
 DELTA = "delta = (dout * o).sum(-1, keepdim=True)"
@@ -204,6 +218,21 @@ TEXT = {
     "mask_ds_only": ("mask applied to dS but not to P", "you zeroed dS at the blocked positions, but P (and with it dV "
                      "and the row sums) came from an unmasked softmax", "P = masked_softmax(scores, mask); then dS "
                      "needs no extra masking"),
+    "ds_unmasked": ("dS from the unmasked P", "your P for dV is masked, but dS = P ⊙ (dP − rowsum(dP ⊙ P)) uses "
+                    "the softmax of the unmasked scores: blocked keys get weight there, so dQ and dK get gradient "
+                    "from keys the forward never saw", _UNMASKED_FIX),
+    "ds_unmasked_zeroed": ("dS from the unmasked P, zeroed at masked keys", "you zeroed dS at the blocked keys, but "
+                           "the P inside dS is the softmax of the unmasked scores: its kept weights and rowsum(dP ⊙ "
+                           "P) still count the blocked keys", _UNMASKED_FIX + "; then dS needs no extra masking"),
+    "ds_unmasked_factor": ("unmasked P as the factor of dS", "in dS = P ⊙ (dP − rowsum(dP ⊙ P)) the leading P is "
+                           "the softmax of the unmasked scores (the row sum uses the masked one), so dS is not 0 at "
+                           "the blocked keys", _UNMASKED_FIX),
+    "ds_unmasked_factor_zeroed": ("unmasked P as dS's factor, zeroed at masked keys", "you zeroed dS at the "
+                                  "blocked keys, but the leading P of dS = P ⊙ (dP − rowsum(dP ⊙ P)) is the softmax "
+                                  "of the unmasked scores, so its kept weights count the blocked keys",
+                                  _UNMASKED_FIX + "; then dS needs no extra masking"),
+    "ds_unmasked_rowsum": ("unmasked P in dS's rowsum(dP ⊙ P)", "the row sum rowsum(dP ⊙ P) in dS uses the softmax "
+                           "of the unmasked scores, so it counts the blocked keys", _UNMASKED_FIX),
     "mask_after_softmax": ("mask applied after the softmax", "weights multiplied by the mask no longer sum to 1",
                            "apply the mask before the softmax: masked_softmax(scores, mask)"),
     "mask_added": ("mask added to the scores", "you added the bool mask (0 or 1) to the scores; a blocked key needs "
@@ -217,6 +246,10 @@ TEXT = {
                    "dS = P ⊙ (dP − D)"),
     "delta_mean": ("D as a mean instead of a sum", "D is the row sum of dO ⊙ O, not its mean", DELTA),
     "delta_no_o": ("D = rowsum(dO): the factor O is missing", "you summed dO alone; D = rowsum(dO ⊙ O)", DELTA),
+    "delta_dout_dout": ("D = rowsum(dO ⊙ dO): O replaced by dO", "you multiplied dO by itself; D = rowsum(dO ⊙ "
+                        "O) pairs the upstream gradient with the forward's output O", DELTA),
+    "delta_o_o": ("D = rowsum(O ⊙ O): dO replaced by O", "you multiplied O by itself; D = rowsum(dO ⊙ O) pairs the "
+                  "forward's output O with the upstream gradient dO", DELTA),
     "delta_no_dout": ("D = rowsum(O): the factor dO is missing", "you summed O alone; D = rowsum(dO ⊙ O)", DELTA),
     "mask_offset_sign": ("causal mask offset the wrong way", "you shifted each tile's mask by k_start − q_start; key "
                          "k_start + c is in the future of query q_start + r when c − r > q_start − k_start",
@@ -288,10 +321,13 @@ _COMMON = ("no_scale_dq", "no_scale_dk", "no_scale", "by_d", "s_unscaled", "unsc
 NAIVE = _COMMON + ("dq_transposed", "dq_from_q", "dv_uses_v", "dp_transposed", "rowsum_axis", "rowsum_broadcast",
                    "rowsum_unweighted", "rowsum_of_p", "rowsum_all", "rowsum_mean", "rowsum_sign", "diag_jacobian",
                    "softmax_axis", "no_softmax", "unstable")
-MASKED = ("mask_ignored", "mask_inverted", "mask_ds_only", "mask_after_softmax", "mask_added", "nan_rows", "weak_fill")
+MASKED = ("mask_ignored", "mask_inverted", "mask_ds_only", "mask_after_softmax", "mask_added", "nan_rows", "weak_fill",
+          "ds_unmasked", "ds_unmasked_zeroed", "ds_unmasked_factor", "ds_unmasked_factor_zeroed",
+          "ds_unmasked_rowsum")
 TILED = _COMMON + ("exp2_unconverted", "fresh_max", "tile_softmax", "lse_as_sum", "lse_broadcast", "lse_ignored",
                    "lse_sign", "no_exp", "exp_split", "delta_tile", "delta_tile_axis", "delta_broadcast", "delta_sign",
-                   "delta_mean", "delta_no_o", "delta_no_dout", "dq_overwritten", "dkdv_overwritten", "dk_overwritten",
+                   "delta_mean", "delta_no_o", "delta_no_dout", "delta_dout_dout", "delta_o_o",
+                   "dq_overwritten", "dkdv_overwritten", "dk_overwritten",
                    "dv_overwritten", "q_tail", "k_tail", "both_tails")
 CAUSAL = ("no_causal", "no_causal_anywhere", "diag_unmasked", "skip_diag", "mask_self", "mask_ahead", "local_mask",
           "mask_offset_sign", "mask_after_exp", "mask_plus_inf", "mask_zero")

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..compare import Failure, as_tensor, call_or_skip, fail, fail_again, same
 from ..core import Learner, check
-from ..kit import Known, Suspects, variants
+from ..kit import Known, Suspects, expect_unchanged, variants
 from .judge import blocks_right, dtype_of, expect_close_at_dtype, qkv, squares, tolerance
 
 
@@ -189,6 +189,8 @@ def check_block_sparse_attention(fn: Learner) -> str:
                               factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},
                               measured=lambda failure: _sparse_measured(fn, failure, out, expected, case),
                               normaliser="the running sum ℓ")
+    expect_unchanged(fn, (*qkv((), 12, 12, 3, 2, 530), _layout(3, 3, 531), 4), call="block_sparse_attention(q, k, v, "
+                     "layout, 4)", name="q", others=("k", "v"), shown="q, k (12, 3), v (12, 2), float64")
     n, d_k, d_v, b = 48, 6, 2, 8
     layout = _layout(n // b, n // b, 521)
     tried = f"block_sparse_attention(q, k, v, layout, {b}) on q, k ({n}, {d_k}), v ({n}, {d_v}), counting its work"

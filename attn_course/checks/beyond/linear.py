@@ -48,6 +48,8 @@ _MAPS: list[tuple[str, str, Callable[[Tensor], Tensor]]] = [
      lambda x: F.elu(x.double()) - 1),
     ("x + 1 (no elu)", "without elu, x + 1 is negative for every x < −1", lambda x: x.double() + 1),
     ("elu(x) + 2", "a constant other than 1: positive, but not the docstring's map", lambda x: F.elu(x.double()) + 2),
+    ("relu(x) + 1", "positive, but not the docstring's map: every negative entry becomes 1 where elu + 1 gives "
+     "exp(x)", lambda x: torch.relu(x.double()) + 1),
 ]
 
 
@@ -63,6 +65,12 @@ def _phi_table(causal: bool) -> list[Known]:
                 f": {why}"
             found.append(Known(summary, summary, cause, _PHI_FIX, lambda q, k, v, *_, a=on_q, b=on_k:
                                _kernel(a(q), b(k), v, causal=causal)))
+    on_v = [("φ = elu(x) + 1", "", _elu1), *(m for m in _MAPS if not m[0].startswith("no feature"))]  # φ(v) ≠ v
+    for what, why, phi in on_v:  # the map applied to v as well
+        summary = ("φ" if phi is _elu1 else what if what.startswith("φ") else "φ = " + what) + " applied to v too"
+        found.append(Known(summary, summary, f"you applied {what} to v as well as to q and k: the values are averaged "
+                           "as they are, only q and k go through the feature map" + (f"; and {why}" if why else ""),
+                           _PHI_FIX, lambda q, k, v, *_, phi=phi: _kernel(phi(q), phi(k), phi(v), causal=causal)))
     for summary, both in (("q scaled by 1/√d_k", False), ("q and k scaled by 1/√d_k", True)):
         found.append(Known(summary, summary, "you divided by √d_k as softmax attention does; the docstring's "
                            "φ(q)·φ(k) has no scale", _PHI_FIX, lambda q, k, v, *_, both=both: _kernel(

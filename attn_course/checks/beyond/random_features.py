@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..compare import as_tensor, fail, same
 from ..core import Learner, check
-from ..kit import Suspects, variants
+from ..kit import Suspects, expect_unchanged, variants
 from .judge import dtype_of, expect_close_at_dtype, tolerance
 
 
@@ -104,5 +104,9 @@ def check_positive_random_features(fn: Learner) -> str:
         expect_close_at_dtype(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
                               oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
                               factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
+    g = torch.Generator().manual_seed(407)
+    x, omega = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((5, 4), (6, 4)))
+    expect_unchanged(fn, (x, omega), call="positive_random_features(x, omega)", name="x", others=("omega",),
+                     shown="x (5, 4), Ω (6, 4), float64")
     return (f"matches exp(ω·x − |x|²/2)/√n_f on {len(cases)} cases (batch × heads, n_f = d, one feature, float32, "
             "exponents that overflow when split)")

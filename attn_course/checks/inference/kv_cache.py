@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..compare import Failure, same
+from ..compare import Failure, fail_again, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, learner_error
 from ..kit import (Known, Suspects, call_explained, expect_dtype, expect_float64_precision, expect_unchanged,
                    lower_precision, unpack)
@@ -87,6 +87,35 @@ ATTEND = [Known(*row) for row in [
     ("by_dv", "scores divided by √d_v instead of √d_k", "you scaled by the values' width d_v",
      "divide by math.sqrt(q.shape[-1]) (d_k)",
      lambda q, K, V: attn(q, K, V, scale=1 / math.sqrt(V.shape[-1])) if V.shape[-1] != q.shape[-1] else None)]]
+
+
+_SLOTS_FIX = "attend over the filled part only: self.k[..., :self.t, :] and self.v[..., :self.t, :]"
+
+
+def _zero_slots(failure: Failure, out: torch.Tensor, case: tuple, tol: dict) -> None:
+    """Fail when attend's output is attention over the cached keys plus Z all-zero keys and values (one Z for every
+    row): a preallocated buffer attended over whole, its unfilled slots included."""
+    q, K, V = case
+    if tuple(out.shape) != tuple(q.shape[:-1] + V.shape[-1:]) or not bool(torch.isfinite(out).all()):
+        return
+    right, total = sdpa(q, K, V).double(), torch.exp(_scaled(q, K)).sum(-1)  # (..., 1, d_v), (..., 1)
+    if not bool(torch.isfinite(total).all()):
+        return
+    ratio = (out.double() * right).sum(-1) / (right * right).sum(-1).clamp_min(1e-300)  # out ≈ ratio · right
+    z = round(float((total * (1 - ratio) / ratio.clamp_min(1e-300)).median()))
+    if z < 1:
+        return
+    pad = lambda x: torch.cat([x.double(), x.new_zeros(*x.shape[:-2], z, x.shape[-1]).double()], -2)  # noqa: E731
+    padded = sdpa(q.double(), pad(K), pad(V))
+    if same(out, padded, **tol) and not same(padded, right, **tol):
+        fail_again(failure, "attended over unfilled zero slots of the buffer", "your output is attention over "
+                   f"{_count(K.shape[-2], 'cached token')} plus {_count(z, 'slot')} whose key and value are all 0: the "
+                   "unfilled slots of a preallocated buffer, each with score 0, so weight e⁰ = 1 in the softmax's sum",
+                   _SLOTS_FIX)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
 
 
 def _attend_constructs(q, K, V) -> list:
@@ -195,6 +224,12 @@ def _expect_cache(cache: Learner, got, want, case, suspects: Suspects, *, q_new,
              cause=(f"your cache keeps only the last {tokens} (a window or a fixed-size buffer)" if dropped
                     else f"your cache stopped growing at {n_got} token{'s' if n_got > 1 else ''} (a fixed buffer?)"),
              fix="keep every token: torch.cat([cached, new], dim=-2) (or enlarge a buffer when full)")
+    if alike and n_got > n_want and same(got[..., :n_want, :], want, **tol) and not bool(got[..., n_want:, :].any()):
+        fail(f"{what} includes the buffer's unfilled slots", tried=tried,
+             got=f"{rows(n_got)}: {_count(n_want, 'right row')}, then {_count(n_got - n_want, 'row')} of zeros",
+             expected=f"{rows(n_want)}: only the tokens appended so far",
+             cause="you returned the whole preallocated buffer, its unfilled zero slots included",
+             fix="return the filled part only: self.k[..., :self.t, :], self.v[..., :self.t, :]")
     suspects.expect(got, want, case, tried=tried, what=what, **tol,
                     fix="append returns the whole cache: every row so far, oldest first, shape (..., t, d)")
 
@@ -273,10 +308,15 @@ def _values(cls: Learner) -> int:
             if all(same(out, sdpa(*case), **tol) for case, out, _ in steps):
                 raise  # otherwise the earlier wrong output is the first thing to report
         for i, (case, out, tried) in enumerate(steps):
-            attends.expect(out, sdpa(*case), case, tried=tried, what="attend's output", **tol,
-                           again=lambda q, K, V: next(o for c, o, _ in steps if c[0] is q),  # attend ran once per q
-                           distinguish=[s[0] for s in steps[i + 1:]],
-                           fix="attend returns softmax(q Kᵀ / √d_k) V over every cached key, shape (..., 1, d_v)")
+            try:
+                attends.expect(out, sdpa(*case), case, tried=tried, what="attend's output", **tol,
+                               again=lambda q, K, V: next(o for c, o, _ in steps if c[0] is q),  # once per q
+                               distinguish=[s[0] for s in steps[i + 1:]],
+                               fix="attend returns softmax(q Kᵀ / √d_k) V over every cached key, shape (..., 1, d_v)")
+            except Failure as failure:
+                if not failure.diagnosis.cause:
+                    _zero_slots(failure, out, case, tol)
+                raise
             lower_precision(out, q.dtype, tried=tried, what="attend's output", grid=False)
             expect_dtype(out, q.dtype, tried=tried, what="attend's output")
             expect_float64_precision(out, sdpa(*case), tried=tried, what="attend's output")

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..boundary import probe
-from ..compare import Failure, same
+from ..compare import Failure, call_or_skip, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail
 from ..kit import Known, Suspects, call_explained, expect_unchanged, watch
 from .oracle import LOOSE, PATTERNS, attn, confirm, dtype_name, rows, sdpa, tolerance, window
@@ -178,6 +178,38 @@ def _right_on(fn: Learner, args: tuple, expected: torch.Tensor, tol: dict, rows:
         return False
 
 
+def _unwritten(fn: Learner, out: torch.Tensor, expected: torch.Tensor, case: tuple, tol: dict, tried: str) -> None:
+    """Fail when the wrong rows were never written (as notebook 09 says it): some rows right, and each wrong one 0
+    where the answer is not, or neither doubled when v is doubled nor affine in v, as every computed row is."""
+    q, k, v, w, b = case
+    n = q.shape[-2]
+    a = out.double()
+    per_row = lambda t: t.movedim(-2, 0).reshape(n, -1)  # noqa: E731 - one row per query position
+    bad = (~per_row(torch.isclose(a, expected, equal_nan=True, **tol))).any(1)
+    if not bad.any() or bad.all():
+        return
+    zero = (per_row(a).abs() < 1e-30).all(1) & (per_row(expected).abs() > 1e-12).any(1)
+    # with q and k fixed, every computed row is affine in v, right or wrong (a term without v included): memory
+    # never written is neither doubled with v nor on the line through the outputs for v, 2v and 3v
+    doubled, tripled = (call_or_skip(lambda c=c: as_tensor(fn(q, k, c * v, w, b), tried=tried)) for c in (2, 3))
+    stale = torch.zeros_like(zero)
+    if doubled is not None and tripled is not None and doubled.shape == tripled.shape == out.shape:
+        d2, d3 = doubled.double(), tripled.double()
+        stale = ~per_row(torch.isclose(d2, 2 * a, equal_nan=True, **tol)).all(1) & \
+            ~per_row(torch.isclose(d3 - d2, d2 - a, equal_nan=True, **tol)).all(1)
+    if (bad & ~zero & ~stale).any():
+        return
+    shown = [int(i) for i in bad.nonzero()]
+    listed = ", ".join(map(str, shown[:6])) + ("…" if len(shown) > 6 else "")
+    fail(f"output rows never written ({listed})", tried=tried,
+         got=f"rows {listed} of your output " + ("are 0 (what torch.zeros or a fresh torch.empty holds)"
+             if bool(zero[bad].all()) else "are 0 or change with v in no way a computed row does "
+             "(torch.empty leaves whatever the memory held)") + "; the other rows are right",
+         expected="every row computed", cause="your query loop never writes these rows",
+         fix="visit every query block: for q_start in range(0, n, block_size), with out[..., q_start:q_start + "
+             "block_size, :] written at the end of each")
+
+
 def _window_cause(fn: Learner, out: torch.Tensor, case: tuple, tol: dict) -> tuple[str, str, str]:
     """(summary or "", cause, fix) of a wrong answer no known mistake reproduces: only the last, shorter query block
     wrong; which keys a wrong row attended to; or the simplest setting where the function is already wrong."""
@@ -313,6 +345,8 @@ def check_sliding_window_attention(fn: Learner) -> str:
             if d.cause or tuple(out.shape) != tuple(expected.shape):
                 raise
             summary, cause, fix = _window_cause(fn, out, case, tol)
+            if not summary:  # the last, shorter query block is named first, as notebook 09 does
+                _unwritten(fn, out, expected, case, tol, tried)
             fail(summary or d.summary, tried=tried, got=d.got, expected=d.expected, cause=cause, fix=fix)
         if out.dtype != q.dtype:
             fail(f"result in {dtype_name(out.dtype)}, not q's {dtype_name(q.dtype)}", tried=tried,

@@ -11,7 +11,7 @@ import torch
 
 from .. import kit
 from ..compare import Failure
-from ..core import Learner, LearnerRaised, as_tensor, check, fail, learner_error
+from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, learner_error
 from .cases import backward_cases, describe, forward_cases, judge_cases, oracle_vjp, raised_hint, unchanged_cases
 from .jacobian import VJP, VJP_CODE, K, dot, explain_vjp, grad_atol
 from .probes import BIG_N, observe, quadratic
@@ -116,6 +116,31 @@ def _float64_error(judged: list[tuple[tuple, torch.Tensor]], oracle: Callable) -
     return max(errors)
 
 
+def _expect_grad_unchanged(fn: Learner, case: tuple) -> None:
+    """Fail when the backward overwrites the upstream gradient autograd hands it, on ``case`` and on the same values in
+    the other float dtype (where grad.to(torch.float64) or grad.float() returns grad itself). Raising here says
+    nothing: the cases already ran this code."""
+    z, g = case
+    other = {torch.float32: torch.float64, torch.float64: torch.float32}[z.dtype]
+    for given, where in (((z, g), describe(z, "z")), ((z.to(other), g.to(other)), "the same values in "
+                                                      f"{str(other).replace('torch.', '')}")):
+        try:
+            changed = fn.observe("softmax_backward_in_place", *given)
+        except (LearnerRaised, LearnerTimedOut):
+            continue
+        if changed is True:
+            fail("grad changed in place by backward", tried=f"SoftmaxFunction.apply(z), then backward through "
+                 f"autograd, on {where} and an upstream grad of the same shape, comparing grad with a copy taken "
+                 "before",
+                 got="after backward, grad no longer holds the values autograd gave it",
+                 expected="grad left unchanged: backward only reads it and returns a new tensor",
+                 cause="an in-place operation on grad (grad -= …, grad *= …, grad.sub_(…), grad.mul_(…)) overwrites "
+                       "the gradient autograd hands your backward; autograd may give that same tensor to other "
+                       "branches of the graph (y = a + b hands one gradient to both), so their gradients come out "
+                       "wrong",
+                 fix=f"compute a new tensor: return {VJP_CODE} (or start from grad = grad.clone())")
+
+
 @check("SoftmaxFunction", kind="class",
        expects="the class SoftmaxFunction, a subclass of torch.autograd.Function used as SoftmaxFunction.apply(z)")
 def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exercise X is check_X
@@ -146,6 +171,7 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
         atol=lambda c: 10 * grad_atol(c), hint=_saved_hint, signature="forward(ctx, z) and backward(ctx, grad)",
         explain=lambda o, case, said: explain_vjp(o, case, said, z=case[0]),
         shape_fix="backward returns ∂ℒ/∂z shaped like z")
+    _expect_grad_unchanged(fn, backward_cases()[0])
     # a backward computed in float32 passes the tolerance above and gradcheck's: its float64 cases show it
     forward_error, backward_error = _float64_error(forward, forward_oracle), _float64_error(backward, backward_oracle)
     if backward_error > 1e-10 and forward_error <= 1e-10:  # (a lossy forward: gradcheck blames it)

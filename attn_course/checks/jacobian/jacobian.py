@@ -40,6 +40,9 @@ JACOBIAN = [
       lambda p: torch.diag_embed(p)),
     K("no-diag", "diag(p) term missing", "you returned −p pᵀ alone: the diagonal entries are p_i − p_i², not −p_i²", _J,
       lambda p: -p.unsqueeze(-1) * p.unsqueeze(-2)),
+    K("delta-one", "δ_ij replaced by 1", "you wrote p_i (1 − p_j) where J[i, j] = p_i (δ_ij − p_j): δ_ij is 1 on the "
+      "diagonal only (torch.eye), so your diagonal is right and every entry off it is p_i too large", _J,
+      lambda p: p.unsqueeze(-1) * (1 - p.unsqueeze(-2))),
     K("diagonal", "only the diagonal", "you returned only the diagonal entries p_i(1 − p_i): the off-diagonal entries "
       "−p_i p_j are missing", _J, lambda p: torch.diag_embed(p * (1 - p))),
     K("pi2", "p_i² for p_i p_j", "you subtracted p_i² in row i (p ⊙ p broadcast along the rows), not the outer product "
@@ -207,11 +210,42 @@ def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | No
              expected="finite gradients (p and grad are finite)", cause=cause,
              fix="save p in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
              if cause else f"compute {VJP_CODE}: no division, no log")
+    p = case[0].double() if z is None else torch.softmax(z.double(), -1)
+    if (part := _partial_dot(a, p, case[1].double(), grad_atol(case))) is not None:
+        n, shown, code = p.shape[-1], *part
+        fail("⟨g, p⟩ summed over part of each row", tried=tried, got=f"your result is p ⊙ (g − s) with s the sum of "
+             f"g_j p_j over {shown} only, of the {n} in each row", expected="⟨g, p⟩ summed over every entry of the row",
+             cause=f"your ⟨g, p⟩ leaves out part of the row ({code}?): a slice or a size written into your code",
+             fix="sum over the whole last axis, with no slice: (grad * p).sum(-1, keepdim=True)")
     if not torch.allclose(sums := a.sum(-1), torch.zeros_like(sums), atol=grad_atol(case)):
         fail("rows do not sum to 0", tried=tried, got=f"rows of your result sum to {fmt(float(sums.min()))} … "
              f"{fmt(float(sums.max()))}",
              expected="every row summing to 0 (Σ_i p_i (g_i − ⟨g, p⟩) = ⟨g, p⟩ − ⟨g, p⟩ = 0)",
              fix=_VJP_FIX)
+
+
+def _partial_dot(a: torch.Tensor, p: torch.Tensor, g: torch.Tensor, atol: float) -> tuple[str, str] | None:
+    """(which entries, a slice that takes them) when ``a`` is p ⊙ (g − Σ_{j∈S} g_j p_j) in every row, for one proper,
+    non-empty set S of the last axis's entries (every such S up to n = 10, contiguous ones beyond), else None."""
+    n = p.shape[-1]
+    spans = [list(range(i, j)) for i in range(n) for j in range(i + 1, n + 1) if j - i < n]
+    sets = spans + ([[k for k in range(n) if m >> k & 1] for m in range(1, 2 ** n - 1)] if n <= 10 else [])
+    if not sets:
+        return None
+    taken = torch.tensor([[k in s for k in range(n)] for s in sets], dtype=torch.float64)  # (S, n)
+    made = p.unsqueeze(-2) * (g.unsqueeze(-2) - ((g * p) @ taken.T).unsqueeze(-1))  # (..., S, n)
+    fits = torch.isclose(made, a.unsqueeze(-2), atol=atol, rtol=1e-4).all(-1).reshape(-1, len(sets)).all(0)
+    if not fits.any():
+        return None
+    s = sets[int(fits.nonzero()[0])]  # a contiguous set first (the spans come first)
+    step = s[1] - s[0] if len(s) > 1 else 1
+    if len(s) == 1:
+        return f"entry {s[0]}", f"[..., {s[0]}]"
+    if s != list(range(s[0], s[-1] + 1, step)):
+        return f"entries {', '.join(map(str, s))}", f"[..., [{', '.join(map(str, s))}]]"
+    bounds = f"{s[0] or ''}:{s[-1] + 1 if s[-1] + step < n else ''}"
+    code = f"[..., {bounds}{f':{step}' if step > 1 else ''}]"
+    return (f"entries {s[0]} to {s[-1]}" if step == 1 else f"entries {', '.join(map(str, s))}"), code
 
 
 @check("softmax_vjp", expects="a function softmax_vjp(p, grad) returning ∂ℒ/∂z shaped like p")

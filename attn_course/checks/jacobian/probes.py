@@ -63,6 +63,19 @@ def function_cost(cls: type, z: torch.Tensor, g: torch.Tensor) -> dict[str, Any]
         return {"forward": forward, "backward": _cost(lambda: node.apply(g))}
 
 
+@probe("softmax_backward_in_place")
+def backward_in_place(cls: type, z: torch.Tensor, g: torch.Tensor) -> bool:
+    """Learner side: whether autograd, running the backward of ``cls.apply(z)`` for upstream ``g``, leaves ``g``
+    changed (compared with a copy taken before; autograd hands ``g`` itself to the backward)."""
+    z, given = z.detach().requires_grad_(True), g.clone()
+    with torch.enable_grad():
+        y = cls.apply(z)
+    if not isinstance(y, torch.Tensor) or not y.requires_grad:
+        return False
+    torch.autograd.grad(y, z, given, allow_unused=True)
+    return not torch.equal(given, g)
+
+
 def observe(fn: Learner, tried: str, expected: str, what: str, name: str, *args: Any) -> dict:
     try:
         cost = fn.observe(name, *args)

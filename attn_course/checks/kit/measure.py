@@ -137,6 +137,23 @@ def made_of_half(t: torch.Tensor) -> torch.dtype | None:
     return next((h for h in (torch.bfloat16, torch.float16) if torch.equal(t.to(h).to(t.dtype), t)), None)
 
 
+def half_rounded(out: torch.Tensor, expected: torch.Tensor, *, tried: str, what: str, fix: str) -> None:
+    """Fail naming float16 or bfloat16 when ``out``, in the input's dtype, went through it and was converted back:
+    every value lies on that dtype's grid and within a few of its rounding steps of ``expected``, yet not equal to it
+    (the test of :func:`what_is_off`, which then says so). A float32 or float64 computation lands on the grid by
+    chance with probability about 2⁻¹³ per value; a wrong step is far more than a few rounding steps off."""
+    got = out.detach()
+    if tuple(got.shape) != tuple(expected.shape) or not got.is_floating_point() or got.dtype.itemsize < 4 or \
+            not got.numel() or made_of_half(got) is None:
+        return
+    a, e = got.double(), expected.detach().double()
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(e).all())):
+        return
+    scale, err = float(e.abs().max()), float((a - e).abs().max())
+    if 2.0 ** -14 * scale < err <= 4 * scale * 2.0 ** -10:  # rounded, by no more than a few float16 steps
+        what_is_off(out, expected, tried=tried, what=what, atol=0.0, rtol=0.0, fix=fix)
+
+
 def lower_precision(got: torch.Tensor, input_dtype: torch.dtype, *, tried: str, what: str, grid: bool = True) -> None:
     """Fail, naming the dtype, when ``got`` went through a dtype narrower than the inputs': its own dtype is narrower,
     or (``grid``, for an answer already known to be wrong) every entry lies exactly on that dtype's grid (a float64

@@ -57,6 +57,11 @@ def _softmax_oracle(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out.to(scores.dtype)
 
 
+def _bits(dtype: torch.dtype) -> int:
+    """Significant bits of a floating dtype (float16 keeps 11, bfloat16 8)."""
+    return {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}.get(dtype, 0)
+
+
 _NAIVE = ("softmax without subtracting the maximum", "you exponentiated the raw scores: e^30000 overflows to inf, and "
           "inf/inf (or inf × 0) is NaN", "subtract each row's maximum allowed score before exp, or use torch.softmax")
 _EMPTY_ROWS = "~mask.any(dim=-1, keepdim=True)"  # the fully masked rows, one per query
@@ -157,6 +162,7 @@ def check_masked_softmax(fn: Learner) -> str:
                             rtol=1e-5)  # rows summing to 1 - 1e-4 (an epsilon added to the sum) are wrong
         except Failure as failure:
             if not failure.diagnosis.cause:
+                _rounded_scores(got, case, tried)
                 _softmax_structure(got, case, tried)
             raise
         if changed:
@@ -179,6 +185,27 @@ def _confirm_no_keepdim(fn: Learner) -> bool:
         return kit.agrees(fn(s, mask), no_keepdim, atol=1e-9, rtol=1e-7)
     except LearnerRaised:
         return False
+
+
+def _rounded_scores(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
+    """Fail naming the dtype when the weights are, to the case's own tolerance, the exact softmax of the scores rounded
+    to float16 or bfloat16 (x.half().float(): the rest of the computation may run wider)."""
+    s = case.scores
+    if tuple(got.shape) != tuple(s.shape) or not got.is_floating_point():
+        return
+    for low in (torch.float16, torch.bfloat16):
+        if _bits(low) >= _bits(s.dtype) or torch.equal(rounded := s.to(low).to(s.dtype), s):
+            continue
+        if kit.agrees(got.double(), _softmax_oracle(rounded, case.mask).double(), atol=case.atol, rtol=1e-5):
+            name = str(low).replace("torch.", "")
+            digits = kit.measure.DIGITS[low]
+            fail(f"scores rounded to {name}", tried=tried, got=f"your weights are the softmax of the scores rounded "
+                 f"to {name}, to the last digits", expected=f"the weights at {str(s.dtype).replace('torch.', '')} "
+                 "precision", cause=f"you rounded the scores to {name} ({narrowing_calls(low)}) before the softmax: "
+                 f"{name} keeps about {digits} significant digits, and every weight inherits that rounding, "
+                 "even when the rest runs in a wider dtype",
+                 fix=f"keep the scores' dtype: leave out {narrowing_calls(low).split(',')[0]} (a wider dtype inside "
+                     "is fine)")
 
 
 def _softmax_structure(got: torch.Tensor, case: _SoftCase, tried: str) -> None:

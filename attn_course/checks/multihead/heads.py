@@ -9,9 +9,9 @@ from typing import Callable
 import torch
 
 from ...multihead import merge_heads as ref_merge, split_heads as ref_split
-from ..compare import Failure
+from ..compare import Failure, fail_again
 from ..core import Learner, LearnerRaised, LearnerTimedOut, check, fail, learner_error
-from ..kit import Known, Suspects, bool_hint, explain_raise, factors, tensor_answer
+from ..kit import Known, Suspects, bool_hint, expect_unchanged, explain_raise, factors, half_rounded, tensor_answer
 from .shared import PATTERNS, Sized, and_
 
 
@@ -56,6 +56,37 @@ def _shape_in_symbols(out: torch.Tensor, want: tuple, sizes: dict[str, int], tar
          fix=f"follow the docstring's shapes step by step (print(t.shape) after each step); the result is {target}")
 
 
+def _moved(failure: Failure, out: torch.Tensor, x: torch.Tensor, oracle: Callable, axes: str, fix: str) -> None:
+    """After a mismatch nothing named: a result that holds each of x's values exactly once, in other places, is a
+    rearrangement no known mistake lists; say across which of x's ``axes`` (their letters, as the docstring writes x's
+    shape) its entries moved, with an example. (x's values are distinct random numbers, so where each value of the
+    result came from is known.)"""
+    if failure.diagnosis.cause or not out.is_floating_point() or tuple(out.shape) != tuple(oracle(x).shape):
+        return
+    flat, got = x.detach().double().flatten(), out.detach().double().flatten()
+    if torch.unique(flat).numel() != flat.numel():
+        return
+    order = flat.argsort()
+    src = order[torch.searchsorted(flat[order], got).clamp(max=flat.numel() - 1)]  # where each value of out is in x
+    if not torch.equal(flat[src], got) or torch.unique(src).numel() != src.numel():
+        return
+    right = oracle(torch.arange(flat.numel(), dtype=torch.float64).reshape(x.shape)).flatten().long()
+    wrong = (src != right).nonzero().flatten()
+    if not wrong.numel():
+        return
+    place = lambda i: torch.stack(torch.unravel_index(i, x.shape), -1)  # noqa: E731 - flat index → x's index
+    crossed = and_([name for name, moved in zip(axes.split(", "), (place(src[wrong]) != place(right[wrong])).any(0))
+                    if moved])
+    at = tuple(int(i) for i in torch.unravel_index(wrong[0], out.shape))
+    came, belongs = (tuple(int(i) for i in place(t[wrong[0]])) for t in (src, right))
+    fail_again(failure, f"x's entries moved across axes {crossed}",
+               f"your result holds each of x's values exactly once, but entries moved along x's axes {crossed} of "
+               f"({axes}): your result{list(at)} holds x{list(came)}, where the docstring's rule puts "
+               f"x{list(belongs)}. "
+               "A reshape or view with its sizes in another order than the axes in memory, a transpose missing or "
+               "misplaced before one, or indexing in the wrong order moves entries from one axis into another", fix)
+
+
 def _expect_same_precision(out: torch.Tensor, x: torch.Tensor, *, tried: str, what: str) -> None:
     """``what`` only moves numbers: a result in a narrower dtype than ``x`` has rounded them."""
     if out.is_floating_point() and out.dtype.itemsize < x.dtype.itemsize:
@@ -63,6 +94,9 @@ def _expect_same_precision(out: torch.Tensor, x: torch.Tensor, *, tried: str, wh
         fail(f"result rounded to {got}", tried=tried, got=f"the right numbers, but as {got}: x's {had} values rounded",
              expected=f"x's own values, exactly: {what} only moves numbers", cause=f"you converted to {got} (.float(), "
              f".half() or dtype={got})", fix="drop the conversion: reshape, transpose and cat keep x's dtype")
+
+
+_KEEP_DTYPE = "leave out .half() and .bfloat16(): reshape and transpose keep x's dtype and values"
 
 
 # ============================================================================ split_heads
@@ -134,10 +168,17 @@ def check_split_heads(fn: Learner) -> str:
                 fail(f"split into {out.shape[1]} heads, not n_heads = {a}", tried=tried,
                      got=f"a result of shape {tuple(out.shape)}", expected=f"shape {(b, a, n, d)}", **hint)
             _shape_in_symbols(out, (b, a, n, d), {"B": b, "A": a, "n": n, "d_head": d}, "(B, A, n, d_head)", tried)
-        suspects.expect(out, ref_split(x, a), (x, a), tried=tried, again=fn, factors=factors(A=a, d_head=d, n=n),
-                        axes=("batch entries", "heads", "positions", "features"))
+        half_rounded(out, ref_split(x, a), tried=tried, what="your heads", fix=_KEEP_DTYPE)
+        try:
+            suspects.expect(out, ref_split(x, a), (x, a), tried=tried, again=fn, factors=factors(A=a, d_head=d, n=n),
+                            axes=("batch entries", "heads", "positions", "features"))
+        except Failure as failure:
+            _moved(failure, out, x, lambda t, a=a: ref_split(t, a), "B, n, A·d_head", _MIXED)
+            raise
         _expect_same_precision(out, x, tried=tried, what="split_heads")
         previous = (a, d)
+    x = torch.randn(2, 5, 12, generator=gen)
+    expect_unchanged(fn, (x, 3), call="split_heads(x, 3)", name="x", shown="x of shape (2, 5, 12) (float32)")
     return (f"matches the reference on {len(_SPLIT_CASES)} cases (1 to 6 heads, width 1 to 8, one position, "
             "float32 and float64): one block of features per head")
 
@@ -201,8 +242,15 @@ def check_merge_heads(fn: Learner) -> str:
                                         **_explain(exc, fn, x))) from None
         if tuple(out.shape) != (b, n, a * d) and not suspects.suspects(out, (x,)):
             _shape_in_symbols(out, (b, n, a * d), {"B": b, "A": a, "n": n, "d_head": d}, "(B, n, A·d_head)", tried)
-        suspects.expect(out, ref_merge(x), (x,), tried=tried, again=fn, factors=factors(A=a, d_head=d, n=n),
-                        axes=("batch entries", "positions", "features"))
+        half_rounded(out, ref_merge(x), tried=tried, what="your merged heads", fix=_KEEP_DTYPE)
+        try:
+            suspects.expect(out, ref_merge(x), (x,), tried=tried, again=fn, factors=factors(A=a, d_head=d, n=n),
+                            axes=("batch entries", "positions", "features"))
+        except Failure as failure:
+            _moved(failure, out, x, ref_merge, "B, A, n, d_head", _UNMIXED)
+            raise
         _expect_same_precision(out, x, tried=tried, what="merge_heads")
+    x = torch.randn(2, 3, 5, 4, generator=gen)
+    expect_unchanged(fn, (x,), call="merge_heads(x)", name="x", shown="x of shape (2, 3, 5, 4) (float32)")
     return (f"matches the reference on {len(_MERGE_CASES)} cases (1 to 6 heads, one position, float32 and "
             "float64) and undoes split_heads")

@@ -10,7 +10,7 @@ import torch
 
 from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, check, expect_close, fail, fmt, learner_error
-from ..kit import Suspects, bool_hint, call_explained, explain_raise, unpack
+from ..kit import Suspects, bool_hint, call_explained, explain_raise, half_rounded, unpack
 from ..result import Diagnosis
 from .module_mistakes import MODULE_MISTAKES, Case, multihead
 from .shared import PATTERNS, and_
@@ -248,6 +248,7 @@ def check_MultiHeadAttention(cls: Learner) -> str:
         try:
             for view, what, axes, fix in _PARTS:  # the weights first: out depends on them
                 want = getattr(ctx, view)
+                half_rounded(got[view], want, tried=tried, what="out's values" if view == "out" else what, fix=fix)
                 suspects.expect(got[view], want, (ctx, view), tried=tried, again=mine, distinguish=[(ctx, "out")],
                                 what=what, axes=axes, fix=fix if got[view].shape != want.shape else "")
         except Failure as failure:

@@ -35,15 +35,18 @@ _POST = {"": lambda out, x: out, "residual": lambda out, x: out + x,
 
 def multihead(P: dict, x_q: torch.Tensor, x_kv: torch.Tensor | None, mask: torch.Tensor | None, a: int,
                d_head: int, *, scale: float | None = None, split: Callable = ref_split, merge: Callable = ref_merge,
-               roles: str = "qkv", inputs: tuple = ("x_q", "x_kv", "x_kv"), dim: int = -1, mask_mode: str = "ok",
+               split_on: str = "qkv", roles: str = "qkv", inputs: tuple = ("x_q", "x_kv", "x_kv"), dim: int = -1,
+               mask_mode: str = "ok",
                scale_after: float = 1.0, v_scale: float = 1.0, out_proj: bool = True, out_bias: float = 1.0,
                post: str = "", returns: str = "weights") -> tuple[torch.Tensor, torch.Tensor]:
     """(out, weights) of multi-head attention from plain float64 tensors, or of one classic mistake in it.
-    ``split``/``merge`` make and join the heads; ``roles`` names the projections used for the queries, keys and values
+    ``split``/``merge`` make and join the heads (``split`` makes those of ``split_on``, the others are split right);
+    ``roles`` names the projections used for the queries, keys and values
     (``"kqv"``: W^K for the queries…) and ``inputs`` what each projects; ``returns`` what comes back as the weights
     (``"scores"``: the scaled scores after masking, ``"raw_scores"``)."""
     src = {"x_q": x_q.to(torch.float64), "x_kv": (x_q if x_kv is None else x_kv).to(torch.float64)}
-    q, k, v = (split(src[x] @ P[r][0].T + P[r][1], a) for r, x in zip(roles, inputs))  # (B, A, n_q or n_k, d_head)
+    q, k, v = ((split if part in split_on else ref_split)(src[x] @ P[r][0].T + P[r][1], a)
+               for part, r, x in zip("qkv", roles, inputs))  # (B, A, n_q or n_k, d_head)
     scores = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(d_head) if scale is None else scale)  # (B, A, n_q, n_k)
     raw = scores
     if mask_mode == "causal":  # a causal mask built inside forward, whatever mask was given
@@ -127,6 +130,13 @@ def _inside(table: list[Known], key: str, step: str) -> Sized:
     return _m(f"{step}_{key}", row.summary, row.cause, row.fix, **{step: row.make})
 
 
+def _split_one(key: str, part: str) -> Sized:
+    """A split_heads mistake made for one of q, k, v only (``part``), the other two split right."""
+    row, words = next(k for k in SPLIT_MISTAKES if k.key == key), {"q": "queries", "k": "keys", "v": "values"}[part]
+    return _m(f"split_{key}_{part}", f"{row.summary} ({words} only)", f"for the {words} only, {row.cause}; the other "
+              f"two are split right", f"{row.fix}, for the {words} as for the others", split=row.make, split_on=part)
+
+
 _MASK_FIX = "fill the scores where the mask is False with -inf before the softmax, or use masked_softmax(scores, mask)"
 _SCALE_FIX = "divide by math.sqrt(d_head)"
 _EMPTY_FIX = "such a row gets zero weights in this course: use masked_softmax(scores, mask) from attn_course.softmax"
@@ -137,6 +147,7 @@ _FUSED_SPLIT = "qkv.split(n_heads * d_head, dim=-1)"
 
 MODULE_MISTAKES = [
     *(_inside(SPLIT_MISTAKES, key, "split") for key in ("no_transpose", "strided")),
+    *(_split_one(key, part) for key in ("no_transpose", "strided") for part in "qkv"),
     _m("sqrt_d_model", "scaled by √d_model, not √d_head", "you divided the scores by √d_model{also}; each head's dot "
        "product has only d_head terms", _SCALE_FIX, scale="1/√d_model"),
     _m("unscaled", "scores not scaled", "you did not divide the scores by √d_head", _SCALE_FIX, scale=1.0),

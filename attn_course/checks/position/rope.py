@@ -81,12 +81,15 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
     n, d = x.shape[-2:]
     if failure.diagnosis.cause or tuple(out.shape) != tuple(x.shape):
         return
+    kit.half_rounded(out, _rope(x, given, base), tried=failure.diagnosis.tried, what="your rotated values",
+                     fix=_ROPE_FIX)
     unit = torch.zeros(n, d, dtype=torch.float64)
     unit[:, 0::2] = 1.0  # every pair (1, 0): rotated by a, it becomes (cos a, sin a)
     ask = lambda *args: call_or_skip(lambda: as_tensor(fn(*args), tried=failure.diagnosis.tried).double())  # noqa: E731
     turned = ask(unit, given, base)
     if turned is None or tuple(turned.shape) != (n, d):
         return
+    _half_coefficients(failure, turned, _rope(unit, given, base))
     first, second = turned[:, 0::2], turned[:, 1::2]  # (n, d/2)
     positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
@@ -141,6 +144,24 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
     if said:
         fail_again(failure, "not the rotation's coefficients", "your function maps each pair (x_2r, x_2r+1) to a "
                "combination of that pair, as a rotation does, but " + "; ".join(said), _ROPE_FIX)
+
+
+def _half_coefficients(failure: Failure, turned: torch.Tensor, right: torch.Tensor) -> None:
+    """Name cos and sin that went through float16 or bfloat16: the pairs (1, 0) come back as (cos t·θ_r, sin t·θ_r),
+    each on that dtype's grid and within a few of its rounding steps of the truth (a float32 or float64 cos lands on
+    the grid by chance with probability about 2⁻¹³ per value)."""
+    telling = turned[(turned != 0) & (turned.abs() != 1)]  # pairs at position 0 come back (1, 0) whatever the dtype
+    half = kit.measure.made_of_half(turned) if telling.numel() >= 4 else None
+    err = float((turned - right).abs().max())
+    if half is None or not 2.0 ** -14 < err <= 4 * 2.0 ** -10:
+        return
+    name = str(half).replace("torch.", "")
+    fail_again(failure, f"cos and sin in {name}",
+               f"given pairs (x_2r, x_2r+1) = (1, 0), your function returns (cos t·θ_r, sin t·θ_r) rounded to {name} "
+               f"numbers (off by up to {fmt(err)}): your cos and sin, or the angles, went through {name}, which keeps "
+               f"about {kit.measure.DIGITS[half]} significant digits, before meeting x",
+               "compute the angles, cos and sin in float32 or float64 and convert them to x.dtype: leave out .half() "
+               "and .bfloat16()")
 
 
 @check("apply_rope", expects="a function apply_rope(x, positions=None, base=10000.0) returning a tensor shaped like x")

@@ -72,6 +72,9 @@ SUM_FIX = "q·k = (q * k).sum(dim=-1): add the d_k products of each pair, then t
 DRAW = "sigma * torch.randn(n_samples, d_k, generator=generator)"
 BOTH = f"draw q = {DRAW}, and k the same way"
 RECIPE = f"draw q and k with {DRAW}, compute (q * k).sum(dim=-1) and return its .var()"
+UNIFORM_FIX = f"draw the entries from torch.randn (standard normal: mean 0, variance 1), times sigma: {DRAW}"
+LENGTH_FIX = f"give each vector d_k entries: {DRAW}"
+SHORT, LONG = "d_k − 1 entries per vector", "d_k + 1 entries per vector"
 PREDICTIONS = [
     _look("σ⁴/d_k: divided by d_k or averaged", "you divided the dot product by d_k (or took the mean of the d_k "
           "products instead of their sum)", SUM_FIX, lambda d, s, n: s**4 / d),
@@ -95,6 +98,17 @@ PREDICTIONS = [
     _look("torch.rand instead of torch.randn", "your estimate is (7/144)·σ⁴·d_k, what entries from torch.rand "
           "(uniform on [0, 1), mean ½) give", "draw the entries from torch.randn (normal, mean 0)",
           lambda d, s, n: 7 * d * s**4 / 144),
+    _look("uniform entries on [−σ, σ], not normal", "your estimate is σ⁴·d_k / 9, what entries drawn uniformly on "
+          "[−σ, σ] give (torch.rand(…) * 2 − 1, times σ): each has variance σ²/3, not σ², so each product qᵢ·kᵢ has "
+          "variance σ⁴/9", UNIFORM_FIX, lambda d, s, n: d * s**4 / 9),
+    _look("uniform entries on [−σ/2, σ/2], not normal", "your estimate is σ⁴·d_k / 144, what entries drawn uniformly "
+          "on [−σ/2, σ/2] give (torch.rand(…) − 0.5, times σ): each has variance σ²/12, so each product qᵢ·kᵢ has "
+          "variance σ⁴/144", UNIFORM_FIX, lambda d, s, n: d * s**4 / 144),
+    _look(SHORT, "your estimate is σ⁴·(d_k − 1): each dot product adds d_k − 1 products, not d_k (torch.randn("
+          "n_samples, d_k - 1), range(1, d_k), or a slice that drops an entry)", LENGTH_FIX,
+          lambda d, s, n: (d - 1) * s**4),
+    _look(LONG, "your estimate is σ⁴·(d_k + 1): each dot product adds d_k + 1 products, not d_k (torch.randn("
+          "n_samples, d_k + 1), or range(d_k + 1))", LENGTH_FIX, lambda d, s, n: (d + 1) * s**4),
     _look("the same vector for q and k", "your estimate is 2·σ⁴·d_k, the variance of q·q: q and k were the same "
           "random draw", "draw k separately from q (two torch.randn calls)", lambda d, s, n: 2 * d * s**4),
     _look("n_samples·σ⁴: a sum over the samples", "your estimate is about n_samples·σ⁴: you added up over the "
@@ -106,7 +120,11 @@ PREDICTIONS = [
 ]
 #: How far (as |log(estimate / prediction)|) an estimate may land from a prediction, given (d_k, n): 15 %, or for a
 #: variance over only d_k sums (relative standard error √(2/(d_k − 1))) 3 of those.
-SPREAD = {"n_samples·σ⁴: a sum over the samples": lambda d, n: max(math.log(1.15), 3 * math.sqrt(2 / (d - 1)))}
+#: An off-by-one in d_k is close to the theory for large d_k: it must match as closely as a right estimate of
+#: σ⁴·(d_k ± 1) would, Z standard errors (relative standard error √((2 + 6/d)/n) for d products per pair).
+SPREAD = {"n_samples·σ⁴: a sum over the samples": lambda d, n: max(math.log(1.15), 3 * math.sqrt(2 / (d - 1))),
+          SHORT: lambda d, n: Z * math.sqrt((2 + 6 / max(d - 1, 1)) / n),
+          LONG: lambda d, n: Z * math.sqrt((2 + 6 / (d + 1)) / n)}
 MEAN = _look("returned the mean, not the variance", "your estimates are all ≈ 0: that is the *mean* of q·k",
               "return the variance of the n_samples dot products: scores.var()", lambda d, s, n: 0.0)
 
