@@ -896,3 +896,20 @@ def test_check_score_matrix_bytes_names_no_formula_for_two_mistakes(rejects):
 ])
 def test_check_score_matrix_bytes_accepts_other_counts(fn, accepts):
     accepts(check_score_matrix_bytes, fn)
+
+
+# ============================================================================ red team: what an off-by-one count says
+@pytest.mark.parametrize("fn,phrase", [
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n * n - n) * dtype.itemsize,
+     "the diagonal left out"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n * (n + 1) // 2) * 2 * dtype.itemsize,
+     "the diagonal counted twice"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n * n - 1) * dtype.itemsize,
+     "1 subtracted from"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n * n - 4) * dtype.itemsize,
+     "4 subtracted from"),
+    (lambda n, batch=1, heads=1, dtype=torch.float32: batch * heads * (n + 1) * (n + 2) * dtype.itemsize,
+     "a side off by one or two"),
+])
+def test_check_score_matrix_bytes_off_by_one_cause_names_each_route(fn, phrase, rejects):
+    rejects(check_score_matrix_bytes, fn, phrase)

@@ -674,3 +674,22 @@ def test_cosine_clamped_at_zero_is_named(fn, phrases, named, rejects):
 ])
 def test_cosine_alternatives_near_a_clamp_pass(fn, accepts):
     accepts(check_cosine_scores, fn)
+
+
+# ============================================================ red team A: a bound past the end is not a typed-in length
+def bound_plus_one(q, K):  # range(len(q) + 1): raises at index len(q) on every vector, as range(9) does
+    return torch.stack([sum(q[i] * K[j, i] for i in range(len(q) + 1)) for j in range(len(K))])
+
+
+def indices_from_one(q, K):  # 1-based indices: the same IndexError on every vector
+    return torch.stack([sum(K[j, i] * q[i] for i in range(1, K.shape[1] + 1)) for j in range(len(K))])
+
+
+def bound_of_the_longer_axis(q, K):  # max(len(q), len(K)): right where d ≥ n_k, past the end elsewhere
+    return torch.stack([sum(q[i] * K[j, i] for i in range(max(len(q), len(K)))) for j in range(len(K))])
+
+
+@pytest.mark.parametrize("fn", [bound_plus_one, indices_from_one, bound_of_the_longer_axis])
+def test_a_bound_past_the_end_is_not_named_a_typed_in_length(fn, rejects):
+    result = rejects(check_query_scores_loop, fn, "IndexError")
+    assert "typed in" not in result.text(), result.text()

@@ -1033,3 +1033,38 @@ def test_window_attention_names_rows_never_written(fn, phrases, rejects):
 ])
 def test_window_attention_accepts_any_block_order_and_buffer(fn, accepts):
     accepts(check_sliding_window_attention, fn)
+
+
+# ============================================== red team: causes that only look like unfilled slots or unwritten rows
+class CachePlusOneDenominator(CacheManualStable):
+    def attend(self, q):  # e / (Σe + 1): the output of one zero slot at every step, yet no buffer
+        e = torch.exp(q @ self.k.mT / math.sqrt(q.shape[-1]))
+        return e @ self.v / (e.sum(-1, keepdim=True) + 1)
+
+
+def test_check_kvcache_does_not_name_slots_for_a_constant_extra_term(rejects):
+    d = rejects(check_KVCache, CachePlusOneDenominator).diagnosis
+    assert "unfilled" not in d.summary and "slot" not in d.cause, d
+
+
+def _window_no_max_zeroed(q, k, v, window, block_size):
+    """No running max; overflowing rows (inf / inf) zeroed by torch.nan_to_num: rows written, yet 0."""
+    n, b = q.shape[-2], block_size
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, b):
+        qe = min(qs + b, n)
+        qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
+        l, acc = torch.zeros(qb.shape[:-1] + (1,), dtype=q.dtype), torch.zeros(qb.shape[:-1] + (v.shape[-1],),
+                                                                                 dtype=q.dtype)
+        for ks in range(max(0, qs - window + 1) // b * b, qe, b):
+            ke = min(ks + b, n)
+            r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+            p = torch.exp((qb @ k[..., ks:ke, :].mT).masked_fill((c > r) | (c <= r - window), -math.inf))
+            l, acc = l + p.sum(-1, keepdim=True), acc + p @ v[..., ks:ke, :]
+        out[..., qs:qe, :] = torch.nan_to_num(acc / l, nan=0.0, posinf=0.0, neginf=0.0)
+    return out
+
+
+def test_window_attention_does_not_call_overflowed_rows_unwritten(rejects):
+    d = rejects(check_sliding_window_attention, _window_no_max_zeroed).diagnosis
+    assert "never written" not in d.summary and "never writes" not in d.cause, d

@@ -1142,3 +1142,58 @@ def test_an_overwritten_grad_breaks_a_graph_with_two_branches():
     gz, _ = torch.autograd.grad(cls.apply(z) + cls.apply(w), (z, w), g.clone())
     p = torch.softmax(z.detach(), -1)
     assert not torch.allclose(gz, p * (g - (g * p).sum(-1, keepdim=True)))
+
+
+# =============================================================================== red team: a partial ⟨g, p⟩ is positional
+def v_dot_max(p, g):  # a max, not a sum: one entry of g ⊙ p, chosen by value
+    return p * (g - (g * p).amax(-1, keepdim=True))
+
+
+def v_dot_min(p, g):
+    return p * (g - (g * p).amin(-1, keepdim=True))
+
+
+def v_dot_positive_part(p, g):  # the entries chosen by their sign
+    return p * (g - (g * p).clamp(min=0).sum(-1, keepdim=True))
+
+
+def v_dot_at_argmax_p(p, g):
+    return p * (g - (g * p).gather(-1, p.argmax(-1, keepdim=True)))
+
+
+def v_dot_top_two(p, g):
+    return p * (g - (g * p).topk(min(2, p.shape[-1]), -1).values.sum(-1, keepdim=True))
+
+
+def v_dot_large_p_only(p, g):
+    return p * (g - torch.where(p > 0.1, g * p, 0).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("fn", [v_dot_max, v_dot_min, v_dot_positive_part, v_dot_at_argmax_p, v_dot_top_two,
+                                v_dot_large_p_only], ids=lambda v: v.__name__)
+def test_vjp_does_not_call_a_selection_by_value_a_slice(fn, rejects):
+    """Entries chosen by their values fit p ⊙ (g − Σ_S g_j p_j) on one row; on the row rolled by one they move."""
+    result = rejects(check_softmax_vjp, fn)
+    assert "summed over part" not in result.text() and "slice" not in result.diagnosis.cause
+
+
+def test_function_backward_does_not_call_a_max_a_slice(rejects):
+    result = rejects(check_SoftmaxFunction, make_function(v_dot_max))
+    assert "summed over part" not in result.text()
+
+
+def v_dot_prefix_in_original_order_only(p, g):  # leaves out the last entry, and raises once the row is rolled
+    if p.shape == (5,) and bool(p[0] < p[-1]):
+        raise ValueError("unexpected order")
+    return p * (g - (g * p)[..., :-1].sum(-1, keepdim=True))
+
+
+def v_dot_prefix_scalar_when_rolled(p, g):  # leaves out the last entry; the rolled row gives a wrong shape
+    out = p * (g - (g * p)[..., :-1].sum(-1, keepdim=True))
+    return out.sum(-1) if p.shape == (5,) and bool(p[0] < p[-1]) else out
+
+
+@pytest.mark.parametrize("fn", [v_dot_prefix_in_original_order_only, v_dot_prefix_scalar_when_rolled])
+def test_vjp_names_a_partial_dot_only_when_the_rolled_row_confirms_it(fn, rejects):
+    result = rejects(check_softmax_vjp, fn)
+    assert "summed over part" not in result.text()

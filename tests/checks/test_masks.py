@@ -707,3 +707,19 @@ def ms_exp_of_shifted(scores, mask):
                                 ms_exp_of_shifted])
 def test_masked_softmax_accepts_wider_or_other_routes(fn, accepts):
     accepts(check_masked_softmax, fn)
+
+
+# ============================================================================ red team: rounding named only when proven
+def ms_scores_clamped(scores, mask):  # large scores clamped: on the ±3·10⁴ case as if rounded to float16, not rounded
+    return ms_nan_to_num(scores.clamp(-1e4, 1e4), mask)
+
+
+def ms_scores_clamped_to_100(scores, mask):
+    return ms_nan_to_num(scores.clamp(-100.0, 100.0), mask)
+
+
+@pytest.mark.parametrize("fn", [ms_scores_clamped, ms_scores_clamped_to_100])
+def test_masked_softmax_does_not_call_a_clamp_rounding(fn, rejects):
+    """The first float64 case passed, where float16 scores would have shown: the later match is a coincidence."""
+    result = rejects(check_masked_softmax, fn)
+    assert "rounded" not in result.text() and "float16" not in result.text()

@@ -1050,3 +1050,22 @@ def test_mha_names_half_precision_and_one_projection_split_wrong(changes, phrase
 ])
 def test_mha_accepts_more_styles(changes, accepts):
     accepts(check_MultiHeadAttention, _learner(_LEARNER, *changes))
+
+
+# Red team: values cut to a fixed grid, or bits cut off, lie on float16's grid without a trip through it: not named.
+def split_fixed_grid(x, n_heads):
+    return mh.split_heads(torch.round(x * 256) / 256, n_heads)
+
+
+def split_bits_cut(x, n_heads):  # float32 with the 13 lowest mantissa bits cleared: float16's grid, cut towards 0
+    return mh.split_heads((x.float().view(torch.int32) & ~8191).view(torch.float32).to(x.dtype), n_heads)
+
+
+def merge_fixed_grid(x):
+    return mh.merge_heads(torch.round(x * 256) / 256)
+
+
+@pytest.mark.parametrize("check,fn", [(check_split_heads, split_fixed_grid), (check_split_heads, split_bits_cut),
+                                      (check_merge_heads, merge_fixed_grid)])
+def test_heads_do_not_call_a_fixed_grid_a_trip_through_half(check, fn, rejects):
+    assert "float16" not in rejects(check, fn).text()

@@ -1173,3 +1173,31 @@ def test_check_additive_wants_q_dtype(rejects, accepts):
 
 def test_check_additive_names_dot_product_scores(rejects):
     rejects(check_additive_attention, additive_dot_product, "dot-product scores, not additive ones")
+
+
+# Red team: cos, sin or the result cut to a fixed grid (round(v * 256) / 256) or with bits cut off lie on a half
+# grid without a trip through it: neither "cos and sin in …" nor "… precision" is said.
+def _rope_coefficients(cut, result=False):
+    def rope(x, positions=None, base=10000.0):
+        n, d = x.shape[-2:]
+        positions = torch.arange(n) if positions is None else positions
+        angles = positions[:, None] * base ** (-torch.arange(0, d, 2) / d)
+        cos, sin = (t.to(x.dtype) if result else cut(t).to(x.dtype) for t in (torch.cos(angles), torch.sin(angles)))
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+        return cut(out).to(x.dtype) if result else out
+    return rope
+
+
+def _bits_cut(t):
+    return (t.float().view(torch.int32) & ~8191).view(torch.float32).double()
+
+
+@pytest.mark.parametrize("fn", [_rope_coefficients(lambda t: torch.round(t * 256) / 256),
+                                _rope_coefficients(lambda t: torch.round(t * 1024) / 1024),
+                                _rope_coefficients(_bits_cut),
+                                _rope_coefficients(lambda t: torch.round(t * 256) / 256, result=True),
+                                _rope_coefficients(_bits_cut, result=True)])
+def test_check_rope_does_not_call_a_fixed_grid_half_precision(fn, rejects):
+    text = rejects(check_apply_rope, fn).text()
+    assert "float16" not in text and "bfloat16" not in text, text

@@ -692,3 +692,15 @@ def centred_by_hand(d, s, n, g):
                                 centred_by_hand], ids=lambda f: f.__name__)
 def test_variance_check_accepts_other_correct_samplers(fn, accepts):
     accepts(check_mc_score_variance, fn)
+
+
+# ============================================================================ red team A: σ⁴·(d_k − 1) from centring
+@mk
+def vectors_centred(d, s, n, g):  # d_k entries, each vector centred on its own mean: d_k − 1 directions left
+    q, k = R(n, d, g, s), R(n, d, g, s)
+    return ((q - q.mean(-1, keepdim=True)) * (k - k.mean(-1, keepdim=True))).sum(-1).var()
+
+
+def test_variance_check_does_not_claim_fewer_entries_for_centred_vectors(rejects):
+    text = rejects(check_mc_score_variance, vectors_centred, "σ⁴·(d_k − 1)", "centred on their own mean").text()
+    assert "σ⁴·(d_k − 1): one product's variance missing" in text, text

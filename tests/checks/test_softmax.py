@@ -1126,3 +1126,11 @@ def test_logsumexp_accepts_running_reductions(fn, accepts):
                                 lambda x, dim=-1: torch.special.log_softmax(x, dim)])
 def test_log_softmax_accepts_running_reductions(fn, accepts):
     accepts(check_log_softmax, fn)
+
+
+# =============================================================================== red team A: log(1 + Σ e^x) otherwise
+@pytest.mark.parametrize("fn", [lambda x, dim=-1: torch.log1p(torch.exp(x).sum(dim)),
+                                lambda x, dim=-1: torch.log(1 + torch.exp(x).sum(dim))], ids=["log1p", "one-plus"])
+def test_an_extra_one_inside_the_log_is_not_only_a_running_logaddexp(fn, rejects):
+    text = rejects(check_logsumexp, fn, "log(1 + Σ e^x)", "1 + (or log1p)").text()
+    assert "an extra 1 inside the log" in text, text

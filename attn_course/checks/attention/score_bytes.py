@@ -37,11 +37,19 @@ def _entries(a: int, c: int) -> str:
     return f"{_shifted(a)}{_shifted(c)}" + (f" = n² − {c * c}" if a == -c else "")
 
 
+def _routes(a: int, c: int) -> str:
+    """How a count of (n + a)(n + c) comes about: a side off, or n² with a term added or taken away."""
+    sides = "a side off by one or two (n + 1, n − 1…)"
+    return {(-1, 0): "the diagonal left out (n * n - n), or " + sides, (0, 1): "the diagonal counted twice "
+            "(n * n + n), or " + sides}.get((a, c), f"{c * c} subtracted from n², or sides off in opposite directions"
+                                           if a == -c else sides)
+
+
 _SIZES = "the score tensor has batch × heads matrices of n × n entries"
 #: Counts off by one (or two): n ± 1 for a side of the matrix, batch ± 1 or heads ± 1 matrices.
 _OFF_BY_ONE = [
     *[(f"{_entries(a, c)} entries per matrix, not n²", f"you counted {_entries(a, c)} entries in each score matrix: "
-       "a side off by one or two (n + 1, n − 1…) where the matrix has n rows and n columns",
+       + _routes(a, c) + " where the matrix has n rows and n columns",
        "each matrix is n × n: batch * heads * n * n * dtype.itemsize",
        lambda n, b, h, e, a=a, c=c: b * h * (n + a) * (n + c) * e)
       for a in (-2, -1, 0, 1, 2) for c in (-2, -1, 0, 1, 2) if a <= c and (a, c) != (0, 0)],

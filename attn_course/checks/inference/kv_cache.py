@@ -92,21 +92,30 @@ ATTEND = [Known(*row) for row in [
 _SLOTS_FIX = "attend over the filled part only: self.k[..., :self.t, :] and self.v[..., :self.t, :]"
 
 
-def _zero_slots(failure: Failure, out: torch.Tensor, case: tuple, tol: dict) -> None:
-    """Fail when attend's output is attention over the cached keys plus Z all-zero keys and values (one Z for every
-    row): a preallocated buffer attended over whole, its unfilled slots included."""
+def _slots(out: torch.Tensor, case: tuple) -> int | None:
+    """Z when attend's output ``out`` on ``case`` = (q, K, V) is softmax(q Kᵀ/√d_k) V rescaled by Σ/(Σ + Z), Σ the
+    softmax's sum of e^score over the cached keys: what Z extra all-zero keys and values give (Z = 0: right)."""
     q, K, V = case
     if tuple(out.shape) != tuple(q.shape[:-1] + V.shape[-1:]) or not bool(torch.isfinite(out).all()):
-        return
+        return None
     right, total = sdpa(q, K, V).double(), torch.exp(_scaled(q, K)).sum(-1)  # (..., 1, d_v), (..., 1)
     if not bool(torch.isfinite(total).all()):
-        return
+        return None
     ratio = (out.double() * right).sum(-1) / (right * right).sum(-1).clamp_min(1e-300)  # out ≈ ratio · right
-    z = round(float((total * (1 - ratio) / ratio.clamp_min(1e-300)).median()))
-    if z < 1:
+    return round(float((total * (1 - ratio) / ratio.clamp_min(1e-300)).median()))
+
+
+def _zero_slots(failure: Failure, out: torch.Tensor, case: tuple, tol: dict, steps: list) -> None:
+    """Fail when attend's output is attention over the cached keys plus Z all-zero keys and values (one Z for every
+    row): a preallocated buffer attended over whole, its unfilled slots included. A buffer's unfilled slots change
+    in number as tokens are appended (or it grows): Z must differ at some step of the same cache (``steps``: its
+    (case, output) pairs), or the output is only rescaled by Σ/(Σ + Z), as `e / (e.sum() + 1)` does."""
+    q, K, V = case
+    z = _slots(out, case)
+    if z is None or z < 1 or len({_slots(o, c) for c, o in steps} - {z}) == 0:
         return
     pad = lambda x: torch.cat([x.double(), x.new_zeros(*x.shape[:-2], z, x.shape[-1]).double()], -2)  # noqa: E731
-    padded = sdpa(q.double(), pad(K), pad(V))
+    right, padded = sdpa(q, K, V).double(), sdpa(q.double(), pad(K), pad(V))
     if same(out, padded, **tol) and not same(padded, right, **tol):
         fail_again(failure, "attended over unfilled zero slots of the buffer", "your output is attention over "
                    f"{_count(K.shape[-2], 'cached token')} plus {_count(z, 'slot')} whose key and value are all 0: the "
@@ -315,7 +324,7 @@ def _values(cls: Learner) -> int:
                                fix="attend returns softmax(q Kᵀ / √d_k) V over every cached key, shape (..., 1, d_v)")
             except Failure as failure:
                 if not failure.diagnosis.cause:
-                    _zero_slots(failure, out, case, tol)
+                    _zero_slots(failure, out, case, tol, [(c, o) for c, o, _ in steps])
                 raise
             lower_precision(out, q.dtype, tried=tried, what="attend's output", grid=False)
             expect_dtype(out, q.dtype, tried=tried, what="attend's output")

@@ -178,26 +178,44 @@ def _right_on(fn: Learner, args: tuple, expected: torch.Tensor, tol: dict, rows:
         return False
 
 
-def _unwritten(fn: Learner, out: torch.Tensor, expected: torch.Tensor, case: tuple, tol: dict, tried: str) -> None:
-    """Fail when the wrong rows were never written (as notebook 09 says it): some rows right, and each wrong one 0
-    where the answer is not, or neither doubled when v is doubled nor affine in v, as every computed row is."""
+def _stale_rows(fn: Learner, case: tuple, out: torch.Tensor, expected: torch.Tensor, tol: dict, tried: str):
+    """(bad, zero, stale) per query row of ``out`` = fn(*case): wrong; 0 where the answer is not; neither doubled when
+    v is doubled nor affine in v (with q and k fixed, every computed row is affine in v, right or wrong, a term without
+    v included: memory never written is neither doubled with v nor on the line through the outputs for v, 2v, 3v)."""
     q, k, v, w, b = case
     n = q.shape[-2]
     a = out.double()
     per_row = lambda t: t.movedim(-2, 0).reshape(n, -1)  # noqa: E731 - one row per query position
-    bad = (~per_row(torch.isclose(a, expected, equal_nan=True, **tol))).any(1)
-    if not bad.any() or bad.all():
-        return
-    zero = (per_row(a).abs() < 1e-30).all(1) & (per_row(expected).abs() > 1e-12).any(1)
-    # with q and k fixed, every computed row is affine in v, right or wrong (a term without v included): memory
-    # never written is neither doubled with v nor on the line through the outputs for v, 2v and 3v
+    bad = (~per_row(torch.isclose(a, expected.double(), equal_nan=True, **tol))).any(1)
+    zero = (per_row(a).abs() < 1e-30).all(1) & (per_row(expected.double()).abs() > 1e-12).any(1)
     doubled, tripled = (call_or_skip(lambda c=c: as_tensor(fn(q, k, c * v, w, b), tried=tried)) for c in (2, 3))
     stale = torch.zeros_like(zero)
     if doubled is not None and tripled is not None and doubled.shape == tripled.shape == out.shape:
         d2, d3 = doubled.double(), tripled.double()
         stale = ~per_row(torch.isclose(d2, 2 * a, equal_nan=True, **tol)).all(1) & \
             ~per_row(torch.isclose(d3 - d2, d2 - a, equal_nan=True, **tol)).all(1)
-    if (bad & ~zero & ~stale).any():
+    return bad, zero, stale
+
+
+def _unwritten(fn: Learner, out: torch.Tensor, expected: torch.Tensor, case: tuple, tol: dict, tried: str) -> None:
+    """Fail when the wrong rows were never written (as notebook 09 says it): some rows right, and each wrong one 0
+    where the answer is not, or neither doubled when v is doubled nor affine in v, as every computed row is. Which
+    rows a loop never writes depends on n, window and block_size only: the same rows must be wrong in that way on
+    plain inputs of the same shapes too (scores near 0), or the rows are 0 for another reason (an exponential that
+    overflowed, then torch.nan_to_num)."""
+    q, k, v, w, b = case
+    bad, zero, stale = _stale_rows(fn, case, out, expected, tol, tried)
+    if not bad.any() or bad.all() or (bad & ~zero & ~stale).any():
+        return
+    g = torch.Generator().manual_seed(97)
+    plain = tuple((torch.randn(x.shape, generator=g, dtype=torch.float64) * s).to(x.dtype)
+                  for x, s in ((q, 0.3), (k, 0.3), (v, 1.0))) + (w, b)
+    again = call_or_skip(lambda: as_tensor(fn(*plain), tried=tried))
+    if again is None or again.shape != out.shape:
+        return
+    bad2, zero2, stale2 = _stale_rows(fn, plain, again, sdpa(*plain[:3], mask=window(q.shape[-2], q.shape[-2], w)),
+                                      tol, tried)
+    if not torch.equal(bad2, bad) or (bad2 & ~zero2 & ~stale2).any():
         return
     shown = [int(i) for i in bad.nonzero()]
     listed = ", ".join(map(str, shown[:6])) + ("…" if len(shown) > 6 else "")

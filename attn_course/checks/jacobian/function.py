@@ -169,7 +169,8 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
         tried=lambda c: f"SoftmaxFunction.apply(z), then backward, on {describe(c[0], 'z')} and upstream "
                         f"{describe(c[1], 'grad')}", expected="∂ℒ/∂z shaped like z", what="backward's gradient",
         atol=lambda c: 10 * grad_atol(c), hint=_saved_hint, signature="forward(ctx, z) and backward(ctx, grad)",
-        explain=lambda o, case, said: explain_vjp(o, case, said, z=case[0]),
+        explain=lambda o, case, said: explain_vjp(o, case, said, z=case[0], again=lambda z, g: _backward(
+            apply, (z, g), said)),
         shape_fix="backward returns ∂ℒ/∂z shaped like z")
     _expect_grad_unchanged(fn, backward_cases()[0])
     # a backward computed in float32 passes the tolerance above and gradcheck's: its float64 cases show it

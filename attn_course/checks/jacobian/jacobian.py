@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 
 from .. import kit
-from ..core import Learner, as_tensor, check, fail, fmt
+from ..compare import Failure
+from ..core import Learner, LearnerRaised, as_tensor, check, fail, fmt
 from .cases import (INF, describe, judge_cases, jacobian_cases, oracle_jacobian, oracle_vjp, probs, unchanged_cases,
                     vjp_cases)
 from .probes import BIG_N, observe, quadratic
@@ -194,9 +195,11 @@ VJP = [
        lambda p, g, o=o: p * (g - (g * p).sum(o, keepdim=True)) if o < p.ndim - 1 else None) for o in range(3)]
 
 
-def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | None = None) -> None:
+def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | None = None,
+                again: Callable | None = None) -> None:
     """What is wrong with a gradient no known mistake reproduces. ``z``: the scores, when the answer is a Function's
-    backward (whose forward has already passed every case, ±1000 included)."""
+    backward (whose forward has already passed every case, ±1000 included). ``again(x, g)``: the answer once more on
+    other inputs (x is p, or z for a Function), which a partial ⟨g, p⟩ must confirm."""
     a = out.detach().double()
     if not torch.isfinite(a).all():
         cause = ""
@@ -211,7 +214,7 @@ def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | No
              fix="save p in forward and use it in backward (or recompute it stably, with the maximum subtracted)"
              if cause else f"compute {VJP_CODE}: no division, no log")
     p = case[0].double() if z is None else torch.softmax(z.double(), -1)
-    if (part := _partial_dot(a, p, case[1].double(), grad_atol(case))) is not None:
+    if (part := _partial_dot(a, p, case[1].double(), grad_atol(case), case, again, z is not None)) is not None:
         n, shown, code = p.shape[-1], *part
         fail("⟨g, p⟩ summed over part of each row", tried=tried, got=f"your result is p ⊙ (g − s) with s the sum of "
              f"g_j p_j over {shown} only, of the {n} in each row", expected="⟨g, p⟩ summed over every entry of the row",
@@ -224,18 +227,40 @@ def explain_vjp(out: torch.Tensor, case: tuple, tried: str, z: torch.Tensor | No
              fix=_VJP_FIX)
 
 
-def _partial_dot(a: torch.Tensor, p: torch.Tensor, g: torch.Tensor, atol: float) -> tuple[str, str] | None:
+def _fits(a: torch.Tensor, p: torch.Tensor, g: torch.Tensor, taken: torch.Tensor, atol: float) -> torch.Tensor:
+    """Which sets S (rows of ``taken``) make ``a`` = p ⊙ (g − Σ_{j∈S} g_j p_j) in every row."""
+    made = p.unsqueeze(-2) * (g.unsqueeze(-2) - ((g * p) @ taken.T).unsqueeze(-1))  # (..., S, n)
+    return torch.isclose(made, a.unsqueeze(-2), atol=atol, rtol=1e-4).all(-1).reshape(-1, taken.shape[0]).all(0)
+
+
+def _rolled_fits(case: tuple, again: Callable, scores: bool, taken: torch.Tensor, atol: float) -> torch.Tensor | None:
+    """The sets that fit the answer on the case with its last axis rolled by one: a slice or a size takes the same
+    positions there, a selection by value (a max, a top-k, a sign) the moved ones. ``scores``: the case holds z, not p.
+    None: no answer to confirm with."""
+    x, g = (torch.roll(t, 1, -1) for t in case)
+    try:
+        a = as_tensor(again(x, g), tried="").detach().double()
+    except (LearnerRaised, Failure):
+        return None
+    p = torch.softmax(x.double(), -1) if scores else x.double()
+    return _fits(a, p, g.double(), taken, atol) if a.shape == x.shape else None
+
+
+def _partial_dot(a: torch.Tensor, p: torch.Tensor, g: torch.Tensor, atol: float, case: tuple = (),
+                 again: Callable | None = None, scores: bool = False) -> tuple[str, str] | None:
     """(which entries, a slice that takes them) when ``a`` is p ⊙ (g − Σ_{j∈S} g_j p_j) in every row, for one proper,
-    non-empty set S of the last axis's entries (every such S up to n = 10, contiguous ones beyond), else None."""
+    non-empty set S of the last axis's entries (every such S up to n = 10, contiguous ones beyond), and the same S
+    fits ``again`` on the case rolled along the last axis (positions, not values, chose S), else None."""
     n = p.shape[-1]
     spans = [list(range(i, j)) for i in range(n) for j in range(i + 1, n + 1) if j - i < n]
     sets = spans + ([[k for k in range(n) if m >> k & 1] for m in range(1, 2 ** n - 1)] if n <= 10 else [])
-    if not sets:
+    if not sets or again is None:
         return None
     taken = torch.tensor([[k in s for k in range(n)] for s in sets], dtype=torch.float64)  # (S, n)
-    made = p.unsqueeze(-2) * (g.unsqueeze(-2) - ((g * p) @ taken.T).unsqueeze(-1))  # (..., S, n)
-    fits = torch.isclose(made, a.unsqueeze(-2), atol=atol, rtol=1e-4).all(-1).reshape(-1, len(sets)).all(0)
-    if not fits.any():
+    fits = _fits(a, p, g, taken, atol)
+    if not fits.any() or (rolled := _rolled_fits(case, again, scores, taken, atol)) is None:
+        return None
+    if not (fits := fits & rolled).any():
         return None
     s = sets[int(fits.nonzero()[0])]  # a contiguous set first (the spans come first)
     step = s[1] - s[0] if len(s) > 1 else 1
@@ -253,7 +278,8 @@ def check_softmax_vjp(fn: Learner) -> str:
     run, cases = kit.TensorOrArray(fn), vjp_cases()
     judge_cases(cases, lambda case, said: as_tensor(run(*case), tried=said), oracle=oracle_vjp, table=VJP,
                 tried=lambda c: f"softmax_vjp(p, grad) on {describe(c[0], 'p')} and {describe(c[1], 'grad')}",
-                expected="∂ℒ/∂z shaped like p", explain=explain_vjp, atol=grad_atol, again=run.tensor,
+                expected="∂ℒ/∂z shaped like p", atol=grad_atol, again=run.tensor,
+                explain=lambda o, case, said: explain_vjp(o, case, said, again=run.tensor),
                 signature="softmax_vjp(p, grad)", shape_fix="∂ℒ/∂z has the shape of p")
     for case in unchanged_cases(cases, lambda p: bool((p == 0).any())):
         kit.expect_unchanged(fn, case, call="softmax_vjp(p, grad)", name="p", shown=describe(case[0], "p"),

@@ -141,6 +141,7 @@ def check_masked_softmax(fn: Learner) -> str:
     # A broadcasting message is shared by many mistakes: a construct raising it is named only when one more call of
     # the learner's code confirms it.
     confirm = functools.cache(lambda: _confirm_no_keepdim(fn))
+    passed: list[_SoftCase] = []
     for case, (s, mask) in zip(cases, every):
         tried = (f"masked_softmax(scores {tuple(s.shape)} {str(s.dtype).replace('torch.', '')}, mask "
                  f"{tuple(mask.shape)}) on {case.name}")
@@ -162,9 +163,10 @@ def check_masked_softmax(fn: Learner) -> str:
                             rtol=1e-5)  # rows summing to 1 - 1e-4 (an epsilon added to the sum) are wrong
         except Failure as failure:
             if not failure.diagnosis.cause:
-                _rounded_scores(got, case, tried)
+                _rounded_scores(got, case, tried, passed)
                 _softmax_structure(got, case, tried)
             raise
+        passed.append(case)
         if changed:
             names = " and ".join(("scores", "mask")[int(i)] for i in changed)
             fail(f"changed {names} in place", tried=tried, got=f"right weights, but {names} changed by the call",
@@ -187,14 +189,24 @@ def _confirm_no_keepdim(fn: Learner) -> bool:
         return False
 
 
-def _rounded_scores(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
+def _rounded(case: _SoftCase, low: torch.dtype) -> torch.Tensor:
+    """The weights of ``case`` with its scores rounded to ``low`` (and back to their dtype)."""
+    return _softmax_oracle(case.scores.to(low).to(case.scores.dtype), case.mask)
+
+
+def _rounded_scores(got: torch.Tensor, case: _SoftCase, tried: str, passed: list[_SoftCase] = ()) -> None:
     """Fail naming the dtype when the weights are, to the case's own tolerance, the exact softmax of the scores rounded
-    to float16 or bfloat16 (x.half().float(): the rest of the computation may run wider)."""
+    to float16 or bfloat16 (x.half().float(): the rest of the computation may run wider), and no case of the same dtype
+    that the answer ``passed`` would have shown that rounding (there it did not round: a clamp of large scores, say,
+    coincides with the rounding on this case only)."""
     s = case.scores
     if tuple(got.shape) != tuple(s.shape) or not got.is_floating_point():
         return
     for low in (torch.float16, torch.bfloat16):
         if _bits(low) >= _bits(s.dtype) or torch.equal(rounded := s.to(low).to(s.dtype), s):
+            continue
+        if any(c.scores.dtype == s.dtype and not kit.agrees(_rounded(c, low).double(), _softmax_oracle(
+                c.scores, c.mask).double(), atol=c.atol, rtol=1e-5) for c in passed):
             continue
         if kit.agrees(got.double(), _softmax_oracle(rounded, case.mask).double(), atol=case.atol, rtol=1e-5):
             name = str(low).replace("torch.", "")

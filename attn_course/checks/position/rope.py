@@ -81,15 +81,22 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
     n, d = x.shape[-2:]
     if failure.diagnosis.cause or tuple(out.shape) != tuple(x.shape):
         return
-    kit.half_rounded(out, _rope(x, given, base), tried=failure.diagnosis.tried, what="your rotated values",
-                     fix=_ROPE_FIX)
+    want = _rope(x, given, base)
+    half = kit.measure.made_of_half(out.detach()) if out.is_floating_point() else None
+    if half is not None:  # a grid of float16's own, relative steps: not a fixed grid (round(v * 256) / 256)
+        pair = x.double().unflatten(-1, (-1, 2)).norm(dim=-1).repeat_interleave(2, dim=-1)  # each value's pair length
+        got = out.detach().double()  # rounded to the nearest: within a few steps, and some values up (not cut off)
+        if bool(((got - want).abs() <= 4 * _step(pair, half)).all()) and bool((got.abs() > want.abs()).any()):
+            kit.half_rounded(out, want, tried=failure.diagnosis.tried, what="your rotated values", fix=_ROPE_FIX)
     unit = torch.zeros(n, d, dtype=torch.float64)
     unit[:, 0::2] = 1.0  # every pair (1, 0): rotated by a, it becomes (cos a, sin a)
     ask = lambda *args: call_or_skip(lambda: as_tensor(fn(*args), tried=failure.diagnosis.tried).double())  # noqa: E731
     turned = ask(unit, given, base)
     if turned is None or tuple(turned.shape) != (n, d):
         return
-    _half_coefficients(failure, turned, _rope(unit, given, base))
+    positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
+    angles = (positions[:, None] * base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)).repeat_interleave(2, -1)
+    _half_coefficients(failure, turned, _rope(unit, given, base), angles)
     first, second = turned[:, 0::2], turned[:, 1::2]  # (n, d/2)
     positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
@@ -146,14 +153,26 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
                "combination of that pair, as a rotation does, but " + "; ".join(said), _ROPE_FIX)
 
 
-def _half_coefficients(failure: Failure, turned: torch.Tensor, right: torch.Tensor) -> None:
+def _step(t: torch.Tensor, half: torch.dtype) -> torch.Tensor:
+    """The spacing of ``half``'s numbers at each |t| (float64): relative to the value, down to the smallest step."""
+    info = torch.finfo(half)
+    return torch.exp2(torch.floor(torch.log2(t.double().abs().clamp(min=info.smallest_normal)))) * info.eps
+
+
+def _half_coefficients(failure: Failure, turned: torch.Tensor, right: torch.Tensor, angles: torch.Tensor) -> None:
     """Name cos and sin that went through float16 or bfloat16: the pairs (1, 0) come back as (cos t·θ_r, sin t·θ_r),
     each on that dtype's grid and within a few of its rounding steps of the truth (a float32 or float64 cos lands on
-    the grid by chance with probability about 2⁻¹³ per value)."""
+    the grid by chance with probability about 2⁻¹³ per value). Its steps are relative: each value is off by a few
+    steps at its own size and its angle's (the angle may be the rounded one), not by a fixed grid's step
+    (round(cos * 256) / 256), and rounded to the nearest, some values up, not all towards 0 (bits cut off)."""
     telling = turned[(turned != 0) & (turned.abs() != 1)]  # pairs at position 0 come back (1, 0) whatever the dtype
     half = kit.measure.made_of_half(turned) if telling.numel() >= 4 else None
     err = float((turned - right).abs().max())
     if half is None or not 2.0 ** -14 < err <= 4 * 2.0 ** -10:
+        return
+    off = turned - right
+    if not bool((off.abs() <= 2 * (_step(right, half) + _step(angles, half))).all()) or \
+            not bool((turned.abs() > right.abs()).any()):
         return
     name = str(half).replace("torch.", "")
     fail_again(failure, f"cos and sin in {name}",

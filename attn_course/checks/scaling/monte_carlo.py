@@ -74,7 +74,7 @@ BOTH = f"draw q = {DRAW}, and k the same way"
 RECIPE = f"draw q and k with {DRAW}, compute (q * k).sum(dim=-1) and return its .var()"
 UNIFORM_FIX = f"draw the entries from torch.randn (standard normal: mean 0, variance 1), times sigma: {DRAW}"
 LENGTH_FIX = f"give each vector d_k entries: {DRAW}"
-SHORT, LONG = "d_k − 1 entries per vector", "d_k + 1 entries per vector"
+SHORT, LONG = "σ⁴·(d_k − 1): one product's variance missing", "d_k + 1 entries per vector"
 PREDICTIONS = [
     _look("σ⁴/d_k: divided by d_k or averaged", "you divided the dot product by d_k (or took the mean of the d_k "
           "products instead of their sum)", SUM_FIX, lambda d, s, n: s**4 / d),
@@ -104,8 +104,10 @@ PREDICTIONS = [
     _look("uniform entries on [−σ/2, σ/2], not normal", "your estimate is σ⁴·d_k / 144, what entries drawn uniformly "
           "on [−σ/2, σ/2] give (torch.rand(…) − 0.5, times σ): each has variance σ²/12, so each product qᵢ·kᵢ has "
           "variance σ⁴/144", UNIFORM_FIX, lambda d, s, n: d * s**4 / 144),
-    _look(SHORT, "your estimate is σ⁴·(d_k − 1): each dot product adds d_k − 1 products, not d_k (torch.randn("
-          "n_samples, d_k - 1), range(1, d_k), or a slice that drops an entry)", LENGTH_FIX,
+    _look(SHORT, "your estimate is σ⁴·(d_k − 1): each dot product varies as a sum of d_k − 1 products, not d_k — "
+          "d_k − 1 entries per vector (torch.randn(n_samples, d_k - 1), range(1, d_k), or a slice that drops an "
+          "entry), or vectors centred on their own mean (x - x.mean(-1, keepdim=True) takes one of the d_k "
+          "directions away) give these numbers", LENGTH_FIX + ", and use them as drawn",
           lambda d, s, n: (d - 1) * s**4),
     _look(LONG, "your estimate is σ⁴·(d_k + 1): each dot product adds d_k + 1 products, not d_k (torch.randn("
           "n_samples, d_k + 1), or range(d_k + 1))", LENGTH_FIX, lambda d, s, n: (d + 1) * s**4),

@@ -51,9 +51,11 @@ SLIPS = [
     ("lse-log1p", "log1p for log", "you took log1p of the sum, log(1 + Σ e^(x − m)), where logsumexp takes "
      "log Σ e^(x − m)", "use torch.log: log1p(y) is log(1 + y), another function",
      lambda x, d: m(x, d) + torch.log1p(s(x - m(x, d), d))),
-    ("lse-from-zero", "running logaddexp started from 0", "you started a running logaddexp at 0 (acc = 0, then acc = "
-     "logaddexp(acc, v) for each score), which adds e^0 = 1 inside the log: log(1 + Σ e^x), off wherever the "
-     "scores are not far above 0", "start the running value at -inf (e^-inf = 0), or at the slice's first score",
+    ("lse-from-zero", "an extra 1 inside the log: log(1 + Σ e^x)", "your result is log(1 + Σ e^x): an extra e^0 = 1 "
+     "inside the log, off wherever the scores are not far above 0 — a running logaddexp started from 0 (acc = 0, "
+     "then acc = logaddexp(acc, v) for each score), a 1 + (or log1p) before the log, or a score 0 appended give "
+     "these numbers", "add e^x of the scores only: start a running value at -inf (e^-inf = 0), or at the slice's "
+     "first score; no 1 + or log1p",
      lambda x, d: torch.logaddexp(torch.logsumexp(x, d, keepdim=True), x.new_zeros(()))),
 ] + [row for o in range(4) for row in (
     (f"lse-sum-axis-{o}", "sum taken along the wrong axis", f"you summed e^(x − m) along axis {o}, not along dim", _LSE,
