@@ -1068,3 +1068,76 @@ def _window_no_max_zeroed(q, k, v, window, block_size):
 def test_window_attention_does_not_call_overflowed_rows_unwritten(rejects):
     d = rejects(check_sliding_window_attention, _window_no_max_zeroed).diagnosis
     assert "never written" not in d.summary and "never writes" not in d.cause, d
+
+
+# ================================== red team: zero rows that are no buffer, no other cache; a row of 0 by chance
+class CachePadsOneZeroRow(ref.KVCache):
+    def append(self, k, v):  # no buffer: one all-zero row added to K at every return
+        K, V = super().append(k, v)
+        return torch.cat([K, K.new_zeros(*K.shape[:-2], 1, K.shape[-1])], -2), V
+
+
+class CacheStartsWithZeros:
+    def __init__(self):
+        self.k = self.v = None
+
+    def append(self, k, v):
+        if self.k is None:  # storage that starts as one all-zero token, not empty
+            self.k = torch.zeros(1, k.shape[-1], dtype=k.dtype).expand(*k.shape[:-2], 1, k.shape[-1])
+            self.v = torch.zeros(1, v.shape[-1], dtype=v.dtype).expand(*v.shape[:-2], 1, v.shape[-1])
+        self.k, self.v = torch.cat([self.k, k], -2), torch.cat([self.v, v], -2)
+        return self.k, self.v
+
+    def attend(self, q):
+        return F.scaled_dot_product_attention(q, self.k, self.v)
+
+
+def test_check_kvcache_names_zero_rows_only_as_what_they_are(rejects):
+    d = rejects(check_KVCache, CachePadsOneZeroRow).diagnosis
+    assert "buffer" not in d.summary + d.cause and "unfilled" not in d.summary, d
+    result = rejects(check_KVCache, CacheStartsWithZeros, "starts with an extra all-zero token", "1 row of zeros",
+                     "self.k = self.v = None")
+    assert "another cache" not in result.text() and "share" not in result.text(), result.text()
+    assert_voice(result)
+
+
+def _window_zero_max_nan_to_num(q, k, v, window, block_size):
+    """The running maximum started at 0; the rows that underflow (0 / 0) zeroed by torch.nan_to_num."""
+    return torch.nan_to_num(_tiled_reference(q, k, v, window, block_size, zero_init=True))
+
+
+def _window_float32_accumulator(q, k, v, window, block_size):
+    """acc and l made without dtype= (float32) and updated in place: float64 input, float32 precision."""
+    return _tiled_reference(q, k, v, window, block_size, acc_dtype=torch.float32)
+
+
+def _tiled_reference(q, k, v, window, block_size, *, zero_init=False, acc_dtype=None):
+    n, b = q.shape[-2], block_size
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, b):
+        qe = min(qs + b, n)
+        qb = q[..., qs:qe, :] / math.sqrt(q.shape[-1])
+        m = torch.full(qb.shape[:-1] + (1,), 0.0 if zero_init else -math.inf, dtype=q.dtype)
+        l = torch.zeros(qb.shape[:-1] + (1,), dtype=acc_dtype or q.dtype)
+        acc = torch.zeros(qb.shape[:-1] + (v.shape[-1],), dtype=acc_dtype or q.dtype)
+        for ks in range(max(0, qs - window + 1) // b * b, qe, b):
+            ke = min(ks + b, n)
+            r, c = torch.arange(qs, qe)[:, None], torch.arange(ks, ke)[None, :]
+            s = (qb @ k[..., ks:ke, :].mT).masked_fill((c > r) | (c <= r - window), -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            alpha, p = torch.exp(m - safe), torch.exp(s - safe)
+            l.mul_(alpha).add_(p.sum(-1, keepdim=True))
+            acc.mul_(alpha).add_(p @ v[..., ks:ke, :])
+            m = m_new
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
+def test_window_attention_names_an_axis_dropped_only_when_it_is(rejects, accepts):
+    d = rejects(check_sliding_window_attention, _window_zero_max_nan_to_num).diagnosis
+    assert "batch entry" not in d.summary + d.cause and "drops axis" not in d.cause, d
+    accepts(check_sliding_window_attention, _tiled_reference)
+    # "a tensor of q's dtype", read as in 09: float64 input, float64 precision
+    assert_voice(rejects(check_sliding_window_attention, _window_float32_accumulator,
+                         "float64 input, float32 precision"))

@@ -1201,3 +1201,42 @@ def _bits_cut(t):
 def test_check_rope_does_not_call_a_fixed_grid_half_precision(fn, rejects):
     text = rejects(check_apply_rope, fn).text()
     assert "float16" not in text and "bfloat16" not in text, text
+
+
+def _rope_pairs_changed(change):
+    """The right rotation, but ``change(cos, sin, x, out)`` -> (cos, sin, out) alters its coefficients or result."""
+    def rope(x, positions=None, base=10000.0):
+        n, d = x.shape[-2:]
+        positions = torch.arange(n) if positions is None else positions
+        angles = positions[:, None] * base ** (-torch.arange(0, d, 2) / d)
+        cos, sin, _ = change(torch.cos(angles), torch.sin(angles), x, None)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = torch.stack([even * cos.to(x.dtype) - odd * sin.to(x.dtype),
+                           even * sin.to(x.dtype) + odd * cos.to(x.dtype)], -1).flatten(-2)
+        return change(cos, sin, x, out)[2]
+    return rope
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    # each pair turned by the right angle, cos and sin merely rounded: lengths 1 ± 2e-3, no dimensions mixed
+    (_rope_pairs_changed(lambda c, s, x, o: (torch.round(c * 256) / 256, torch.round(s * 256) / 256, o)),
+     ["cos and sin not exact", "right angle t·θ_r", "does not keep each pair's length"]),
+    (_rope_pairs_changed(lambda c, s, x, o: (torch.round(c, decimals=2), torch.round(s, decimals=2), o)),
+     ["cos and sin not exact"]),
+    (_rope_pairs_changed(lambda c, s, x, o: (c, torch.round(s * 256) / 256, o)), ["cos and sin not exact"]),
+    (_rope_pairs_changed(lambda c, s, x, o: (c, s, None if o is None else 1.005 * o)),
+     ["each pair rotated, then scaled", "1.005 times as long"]),
+    # a real mix of pairs: pair r's result draws on pair r − 1
+    (_rope_pairs_changed(lambda c, s, x, o: (c, s, None if o is None else o + 0.01 * x.roll(2, -1))),
+     ["not a rotation of each pair", "mixes dimensions"]),
+])
+def test_check_rope_tells_inexact_cos_sin_from_mixed_pairs(fn, phrases, rejects):
+    text = rejects(check_apply_rope, fn, *phrases).text()
+    if "mixes" not in phrases[-1]:
+        assert "mixes dimensions" not in text and "not a rotation of each pair" not in text, text
+
+
+def test_check_rope_result_rounded_is_not_called_a_mix(rejects):
+    text = rejects(check_apply_rope, _rope_pairs_changed(
+        lambda c, s, x, o: (c, s, None if o is None else torch.round(o * 256) / 256))).text()
+    assert "mixes dimensions" not in text and "cos and sin not exact" not in text, text

@@ -218,8 +218,19 @@ def _expect_cache(cache: Learner, got, want, case, suspects: Suspects, *, q_new,
                    "too, so the check cannot tell which", fix=f"keep what is cached and append ({_FIX_APPEND}), then "
                                                               "`return self.k, self.v`")
     alike = got.dim() == want.dim() and tuple(got.shape[:-2]) == tuple(want.shape[:-2])
+    right = "the right one" if n_want == 1 else f"the {n_want} right ones"
+    if alike and n_got > n_want and same(got[..., n_got - n_want:, :], want, **tol) and \
+            not bool(got[..., :n_got - n_want, :].any()):  # no token appended anywhere in this check is all zero
+        extra, held = n_got - n_want, _attends_to_zeros(cache, q_new, kv, n_got - n_want, tol)
+        fail(f"{what} starts with {'an extra all-zero token' if extra == 1 else f'{extra} extra all-zero tokens'}",
+             tried=tried, got=f"{rows(n_got)}: {_count(extra, 'row')} of zeros, then {right}",
+             expected=f"{rows(n_want)}: only the tokens appended to this cache",
+             cause=f"your cache holds {_count(extra, 'all-zero token')} before the first one appended (attend(q) "
+                   "attends to it too): storage that starts as torch.zeros(1, d), not empty, then grows by "
+                   "torch.cat" if held else "",
+             fix="start empty: self.k = self.v = None in __init__, and store the first tokens as they come" if held
+             else "append returns the tokens appended so far and nothing else, oldest first: `return self.k, self.v`")
     if alike and n_got > n_want and same(got[..., n_got - n_want:, :], want, **tol):
-        right = "the right one" if n_want == 1 else f"the {n_want} right ones"
         fail(f"{what} holds tokens from another cache", tried=tried,
              got=f"{rows(n_got)}: {right} after {rows(n_got - n_want)} never appended to this cache",
              expected=f"{rows(n_want)}: the tokens appended to this cache",
@@ -233,14 +244,52 @@ def _expect_cache(cache: Learner, got, want, case, suspects: Suspects, *, q_new,
              cause=(f"your cache keeps only the last {tokens} (a window or a fixed-size buffer)" if dropped
                     else f"your cache stopped growing at {n_got} token{'s' if n_got > 1 else ''} (a fixed buffer?)"),
              fix="keep every token: torch.cat([cached, new], dim=-2) (or enlarge a buffer when full)")
-    if alike and n_got > n_want and same(got[..., :n_want, :], want, **tol) and not bool(got[..., n_want:, :].any()):
+    if alike and n_got > n_want and same(got[..., :n_want, :], want, **tol) and not bool(got[..., n_want:, :].any()) \
+            and (left := _unfilled_left(cache, got, want, kv, what, tol)) is not None:
         fail(f"{what} includes the buffer's unfilled slots", tried=tried,
-             got=f"{rows(n_got)}: {_count(n_want, 'right row')}, then {_count(n_got - n_want, 'row')} of zeros",
+             got=f"{rows(n_got)}: {_count(n_want, 'right row')}, then {_count(n_got - n_want, 'row')} of zeros; "
+                 f"after one more append, {_count(left, 'row')} of zeros",
              expected=f"{rows(n_want)}: only the tokens appended so far",
              cause="you returned the whole preallocated buffer, its unfilled zero slots included",
              fix="return the filled part only: self.k[..., :self.t, :], self.v[..., :self.t, :]")
     suspects.expect(got, want, case, tried=tried, what=what, **tol,
                     fix="append returns the whole cache: every row so far, oldest first, shape (..., t, d)")
+
+
+def _attends_to_zeros(cache: Learner, q_new, kv, extra: int, tol: dict) -> bool:
+    """Whether attend(``q_new``) is attention over ``extra`` all-zero keys and values, then the right cache ``kv``
+    (and not over the right cache alone): the cache itself holds the zero rows, not only what append returns."""
+    try:
+        seen = as_tensor(cache.method("attend")(q_new), tried="", what="")
+    except (Failure, LearnerRaised, LearnerTimedOut):
+        return False
+    front = [torch.cat([x.new_zeros(*x.shape[:-2], extra, x.shape[-1]), x], -2) for x in kv]
+    right, padded = sdpa(q_new, *kv), sdpa(q_new, *front)
+    return tuple(seen.shape) == tuple(right.shape) and same(seen, padded, **tol) and not same(padded, right, **tol)
+
+
+def _unfilled_left(cache: Learner, got, want, kv, what: str, tol: dict) -> int | None:
+    """How many all-zero rows follow the right ones once one more token is appended, when that number differs from
+    ``got``'s: a buffer's unfilled slots, which the new token fills (or a buffer that grew); None otherwise (zero
+    rows added at every return, which stay as many, are no buffer). ``got`` (``what`` of ``kv``, the right (K, V))
+    holds the right rows ``want``, then zeros. The cache is appended to: call only on the way to a failure."""
+    part, zeros = "KV".index(what[-1]), got.shape[-2] - want.shape[-2]
+    more = tuple(x[..., -1:, :].clone() for x in kv)  # the newest token once more
+    try:
+        result = cache.method("append")(*more)
+        again = as_tensor(result[part], tried="", what="") if isinstance(result, (tuple, list)) and len(
+            result) == 2 else None
+    except (Failure, LearnerRaised, LearnerTimedOut):
+        return None
+    longer = torch.cat([want, more[part].to(want.dtype)], -2)
+    n = longer.shape[-2]
+    if again is None or again.dim() != got.dim() or tuple(again.shape[:-2]) != tuple(got.shape[:-2]) or \
+            again.shape[-1] != got.shape[-1] or again.shape[-2] < n:
+        return None
+    left = again.shape[-2] - n
+    if left == zeros or not same(again[..., :n, :], longer, **tol) or bool(again[..., n:, :].any()):
+        return None
+    return left
 
 
 def _unchanged(cls: Learner) -> None:

@@ -101,9 +101,8 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
     positions = (torch.arange(n) if given is None else torch.as_tensor(given)).double()
     theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     if not torch.allclose(first ** 2 + second ** 2, torch.ones_like(first), atol=1e-4):
-        fail_again(failure, "not a rotation of each pair", "given pairs (x_2r, x_2r+1) = (1, 0), your function returns "
-               "pairs of length ≠ 1: it mixes dimensions of different pairs, or the two members use different "
-               "angles", _ROPE_FIX)
+        _pair_lengths(failure, ask, turned, x, out, given, base, positions[:, None] * theta)
+        return  # nothing proven: the generic measurement speaks
     angles = torch.atan2(second, first)  # (n, d/2)
     turns = lambda t, a: torch.allclose(t[:, 0::2], torch.cos(a), atol=1e-4) and \
         torch.allclose(t[:, 1::2], torch.sin(a), atol=1e-4)  # noqa: E731
@@ -131,16 +130,76 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
             fail_again(failure, "wrong rotation frequencies", "given pairs (1, 0), your function turns each pair "
                    "within itself by t·ω_r, as it should, but with the " + frequency_cause(omega, theta, base, d),
                    _ROPE_FIX)
-    # Each pair mapped from itself alone? Read the 2 × 2 coefficients off the pairs (1, 0) and (0, 1), check on x.
-    other = ask(1.0 - unit, given, base)
+    coef = _pair_map(ask, turned, x, out, given, base)
+    if coef is not None:  # else not a map of each pair alone: the other measurements say more
+        _name_coefficients(failure, coef, positions[:, None] * theta)
+
+
+def _pair_map(ask, turned: torch.Tensor, x: torch.Tensor, out: torch.Tensor, given, base) -> list | None:
+    """Each pair mapped from itself alone? The 2 × 2 coefficients read off the pairs (1, 0) (``turned``) and (0, 1),
+    [[new x_2r from x_2r, from x_2r+1], [new x_2r+1 from …]], each (n, d/2); None unless they reproduce ``out`` on x."""
+    other = ask(1.0 - _unit_pairs(turned), given, base)
     if other is None or other.shape != turned.shape:
-        return
+        return None
     coef = [[turned[:, 0::2], other[:, 0::2]], [turned[:, 1::2], other[:, 1::2]]]  # new (even, odd) from (x_2r, x_2r+1)
     xe, xo = x.double()[..., 0::2], x.double()[..., 1::2]
     mine = torch.stack([coef[0][0] * xe + coef[0][1] * xo, coef[1][0] * xe + coef[1][1] * xo], -1).flatten(-2)
-    if not same(mine, out.double(), atol=1e-4, rtol=1e-4):
-        return  # not a map of each pair alone: the other measurements say more
-    c, s = torch.cos(positions[:, None] * theta), torch.sin(positions[:, None] * theta)
+    return coef if same(mine, out.double(), atol=1e-4, rtol=1e-4) else None
+
+
+def _unit_pairs(like: torch.Tensor) -> torch.Tensor:
+    """Every pair (1, 0), shaped like ``like`` (n, d), in float64."""
+    unit = torch.zeros(like.shape, dtype=torch.float64)
+    unit[..., 0::2] = 1.0
+    return unit
+
+
+def _pair_lengths(failure: Failure, ask, turned: torch.Tensor, x: torch.Tensor, out: torch.Tensor, given, base,
+                  angles: torch.Tensor) -> None:
+    """The pairs (1, 0) come back with lengths ≠ 1: name why, only what a measurement proves. A map of each pair
+    alone whose 2 × 2 coefficients are one factor times the rotation's is a scaled rotation; within 1e-2 of the
+    rotation's (right angles, lengths near 1), it has inexact cos and sin (rounded to a grid, cut); other coefficients are named one by one; a result whose other pairs move when
+    one pair of x changes mixes dimensions of different pairs."""
+    coef = _pair_map(ask, turned, x, out, given, base)
+    if coef is None:
+        d = turned.shape[-1]
+        for r in range(d // 2 if d >= 4 else 0):  # pair r changed, every other pair kept: do the others move?
+            nudged = x.double().clone()
+            nudged[..., 2 * r: 2 * r + 2] += 1.0
+            moved = ask(nudged.to(x.dtype), given, base)
+            if moved is None or moved.shape != out.shape:
+                return
+            others = [c for c in range(d) if c // 2 != r]
+            if not same(moved[..., others], out.double()[..., others], atol=1e-6, rtol=1e-6):
+                fail_again(failure, "not a rotation of each pair", "your function does not turn each pair within "
+                           f"itself: changing only pair {r} (x_{2 * r}, x_{2 * r + 1}) of x changes other pairs of "
+                           "your result, so it mixes dimensions of different pairs", _ROPE_FIX)
+        return
+    c, s = torch.cos(angles), torch.sin(angles)
+    off = max(float((coef[i][j] - t).abs().max()) for i, j, t in ((0, 0, c), (0, 1, -s), (1, 0, s), (1, 1, c)))
+    lengths = coef[0][0] ** 2 + coef[1][0] ** 2
+    turn = torch.atan2(coef[1][0], coef[0][0]) - angles
+    turn = torch.atan2(torch.sin(turn), torch.cos(turn))  # each pair's angle error, in (−π, π]
+    stretch = lengths.sqrt()  # (n, d/2): each pair's length once turned
+    scaled = float(stretch.max() - stretch.min()) <= 1e-6 and all(  # one factor times the rotation's coefficients
+        torch.allclose(coef[i][j], stretch * t, atol=1e-6) for i, j, t in ((0, 0, c), (0, 1, -s), (1, 0, s), (1, 1, c)))
+    if scaled:
+        fail_again(failure, "each pair rotated, then scaled", "given pairs (1, 0) and (0, 1), your function turns "
+                   "each pair within itself by the right angle t·θ_r, but every pair comes back "
+                   f"{fmt(float(stretch.flatten()[0]))} times as long: a rotation keeps each pair's length",
+                   "multiply by cos and sin alone: nothing scales the result")
+    if off <= 1e-2 and bool(((stretch - 1).abs() <= 1e-2).all()) and bool((turn.abs() <= 1e-2).all()):
+        fail_again(failure, "cos and sin not exact", "given pairs (1, 0) and (0, 1), your function turns each pair "
+                   f"within itself by the right angle t·θ_r, but the cos and sin it multiplies by are off by up "
+                   f"to {fmt(off)}: the rotation does not keep each pair's length (off from 1 by up to "
+                   f"{fmt(float((stretch - 1).abs().max()))})", "use torch.cos(angles) and "
+                   "torch.sin(angles) as they come, in float32 or float64: nothing rounded, truncated or added")
+    _name_coefficients(failure, coef, angles)
+
+
+def _name_coefficients(failure: Failure, coef: list, angles: torch.Tensor) -> None:
+    """Name each 2 × 2 coefficient (of a map of each pair alone) that is not the rotation's by t·θ_r (``angles``)."""
+    c, s = torch.cos(angles), torch.sin(angles)
     names = {"cos(t·θ_r)": c, "−cos(t·θ_r)": -c, "sin(t·θ_r)": s, "−sin(t·θ_r)": -s, "0": 0 * c, "1": 1 + 0 * c}
     right = [["cos(t·θ_r)", "−sin(t·θ_r)"], ["sin(t·θ_r)", "cos(t·θ_r)"]]
     said = [f"the new {new} takes {old} × "
