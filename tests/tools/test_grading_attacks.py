@@ -359,7 +359,8 @@ def test_a_learners_copies_are_read_within_a_budget_and_a_notebook_of_endless_ce
     from ._grading import course
 
     nb = correct()
-    nb.cells += [nbformat.v4.new_code_cell("x = 1") for _ in range(collect.MAX_CELLS)]
+    # ids of our own: 5,000 random 8-hex ids collide now and then (a DuplicateCellId warning from nbformat)
+    nb.cells += [nbformat.v4.new_code_cell("x = 1", id=f"endless-{i}") for i in range(collect.MAX_CELLS)]
     big = write(nb, tmp_path / "ada" / f"{NOTEBOOK_05}.ipynb")
     sub = collect.read_submission(files.Found("ada", big, f"ada/{NOTEBOOK_05}.ipynb"), course())
     assert sub.problem.startswith("not a course notebook") and "cells" in sub.problem, sub.problem
