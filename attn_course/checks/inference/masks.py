@@ -11,7 +11,7 @@ import torch
 from ..compare import Failure, same
 from ..core import Learner, as_tensor, check, fail
 from ..kit import Known, Suspects, call_explained
-from .oracle import PATTERNS, confirm, dtype_name, rows, window
+from .oracle import PATTERNS, dtype_name, rows, window
 
 
 def _bool_mask(value: Any, expected: torch.Tensor, *, tried: str) -> torch.Tensor:
@@ -70,7 +70,7 @@ def _check_masks(fn: Learner, name: str, table: list[Known], cases: list[tuple],
                  cause=f"your mask has {rows(got.shape[0])}{named} where the n_q = {n_q} queries need {n_q}: the "
                        "query positions run over the wrong range (they are n_k − n_q … n_k − 1)", fix=fix)
         if tuple(got.shape) == tuple(expected.shape) and not bool((got == expected).all()):
-            confirm(suspects, fn, got, case, expected, cases, oracle, dict(atol=0, rtol=0), convert=_quiet_bool)
+            suspects.confirm(fn, got, case, expected, cases, oracle, dict(atol=0, rtol=0), convert=_quiet_bool)
         try:
             suspects.expect(got, expected, case, tried=tried, what="your mask", atol=0, rtol=0, fix=fix, again=fn,
                             distinguish=cases)

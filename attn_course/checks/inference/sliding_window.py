@@ -14,7 +14,7 @@ from ..compare import Failure, call_or_skip, fmt, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail
 from ..kit import Known, Suspects, call_explained, expect_float64_precision, expect_unchanged, watch
 from ..result import Diagnosis
-from .oracle import LOOSE, PATTERNS, attn, confirm, dtype_name, rows, sdpa, tolerance, window
+from .oracle import LOOSE, PATTERNS, attn, dtype_name, rows, sdpa, tolerance, window
 
 
 def _window_qkv(lead, n, d, seed, dtype=torch.float64):
@@ -396,9 +396,9 @@ def check_sliding_window_attention(fn: Learner) -> str:
                  expected=f"shape {tuple(expected.shape)}", cause="you sized the output or the accumulator with d_k",
                  fix="use v.shape[-1] (d_v) for the output and the accumulator")
         if tuple(out.shape) == tuple(expected.shape) and not same(out, expected, **tol):
-            confirm(suspects, fn, out, case, expected,
-                    [case if j == i else _attn_case(j)[1] for j in range(len(_ATTN_CASES))],
-                    lambda q, k, v, w, b: sdpa(q, k, v, mask=window(q.shape[-2], q.shape[-2], w)), LOOSE)
+            suspects.confirm(fn, out, case, expected,
+                             [case if j == i else _attn_case(j)[1] for j in range(len(_ATTN_CASES))],
+                             lambda q, k, v, w, b: sdpa(q, k, v, mask=window(q.shape[-2], q.shape[-2], w)), LOOSE)
         try:
             suspects.expect(out, expected, case, tried=tried, **tol, again=fn)
         except Failure as failure:

@@ -105,7 +105,7 @@ class Suspects:
         result is empty and the difference is measured instead. (One suspect alone is not re-tried: a
         row may describe what happened on this case only, e.g. "a mask of this shape ignored"; a topic
         whose rows can coincide by accident — √(d_k − 1) and a rounded √d_k agree at d_k = 10 — confirms
-        them on its other cases itself.) A case where the learner's function raises tells nothing."""
+        them on its other cases: :meth:`confirm`.) A case where the learner's function raises tells nothing."""
         for case in distinguish:
             if len(found) < 2:
                 break
@@ -138,6 +138,43 @@ class Suspects:
         expect_close(actual, expected, tried=tried, atol=atol, rtol=rtol, mistakes=[k.on(case) for k in table],
                      **compare)
 
+
+    def confirm(self, fn: Callable[..., Any], actual: torch.Tensor, case: Case, expected: torch.Tensor,
+                others: Sequence[Case], oracle: Callable[..., torch.Tensor], tol: dict,
+                convert: Callable[[Any], Any] = lambda x: x) -> None:
+        """Before a wrong ``actual`` is named: drop from the table every known mistake that reproduces it on ``case``
+        but none of the learner's other wrong answers on ``others`` (``oracle(*other)`` the right one; cases where
+        the row or the learner gives no tensor, or the learner is right, say nothing), so that a row which
+        coincides with another mistake on one case only (a window of 3 with blocks of 4: window + 1, or block_size
+        where window belongs) is not named — the check of a single suspect :meth:`narrow` leaves to the topic. A
+        row that fits some of them stays: the rows' loops need not match the learner's in every edge case. The
+        learner's function runs once per other case, only when a row reproduces ``actual``."""
+        found = self.suspects(actual, case, expected)
+        if not found:
+            return
+        mine: dict[int, Any] = {}
+
+        def learner(i: int) -> Any:
+            if i not in mine:
+                try:
+                    got = convert(fn(*others[i]))
+                except Exception:  # noqa: BLE001 - raising (or an answer of another kind) tells nothing here
+                    got = None
+                right = oracle(*others[i]) if isinstance(got, torch.Tensor) else None
+                mine[i] = None if right is None or (tuple(got.shape) == tuple(right.shape) and same(got, right, **tol)) \
+                    else got
+            return mine[i]
+
+        drop = set()
+        for known in found:
+            fits = []
+            for i, other in enumerate(others):
+                out = _output(known, other) if other is not case else None
+                if out is not None and isinstance(got := learner(i), torch.Tensor):
+                    fits.append(tuple(out.shape) == tuple(got.shape) and same(got, out, **tol))
+            if fits and not any(fits):
+                drop.add(known.key)
+        self.table = [k for k in self.table if k.key not in drop]
 
 def fits(known: Known, case: Case, *, raised: bool, value: torch.Tensor | None, atol: float,
          rtol: float = 1e-4) -> bool:
