@@ -37,9 +37,9 @@ from typing import Any, Callable
 import torch
 
 from . import cells
-from .boundary import (DEFAULT_TIMEOUT, RECORD_ENV, WALL_FACTOR, Clock, Learner, LearnerNotAttempted, LearnerRaised,
-                       LearnerTimedOut, LocalSession, MachineBusy, RecordingSession, ReplayMismatch, ReplaySession,
-                       Session, capped_timeout)
+from .boundary import (DEFAULT_TIMEOUT, RECORD_ENV, WALL_FACTOR, Clock, Learner, LearnerChangedSettings,
+                       LearnerNotAttempted, LearnerRaised, LearnerTimedOut, LocalSession, MachineBusy, RecordingSession,
+                       ReplayMismatch, ReplaySession, Session, capped_timeout)
 from .compare import Failure, Mistake, as_tensor, expect_close, expect_equal, expect_finite, expect_shape, fail, fmt
 from .exceptions import explain_exception
 from .result import CheckResult, Diagnosis, Status
@@ -191,6 +191,20 @@ def learner_error(exc: LearnerRaised | LearnerTimedOut, *, tried: str = "", expe
                      cause=cause, fix=fix or ("fix the line shown above" if where else "read the error message: it names what went wrong"))
 
 
+def changed_settings(exc: LearnerChangedSettings) -> Diagnosis:
+    """The diagnosis for code that left PyTorch's default dtype or gradient mode changed (now put back)."""
+    dtype = any(c.startswith("torch.get_default_dtype") for c in exc.changes)
+    grad = any(c.startswith("torch.is_grad_enabled") for c in exc.changes)
+    calls = ["torch.set_default_dtype(…)"] * dtype + ["torch.set_grad_enabled(…)"] * grad
+    fixes = ["ask for a dtype where you make a tensor (dtype=torch.float64, x.double())"] * dtype + [
+        "switch gradients off only inside a `with torch.no_grad():` block, which puts the mode back when it ends"] * grad
+    return Diagnosis("changed PyTorch's global settings", tried=exc.call, got="after the call, " + "; ".join(exc.changes),
+                     expected="PyTorch's settings as they were: the function only computes its result",
+                     cause=f"your code calls {' and '.join(calls)} and leaves it so: every later cell of your notebook "
+                           "would run with that setting (the check has put it back)",
+                     fix="; ".join(fixes))
+
+
 def _syntax_error_in_history(name: str, namespace: dict) -> Diagnosis | None:
     """If the last cell this kernel ran that defines ``name`` does not compile, a result saying so.
 
@@ -286,6 +300,9 @@ class Check:
             return CheckResult(self.exercise, Status.FAILED, exc.diagnosis.summary, exc.diagnosis)
         except (LearnerRaised, LearnerTimedOut) as exc:
             d = learner_error(exc, expected=self.expects)
+            return CheckResult(self.exercise, Status.FAILED, d.summary, d)
+        except LearnerChangedSettings as exc:
+            d = changed_settings(exc)
             return CheckResult(self.exercise, Status.FAILED, d.summary, d)
         except MachineBusy as exc:
             d, t = machine_busy(exc), exc.timeout  # what the learner's process reported, for the grader to weigh

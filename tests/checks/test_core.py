@@ -359,3 +359,62 @@ def test_checks_that_differentiate_grade_right_answers_with_gradients_switched_o
         result = getattr(checks, f"check_{name}").evaluate(answer)
         assert not torch.is_grad_enabled()  # the learner's setting is theirs again afterwards
     assert result.status is Status.PASSED, result.diagnosis
+
+
+# ============================================================================ PyTorch's global settings
+def doubles_in_float64(x):
+    torch.set_default_dtype(torch.float64)  # "for precision", left on for the rest of the notebook
+    return 2 * x
+
+
+def doubles_without_gradients(x):
+    torch.set_grad_enabled(False)  # meant as `with torch.no_grad():`
+    return 2 * x
+
+
+def doubles_with_both(x):
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    return 2 * x
+
+
+def doubles_and_puts_the_dtype_back(x):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    out = 2 * x.to(torch.get_default_dtype())
+    torch.set_default_dtype(before)
+    return out.float()
+
+
+def doubles_in_a_no_grad_block(x):
+    with torch.no_grad():
+        return 2 * x
+
+
+@pytest.mark.parametrize("fn, phrases", [
+    (doubles_in_float64, ["torch.get_default_dtype() is torch.float64 (it was torch.float32)",
+                          "torch.set_default_dtype(…)", "dtype=torch.float64"]),
+    (doubles_without_gradients, ["torch.is_grad_enabled() is False (it was True)", "torch.set_grad_enabled(…)",
+                                 "with torch.no_grad():"]),
+    (doubles_with_both, ["torch.float64", "is_grad_enabled() is False", "torch.set_default_dtype(…) and "
+                         "torch.set_grad_enabled(…)"]),
+])
+def test_code_that_leaves_torch_settings_changed_is_named_and_the_settings_are_put_back(rejects, fn, phrases):
+    """Right values, but every later cell of the learner's notebook would run in float64 or without gradients: the
+    check names the setting, and the settings are as they were when it ends (in the live run and the replay)."""
+    rejects(check_double, fn, "changed PyTorch's global settings", *phrases)
+    assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
+
+
+def test_code_that_changes_a_setting_and_restores_it_passes(accepts):
+    accepts(check_double, doubles_and_puts_the_dtype_back)
+    accepts(check_double, doubles_in_a_no_grad_block)
+
+
+def test_an_exception_after_changing_a_setting_is_the_verdict_and_the_setting_is_put_back(rejects):
+    def raises_in_float64(x):
+        torch.set_default_dtype(torch.float64)
+        raise ValueError("not yet")
+
+    rejects(check_double, raises_in_float64, "your code raised ValueError")
+    assert torch.get_default_dtype() == torch.float32

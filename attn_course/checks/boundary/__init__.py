@@ -29,7 +29,8 @@ from .encoding import Handle, Opaque, describe_args, describe_value
 from .learner import Learner
 from .limits import CALL_TIMEOUT_ENV, DEFAULT_TIMEOUT, MAX_LOG_BYTES, WALL_FACTOR, Clock, capped_timeout
 from .operations import PROBES, probe
-from .outcomes import LearnerNotAttempted, LearnerRaised, LearnerTimedOut, MachineBusy, ReplayMismatch
+from .outcomes import (LearnerChangedSettings, LearnerNotAttempted, LearnerRaised, LearnerTimedOut, MachineBusy,
+                       ReplayMismatch)
 from .sessions import RECORD_ENV, LocalSession, RecordingSession, ReplaySession, Session
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "Learner",
     "LearnerRaised",
     "LearnerTimedOut",
+    "LearnerChangedSettings",
     "MachineBusy",
     "Clock",
     "LearnerNotAttempted",

@@ -9,7 +9,8 @@ import torch
 
 from .encoding import Handle, decode, describe_args
 from .limits import DEFAULT_TIMEOUT, Clock, capped_timeout
-from .outcomes import LearnerNotAttempted, LearnerRaised, LearnerTimedOut, MachineBusy, ReplayMismatch
+from .outcomes import (LearnerChangedSettings, LearnerNotAttempted, LearnerRaised, LearnerTimedOut, MachineBusy,
+                       ReplayMismatch)
 from .sessions import Session
 
 
@@ -20,7 +21,8 @@ class Learner:
     instantiates a class and returns a Learner for the new object; ``vjp`` runs it and backpropagates;
     ``inspect`` describes it; ``observe`` runs a registered learner-side probe. Results are plain data;
     failures raise :class:`LearnerRaised`, :class:`LearnerTimedOut` or :class:`LearnerNotAttempted`
-    (:class:`MachineBusy` when the machine was too busy to tell). All operations of one check share
+    (:class:`MachineBusy` when the machine was too busy to tell, :class:`LearnerChangedSettings` when the code left
+    PyTorch's default dtype or gradient mode changed). All operations of one check share
     one :class:`Clock` (``timeout``: its limit of computing; ``clock``: the check's, when given).
     """
 
@@ -40,6 +42,8 @@ class Learner:
         outcome, arrays = self.session.run(op, list(self.ref), self.attr, tuple(args), kwargs,
                                            timeout=capped_timeout(timeout) if timeout else None, extra=extra,
                                            clock=self.clock)
+        if outcome.get("changed"):  # the code ran, and left PyTorch's global settings changed (now put back)
+            raise LearnerChangedSettings(list(outcome["changed"]), self.last_call)
         if "ok" in outcome:
             return decode(outcome["ok"], arrays)
         if outcome.get("not_attempted"):

@@ -66,6 +66,24 @@ def _inspect(obj: Any) -> dict[str, Any]:
     return info
 
 
+def _settings() -> tuple[torch.dtype, bool]:
+    """PyTorch's global settings that a function's result depends on and that stay changed after it returns."""
+    return torch.get_default_dtype(), torch.is_grad_enabled()
+
+
+def _put_back(settings: tuple[torch.dtype, bool]) -> list[str]:
+    """Restore ``settings`` where the learner's code changed them; what each had become, in words."""
+    dtype, grad = settings
+    changed = []
+    if torch.get_default_dtype() != dtype:
+        changed.append(f"torch.get_default_dtype() is {torch.get_default_dtype()} (it was {dtype})")
+        torch.set_default_dtype(dtype)
+    if torch.is_grad_enabled() != grad:
+        changed.append(f"torch.is_grad_enabled() is {not grad} (it was {grad})")
+        torch.set_grad_enabled(grad)
+    return changed
+
+
 class Runner:
     """Runs operations on live objects (shared by the local and the recording session)."""
 
@@ -85,15 +103,19 @@ class Runner:
         if cpu_left <= 1e-3 or wall_left <= 1e-3:  # the check's time is used up: the code is not run again
             return {"timeout": True, **clock.outcome("cpu" if cpu_left <= 1e-3 else "wall")}, {}
         started, queued = time.process_time(), queued_seconds()
+        settings = _settings()
         try:
             outcome, arrays = self._run(op, ref, method, args, kwargs, extra, cpu_left, wall_left)
         finally:
+            changed = _put_back(settings)
             clock.computed += time.process_time() - started
             now = queued_seconds()
             clock.queued = None if queued is None or now is None or clock.queued is None else \
                 clock.queued + now - queued
         if "_by" in outcome:  # stopped: the numbers the learner reads (waited, computed) go into the outcome
             outcome = {"timeout": True, **clock.outcome(outcome["_by"])}
+        if changed and "ok" in outcome:  # (an exception or a time-out is the verdict; the settings are put back)
+            outcome = {**outcome, "changed": changed}
         return outcome, arrays
 
     def _run(self, op, ref, method, args, kwargs, extra, cpu_left: float,

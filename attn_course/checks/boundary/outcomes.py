@@ -1,5 +1,6 @@
 """What the learner's code did, as a check receives it: it raised (:class:`LearnerRaised`, told as data by
-:func:`raised_info`), ran past its time, was not attempted yet, or the machine was too busy to tell; and
+:func:`raised_info`), ran past its time, was not attempted yet, left PyTorch's global settings changed, or the
+machine was too busy to tell; and
 :class:`ReplayMismatch`, a replay that found no record."""
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ class MachineBusy(BaseException):
     def __init__(self, timeout: LearnerTimedOut):
         self.timeout = timeout
         super().__init__(str(timeout))
+
+
+class LearnerChangedSettings(BaseException):
+    """The learner's code left PyTorch's global settings changed (the default dtype, gradient mode): the settings
+    were put back, and ``changes`` says what they had become. A BaseException like :class:`MachineBusy`, so that
+    no check's ``except Exception`` (or ``except LearnerRaised``) passes over it: it is a verdict of its own."""
+
+    def __init__(self, changes: list[str], call: str):
+        self.changes, self.call = [str(c) for c in changes], call
+        super().__init__("; ".join(self.changes))
 
 
 class LearnerNotAttempted(Exception):
