@@ -16,7 +16,7 @@ from .compare import Failure, same
 from .core import Learner, check, fail
 from .kit import CALL_WITH, fits
 from .kit import TensorCase as Case
-from .kit import expect_signature, judge_cases, known_rows, preview, product_rows
+from .kit import expect_signature, fresh_values, judge_cases, known_rows, preview, product_rows
 
 __all__ = ["check_query_scores_loop", "check_query_scores", "check_score_matrix", "check_cosine_scores"]
 
@@ -278,6 +278,7 @@ def _check_one_query(fn: Learner, name: str) -> str:
         if summary not in _TYPED_SUMMARIES or _typed_length_proven(fn, cases, _TYPED_SUMMARIES[summary]):
             raise
         judged([k for k in ONE_QUERY_TABLE if not k.key.startswith("typed-length-")])
+    fresh_values(fn, cases[0], lambda q, K: K @ q, call=f"{name}(q, K)", seed=170, magnitude=score_magnitude)
     return f"matches K @ q on {len(cases)} cases (square K, one key, d = 1, float32/64, large values)"
 
 
@@ -316,6 +317,7 @@ def check_score_matrix(fn: Learner) -> str:
     cases = _score_cases()
     judge(fn, cases, SCORE_TABLE, call="score_matrix(Q, K)", arg_names=("Q", "K"), oracle="Q @ K.transpose(-2, -1)",
           factors=lambda c: {"d": float(c.args[0].shape[-1]), "√d": math.sqrt(c.args[0].shape[-1])})
+    fresh_values(fn, cases[0], _mT, call="score_matrix(Q, K)", seed=270, magnitude=score_magnitude)
     return f"matches Q Kᵀ on {len(cases)} cases (2-D to 5-D, size-1 axes, float32/64, large values)"
 
 
@@ -467,4 +469,5 @@ def check_cosine_scores(fn: Learner) -> str:
     cases = _cosine_cases()
     judge(fn, cases, COSINE_TABLE, call="cosine_scores(Q, K)", arg_names=("Q", "K"),
           oracle="F.cosine_similarity of every pair")
+    fresh_values(fn, cases[0], cosine_reference, call="cosine_scores(Q, K)", seed=370)
     return f"matches F.cosine_similarity on {len(cases)} cases (batched, zero vectors, eps = 0.5 and 0.2)"

@@ -1085,3 +1085,98 @@ def test_tiled_backward_names_d_from_the_wrong_pair(answer, phrases, rejects):
 def test_right_d_and_right_p_in_ds_pass(answer, accepts):
     accepts(check_attention_backward if answer.__name__ == "attention_backward" else check_tiled_attention_backward,
             answer)
+
+
+# ============================================================================ round 3: kept results, finite fills, grad mode
+def _cached_attention_backward():
+    cache = {}
+
+    def attention_backward(q, k, v, dout, mask=None):
+        key = (q.shape, k.shape, v.shape)  # "the same problem again": reuse the answer
+        if key not in cache:
+            scale = 1 / math.sqrt(q.shape[-1])
+            p = masked_softmax(q @ k.mT * scale, mask)
+            dp = dout @ v.mT
+            ds = p * (dp - (dp * p).sum(dim=-1, keepdim=True))
+            cache[key] = (ds @ k * scale, ds.mT @ q * scale, p.mT @ dout)
+        return cache[key]
+    return attention_backward
+
+
+def _cached_tiled_backward():
+    cache = {}
+
+    def tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False):
+        key = (q.shape, k.shape, causal)
+        if key not in cache:
+            cache[key] = ref.tiled_attention_backward(q, k, v, o, lse, dout, block_size, causal=causal)
+        return cache[key]
+    return tiled_attention_backward
+
+
+@pytest.mark.parametrize("check, answer", [(check_attention_backward, _cached_attention_backward()),
+                                           (check_tiled_attention_backward, _cached_tiled_backward())])
+def test_a_result_kept_from_an_earlier_call_is_named(check, answer, rejects):
+    result = rejects(check, answer, "an earlier result returned again")
+    assert "a cache keyed by the shapes" in result.diagnosis.cause and "same shapes" in result.diagnosis.got
+    assert_voice(result)
+
+
+def _tiled_fill(fill):
+    def tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False):
+        n, m, scale = q.shape[-2], k.shape[-2], 1 / math.sqrt(q.shape[-1])
+        delta = (dout * o).sum(dim=-1, keepdim=True)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for ks in range(0, m, block_size):
+            for qs in range(ks if causal else 0, n, block_size):
+                s = q[..., qs:qs + block_size, :] @ k[..., ks:ks + block_size, :].mT * scale
+                if causal:
+                    rows, cols = torch.arange(qs, qs + s.shape[-2]), torch.arange(ks, ks + s.shape[-1])
+                    s = s.masked_fill(cols[None, :] > rows[:, None], fill(s))
+                p = torch.exp(s - lse[..., qs:qs + block_size, None])
+                do = dout[..., qs:qs + block_size, :]
+                dv[..., ks:ks + block_size, :] += p.mT @ do
+                ds = p * (do @ v[..., ks:ks + block_size, :].mT - delta[..., qs:qs + block_size, :])
+                dq[..., qs:qs + block_size, :] += ds @ k[..., ks:ks + block_size, :] * scale
+                dk[..., ks:ks + block_size, :] += ds.mT @ q[..., qs:qs + block_size, :] * scale
+        return dq, dk, dv
+    return tiled_attention_backward
+
+
+def test_tiled_backward_rejects_a_finite_fill_for_blocked_scores(rejects):
+    d = rejects(check_tiled_attention_backward, _tiled_fill(lambda s: -1e4), "NaN").diagnosis  # "−10⁴ is small enough"
+    assert "every score near −2·10⁴" in d.tried, d.tried
+
+
+def test_tiled_backward_accepts_the_lowest_finite_fill(accepts):
+    accepts(check_tiled_attention_backward, _tiled_fill(lambda s: torch.finfo(s.dtype).min))
+
+
+def test_attention_backward_that_turns_gradients_off_does_not_break_the_check():
+    def attention_backward(q, k, v, dout, mask=None):
+        torch.set_grad_enabled(False)  # "no graph needed here"
+        return ref.attention_backward(q, k, v, dout, mask)
+    try:  # the oracle's autograd runs whatever mode the answer left: a verdict on the answer, never "the check failed"
+        result = check_attention_backward.evaluate(attention_backward)
+    finally:
+        torch.set_grad_enabled(True)
+    assert result.status in (Status.PASSED, Status.FAILED), result.text()
+    assert "does not require grad" not in result.text(), result.text()
+
+
+def tiled_backward_own_lse(q, k, v, o, lse, dout, block_size=64, causal=False):
+    scale, n = 1 / math.sqrt(q.shape[-1]), q.shape[-2]
+    mine = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)  # "I'd rather not trust lse": a first pass for L
+    for qs in range(0, n, block_size):
+        for ks in range(0, k.shape[-2], block_size):
+            s = q[..., qs:qs + block_size, :] @ k[..., ks:ks + block_size, :].mT * scale
+            if causal:
+                rows, cols = torch.arange(qs, qs + s.shape[-2]), torch.arange(ks, ks + s.shape[-1])
+                s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+            mine[..., qs:qs + block_size] = torch.logaddexp(mine[..., qs:qs + block_size], torch.logsumexp(s, dim=-1))
+    return ref.tiled_attention_backward(q, k, v, o, mine, dout, block_size, causal=causal)
+
+
+def test_tiled_backward_that_ignores_lse_is_named(rejects):
+    d = rejects(check_tiled_attention_backward, tiled_backward_own_lse, "lse not used").diagnosis
+    assert "does not depend on lse" in d.got and "lse + 1" in d.tried, d.tried

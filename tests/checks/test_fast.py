@@ -1367,3 +1367,116 @@ def test_float32_inside_a_float64_result_is_named_by_its_precision(rejects):
     0.3536, nor a generic "wrong values"."""
     d = rejects(check_causal_tiled_attention, ca_float32_cast_back, "float64 input, float32 precision").diagnosis
     assert "scaled" not in d.summary and "float32" in d.cause, d
+
+
+# ============================================================================ round 3: kept results, inputs changed on any case
+def _cached(name):
+    cache = {}
+
+    def online_softmax(x, block_size=1):
+        key = (x.shape, x.dtype, block_size)  # "same problem, same answer"
+        if key not in cache:
+            cache[key] = _online(x, block_size)
+        return cache[key]
+
+    def tiled_attention(q, k, v, block_size=64):
+        key = (q.shape, k.shape, v.shape, q.dtype, block_size)
+        if key not in cache:
+            cache[key] = _tiles(q, k, v, block_size, causal=name == "causal_tiled_attention")
+        return cache[key]
+    return online_softmax if name == "online_softmax" else tiled_attention
+
+
+def _online(x, block_size):
+    m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+    l = torch.zeros_like(m)
+    for start in range(0, x.shape[-1], block_size):
+        block = x[..., start:start + block_size]
+        m_new = torch.maximum(m, block.amax(dim=-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(block - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    return torch.exp(x - m) / l
+
+
+def _tiles(q, k, v, block_size, causal=False):
+    n_q, n_k, scale = q.shape[-2], k.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n_q, block_size):
+        qe = min(qs + block_size, n_q)
+        m = torch.full(q.shape[:-2] + (qe - qs, 1), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=q.dtype)
+        for ks in range(0, qe if causal else n_k, block_size):
+            ke = min(ks + block_size, n_k)
+            s = q[..., qs:qe, :] @ k[..., ks:ke, :].mT * scale
+            if causal:
+                s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+            l, acc, m = l * c + p.sum(dim=-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], m_new
+        out[..., qs:qe, :] = acc / l
+    return out
+
+
+@pytest.mark.parametrize("check, name", [(check_online_softmax, "online_softmax"),
+                                         (check_tiled_attention, "tiled_attention"),
+                                         (check_causal_tiled_attention, "causal_tiled_attention")])
+def test_a_result_kept_from_an_earlier_call_is_named(check, name, rejects):
+    result = rejects(check, _cached(name), "an earlier result returned again")
+    assert "a cache keyed by the shapes" in result.diagnosis.cause and "same shape" in result.diagnosis.got
+    assert_voice(result)
+
+
+def online_softmax_n1_in_place(x, block_size=1):
+    if x.shape[-1] == 1:  # "a single column: its softmax is 1"
+        return x.fill_(1.0)
+    return _online(x, block_size)
+
+
+def test_an_input_changed_on_any_case_is_named(rejects):
+    d = rejects(check_online_softmax, online_softmax_n1_in_place, "x changed in place").diagnosis
+    assert "(n = 1)" in d.tried, d.tried
+
+
+def tiled_attention_first_tile_reference(q, k, v, block_size=64):
+    """The first tile's maximum as the reference for every later tile: no rescaling needed, until exp overflows."""
+    n_q, n_k, scale = q.shape[-2], k.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n_q, block_size):
+        m = None
+        for ks in range(0, n_k, block_size):
+            s = q[..., qs:qs + block_size, :] @ k[..., ks:ks + block_size, :].mT * scale
+            if m is None:
+                m = s.amax(dim=-1, keepdim=True)
+                l, acc = torch.zeros_like(m), torch.zeros(s.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+            p = torch.exp(s - m)
+            l, acc = l + p.sum(dim=-1, keepdim=True), acc + p @ v[..., ks:ks + block_size, :]
+        out[..., qs:qs + block_size, :] = acc / l
+    return out
+
+
+def test_a_reference_maximum_never_updated_is_rejected(rejects):
+    d = rejects(check_tiled_attention, tiled_attention_first_tile_reference, "NaN").diagnosis
+    assert "rise by up to 900 from the first tile" in d.tried, d.tried
+
+
+def tiled_attention_recursive(q, k, v, block_size=64):
+    scale = 1 / math.sqrt(q.shape[-1])
+
+    def fold(q_blk, ks, m, l, acc):  # one key block, then the rest
+        if ks >= k.shape[-2]:
+            return acc / l
+        s = q_blk @ k[..., ks:ks + block_size, :].mT * scale
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        p, c = torch.exp(s - m_new), torch.exp(m - m_new)
+        return fold(q_blk, ks + block_size, m_new, l * c + p.sum(dim=-1, keepdim=True), acc * c + p @ v[..., ks:ks + block_size, :])
+    parts = []
+    for qs in range(0, q.shape[-2], block_size):
+        q_blk = q[..., qs:qs + block_size, :]
+        m = torch.full(q_blk.shape[:-1] + (1,), -math.inf, dtype=q.dtype)
+        parts.append(fold(q_blk, 0, m, torch.zeros_like(m), torch.zeros(q_blk.shape[:-1] + (v.shape[-1],), dtype=q.dtype)))
+    return torch.cat(parts, dim=-2)
+
+
+def test_tiles_held_by_a_recursion_are_named_as_such(rejects):
+    d = rejects(check_tiled_attention, tiled_attention_recursive, "keeps a query block's score tiles alive at once").diagnosis
+    assert "held by a call of your function on itself" in d.cause, d.cause

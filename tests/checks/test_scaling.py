@@ -704,3 +704,35 @@ def vectors_centred(d, s, n, g):  # d_k entries, each vector centred on its own 
 def test_variance_check_does_not_claim_fewer_entries_for_centred_vectors(rejects):
     text = rejects(check_mc_score_variance, vectors_centred, "σ⁴·(d_k − 1)", "centred on their own mean").text()
     assert "σ⁴·(d_k − 1): one product's variance missing" in text, text
+
+
+# =============================================================================== audit round 3 A: results kept between calls
+_KEPT: dict = {}
+
+
+def r3_scaled_cached_by_shape(Q, K):
+    key = (tuple(Q.shape), tuple(K.shape), Q.dtype)
+    if key not in _KEPT:
+        _KEPT[key] = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    return _KEPT[key]
+
+
+def r3_mc_cached_by_arguments(d_k, sigma=1.0, n_samples=20_000, generator=None):  # one estimate per setting
+    key = ("mc", d_k, sigma, n_samples)
+    if key not in _KEPT:
+        q = sigma * torch.randn(n_samples, d_k, generator=generator)
+        k = sigma * torch.randn(n_samples, d_k, generator=generator)
+        _KEPT[key] = float((q * k).sum(-1).var())
+    return _KEPT[key]
+
+
+def test_scaled_scores_cached_by_shape_is_rejected(rejects):
+    _KEPT.clear()
+    rejects(check_scaled_scores, r3_scaled_cached_by_shape, "an earlier result returned again")
+
+
+def test_mc_estimate_cached_by_arguments_is_not_called_a_reseed(rejects):  # was "you re-seed the generator"
+    _KEPT.clear()
+    text = rejects(check_mc_score_variance, r3_mc_cached_by_arguments, "an earlier result returned again",
+                   "keeps its result between calls").text()
+    assert "re-seed" not in text, text

@@ -1134,3 +1134,32 @@ def test_log_softmax_accepts_running_reductions(fn, accepts):
 def test_an_extra_one_inside_the_log_is_not_only_a_running_logaddexp(fn, rejects):
     text = rejects(check_logsumexp, fn, "log(1 + Σ e^x)", "1 + (or log1p)").text()
     assert "an extra 1 inside the log" in text, text
+
+
+# =============================================================================== audit round 3 A: an epsilon named early
+def r3_sm_eps_unshifted(x, dim=-1):  # e^x with no maximum subtracted, and an epsilon "for safety"
+    e = torch.exp(x)
+    return e / (e.sum(dim, keepdim=True) + 1e-6)
+
+
+def r3_t_eps_shifted(x, temperature):
+    z = x / temperature
+    e = torch.exp(z - z.amax(-1, keepdim=True))
+    return e / (e.sum(-1, keepdim=True) + 1e-3)
+
+
+def test_an_epsilon_in_the_denominator_is_named_before_a_shift(rejects):  # was "shifted by a constant"
+    text = rejects(check_stable_softmax, r3_sm_eps_unshifted, "epsilon in the denominator", "sum plus 1e-06",
+                   "no maximum subtracted").text()
+    assert "shifted by a constant" not in text, text
+
+
+def test_an_epsilon_in_the_denominator_is_named_with_a_temperature(rejects):
+    rejects(check_softmax_temperature, r3_t_eps_shifted, "epsilon in the denominator", "sum plus 0.001")
+
+
+@pytest.mark.parametrize("fn", [lambda x, dim=-1: torch.softmax(x, dim) * 0.999,  # a factor, not an epsilon
+                                lambda x, dim=-1: torch.softmax(x, dim) * 0.99])
+def test_a_constant_factor_is_not_called_an_epsilon(fn, rejects):
+    text = rejects(check_stable_softmax, fn).text()
+    assert "epsilon in the denominator" not in text, text

@@ -9,7 +9,7 @@ import torch
 
 from ..core import Learner, LearnerRaised, check
 from ..kit import Suspects, explain_raise
-from .judge import DTYPE, MATMUL, fail_raised, judge, make_case, oracle, unpack_grads
+from .judge import DTYPE, MATMUL, expect_fresh, fail_raised, judge, make_case, oracle, unpack_grads
 from .mistakes import MASKED, NAIVE, naive, table
 from .probes import watch_and_forbid
 
@@ -34,7 +34,9 @@ def _backward_cases() -> list[dict]:
         make_case(g, "one query, n_q = 1, n_k = 5, d_k = 2, d_v = 3, with a (1, 5) mask", (), 1, 5, 2, 3,
                   torch.tensor([[True, False, True, True, False]])),
         make_case(g, "extreme values: scores up to ±10³ (saturated softmax), upstream gradient ×10⁴", (2,), 5, 6, 5,
-                  3, q_scale=400.0, dout_scale=1e4, extreme=True)]
+                  3, q_scale=400.0, dout_scale=1e4, extreme=True),
+        # the first case's shapes with other values, last: a result kept from an earlier call shows
+        make_case(g, "one head, n_q = n_k = 5, d_k = 7, d_v = 3, no mask, other values", (), 5, 5, 7, 3)]
 
 
 def _backward_raised(exc: LearnerRaised, q: torch.Tensor, mask: Any) -> dict:
@@ -59,7 +61,7 @@ def check_attention_backward(fn: Learner) -> str:
     case = cases[1]  # first, what the code does besides its result: autograd, or writes into an input
     watch_and_forbid(fn, f"attention_backward(q, k, v, dout) on {case['name']}, watching the functions it calls",
                      *(case[x] for x in inputs), what="attention_backward", inputs=inputs)
-    suspects = Suspects(table(NAIVE + MASKED, naive), atol=1e-6, rtol=1e-4)
+    suspects, earlier = Suspects(table(NAIVE + MASKED, naive), atol=1e-6, rtol=1e-4), []
     for case in cases:
         q, k, v, dout, mask = case["q"], case["k"], case["v"], case["dout"], case["mask"]
         tried = f"attention_backward(q, k, v, dout{', mask' if mask is not None else ''}) on {case['name']}"
@@ -70,8 +72,11 @@ def check_attention_backward(fn: Learner) -> str:
         nan_cause = ("exp overflowed on scores this large: a softmax written by hand must subtract each row's maximum"
                      if case["extreme"] else "a fully masked row went through a softmax over -inf everywhere (0/0)"
                      if mask is not None and bool((~mask).all(-1).any()) else "")
-        judge(suspects, got, oracle(q, k, v, dout, mask)[1], (q, k, v, dout, mask), tried=tried, dtype=case["dtype"],
-              grads=naive, nan_cause=nan_cause, nan_fix="compute P with the course's "
-              "masked_softmax(scores, mask), which is stable and gives a fully masked row zero weights")
+        expected = oracle(q, k, v, dout, mask)[1]
+        expect_fresh(got, expected, earlier, tried)
+        earlier.append((case["name"], got, expected))
+        judge(suspects, got, expected, (q, k, v, dout, mask), tried=tried, dtype=case["dtype"], grads=naive,
+              nan_cause=nan_cause, nan_fix="compute P with the course's masked_softmax(scores, mask), which is stable "
+              "and gives a fully masked row zero weights")
     return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (masks, fully masked rows, "
-            f"batch × heads, d_k ≠ d_v, size-1 axes, float32, saturated scores)")
+            "batch × heads, d_k ≠ d_v, size-1 axes, float32, saturated scores)")

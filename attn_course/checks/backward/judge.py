@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ..compare import Failure, describe_mismatch, expect_close, expect_shape, fail, same
 from ..core import LearnerRaised, learner_error
-from ..kit import Known, Suspects, explain_raise, unpack
+from ..kit import Known, Suspects, expect_not_kept, explain_raise, unpack
 from .mistakes import LOOP, VJP_FIX, flat
 
 NAMES = ("dq", "dk", "dv")
@@ -23,9 +23,16 @@ ORACLE = "F.scaled_dot_product_attention"
 # ============================================================================ oracle and inputs
 def oracle(q, k, v, dout, mask=None, causal=False):
     """(o, (dq, dk, dv)) from autograd through F.scaled_dot_product_attention, in float64."""
-    q, k, v = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    return o.detach(), torch.autograd.grad(o, (q, k, v), dout.to(torch.float64))
+    with torch.enable_grad():  # whatever grad mode a learner's code left behind
+        q, k, v = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+        return o.detach(), torch.autograd.grad(o, (q, k, v), dout.to(torch.float64))
+
+
+def expect_fresh(got: tuple, expected: tuple, earlier: list, tried: str) -> None:
+    """:func:`~..kit.expect_not_kept` for gradients: ``earlier`` holds (case name, gradients, right gradients)."""
+    expect_not_kept(got, expected, earlier, tried=tried, what="your (dq, dk, dv)", close=lambda right, want: all(
+        same(a, b, **tolerance(want, torch.float64)) for a, b in zip(right, want)))
 
 
 def rand(g: torch.Generator, *shape: int, dtype=torch.float64, scale: float = 1.0) -> torch.Tensor:

@@ -9,7 +9,7 @@ from ...backward import tiled_attention_forward
 from ..compare import fail, same
 from ..core import Learner, LearnerRaised, check
 from ..kit import Suspects, call_explained
-from .judge import DTYPE, fail_raised, judge, oracle, rand, tolerance, unpack_grads
+from .judge import DTYPE, expect_fresh, fail_raised, judge, oracle, rand, tolerance, unpack_grads
 from .mistakes import CAUSAL, DELTA, TILED, table, tiled
 from .probes import forbid, watch_and_forbid
 
@@ -44,12 +44,18 @@ def _tiled_cases() -> list[dict]:
         ("float32, causal, batch 2, n_q = n_k = 33, block 8, d_k = 8, d_v = 4", (2,), 33, 33, 8, 4, 8, True, "float32"),
         ("extreme values: scores of order ±10³ (L from about −900 to 2000), a blocked key scoring far above the allowed ones, upstream "
          "gradient ×10⁴, causal, n_q = n_k = 9, block 4", (), 9, 9, 5, 3, 4, True, "extreme"),
+        # last, the second case's shapes with other values (a result kept from an earlier call shows), every score
+        # near −2·10⁴ (so is L): a blocked score given a finite fill instead of −∞ shows
+        ("causal, every score near −2·10⁴ (L too), n_q = n_k = 12, block 4, d_k = 5, d_v = 5", (), 12, 12, 5, 5, 4,
+         True, "negative"),
     ]:
         dtype, extreme = torch.float32 if "float32" in extra else torch.float64, "extreme" in extra
         q = torch.randn(*lead, n, d, generator=g, dtype=torch.float64)
         q = (q * (0.5 + 2.5 * torch.rand(*lead, n, 1, generator=g, dtype=torch.float64))).to(dtype)  # norms differ
         q = q * 300 if extreme else q
         k = rand(g, *lead, m, d, dtype=dtype)
+        if "negative" in extra:  # q·k/√d_k = −2·10⁴ along the first axis, give or take ~10² from q's noise
+            q[..., 0], k[..., 0] = q[..., 0] + 1000.0, -20.0 * d ** 0.5 + 1e-3 * k[..., 0]
         if extreme:  # key 1, blocked for query 0 in the same tile when causal, scores far above key 0
             k[..., 1, :] = 3 * q[..., 0, :] / q[..., 0, :].norm(dim=-1, keepdim=True)
         v = rand(g, *lead, m, dv, dtype=dtype)
@@ -95,22 +101,26 @@ def check_tiled_attention_backward(fn: Learner) -> str:
     case = cases[0]  # first what the code does besides its result: autograd, fused attention, inputs written into
     watch_and_forbid(fn, f"{_tiled_tried(case)}, watching the functions it calls", *(case[x] for x in inputs),
                      case["block"], what="tiled_attention_backward", inputs=inputs)
-    suspects = Suspects(table(TILED + CAUSAL, tiled), atol=1e-6, rtol=1e-4)
+    suspects, earlier = Suspects(table(TILED + CAUSAL, tiled), atol=1e-6, rtol=1e-4), []
     for index, case in enumerate(cases):
         tried = _tiled_tried(case)
         full = any(c["q"].shape[-2] % c["block"] == 0 == c["k"].shape[-2] % c["block"] for c in cases[:index])
         got = unpack_grads(_call_tiled(fn, case, tried, full_blocks_passed=full), tried)
         args = (*(case[x] for x in inputs), case["block"], case["causal"])
+        expect_fresh(got, case["expected"], earlier, tried)
+        earlier.append((case["name"], got, case["expected"]))
         judge(suspects, got, case["expected"], args, tried=tried, dtype=case["dtype"], grads=tiled,
               nan_cause="your gradients were finite on every earlier case, so exp overflowed on scores this large"
               if case["extreme"] else "", nan_fix="exponentiate S − L in one step, torch.exp(s - lse[..., "
               "q_start:q_end, None]), and give blocked scores −∞ before exp (or select with torch.where after it)")
     reports = _watch_big(fn)  # fails on an n × n tensor, autograd or an input written into
     _check_delta_from_o(fn, cases[2])
+    _check_lse_used(fn, cases[2])
     _check_tiles(reports)
-    return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases (causal or not, "
-            f"blocks 1…64, n_q, n_k not multiples of the block, size-1 axes, float32, L up to ±2·10³); D from o; "
-            f"at n = {BIG_N} no n × n tensor, tiles of block_size, causal skips the tiles above the diagonal")
+    return (f"matches autograd through F.scaled_dot_product_attention on {len(cases)} cases "
+            f"(causal or not, blocks 1…64, n_q, n_k not multiples of the block, size-1 axes, float32, L from −2·10⁴ to "
+            f"2·10³); "
+            f"D from o; at n = {BIG_N} no n × n tensor, tiles of block_size, causal skips the tiles above the diagonal")
 
 
 def _check_delta_from_o(fn: Learner, case: dict) -> None:
@@ -133,6 +143,25 @@ def _check_delta_from_o(fn: Learner, case: dict) -> None:
          got="gradients that are neither those of D = rowsum(dout ⊙ o) for this o nor those of the forward's o",
          expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o) and nowhere else",
          fix=f"use o only in {DELTA}, computed once before the loops")
+
+
+def _check_lse_used(fn: Learner, case: dict) -> None:
+    """The docstring's P = exp(S − L) from the lse passed in: with lse + 1, every P and so every gradient shrinks by e."""
+    shifted = dict(case, lse=case["lse"] + 1.0)
+    tried = _tiled_tried(case).replace(" on ", " with lse replaced by lse + 1 (so every P = exp(S − L) shrinks by e), "
+                                       "on ", 1)
+    got = unpack_grads(_call_tiled(fn, shifted, tried), tried)
+    expected = tiled(*(shifted[x] for x in ("q", "k", "v", "o", "lse", "dout", "block", "causal")))
+    tol = tolerance(expected, case["dtype"])
+    if all(same(a, b, **tol) for a, b in zip(got, expected)):
+        return
+    if all(same(a, b, **tol) for a, b in zip(got, case["expected"])):
+        fail("lse not used: the logsumexp found again", tried=tried,
+             got="the same gradients as with the forward's lse: your result does not depend on lse",
+             expected="every gradient divided by e, since each tile of P is exp(S − L) with the L passed in",
+             cause="your code finds each row's maximum or logsumexp itself (a first pass over the keys) instead of "
+                   "taking L from lse: right numbers, a second pass the FlashAttention-2 backward avoids",
+             fix="each tile of P is torch.exp(s - lse[..., q_start:q_end, None]): no max, no logsumexp of your own")
 
 
 def _watch_big(fn: Learner) -> dict:

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from ..compare import Failure, call_or_skip, same
 from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
-from ..kit import Known, Suspects, expect_float64_precision, expect_unchanged, explain_raise, narrowing_calls
+from ..kit import (Known, Suspects, expect_float64_precision, expect_not_kept, expect_unchanged, explain_raise,
+                   narrowing_calls)
 from .cases import Case
 from .mistakes import CAUSAL_FIX, FINAL_FIX, PATTERNS, Q_WIDTH
 from .steps import Tensor, blocks
@@ -43,6 +44,8 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                                         "a tensor (..., n_q, d_v)", **explain_raise(exc, constructs, PATTERNS))) from None
     for i, (case, out, tried) in enumerate(answers):
         if not _right(out, case):  # the rows' outputs on the check's own cases are remembered: None where they raise
+            expect_not_kept(out, case.expected, [(c.name, a, c.expected) for c, a, _ in answers[:i]], tried=tried,
+                            what=what, close=lambda x, y: same(x, y, atol=case.atol, rtol=case.rtol))
             suspects.table = [k for k in suspects.table if all(
                 (o := k.make(*c.args)) is None or same(a, o, atol=c.atol, rtol=c.rtol) for c, a, _ in answers[i + 1:])]
             if not suspects.suspects(out, case.args):
@@ -61,9 +64,9 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                        "and the result was not converted back",
                  fix=f"computing in a wider dtype is fine; convert the result back at the end: .to({first}.dtype)")
         expect_float64_precision(out, case.expected, tried=tried, what="your result", first=first)
-    small = cases[1]  # right values on every case: the inputs must come back as they were given
-    expect_unchanged(fn, small.args, call=f"{exercise}({args}, {small.block})", name=first, shown=small.name,
-                     others=() if softmax else ("k", "v"))
+    for case in (cases[1], cases[0], *cases[2:]):  # right values on every case: the inputs must come back as given
+        expect_unchanged(fn, case.args, call=f"{exercise}({args}, {case.block})", name=first, shown=case.name,
+                         others=() if softmax else ("k", "v"))
 
 
 def _narrowed(out: Tensor, given: torch.dtype, tried: str, first: str) -> None:

@@ -90,11 +90,12 @@ def _row_of_tiles(seen: dict[str, Any], n: int, d: int, b: int, tried: str) -> N
                      f"({nbytes:,} bytes): a query block has {row} key blocks here",
                  expected=f"a few ({b}, {b}) tiles at a time beside the output and the running m, l and acc",
                  cause="the values are right, but each tile stays alive after it is computed (kept in a list for a "
-                       "maximum over all of them, then the sums): a second pass over the tiles, with memory that grows "
-                       "like n · block_size, where the online algorithm folds each tile into m, l and acc and lets it "
-                       "go",
+                       "maximum over all of them, then the sums, or held by a call of your function on itself that "
+                       "has not returned yet): memory that grows like n · block_size, where the online algorithm "
+                       "folds each tile into m, l and acc and lets it go",
                  fix="inside the key loop: m_new = max(m, tile max); rescale l and acc by exp(m − m_new); add the "
-                     "tile's exp(s − m_new) sums and p @ v_block; m = m_new; keep no list of tiles")
+                     "tile's exp(s − m_new) sums and p @ v_block; m = m_new; keep no list of tiles (a loop, not a "
+                     "recursion)")
 
 
 def _tile_work(n: int, d_k: int, d_v: int, b: int, *, causal: bool, extra: int = 0, passes: int = 1) -> float:

@@ -14,13 +14,15 @@ share lives here, under a public name, in the module that has its job:
   raises the very same message, a pattern of the topic, the course-wide table), :func:`call_explained` (the
   learner's call, its exception explained), and shared hints (:func:`bool_hint`, :func:`signature_hint`,
   :func:`reduction_hint`);
-* :mod:`.answers` — what came back, as tensors: :func:`tensor_answer`, :func:`unpack` (a tuple), :func:`preview`;
+* :mod:`.answers` — what came back, as tensors: :func:`tensor_answer`, :func:`unpack` (a tuple), :func:`preview`,
+  :func:`expect_not_kept` (a result an earlier call returned);
 * :mod:`.measure` — what is off when no known mistake fits: :func:`what_is_off`, :func:`batch_entries`,
   :func:`lower_precision`, :func:`half_rounded`, :func:`explain_nonfinite`, :func:`works_elsewhere`;
 * :mod:`.calls` — the learner-side probes :func:`call` / :func:`call_with` (which inputs a call changed in place),
   :func:`expect_unchanged`, :class:`TensorOrArray` (tensors or NumPy arrays), :func:`expect_signature`;
 * :mod:`.watch` — ONE watcher of the learner's torch calls (:class:`Watch` / :func:`watch`: ops, tensors, FLOPs);
-* :mod:`.cases` — a tensor function judged on its cases (:func:`judge_cases`, :class:`TensorCase`);
+* :mod:`.cases` — a tensor function judged on its cases (:func:`judge_cases`, :class:`TensorCase`), and again on
+  new values of a case's shapes (:func:`fresh_values`: a result kept between calls);
 * :mod:`.families` — the mistakes several topics judge, each written once: :data:`SOFTMAX_MISTAKES` (the stable
   softmax; :func:`along_last_axis` for a function without ``dim``), :data:`PRODUCT_MISTAKES` (Q Kᵀ;
   :func:`product_rows`), with their hints (:data:`SHIFT_FIX`, :data:`WEIGHTS_FIX`) and helpers.
@@ -30,9 +32,9 @@ Topics write ``from . import kit`` and ``kit.Known``, ``kit.unpack``…: every p
 
 from __future__ import annotations
 
-from .answers import preview, tensor_answer, unpack
+from .answers import KEPT_CAUSE, KEPT_FIX, expect_not_kept, preview, tensor_answer, unpack
 from .calls import CALL, CALL_WITH, TensorOrArray, arrays, call, call_with, expect_signature, expect_unchanged
-from .cases import TensorCase, judge_cases
+from .cases import TensorCase, fresh_values, judge_cases
 from .families import (PRODUCT_MISTAKES, SHIFT_FIX, SOFTMAX_MISTAKES, WEIGHTS_FIX, along_last_axis, exp_shifted,
                        normalised, other_axis, product_rows)
 from .measure import (agrees, batch_entries, exp_limits, expect_dtype, expect_float64_precision, explain_nonfinite,
@@ -45,12 +47,12 @@ from .watch import Watch, einsum_flops, watch
 __all__ = ["Known", "AlongDim", "Suspects", "Case", "fits", "known_rows", "variants", "factors",
            "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
            "signature_hint", "reduction_hint",
-           "tensor_answer", "unpack", "preview",
+           "tensor_answer", "unpack", "preview", "expect_not_kept", "KEPT_CAUSE", "KEPT_FIX",
            "what_is_off", "batch_entries", "half_rounded", "lower_precision", "narrowing_calls", "expect_dtype",
            "expect_float64_precision", "agrees", "works_elsewhere", "exp_limits", "nan_or_inf",
            "explain_nonfinite",
            "CALL", "call", "CALL_WITH", "call_with", "expect_unchanged", "TensorOrArray", "arrays", "expect_signature",
            "Watch", "watch", "einsum_flops",
-           "TensorCase", "judge_cases",
+           "TensorCase", "judge_cases", "fresh_values",
            "SOFTMAX_MISTAKES", "along_last_axis", "SHIFT_FIX", "WEIGHTS_FIX", "normalised", "exp_shifted", "other_axis",
            "PRODUCT_MISTAKES", "product_rows"]

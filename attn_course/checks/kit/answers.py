@@ -1,16 +1,17 @@
 """What the learner's function returned, as the tensors a check compares: one tensor (:func:`tensor_answer`),
-a tuple of them (:func:`unpack`), or a diagnosis of what came back instead; :func:`preview` shows one."""
+a tuple of them (:func:`unpack`), or a diagnosis of what came back instead; :func:`preview` shows one;
+:func:`expect_not_kept`, a result that an earlier call returned."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..compare import as_tensor, fail, fmt
 
-__all__ = ["tensor_answer", "unpack", "preview"]
+__all__ = ["tensor_answer", "unpack", "preview", "expect_not_kept", "KEPT_CAUSE", "KEPT_FIX"]
 
 
 def tensor_answer(value: Any, *, tried: str, what: str = "your function") -> torch.Tensor:
@@ -62,3 +63,23 @@ def preview(t: torch.Tensor, n: int = 6) -> str:
     flat = t.detach().reshape(-1).to(torch.float64)
     shown = ", ".join(fmt(float(v)) for v in flat[:n]) + (", …" if flat.numel() > n else "")
     return f"shape {tuple(t.shape)}: {shown}" if flat.numel() else f"shape {tuple(t.shape)} (empty)"
+
+
+KEPT_CAUSE = ("your function returns a result kept from an earlier call (a cache keyed by the shapes, or a value stored "
+              "in a global or a default argument) instead of computing it from the values it is given")
+KEPT_FIX = "compute the result from the arguments on every call, and keep nothing from one call to the next"
+
+
+def expect_not_kept(got: Any, expected: Any, earlier: Sequence[tuple[str, Any, Any]], *, tried: str, what: str,
+                    close: Callable[[Any, Any], bool]) -> None:
+    """Fail when ``got`` (a tensor, or a tuple of them) is exactly what the learner's function returned on an earlier
+    call with inputs of the same shapes whose right result differs from ``expected`` (``close(right, expected)`` is
+    False): a result kept between calls. ``earlier``: (that call's inputs in words, its result, its right result)."""
+    items = lambda x: tuple(x) if isinstance(x, (tuple, list)) else (x,)  # noqa: E731
+    for name, old, right in earlier:
+        if len(items(got)) == len(items(old)) and all(
+                isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and
+                torch.equal(a.double(), b.double()) for a, b in zip(items(got), items(old))) and not close(right, expected):
+            fail("an earlier result returned again", tried=tried,
+                 got=f"{what}: exactly what your function returned on {name}, inputs of the same shapes with other "
+                     "values", expected="a result computed from these inputs' values", cause=KEPT_CAUSE, fix=KEPT_FIX)

@@ -12,13 +12,13 @@ import torch
 from ..boundary import LearnerRaised
 from ..compare import Failure, as_tensor, describe_mismatch, expect_shape, fail, fmt
 from ..core import learner_error
-from .answers import preview
+from .answers import KEPT_CAUSE, KEPT_FIX, preview
 from .calls import CALL_WITH
 from .measure import DIGITS, made_of_half
 from .mistakes import Known, Suspects, fits
 from .raises import explain_raise, hard_coded_hint
 
-__all__ = ["TensorCase", "judge_cases"]
+__all__ = ["TensorCase", "judge_cases", "fresh_values"]
 
 
 @dataclass
@@ -211,3 +211,29 @@ def _measure(fn: Any, cases: Sequence[TensorCase], values: list, wrong: Sequence
         fail(f"wrong with {short} only", tried=tried, got=preview(t), expected=expected,
              cause=f"your results are right on the other cases, so a step of your code mishandles {where}",
              fix="run your function on such an input yourself and compare each step with the docstring")
+
+
+def fresh_values(fn: Any, case: TensorCase, oracle: Callable[..., torch.Tensor], *, call: str, seed: int,
+                 magnitude: Callable[..., float] | None = None) -> None:
+    """Once every case is right: ``fn`` again on ``case``'s shapes, dtypes and keywords with new values (seeded
+    N(0, 1); ``magnitude`` of the new arguments, else the case's). A result kept between calls (a cache keyed by shape,
+    a call counter) shows here, where no case repeats a shape. ``oracle`` takes the arguments in float64."""
+    g = torch.Generator().manual_seed(seed)
+    args = tuple(torch.randn(*a.shape, generator=g, dtype=torch.float64).to(a.dtype) if isinstance(a, torch.Tensor)
+                 else a for a in case.args)
+    new = replace(case, args=args, expected=oracle(*(a.double() if isinstance(a, torch.Tensor) else a for a in args),
+                                                   **case.kwargs),
+                  magnitude=magnitude(*args) if magnitude else case.magnitude)
+    try:
+        got = fn.observe(CALL_WITH, *args, **case.kwargs)[0]
+    except LearnerRaised:
+        return  # an exception on values like the cases' says nothing the cases did not
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(new.expected.shape) or \
+            _close(got, new.expected, new.atol):
+        return
+    stale = _close(got, case.expected, case.atol)
+    fail("an earlier result returned again" if stale else "wrong on new values of the same shapes",
+         tried=f"{call} with {case.label} (right), then with new values of the same shapes and dtypes",
+         got=preview(got), expected=preview(new.expected),
+         cause=KEPT_CAUSE if stale else "your function was right on these shapes before and is wrong now: its result "
+         "depends on something besides its arguments (a value kept between calls, a call counter)", fix=KEPT_FIX)

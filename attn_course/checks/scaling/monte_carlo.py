@@ -304,14 +304,17 @@ def _describe_call(d: int, s: float | None, n: int | None, seed: int | None) -> 
 
 
 def _estimate(fn: Learner, d: int, s: float | None, n: int | None, seed: int | None, *, disturb: bool = False,
-              expected: str = "one number", seeds: Sequence[int] = (), tried: str = "") -> Any:
-    """(estimate, whether the generator was drawn from); with ``seeds``, the estimate for each seed."""
+              expected: str = "one number", seeds: Sequence[int] = (), tried: str = "", drawn: list | None = None) -> Any:
+    """(estimate, whether the generator was drawn from); with ``seeds``, the estimate for each seed (and in ``drawn``,
+    whether each call drew from its generator)."""
     kwargs = {k: v for k, v in (("sigma", s), ("n_samples", n)) if v is not None}
     try:
         result = fn.observe(MC_PROBE, d, seed=seed, disturb=disturb, seeds=seeds, **kwargs)
     except LearnerRaised as exc:
         raise Failure(learner_error(exc, tried=tried or _describe_call(d, s, n, seed), expected=expected)) from None
     if seeds:
+        if drawn is not None:
+            drawn.extend(used for _, used in result)
         return [_number(value, _describe_call(d, s, n, g)) for (value, _), g in zip(result, seeds)]
     return _number(result[0], _describe_call(d, s, n, seed)), result[1]
 
@@ -347,13 +350,21 @@ def _mc_body(fn: Learner, seed: int = 0) -> str:
 
     # Different seeds: estimates with n_samples = 2 must scatter (and must differ at all).
     tried_spread = f"mc_score_variance({SPREAD_DK}, n_samples=2, generator=…) with {SPREAD_SEEDS} different seeds"
+    drawn: list = []
     spread = _estimate(fn, SPREAD_DK, None, 2, None, seeds=[seed * 1000 + 100 + i for i in range(SPREAD_SEEDS)],
-                       tried=tried_spread)
+                       tried=tried_spread, drawn=drawn)
     if not all(math.isfinite(e) for e in spread):
         bad = next(e for e in spread if not math.isfinite(e))
         fail(f"{fmt(bad)} with n_samples = 2", tried=tried_spread, got=", ".join(fmt(e) for e in spread),
              expected="finite estimates: the sample variance of 2 dot products is a number (≥ 0)",
              fix="return scores.var() of scores = (q * k).sum(dim=-1), shape (n_samples,): any n_samples ≥ 2 works")
+    if len(set(spread)) == 1 and not never_drawn and drawn[0] is True and not any(drawn[1:]):
+        fail("an earlier result returned again", tried=tried_spread, got=f"{fmt(spread[0])} every time, and only the "
+             "first call drew from its generator", expected="a different estimate for each seed",
+             cause="your function keeps its result between calls (a cache or a stored value, looked up by d_k, sigma "
+                   "and n_samples): called again with the same arguments it draws nothing and returns the stored "
+                   "estimate", fix="draw new samples on every call, from the generator it is given; keep nothing "
+                                   "between calls")
     if len(set(spread)) == 1:
         fail("the generator was not used" if never_drawn else "the seed makes no difference", tried=tried_spread,
              got=f"{fmt(spread[0])} every time", expected="a different estimate for each seed",

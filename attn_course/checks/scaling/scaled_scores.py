@@ -8,7 +8,7 @@ import math
 import torch
 
 from ..core import Learner, check, fail, fmt
-from ..kit import TensorCase as Case, judge_cases, known_rows, product_rows
+from ..kit import TensorCase as Case, fresh_values, judge_cases, known_rows, product_rows
 
 
 def _scaled_cases() -> list[Case]:
@@ -109,6 +109,8 @@ def check_scaled_scores(fn: Learner) -> str:
                 measure=lambda i, values, tried: _implied_divisors(cases, values, tried),
                 factors=lambda c: {"√d_k": math.sqrt(c.args[0].shape[-1]), "d_k": float(c.args[0].shape[-1]),
                                    "√n_k": math.sqrt(c.args[1].shape[-2]), "√n_q": math.sqrt(c.args[0].shape[-2])})
+    fresh_values(fn, cases[0], lambda Q, K: _S(Q, K) / math.sqrt(Q.shape[-1]), call="scaled_scores(Q, K)", seed=590,
+                 magnitude=lambda Q, K: float((Q.abs().double() @ K.abs().double().mT).max()) / math.sqrt(Q.shape[-1]))
     return f"matches Q Kᵀ/√d_k on {len(cases)} cases (2-D to 5-D, d_k = 1 and non-squares, float32/64)"
 
 

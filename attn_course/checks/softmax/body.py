@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from .. import kit
-from ..compare import Failure
+from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
 
 INF = float("inf")
@@ -72,10 +72,12 @@ def judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Call
                 explain: Callable, expected: str, shape_fix: str, what: str = "your result",
                 call: Callable[[tuple], str] | None = None,
                 dim: Callable[[tuple], int] = case_dim, reduced: bool = True, atol: float = 1e-5,
-                exact: Callable[[torch.Tensor, tuple, str], None] | None = None) -> kit.TensorOrArray:
+                exact: Callable[[torch.Tensor, tuple, str], None] | None = None,
+                early: Callable[[torch.Tensor, tuple, str], None] | None = None) -> kit.TensorOrArray:
     """Judge the answer on every case against ``oracle``: shape, dtype, then values (a mistake of ``table`` that
     reproduces them, else ``kit.what_is_off`` and ``explain(out, case, passed, tried)``), then what the docstring
-    fixes exactly (``exact(out, case, tried)``, on results right within the tolerance); then the input unchanged."""
+    fixes exactly (``exact(out, case, tried)``, on results right within the tolerance); then the input unchanged.
+    ``early(out, case, tried)`` measures a wrong result before the generic measures (a factor, a shift) can."""
     name = signature.split("(")[0]
     call = call or (lambda case: f"{name}(x{', ' + str(case[1]) if len(case) > 1 else ''})")
     run, suspects, passed = kit.TensorOrArray(fn), kit.Suspects(table, atol=atol, rtol=1e-4), []
@@ -97,6 +99,9 @@ def judge_cases(fn: Learner, cases: list[tuple], *, signature: str, oracle: Call
         expect_floating(out, x.dtype, tried=tried, what=what)
         a, r = (2e-3, 1e-2) if x.dtype in _HALF else (atol, 1e-4)
         expected_out = oracle(*case)
+        if early and x.dtype not in _HALF and out.shape == expected_out.shape and \
+                not same(out, expected_out, atol=a, rtol=r) and not suspects.suspects(out, case, expected_out):
+            early(out, case, tried)  # wrong, by the comparison below: named before a factor or a shift can be
         if not kit.agrees(out, expected_out, atol=a, rtol=r) and not suspects.suspects(out, case, expected_out):
             if x.dtype == torch.float64 and kit.agrees(out, expected_out, rtol=r,  # right to float32's precision
                                                         atol=1e-5 * max(1.0, float(x.nan_to_num(0, 0, 0).abs().max()))):
@@ -153,25 +158,39 @@ def default(key: str, text: str, op: Callable) -> list[kit.Known]:
 
 # ============================================================================ what is measurably wrong with weights
 def _epsilon(o: torch.Tensor, xs: torch.Tensor, d: int, *, tried: str, what: str) -> None:
-    """Fail when every slice of ``o`` is the softmax times S / (S + ε) for one small ε > 0, S being the slice's sum
-    of e^(x − max) (or of e^x): an epsilon added to the denominator."""
+    """Fail when ``o`` is e / (S + ε) for one ε > 0 in every slice, e being e^(x − max) (or e^x) and S its sum along
+    ``d``: an epsilon added to the denominator. Proven only where that fits ``o`` far better than a constant factor
+    (one slice, or slices with equal sums, cannot tell the two apart)."""
     expected = torch.softmax(xs, d)
     if not (torch.isfinite(o).all() and torch.isfinite(xs).all()) or bool((expected <= 0).any()):
         return
-    ratio = o / expected
-    c = ratio.mean(d, keepdim=True)  # one factor per slice
-    if not torch.allclose(ratio, c.expand_as(ratio), rtol=1e-6, atol=0) or not bool((c < 1 - 1e-7).all()):
+    gap = float((o - expected).abs().max())
+    c = (o / expected).mean(d, keepdim=True)  # one factor per slice
+    if gap == 0 or not bool((c < 1).all()) or float((o - expected * c).abs().max()) > 1e-6 * float(o.abs().max()):
         return
+    factor = float((o - expected * c.mean()).abs().max())  # what one constant factor for every slice leaves
     for shifted in (True, False):
-        eps = torch.exp(xs - xs.amax(d, keepdim=True) if shifted else xs).sum(d, keepdim=True) * (1 / c - 1)
-        if bool(torch.isfinite(eps).all()) and float(eps.max() - eps.min()) <= 1e-2 * float(eps.max()):
-            e = float(eps.mean())
+        e = torch.exp(xs - xs.amax(d, keepdim=True) if shifted else xs)
+        sums = e.sum(d, keepdim=True)
+        eps = float((sums * (1 / c - 1)).flatten()[int((1 - c).flatten().argmax())])  # the clearest slice's ε
+        if not 0 < eps <= 1:  # an epsilon someone writes; not a shift by another maximum in disguise
+            continue
+        off = float((o - e / (sums + eps)).abs().max())
+        if off <= 0.05 * gap and (off <= 0.05 * factor or shifted and c.numel() > 1 and factor > 0.2 * gap):
             fail("epsilon in the denominator", tried=tried, expected="e / S exactly",
-                 got=f"{what}: every slice is the softmax times S / (S + {e:.2g}), S being the slice's sum of "
+                 got=f"{what}: every slice is the softmax times S / (S + {eps:.2g}), S being the slice's sum of "
                      f"{'e^(x − max)' if shifted else 'e^x'}",
-                 fix="divide by the sum itself: e / e.sum(dim, keepdim=True)",
-                 cause=f"you divided by the sum plus {e:.2g}" + (
-                     ": with the maximum subtracted the sum is at least 1, so no epsilon is needed" if shifted else ""))
+                 fix="divide by the sum itself: e / e.sum(dim, keepdim=True)" + ("" if shifted else
+                     ", with e = exp(x - x.amax(dim, keepdim=True))"),
+                 cause=f"you divided by the sum plus {eps:.2g}" + (
+                     ": with the maximum subtracted the sum is at least 1, so no epsilon is needed" if shifted else
+                     ", and the sum is of e^x with no maximum subtracted: e^x overflows to inf for scores near 1000, "
+                     "where an epsilon does not help"))
+
+
+def early_epsilon(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str, temperature: float = 1.0) -> None:
+    """:func:`_epsilon` on a wrong result, before the generic measures name it a factor or a shift."""
+    _epsilon(out.detach().double(), x.detach().double() / temperature, dim % x.ndim, tried=tried, what="your weights")
 
 
 def _temperature_of(w: torch.Tensor, x: torch.Tensor, d: int) -> float | None:
