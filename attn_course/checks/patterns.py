@@ -122,18 +122,17 @@ def _raise_hint(exc: LearnerRaised, what: str, shape: tuple[int, ...], mask, ran
 
 def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle: Callable, *,
            factors_of: Callable[[int, int], dict[str, float]] | None = None,
-           explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> None:
-    """One metric's check: every answer judged by one :class:`~.kit.Suspects` over ``table`` and rounded values;
-    ``explain(failure, out, case)`` adds a measurement when nothing names a cause; then the inputs unchanged."""
+           explain: Callable[[Failure, torch.Tensor, dict], object] | None = None) -> int:
+    """One metric's check: each answer judged by one :class:`~.kit.Suspects` over ``table`` and rounded values (``explain``
+    adds a measurement when nothing names a cause); the inputs unchanged. Returns how many inputs it judged."""
     rounded = Known("rounded", "rounded to whole numbers", "your values are the right ones rounded to integers "
                     "(.round(), .long(), // or an integer tensor along the way)", "keep the values as floats: no "
                     "rounding, no integer division", lambda w, mask: oracle(w, mask).round())
     suspects, ran = Suspects([*table, rounded], atol=ATOL, rtol=RTOL), []
-
-    def learner(w: torch.Tensor, mask) -> object:
-        return fn(w) if mask is None else fn(w, mask)
-
-    for case in cases:
+    learner = lambda w, mask: fn(w) if mask is None else fn(w, mask)  # noqa: E731 - the mask only when there is one
+    far = [] if all(c["w"].shape[-2] == c["w"].shape[-1] for c in cases) else [dict(  # a probe, beyond the cases
+        name="more queries than keys (40, 24), far apart", w=_rows((40, 24), torch.Generator().manual_seed(9)), mask=None)]
+    for case in [*cases, *far]:
         w, mask, shape = case["w"], case["mask"], tuple(case["w"].shape)
         tried = f"{what}(weights{', mask' if mask is not None else ''}) on {case['name']}"
         try:
@@ -164,11 +163,13 @@ def _judge(fn: Learner, what: str, cases: list[dict], table: list[Known], oracle
     args = (case["w"],) if case["mask"] is None else (case["w"], case["mask"])
     expect_unchanged(fn, args, call=f"{what}(weights{', mask' if len(args) > 1 else ''})", name="weights",
                      shown=case["name"], others=("mask",))
+    return len(cases) + len(far)
 
 
 def _batch_shape(failure: Failure, out: torch.Tensor, want: torch.Tensor, ran: list[tuple[int, ...]]) -> None:
     """Name a wrong shape on the first batch after single matrices were right: code that walks the first axis."""
-    if not (failure.diagnosis.cause or out.shape == want.shape or not ran or any(len(s) != 2 for s in ran)):
+    if not (failure.diagnosis.cause or out.shape == want.shape or want.dim() < 2 or not ran  # want.dim() < 2: no batch
+            or any(len(s) != 2 for s in ran)):
         failure.diagnosis.cause = (f"your function gave the right values on single matrices such as {ran[0]} but a "
                                    f"result of shape {tuple(out.shape)} on a batch of matrices: it treats the first "
                                    "axis as the queries (a loop `for row in weights`, or weights[i, i], walks it)")
@@ -384,9 +385,9 @@ def check_normalised_entropy(fn: Learner) -> str:
             simple_rows(failure, out, case)  # a summary in numbers a learner checks by hand…
             _zero_rows(failure, out, case)  # … and where the values are 0 that should not be
 
-    _judge(fn, "normalised_entropy", cases, ENTROPY_MISTAKES, ref.normalised_entropy, explain=explain,
-           factors_of=lambda n_q, n_k: {"ln 2": math.log(2), **factors(n_k=n_k, n_q=n_q)})
-    return (f"matches the reference on {len(cases)} cases: causal and padding masks (normalised by the allowed keys), "
+    n = _judge(fn, "normalised_entropy", cases, ENTROPY_MISTAKES, ref.normalised_entropy, explain=explain,
+               factors_of=lambda n_q, n_k: {"ln 2": math.log(2), **factors(n_k=n_k, n_q=n_q)})
+    return (f"matches the reference on {n} cases: causal and padding masks (normalised by the allowed keys), "
             "exact zeros (0·log 0 = 0), a fully masked row, a single key, batches and size-1 axes")
 
 
@@ -404,8 +405,7 @@ PEAK_MISTAKES = [
     Known("whole", "maximum of the whole tensor", _WHOLE, _PEAK_FIX, lambda w, mask: w.max()),
     Known("matrix", "maximum of each matrix", "you took one maximum over the last two axes (the whole matrix) instead "
           "of one per row", _PEAK_FIX, lambda w, mask: w.flatten(-2).amax(-1) if w.ndim > 2 else None),
-    Known("min", "minimum instead of maximum", "you took each row's smallest weight", _PEAK_FIX,
-          lambda w, mask: w.amin(-1)),
+    Known("min", "minimum instead of maximum", "you took each row's smallest weight", _PEAK_FIX, lambda w, m: w.amin(-1)),
     Known("sum", "row sums, not the peak", "you summed each row (which gives 1)", _PEAK_FIX, lambda w, mask: w.sum(-1)),
     Known("mean", "row means, not the peak", "you averaged each row (which gives 1/n_k)", _PEAK_FIX,
           lambda w, mask: w.mean(-1)),
@@ -442,9 +442,9 @@ def _not_the_peak(failure: Failure, out: torch.Tensor, case: dict) -> None:
 
 @check("peak_weight", expects="a function peak_weight(weights) returning one value per query")
 def check_peak_weight(fn: Learner) -> str:
-    cases = _cases(single_key=False)
-    _judge(fn, "peak_weight", cases, PEAK_MISTAKES, lambda w, mask: ref.peak_weight(w), explain=_not_the_peak)
-    return f"matches the reference on {len(cases)} cases (exact zeros, batches, non-square, size-1 axes)"
+    n = _judge(fn, "peak_weight", _cases(single_key=False), PEAK_MISTAKES, lambda w, mask: ref.peak_weight(w),
+               explain=_not_the_peak)
+    return f"matches the reference on {n} cases (exact zeros, batches, non-square, size-1 axes)"
 
 
 # ============================================================================ self-attention weight
@@ -548,10 +548,10 @@ DISTANCE_MISTAKES = [
 
 @check("attention_distance", expects="a function attention_distance(weights) returning one value per query")
 def check_attention_distance(fn: Learner) -> str:
-    cases = _cases(single_key=False)
-    _judge(fn, "attention_distance", cases, DISTANCE_MISTAKES, lambda w, mask: ref.attention_distance(w),
-           factors_of=lambda n_q, n_k: factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
-    return f"matches the reference on {len(cases)} cases (causal rows, two-sided rows, batches, non-square, size-1 axes)"
+    n = _judge(fn, "attention_distance", _cases(single_key=False), DISTANCE_MISTAKES,
+               lambda w, mask: ref.attention_distance(w),
+               factors_of=lambda n_q, n_k: factors(**{"n_k": n_k, "(n_k − 1)": n_k - 1, "n_q": n_q}))
+    return f"matches the reference on {n} cases (causal rows, two-sided rows, batches, non-square, size-1 axes)"
 
 
 # ============================================================================ effective positions
@@ -594,7 +594,7 @@ EFFECTIVE_MISTAKES = [
 
 @check("effective_positions", expects="a function effective_positions(weights) returning one value per query")
 def check_effective_positions(fn: Learner) -> str:
-    cases = _cases(extremes=True)
-    _judge(fn, "effective_positions", cases, EFFECTIVE_MISTAKES, lambda w, mask: ref.effective_positions(w),
-           explain=_explain_with_simple_rows(fn, ref.effective_positions, "effective_positions"))
-    return f"matches the reference on {len(cases)} cases; between 1 (one-hot) and n_k (uniform), 0·log 0 = 0"
+    n = _judge(fn, "effective_positions", _cases(extremes=True), EFFECTIVE_MISTAKES,
+               lambda w, mask: ref.effective_positions(w),
+               explain=_explain_with_simple_rows(fn, ref.effective_positions, "effective_positions"))
+    return f"matches the reference on {n} cases; between 1 (one-hot) and n_k (uniform), 0·log 0 = 0"

@@ -913,3 +913,151 @@ def test_check_score_matrix_bytes_accepts_other_counts(fn, accepts):
 ])
 def test_check_score_matrix_bytes_off_by_one_cause_names_each_route(fn, phrase, rejects):
     rejects(check_score_matrix_bytes, fn, phrase)
+
+
+# ============================================================================ round 3: narrower steps and float64's digits
+def _masked_softmax_of(s, mask):
+    return torch.softmax(s if mask is None else s.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+def attn_scores_in_half(Q, K, V, mask=None):
+    scores = (Q.half() @ K.half().transpose(-2, -1)).to(Q.dtype) / math.sqrt(Q.shape[-1])  # "faster in half"
+    weights = _masked_softmax_of(scores, mask)
+    return weights @ V, weights
+
+
+def attn_scores_in_bfloat16_softmax_in_float32(Q, K, V, mask=None):
+    scores = (Q.bfloat16() @ K.bfloat16().transpose(-2, -1)).float() / math.sqrt(Q.shape[-1])
+    weights = _masked_softmax_of(scores, mask).to(Q.dtype)
+    return weights @ V, weights
+
+
+def attn_scaled_scores_rounded_to_half(Q, K, V, mask=None):
+    scores = (Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])).half().to(Q.dtype)
+    weights = _masked_softmax_of(scores, mask)
+    return weights @ V, weights
+
+
+def attn_values_in_half(Q, K, V, mask=None):
+    weights = _masked_softmax_of(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), mask)
+    return weights @ V.half().to(V.dtype), weights
+
+
+def attn_product_in_half(Q, K, V, mask=None):
+    weights = _masked_softmax_of(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), mask)
+    return (weights.half().float() @ V.half().float()).to(V.dtype), weights
+
+
+def attn_epsilon_in_the_sum(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    weights = e / (e.sum(dim=-1, keepdim=True) + 1e-6)  # "never divide by 0"
+    return weights @ V, weights
+
+
+def attn_float32_scale(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) * torch.rsqrt(torch.tensor(float(Q.shape[-1])))  # a float32 1/√d_k
+    weights = _masked_softmax_of(scores, mask)
+    return weights @ V, weights
+
+
+def attn_float32_running_sum(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True)
+    total = torch.zeros(*scores.shape[:-1], 1)  # float32: made without dtype=
+    for j in range(scores.shape[-1]):
+        total += torch.exp(scores[..., j:j + 1] - m)
+    weights = torch.exp(scores - m) / total
+    return weights @ V, weights
+
+
+def attn_weights_clamped(Q, K, V, mask=None):
+    weights = _masked_softmax_of(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), mask).clamp_min(1e-12)  # "no log 0"
+    return weights @ V, weights
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (attn_scores_in_half, ["scores computed in float16", "Q @ K.transpose(-2, -1)"]),
+    (attn_scores_in_bfloat16_softmax_in_float32, ["scores computed in bfloat16"]),
+    (attn_scaled_scores_rounded_to_half, ["scores computed in float16"]),
+    (attn_values_in_half, ["V rounded to float16 for weights @ V"]),
+    (attn_product_in_half, ["the weights and V rounded to float16"]),
+    (attn_epsilon_in_the_sum, ["an epsilon added to the softmax's sum", "about 1e-06"]),
+    (attn_float32_scale, ["weights not at float64 precision", "correct digits"]),
+    (attn_float32_running_sum, ["weights not at float64 precision"]),
+    (attn_weights_clamped, ["blocked keys get a tiny weight, not 0", "clamped the weights to at least 1e-12"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_check_attention_names_narrow_steps_and_lost_digits(fn, phrases, rejects):
+    rejects(check_attention, fn, *phrases)
+
+
+def attn_pure_python(Q, K, V, mask=None):
+    shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    n_q, n_k, d_k, d_v = Q.shape[-2], K.shape[-2], Q.shape[-1], V.shape[-1]
+    m = torch.broadcast_to(torch.tensor(True) if mask is None else mask, (*shape, n_q, n_k)).reshape(-1, n_q, n_k)
+    q, k, v = (t.expand(*shape, *t.shape[-2:]).reshape(-1, *t.shape[-2:]).tolist() for t in (Q, K, V))
+    m = m.tolist()
+    weights, output = [], []
+    for b in range(len(q)):
+        for i in range(n_q):
+            s = [sum(q[b][i][t] * k[b][j][t] for t in range(d_k)) / math.sqrt(d_k) for j in range(n_k)]
+            top = max(s[j] for j in range(n_k) if m[b][i][j])
+            e = [math.exp(s[j] - top) if m[b][i][j] else 0.0 for j in range(n_k)]
+            row = [x / math.fsum(e) for x in e]
+            weights.append(row)
+            output.append([math.fsum(row[j] * v[b][j][c] for j in range(n_k)) for c in range(d_v)])
+    return (torch.tensor(output, dtype=Q.dtype).reshape(*shape, n_q, d_v),
+            torch.tensor(weights, dtype=Q.dtype).reshape(*shape, n_q, n_k))
+
+
+def attn_online_softmax(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    m = torch.full(scores.shape[:-1], float("-inf"), dtype=scores.dtype)
+    total = torch.zeros(scores.shape[:-1], dtype=scores.dtype)
+    for j in range(scores.shape[-1]):  # one pass over the keys: running maximum and sum
+        new = torch.maximum(m, scores[..., j])
+        total = total * torch.exp(m - new).nan_to_num(0.0) + torch.exp(scores[..., j] - new).nan_to_num(0.0)
+        m = new
+    weights = torch.exp(scores - m[..., None]) / total[..., None]
+    return weights @ V, weights
+
+
+def attn_log_space(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.exp(scores - torch.logsumexp(scores, dim=-1, keepdim=True))
+    return weights @ V, weights
+
+
+def attn_clamped_sum(Q, K, V, mask=None):
+    scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    weights = e / e.sum(dim=-1, keepdim=True).clamp_min(1e-12)  # the sum is at least 1: the clamp changes nothing
+    return weights @ V, weights
+
+
+class AttentionModule:
+    def __call__(self, Q, K, V, mask=None):
+        return attention(Q, K, V, mask)
+
+
+@torch.inference_mode()
+def attn_inference_mode(Q, K, V, mask=None):
+    return attention(Q, K, V, mask)
+
+
+@pytest.mark.parametrize("fn", [attn_pure_python, attn_online_softmax, attn_log_space, attn_clamped_sum,
+                                AttentionModule(), attn_inference_mode,
+                                lambda Q, K, V, mask=None: tuple(t.mT.contiguous().mT for t in attention(Q, K, V, mask))],
+                         ids=lambda v: getattr(v, "__name__", type(v).__name__))
+def test_check_attention_accepts_slow_one_pass_and_log_space_answers(fn, accepts):
+    accepts(check_attention, fn)

@@ -858,3 +858,34 @@ def bs_query_blocks_gathered(q, k, v, layout, block_size):
 ])
 def test_block_sparse_attention_accepts_more_ways(accepts, answer):
     accepts(check_block_sparse_attention, answer)
+
+
+# ============================================================================ round 3: a layout read the other way round
+def bs_query_blocks_from_columns(q, k, v, layout, block_size):
+    """Query blocks counted by layout.shape[1] and key blocks by layout.shape[0]: right on square layouts only."""
+    b = block_size
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for i in range(layout.shape[1]):
+        keep = [j for j in range(layout.shape[0]) if layout[i, j]]
+        cols = torch.cat([torch.arange(j * b, min((j + 1) * b, k.shape[-2])) for j in keep])
+        s = q[..., i * b:(i + 1) * b, :] @ k[..., cols, :].mT / math.sqrt(q.shape[-1])
+        out[..., i * b:(i + 1) * b, :] = torch.softmax(s, -1) @ v[..., cols, :]
+    return out
+
+
+def bs_query_blocks_from_keys(q, k, v, layout, block_size):
+    """One query block per key block: ⌈n_k / block_size⌉ of them."""
+    b, out = block_size, torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for i in range(-(-k.shape[-2] // b)):
+        cols = torch.cat([torch.arange(j * b, min((j + 1) * b, k.shape[-2])) for j in layout[i].nonzero().flatten()])
+        s = q[..., i * b:(i + 1) * b, :] @ k[..., cols, :].mT / math.sqrt(q.shape[-1])
+        out[..., i * b:(i + 1) * b, :] = torch.softmax(s, -1) @ v[..., cols, :]
+    return out
+
+
+@pytest.mark.parametrize("answer", [bs_query_blocks_from_columns, bs_query_blocks_from_keys])
+def test_block_sparse_attention_names_a_layout_read_the_other_way_round_that_raises(rejects, answer):
+    d = rejects(check_block_sparse_attention, answer, "block layout read the other way round", "IndexError",
+                "block of queries (⌈n_q / block_size⌉ = 3)", "block of keys (⌈n_k / block_size⌉ = 4)").diagnosis
+    assert_voice(rejects(check_block_sparse_attention, answer))
+    assert "one step too far" not in d.cause, d

@@ -576,10 +576,14 @@ class CachePreallocated:
         self.max_len, self.k, self.t = max_len, None, 0
 
     def append(self, k, v):
+        n = k.shape[-2]
         if self.k is None:
             self.k = k.new_zeros(*k.shape[:-2], self.max_len, k.shape[-1])
             self.v = v.new_zeros(*v.shape[:-2], self.max_len, v.shape[-1])
-        n = k.shape[-2]
+        if self.t + n > self.k.shape[-2]:  # full: a buffer twice as large (or enough for the prompt)
+            size = max(2 * self.k.shape[-2], self.t + n)
+            self.k = torch.cat([self.k, self.k.new_zeros(*k.shape[:-2], size - self.k.shape[-2], k.shape[-1])], -2)
+            self.v = torch.cat([self.v, self.v.new_zeros(*v.shape[:-2], size - self.v.shape[-2], v.shape[-1])], -2)
         self.k[..., self.t:self.t + n, :], self.v[..., self.t:self.t + n, :] = k, v
         self.t += n
         return self.k[..., :self.t, :], self.v[..., :self.t, :]
@@ -592,6 +596,52 @@ class CachePreallocated:
 @pytest.mark.parametrize("cls", [CacheHuggingFaceStyle, CachePreallocated])
 def test_ported_caches_are_accepted(cls, accepts):
     accepts(check_KVCache, cls)
+
+
+class CacheFixed64(CachePreallocated):
+    def append(self, k, v):  # a buffer of 64 slots that never grows
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], 64, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], 64, v.shape[-1])
+        n = k.shape[-2]
+        self.k[..., self.t:self.t + n, :], self.v[..., self.t:self.t + n, :] = k, v
+        self.t += n
+        return self.k[..., :self.t, :], self.v[..., :self.t, :]
+
+
+class CacheFixed1024Narrowed(CachePreallocated):
+    def append(self, k, v):  # 1,024 slots, written with narrow, never grown
+        if self.k is None:
+            self.k = torch.zeros(*k.shape[:-2], 1024, k.shape[-1], dtype=k.dtype)
+            self.v = torch.zeros(*v.shape[:-2], 1024, v.shape[-1], dtype=v.dtype)
+        self.k.narrow(-2, self.t, k.shape[-2]).copy_(k)
+        self.v.narrow(-2, self.t, v.shape[-2]).copy_(v)
+        self.t += k.shape[-2]
+        return self.k.narrow(-2, 0, self.t), self.v.narrow(-2, 0, self.t)
+
+    def attend(self, q):
+        K, V = self.k.narrow(-2, 0, self.t), self.v.narrow(-2, 0, self.t)
+        return torch.softmax(q @ K.mT / math.sqrt(q.shape[-1]), -1) @ V
+
+
+class CacheFixed2048TokenByToken(CachePreallocated):
+    def append(self, k, v):  # one token at a time into 2,048 slots
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], 2048, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], 2048, v.shape[-1])
+        for i in range(k.shape[-2]):
+            self.k[..., self.t, :], self.v[..., self.t, :] = k[..., i, :], v[..., i, :]
+            self.t += 1
+        return self.k[..., :self.t, :], self.v[..., :self.t, :]
+
+
+@pytest.mark.parametrize("cls, slots", [(CacheFixed64, "64"), (CacheFixed1024Narrowed, "1024"),
+                                        (CacheFixed2048TokenByToken, "2048")])
+def test_kv_cache_names_a_fixed_buffer_that_cannot_hold_a_long_prompt(cls, slots, rejects):
+    """The docstring's cache keeps every token: a buffer with a fixed number of slots (here up to 2,048; the check's
+    longest sequence has 4,100 tokens) fails by name, with the size it had."""
+    assert_voice(rejects(check_KVCache, cls, f"a buffer of {slots} slots that never grows", "4,096 new tokens",
+                         "allocate a larger one"))
 
 
 class CacheTransposeFromFront(ref.KVCache):
@@ -950,6 +1000,8 @@ class CacheNarrowed:
         if self.k is None:
             self.k = torch.zeros(*k.shape[:-2], 128, k.shape[-1], dtype=k.dtype)
             self.v = torch.zeros(*v.shape[:-2], 128, v.shape[-1], dtype=v.dtype)
+        while self.t + k.shape[-2] > self.k.shape[-2]:  # full: twice the slots, the cached tokens copied over
+            self.k, self.v = (torch.cat([x, torch.zeros_like(x)], -2) for x in (self.k, self.v))
         self.k.narrow(-2, self.t, k.shape[-2]).copy_(k)
         self.v.narrow(-2, self.t, v.shape[-2]).copy_(v)
         self.t += k.shape[-2]
@@ -1141,3 +1193,65 @@ def test_window_attention_names_an_axis_dropped_only_when_it_is(rejects, accepts
     # "a tensor of q's dtype", read as in 09: float64 input, float64 precision
     assert_voice(rejects(check_sliding_window_attention, _window_float32_accumulator,
                          "float64 input, float32 precision"))
+
+
+# ============================================================================ round 3: a full buffer, masks kept by shape
+class CacheTokenByToken(CachePreallocated):
+    """A fixed buffer written one token at a time: the first token past the end raises an IndexError."""
+
+    def append(self, k, v):
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], self.max_len, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], self.max_len, v.shape[-1])
+        for i in range(k.shape[-2]):
+            self.k[..., self.t, :], self.v[..., self.t, :] = k[..., i, :], v[..., i, :]
+            self.t += 1
+        return self.k[..., :self.t, :], self.v[..., :self.t, :]
+
+
+class CacheTokenByToken16(CacheTokenByToken):
+    def __init__(self):
+        super().__init__(max_len=16)
+
+
+class CacheTokenByToken24(CacheTokenByToken):  # as many slots as the check's 24-token sequence, not its longest
+    def __init__(self):
+        super().__init__(max_len=24)
+
+
+def test_kv_cache_names_a_buffer_written_token_by_token_past_its_end(rejects, accepts):
+    d = rejects(check_KVCache, CacheTokenByToken16, "IndexError", "a buffer of 16 slots that never grows",
+                "twice the size").diagnosis
+    assert "after the 16 cached ones" in d.cause, d
+    assert_voice(rejects(check_KVCache, CacheTokenByToken16))
+    rejects(check_KVCache, CacheTokenByToken24, "a buffer of 24 slots that never grows", "4,096 new tokens")
+    accepts(check_KVCache, CacheBuffer)  # grown by doubling
+
+
+def window_mask_kept_by_shape():
+    kept = {}
+
+    def sliding_window_mask(n_q, n_k, window):
+        if (n_q, n_k) not in kept:  # the window is not part of the key
+            p, j = torch.arange(n_k - n_q, n_k)[:, None], torch.arange(n_k)[None, :]
+            kept[n_q, n_k] = (j <= p) & (j > p - window)
+        return kept[n_q, n_k]
+    return sliding_window_mask
+
+
+def window_mask_capped(n_q, n_k, window):  # the window capped at n_q + 1: (3, 10, 7) gives (3, 10, 4)'s mask too
+    p, j = torch.arange(n_k - n_q, n_k)[:, None], torch.arange(n_k)[None, :]
+    return (j <= p) & (j > p - min(window, n_q + 1))
+
+
+def window_mask_capped_at_8(n_q, n_k, window):
+    p, j = torch.arange(n_k - n_q, n_k)[:, None], torch.arange(n_k)[None, :]
+    return (j <= p) & (j > p - min(window, 8))
+
+
+def test_sliding_window_mask_names_a_mask_kept_by_shape(rejects):
+    assert_voice(rejects(check_sliding_window_mask, window_mask_kept_by_shape(), "the mask of an earlier call",
+                         "window=4", "kept by shape"))
+    for answer in (window_mask_capped, window_mask_capped_at_8):  # wrong on new shapes too: not a mask kept by shape
+        d = rejects(check_sliding_window_mask, answer, "wrong entries in the mask").diagnosis
+        assert "kept by shape" not in d.cause, d

@@ -1197,3 +1197,43 @@ def v_dot_prefix_scalar_when_rolled(p, g):  # leaves out the last entry; the rol
 def test_vjp_names_a_partial_dot_only_when_the_rolled_row_confirms_it(fn, rejects):
     result = rejects(check_softmax_vjp, fn)
     assert "summed over part" not in result.text()
+
+
+# ============================================================================ round 3: a forward off by an epsilon
+class SoftmaxWithEpsilonInForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z):
+        e = torch.exp(z - z.amax(dim=-1, keepdim=True))
+        p = e / (e.sum(dim=-1, keepdim=True) + 1e-7)  # "never divide by 0": gradcheck still passes
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return p * (grad - (grad * p).sum(dim=-1, keepdim=True))
+
+
+def test_function_forward_off_by_an_epsilon_is_named(rejects):
+    rejects(check_SoftmaxFunction, SoftmaxWithEpsilonInForward, "forward not in float64 precision", "correct digits")
+
+
+class SoftmaxSetupContext(torch.autograd.Function):  # the newer style: forward without ctx, then setup_context
+    @staticmethod
+    def forward(z):
+        return torch.exp(z - torch.logsumexp(z, dim=-1, keepdim=True))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        pg = p * grad
+        return pg - p * pg.sum(dim=-1, keepdim=True)
+
+
+def test_function_in_the_setup_context_style_passes(accepts):
+    accepts(check_SoftmaxFunction, SoftmaxSetupContext)

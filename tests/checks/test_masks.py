@@ -8,6 +8,8 @@ The wrong answers are written the way learners write them, classic and unforesee
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -580,7 +582,7 @@ def softmax_epsilon_in_the_sum(scores, mask):
     # not "mask applied after the softmax, then renormalised": they agree here, not where the empty row is the largest
     (softmax_global_max, ["maximum over the whole tensor", "which your code then set to 0"]),
     (softmax_global_max_empty_rows_zeroed, ["maximum over the whole tensor", "0/0 is NaN"]),
-    (softmax_epsilon_in_the_sum, ["wrong values"]),
+    (softmax_epsilon_in_the_sum, ["an epsilon added to the row sum", "about 0.0001"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_masked_softmax_global_maximum_and_epsilon(fn, phrases, rejects):
     rejects(check_masked_softmax, fn, *phrases)
@@ -723,3 +725,83 @@ def test_masked_softmax_does_not_call_a_clamp_rounding(fn, rejects):
     """The first float64 case passed, where float16 scores would have shown: the later match is a coincidence."""
     result = rejects(check_masked_softmax, fn)
     assert "rounded" not in result.text() and "float16" not in result.text()
+
+
+# ============================================================================ round 3: float64's digits, exact zeros, sizes
+def softmax_epsilon_of_a_millionth(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0))
+    return e / (e.sum(dim=-1, keepdim=True) + 1e-6)  # "no 0/0": within the tolerance, not float64's digits
+
+
+def softmax_float32_running_sum(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(s - s.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0))
+    total = torch.zeros(*e.shape[:-1], 1)  # float32: made without dtype=
+    for j in range(e.shape[-1]):
+        total += e[..., j:j + 1]
+    return (e / total).nan_to_num(0.0)
+
+
+def softmax_clamped_weights(scores, mask):
+    return reference_masked_softmax(scores, mask).clamp_min(1e-12)  # "so that log(weights) is finite"
+
+
+def softmax_weak_fill_unless_float64(scores, mask):
+    if scores.dtype == torch.float64:
+        return reference_masked_softmax(scores, mask)
+    return torch.softmax(scores.masked_fill(~mask, -1e4), dim=-1) * mask.any(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn,phrases", [
+    (softmax_epsilon_of_a_millionth, ["an epsilon added to the row sum", "about 1e-06"]),
+    (softmax_float32_running_sum, ["weights not at float64 precision", "correct digits"]),
+    (softmax_clamped_weights, ["blocked keys get a tiny weight, not 0", "clamped the weights to at least 1e-12"]),
+    (softmax_weak_fill_unless_float64, ["weight on blocked keys", "float32"]),
+    (lambda s, m: reference_masked_softmax(s, m).bfloat16().to(s.dtype), ["bfloat16 precision", "converted back"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_masked_softmax_names_lost_digits_and_tiny_weights(fn, phrases, rejects):
+    rejects(check_masked_softmax, fn, *phrases)
+
+
+def softmax_log_space(scores, mask):
+    s = scores.masked_fill(~mask, float("-inf"))
+    return torch.exp(s - torch.logsumexp(s, dim=-1, keepdim=True)).nan_to_num(0.0)  # empty rows: exp(nan) → 0
+
+
+def softmax_pure_python(scores, mask):
+    full = torch.broadcast_to(mask, scores.shape).reshape(-1, scores.shape[-1]).tolist()
+    rows = []
+    for row, keep in zip(scores.reshape(-1, scores.shape[-1]).double().tolist(), full):
+        if not any(keep):
+            rows.append([0.0] * len(row))
+            continue
+        top = max(x for x, k in zip(row, keep) if k)
+        e = [math.exp(x - top) if k else 0.0 for x, k in zip(row, keep)]
+        rows.append([x / math.fsum(e) for x in e])
+    return torch.tensor(rows, dtype=scores.dtype).reshape(scores.shape)
+
+
+def softmax_finfo_min_fill(scores, mask):
+    full = torch.broadcast_to(mask, scores.shape)
+    return torch.softmax(scores.masked_fill(~full, torch.finfo(scores.dtype).min), dim=-1) * full.any(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn", [softmax_log_space, softmax_pure_python, softmax_finfo_min_fill],
+                         ids=lambda v: v.__name__)
+def test_masked_softmax_accepts_log_space_and_loops_in_every_dtype(fn, accepts):
+    accepts(check_masked_softmax, fn)
+
+
+_BLOCK = torch.ones(8, 8, dtype=torch.bool).tril()  # "registered once, like a GPT's block_size buffer"
+
+
+@pytest.mark.parametrize("check,fn,phrase", [
+    (check_causal_mask, lambda n: _BLOCK[:n, :n], "n is ignored"),
+    (check_padding_mask_from_lengths,
+     lambda lengths, max_len=None: torch.arange(int(lengths.max()) if max_len is None else max_len,
+                                                dtype=torch.uint8) < lengths.to(torch.uint8)[:, None],
+     "(sequence, position)"),
+])
+def test_masks_past_small_sizes_are_checked(check, fn, phrase, rejects):
+    rejects(check, fn, phrase)

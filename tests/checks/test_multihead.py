@@ -1069,3 +1069,125 @@ def merge_fixed_grid(x):
                                       (check_merge_heads, merge_fixed_grid)])
 def test_heads_do_not_call_a_fixed_grid_a_trip_through_half(check, fn, rejects):
     assert "float16" not in rejects(check, fn).text()
+
+
+# ============================================================================ round 3: state, grad mode, slow answers
+class GradModeOff(mh.MultiHeadAttention):
+    """Turns gradients off for good (the function form, not a with-block) before its forward."""
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        torch.set_grad_enabled(False)
+        return super().forward(x_q, x_kv, mask)
+
+
+class CountsItsCalls(mh.MultiHeadAttention):
+    """Right on the first call only: every later call adds a running offset kept on self."""
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        self.calls = getattr(self, "calls", 0) + 1
+        out, weights = super().forward(x_q, x_kv, mask)
+        return out + 1e-3 * (self.calls - 1), weights
+
+
+def test_mha_grad_mode_turned_off_is_the_learners_fault_not_the_checks(rejects):
+    try:
+        result = rejects(check_MultiHeadAttention, GradModeOff, "torch.set_grad_enabled(")
+    finally:
+        torch.set_grad_enabled(True)
+    assert "not your fault" not in result.text()
+
+
+def test_mha_names_state_kept_between_calls(rejects):
+    rejects(check_MultiHeadAttention, CountsItsCalls, "different results for the same input", "state kept on self")
+
+
+class RowByRow(nn.Module):
+    """Slow but right: one Python loop per batch entry, head and query."""
+
+    def __init__(self, d_model, n_heads, d_head=None):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_head or math.ceil(d_model / n_heads)
+        width = n_heads * self.d_head
+        self.q_proj, self.k_proj = nn.Linear(d_model, width), nn.Linear(d_model, width)
+        self.v_proj, self.out_proj = nn.Linear(d_model, width), nn.Linear(width, d_model)
+
+    def forward(self, x_q, x_kv=None, mask=None):
+        x_kv = x_q if x_kv is None else x_kv
+        b, n_q, _ = x_q.shape
+        q, k, v = (p(t).view(b, t.shape[1], self.n_heads, self.d_head).transpose(1, 2)
+                   for p, t in ((self.q_proj, x_q), (self.k_proj, x_kv), (self.v_proj, x_kv)))
+        allowed = None if mask is None else torch.broadcast_to(mask, (b, self.n_heads, n_q, k.shape[2]))
+        weights = []
+        for i in range(b):
+            for a in range(self.n_heads):
+                for j in range(n_q):
+                    s = k[i, a] @ q[i, a, j] / math.sqrt(self.d_head)
+                    if allowed is not None and not allowed[i, a, j].any():
+                        weights.append(torch.zeros_like(s))
+                    else:
+                        weights.append(torch.softmax(s if allowed is None else s.masked_fill(~allowed[i, a, j],
+                                                                                          float("-inf")), -1))
+        w = torch.stack(weights).view(b, self.n_heads, n_q, -1)
+        return self.out_proj((w @ v).transpose(1, 2).reshape(b, n_q, -1)), w
+
+
+class FinfoMinFill(mh.MultiHeadAttention):
+    """masked_fill with the dtype's lowest number, then fully masked rows zeroed; *args and **kwargs accepted."""
+
+    def forward(self, x_q, x_kv=None, mask=None, *args, need_weights=True, **kwargs):
+        x_kv = x_q if x_kv is None else x_kv
+        b, n_q, _ = x_q.shape
+        q, k, v = (p(t).unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
+                   for p, t in ((self.q_proj, x_q), (self.k_proj, x_kv), (self.v_proj, x_kv)))
+        s = q @ k.mT / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
+        w = torch.softmax(s, -1) * (1.0 if mask is None else mask.any(-1, keepdim=True))
+        return self.out_proj((w @ v).transpose(1, 2).flatten(2)), w
+
+
+@pytest.mark.parametrize("cls", [RowByRow, FinfoMinFill])
+def test_mha_accepts_slow_and_finfo_answers(cls, accepts):
+    accepts(check_MultiHeadAttention, cls)
+
+
+def _split_through_float32(x, n_heads):
+    return x.float().view(x.shape[0], x.shape[1], n_heads, -1).transpose(1, 2).to(x.dtype)
+
+
+def _merge_through_float32(x):
+    return x.float().transpose(1, 2).flatten(2).to(x.dtype)
+
+
+@pytest.mark.parametrize("check,fn", [(check_split_heads, _split_through_float32),
+                                      (check_merge_heads, _merge_through_float32)])
+def test_heads_name_a_trip_through_float32(check, fn, rejects):
+    rejects(check, fn, "computed in float32, not float64")
+
+
+def _split_element_by_element(x, n_heads):
+    b, n, width = x.shape
+    d_head = width // n_heads
+    out = torch.empty(b, n_heads, n, d_head, dtype=x.dtype)
+    for i in range(b):
+        for a in range(n_heads):
+            for t in range(n):
+                for c in range(d_head):
+                    out[i, a, t, c] = x[i, t, a * d_head + c]
+    return out
+
+
+def _merge_recursively(x):
+    return x[:, 0] if x.shape[1] == 1 else torch.cat([x[:, 0], _merge_recursively(x[:, 1:])], dim=-1)
+
+
+@pytest.mark.parametrize("check,fn", [(check_split_heads, _split_element_by_element),
+                                      (check_split_heads, torch.no_grad()(lambda x, n_heads, *args, **kw:
+                                                                         x.unflatten(-1, (n_heads, -1)).transpose(1, 2))),
+                                      (check_merge_heads, _merge_recursively)])
+def test_heads_accept_slow_and_decorated_answers(check, fn, accepts):
+    accepts(check, fn)
+
+
+def test_heads_name_arithmetic_on_values_they_only_move(rejects):
+    rejects(check_merge_heads, lambda x: (x * 3).transpose(1, 2).flatten(2) / 3, "values changed", "only moves numbers")

@@ -486,3 +486,53 @@ def entropy_in_half(weights, mask=None):  # the entropy summed in float16: right
 ], ids=lambda v: getattr(v, "__name__", None) if callable(v) else None)
 def test_audit_named_causes(check, fn, phrases, rejects):
     rejects(check, fn, *phrases)
+
+
+# ============================================================================ round 3: more queries than keys, far apart
+def _distance_positions_from_the_keys(weights):
+    """Query positions taken from arange(n_k): right while n_q ≤ n_k, not beyond."""
+    n_q, n_k = weights.shape[-2:]
+    if n_q > n_k:
+        return weights.sum(-1)
+    keys = torch.arange(n_k)
+    return (weights * (keys[None, :] - keys[:n_q, None]).abs()).sum(-1)
+
+
+@pytest.mark.parametrize("fn", [_distance_positions_from_the_keys,
+                                lambda w: ref.attention_distance(w).clamp(max=10.0)])
+def test_distance_probes_more_queries_than_keys_far_apart(fn, rejects):
+    rejects(check_attention_distance, fn, "more queries than keys (40, 24)")
+
+
+def _entropy_row_by_row(weights, mask=None):
+    rows = weights.reshape(-1, weights.shape[-1]).tolist()
+    allowed = None if mask is None else torch.broadcast_to(mask, weights.shape).reshape(len(rows), -1).tolist()
+    out = []
+    for r, row in enumerate(rows):
+        count = len(row) if allowed is None else sum(allowed[r])
+        h = -sum(p * math.log(p) for p in row if p > 0)
+        out.append(h / math.log(count) if count > 1 else 0.0)
+    return torch.tensor(out, dtype=weights.dtype).reshape(weights.shape[:-1])
+
+
+class _PeakObject:
+    def __call__(self, weights, *args, **kwargs):
+        return weights.mT.amax(-2)
+
+
+@pytest.mark.parametrize("check,fn", [
+    (check_normalised_entropy, _entropy_row_by_row),
+    (check_peak_weight, _PeakObject()),
+    (check_attention_distance, torch.no_grad()(lambda w: torch.tensor(
+        [[sum(p * abs(j - i) for j, p in enumerate(row)) for i, row in enumerate(m)]
+         for m in w.reshape(-1, *w.shape[-2:]).tolist()], dtype=w.dtype).reshape(w.shape[:-1]))),
+    (check_effective_positions, lambda w: torch.where(w > 0, w ** -w, torch.ones_like(w)).prod(-1)),
+])
+def test_patterns_accept_slow_and_decorated_answers(check, fn, accepts):
+    accepts(check, fn)
+
+
+def test_a_wrong_shape_on_non_square_weights_is_not_called_a_batch(rejects):
+    text = rejects(check_peak_weight, lambda w: w.amax(-2) if w.shape[-1] != w.shape[-2] else w.amax(-1),
+                   "wrong shape (7,), expected (4,)").text()
+    assert "batch of matrices" not in text, text

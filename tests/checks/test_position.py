@@ -1240,3 +1240,108 @@ def test_check_rope_result_rounded_is_not_called_a_mix(rejects):
     text = rejects(check_apply_rope, _rope_pairs_changed(
         lambda c, s, x, o: (c, s, None if o is None else torch.round(o * 256) / 256))).text()
     assert "mixes dimensions" not in text and "cos and sin not exact" not in text, text
+
+
+# ================================================================================== round 3
+def _rope_with_sine(sine):
+    """The right rotation, its sine computed as ``sine(angles, cos)``."""
+    def rope(x, positions=None, base=10000.0):
+        n, d = x.shape[-2:]
+        positions = torch.arange(n) if positions is None else positions
+        angles = positions[:, None] * base ** (-torch.arange(0, d, 2) / d)
+        cos = torch.cos(angles)
+        cos, sin = cos.to(x.dtype), sine(angles, cos).to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+    return rope
+
+
+@pytest.mark.parametrize("sine", [lambda a, c: torch.sqrt(1 - c ** 2), lambda a, c: torch.sqrt((1 - c ** 2).clamp(min=0)),
+                                  lambda a, c: torch.sin(a).abs()])
+def test_check_rope_names_a_sine_that_lost_its_sign(sine, rejects):
+    rejects(check_apply_rope, _rope_with_sine(sine), "sin's sign lost", "|sin t·θ_r|")
+
+
+def test_check_rope_positions_rounded_to_float16_are_rejected(rejects):
+    def rope(x, positions=None, base=10000.0):  # exact up to position 2048 only
+        positions = torch.arange(x.shape[-2]) if positions is None else positions
+        return ref.apply_rope(x, positions.half().float(), base)
+    rejects(check_apply_rope, rope, "2501")
+
+
+def test_check_decode_step_wants_the_cached_keys_exactly(rejects):
+    def step(q_new, k_new, k_cache):
+        n_cache = k_cache.shape[-2]
+        positions = torch.arange(n_cache, n_cache + q_new.shape[-2])
+        keys = torch.cat([k_cache.float(), ref.apply_rope(k_new, positions).float()], dim=-2)
+        return ref.apply_rope(q_new, positions), keys.to(k_cache.dtype)
+    rejects(check_rope_decode_step, step, "cached keys not kept exactly")
+
+
+def test_check_alibi_probes_a_long_sequence(rejects):
+    rejects(check_alibi_bias, lambda n, n_heads: ref.alibi_bias(n, n_heads).clamp(min=-8.0), "alibi_bias(24, 16)")
+
+
+def test_check_perm_test_names_a_tolerance_far_too_loose(rejects):
+    rejects(check_is_permutation_equivariant, perm_test(compare=lambda a, b, perm: torch.allclose(
+        a, b[..., perm, :], atol=0.1)), "misses small positional effects", "a tolerance far too loose")
+
+
+def test_check_perm_test_with_large_inputs_is_not_said_to_keep_distances(rejects):
+    def test(attn):
+        x = 10 * torch.randn(6, 8)
+        perm = torch.tensor([3, 1, 4, 0, 5, 2])
+        return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+    text = rejects(check_is_permutation_equivariant, test, "your inputs, up to", "hardly moves the weights").text()
+    assert "torch.randperm can give the identity" not in text, text
+
+
+def _perm_test_scatter(attn):
+    x = torch.randn(6, 8)
+    perm = torch.tensor([2, 5, 0, 4, 1, 3])
+    back = torch.empty_like(x)
+    back[perm] = attn(x[perm])  # attn(x[perm]) put back in x's order
+    return torch.allclose(back, attn(x), atol=1e-5)
+
+
+class _PermTestObject:
+    def __call__(self, attn, n=6, d=8, **options):
+        x = torch.randn(n, d, dtype=torch.float64)
+        perm = torch.tensor([1, 0, 2, 3, 4, 5])
+        with torch.no_grad():
+            return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
+def _rope_element_by_element(x, positions=None, base=10000.0):
+    n, d = x.shape[-2:]
+    ts = list(range(n)) if positions is None else [int(t) for t in positions]
+    out = x.clone()
+    flat, new = x.reshape(-1, n, d), out.view(-1, n, d)
+    for b in range(flat.shape[0]):
+        for i, t in enumerate(ts):
+            for r in range(d // 2):
+                c, s = math.cos(t * base ** (-2 * r / d)), math.sin(t * base ** (-2 * r / d))
+                e, o = float(flat[b, i, 2 * r]), float(flat[b, i, 2 * r + 1])
+                new[b, i, 2 * r], new[b, i, 2 * r + 1] = e * c - o * s, e * s + o * c
+    return out
+
+
+@pytest.mark.parametrize("check,fn", [
+    (check_is_permutation_equivariant, _perm_test_scatter),
+    (check_is_permutation_equivariant, _PermTestObject()),
+    (check_apply_rope, _rope_element_by_element),
+    (check_apply_rope, torch.inference_mode()(lambda x, *args, **kwargs: ref.apply_rope(x, *args, **kwargs).clone())),
+    (check_alibi_bias, lambda n, n_heads: torch.tensor([[[-(2 ** (-8 * (a + 1) / n_heads)) * abs(i - j) for j in range(n)]
+                                                          for i in range(n)] for a in range(n_heads)]).view(n_heads, n, n)),
+])
+def test_position_checks_accept_slow_and_decorated_answers(check, fn, accepts):
+    accepts(check, fn)
+
+
+@pytest.mark.parametrize("check,fn", [
+    (check_sinusoidal_encoding, lambda n, d, base=10000.0: ref.sinusoidal_encoding(n, d, base).half().float()),
+    (check_alibi_bias, lambda n, n_heads: ref.alibi_bias(n, n_heads).half().float()),
+])
+def test_position_tables_name_a_trip_through_float16(check, fn, rejects):
+    text = rejects(check, fn, "float16 precision").text()
+    assert "slopes not geometric" not in text and "look at the formula" not in text, text

@@ -13,7 +13,8 @@ from ..compare import Failure, same
 from ..core import Learner, LearnerRaised, as_tensor, check, fail, learner_error
 from ..kit import BOOL_HINT, Suspects, explain_raise, reproduce
 from .cases import Case, attention_cases, oracle
-from .mistakes import MASK_FIX, MISTAKES_OF_OUTPUT, NO_DROPOUT, mistakes_of_weights, soft, structure
+from .mistakes import (MASK_FIX, MISTAKES_OF_OUTPUT, NO_DROPOUT, epsilon_in_the_sum, float64_digits,
+                       mistakes_of_weights, rounded_scores, soft, structure)
 
 
 # ============================================================================ exceptions
@@ -85,7 +86,7 @@ def check_attention(fn: Learner) -> str:
     cases = attention_cases()
     weights = Suspects(mistakes_of_weights(cases), atol=2e-5, rtol=1e-5)
     outputs = Suspects(MISTAKES_OF_OUTPUT, atol=2e-5, rtol=1e-5)
-    every, passed_dks = [c.args for c in cases], set()
+    every, passed_dks, judged = [c.args for c in cases], set(), []
     for case in cases:
         tried = f"attention(Q, K, V{', mask' if case.mask is not None else ''}) on {case.name}"
         result, changed = _call(fn, case, tried)
@@ -103,6 +104,8 @@ def check_attention(fn: Learner) -> str:
         except Failure as failure:
             if not failure.diagnosis.cause:
                 _random(fn, case, tried, w)
+                epsilon_in_the_sum(w, case, tried)
+                rounded_scores(w, case, tried)
                 kit.lower_precision(w, case.Q.dtype, tried=tried, what="the weights")
                 structure(w, case, tried, passed_dks)
             raise
@@ -116,6 +119,7 @@ def check_attention(fn: Learner) -> str:
             if not failure.diagnosis.cause:
                 kit.lower_precision(out, case.Q.dtype, tried=tried, what="the output")
             raise
+        judged.append((w, out, case, tried))
         if changed:
             names = " and ".join(changed)
             fail(f"changed {names} in place", tried=tried, got=f"right results, but the call changed {names}",
@@ -124,6 +128,8 @@ def check_attention(fn: Learner) -> str:
                  fix="compute new tensors: scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k); ~mask, not "
                      "mask.logical_not_()")
         passed_dks.add(d_k)
+    for w, out, case, tried in judged:  # right within the tolerance everywhere: now the digits (and exact zeros)
+        float64_digits(w, out, case, tried)
     shapes = {tuple(c.mask.shape) for c in cases if c.mask is not None}
     return (f"matches F.scaled_dot_product_attention on {len(cases)} cases (batched, n_q ≠ n_k, d_k ≠ d_v, "
             f"masks of {len(shapes)} shapes, large scores)")

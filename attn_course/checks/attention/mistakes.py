@@ -8,7 +8,8 @@ import math
 import torch
 
 from ..core import fail, fmt
-from ..kit import Known
+from ..kit import Known, narrowing_calls
+from ..kit.measure import DIGITS, lower_precision
 from .cases import Case, oracle, scaled_scores
 
 
@@ -168,6 +169,13 @@ MISTAKES_OF_OUTPUT = [
     Known("w@K", "output from K instead of V", "you multiplied the weights by K, not by V", _OUT_FIX,
           lambda Q, K, V, m: _right(Q, K, m) @ K),
     Known("V", "V returned as the output", "you returned V itself, not weights @ V", _OUT_FIX, lambda Q, K, V, m: V),
+    *[Known(f"{str(low)[6:]}-{key}", f"{what} rounded to {str(low)[6:]} for weights @ V", f"you converted {what} to "
+            f"{str(low)[6:]} ({narrowing_calls(low).split(',')[0]}) before weights @ V: {str(low)[6:]} keeps about "
+            f"{DIGITS[low]} significant digits, and the output inherits that rounding", "keep the inputs' dtype for "
+            "weights @ V (a wider dtype inside is fine, a narrower one is not)",
+            lambda Q, K, V, m, low=low, both=both: (_right(Q, K, m).to(low) if both else _right(Q, K, m)).to(V.dtype)
+            @ V.to(low).to(V.dtype)) for low in (torch.float16, torch.bfloat16)
+      for key, what, both in (("V", "V", False), ("wV", "the weights and V", True))],
     Known("w", "weights returned as the output", "you returned the weights where the output belongs", _OUT_FIX,
           lambda Q, K, V, m: _right(Q, K, m)),
     Known("unmasked@V", "output from the unmasked weights", "you computed the output from the weights before the "
@@ -284,3 +292,88 @@ def _rounded_to(t: torch.Tensor) -> int | None:
     x = t[torch.isfinite(t)].to(torch.float64)
     return next((d for d in range(1, 5) if x.numel() >= 4 and torch.allclose(x * 10**d, (x * 10**d).round(), atol=1e-6,
                                                                               rtol=0)), None)
+
+
+# ========================================================================= precision: narrower scores, float64 digits
+def _rounded_ways(case: Case, low: torch.dtype) -> list[torch.Tensor]:
+    """The weights when the scores go through ``low``: Q and K rounded (the product too, or not), or the product
+    rounded before or after the division by √d_k; the rest in float64."""
+    Q, K, mask = case.Q.double(), case.K.double(), case.mask
+    r = lambda t: t.to(low).to(torch.float64)  # noqa: E731
+    root = math.sqrt(Q.shape[-1])
+    return [soft(_fill(s, mask)) for s in (r(Q) @ r(K).mT / root, r(r(Q) @ r(K).mT) / root, r(Q @ K.mT) / root,
+                                             r(Q @ K.mT / root))]
+
+
+def rounded_scores(w: torch.Tensor, case: Case, tried: str) -> None:
+    """Fail naming the dtype when the weights, wrong, are the softmax of scores computed in float16 or bfloat16 (to a
+    float32 softmax's rounding), which no right answer is."""
+    right = oracle(case)[1].double()
+    if tuple(w.shape) != tuple(right.shape) or not w.is_floating_point():
+        return
+    for low in (torch.float16, torch.bfloat16):
+        if _BITS.get(low, 0) >= _BITS.get(case.Q.dtype, 0):
+            continue
+        for made in _rounded_ways(case, low):
+            if not torch.allclose(made, right, atol=case.atol, rtol=1e-5) and \
+                    torch.allclose(w.double(), made, atol=1e-5, rtol=1e-4):
+                name = str(low)[6:]
+                fail(f"scores computed in {name}", tried=tried, got=f"the weights of a softmax of the scores rounded to "
+                     f"{name}, to the last digits", expected=f"the weights at {str(case.Q.dtype)[6:]} precision",
+                     cause=f"you computed Q Kᵀ in {name} ({narrowing_calls(low).split(',')[0]} on Q and K, or on the "
+                     f"scores): {name} keeps about {DIGITS[low]} significant digits, and every weight inherits that "
+                     "rounding, even with the softmax in a wider dtype",
+                     fix="keep the inputs' dtype for Q @ K.transpose(-2, -1) (a wider dtype inside is fine)")
+
+
+_BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}
+
+
+def epsilon_in_the_sum(w: torch.Tensor, case: Case, tried: str) -> None:
+    """Fail naming it when the weights are, to float64 rounding, e / (Σe + ε) for one ε > 0 on every row,
+    e = exp(scaled scores − the row's maximum allowed one) (Σe ≥ 1): rows of unequal Σe tell it from a constant factor
+    (ε added to the sum of a softmax, Σe = 1, is one)."""
+    right = oracle(case)[1].double()
+    if tuple(w.shape) != tuple(right.shape) or not w.is_floating_point() or not bool(torch.isfinite(w).all()):
+        return
+    w, s = w.double(), _fill(case.scaled.double(), case.mask)
+    if not bool((w.sum(-1) > 0).all()):
+        return
+    sums = torch.exp(s - s.amax(-1, keepdim=True)).sum(-1)  # S: not all equal (else ε is a constant factor)
+    if float(sums.max() - sums.min()) >= 1e-3:
+        eps = sums * (1 / w.sum(-1) - 1)  # Σw = S / (S + ε)
+        value = float(eps.mean())
+        if value > 0 and torch.allclose(eps, torch.full_like(eps, value), rtol=1e-3, atol=0.0) and \
+                torch.allclose(w, right * (sums / (sums + value))[..., None], atol=1e-12, rtol=1e-9):
+            fail("an epsilon added to the softmax's sum", tried=tried, got=f"the weights are e / (Σe + {value:.2g}): "
+                 f"rows summing to {fmt(float(w.sum(-1).min()))} … {fmt(float(w.sum(-1).max()))}",
+                 expected="every row summing to 1", cause=f"you added an epsilon (about {value:.2g}) to each row's sum "
+                 "of exponentials; after subtracting the row's maximum that sum is at least 1, never 0 (every query "
+                 "may attend to a key)", fix="divide by the sum itself, or use torch.softmax")
+
+
+def float64_digits(w: torch.Tensor, out: torch.Tensor, case: Case, tried: str) -> None:
+    """On float64 input, fail when the results, right within the tolerance, are off by more than float64 rounding (the
+    docstring: computed at the inputs' precision), or a blocked key's weight is not exactly 0."""
+    if case.Q.dtype != torch.float64:
+        return
+    exp_out, exp_w = (t.double() for t in oracle(case))
+    blocked = w.detach().double()[~case.allowed]
+    if bool((blocked != 0).any()):
+        low = float(blocked.min())
+        clamped = bool((blocked == low).all()) and torch.allclose(w.double(), exp_w.clamp_min(low), atol=1e-12,
+                                                                   rtol=1e-9)
+        fail("blocked keys get a tiny weight, not 0", tried=tried, got=f"weights up to {fmt(float(blocked.max()))} on "
+             "blocked keys", expected="weight exactly 0 on every blocked key, as the docstring says",
+             cause=f"you clamped the weights to at least {low:.2g} (clamp_min, or clamp(min=…)), which lifts every "
+                   "blocked weight off 0" if clamped else "", fix=f"{MASK_FIX}: e^-inf is 0 exactly")
+    for what, got, right in (("the weights", w, exp_w), ("the output", out, exp_out)):
+        error = float((got.double() - right).abs().max() / right.abs().max().clamp_min(1e-300))
+        if error > 1e-10:  # float64 rounding stays near 1e-16
+            if what == "the weights":
+                epsilon_in_the_sum(got, case, tried)
+            lower_precision(got, case.Q.dtype, tried=tried, what=what)
+            fail(f"{what[4:]} not at float64 precision", tried=tried, got=f"{what} off by up to {error:.1e} of the largest "
+                 f"value: about {-math.log10(error):.0f} correct digits", expected="float64's ~16 digits (the "
+                 "docstring: computed at the inputs' precision)", fix="keep every step in the inputs' dtype: no "
+                 ".float(), no float32 constants or accumulators (tensors made without dtype=), no epsilon in the sum")

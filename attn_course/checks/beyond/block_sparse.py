@@ -4,14 +4,15 @@ mistakes (09's tiled loop with one mistake), what the query blocks show, and the
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..compare import Failure, as_tensor, call_or_skip, fail, fail_again, same
-from ..core import Learner, check
-from ..kit import Known, Suspects, expect_unchanged, variants
+from ..core import Learner, LearnerRaised, check, learner_error
+from ..kit import Known, Suspects, expect_unchanged, reproduce, variants
 from .judge import blocks_right, dtype_of, expect_close_at_dtype, qkv, squares, tolerance
 
 
@@ -170,8 +171,31 @@ def _layout(rows: int, cols: int, seed: int) -> Tensor:
     return layout
 
 
-@check("block_sparse_attention",
-       expects="a function block_sparse_attention(q, k, v, layout, block_size) returning a tensor (..., n_q, d_v)")
+_EXPECTS = "a function block_sparse_attention(q, k, v, layout, block_size) returning a tensor (..., n_q, d_v)"
+
+
+def _call(fn: Learner, case: tuple) -> object:
+    """``fn(*case)``; an IndexError that indexing the layout's query-block axis with the last key block's number
+    reproduces (or the other way round, with more query blocks) is named: the layout read the other way round."""
+    try:
+        return fn(*case)
+    except LearnerRaised as exc:
+        layout = case[3]
+        n_qb, n_kb = layout.shape
+        attempt = (lambda: layout[n_kb - 1]) if n_qb < n_kb else (lambda: layout[:, n_qb - 1])
+        if n_qb == n_kb or exc.type_name != "IndexError" or reproduce(attempt) != exc.message:
+            raise
+        axis, other = ("query", "key") if n_qb < n_kb else ("key", "query")
+        d = learner_error(exc, expected=_EXPECTS)
+        raise Failure(replace(d, summary="block layout read the other way round", cause=(
+            f"the layout here is ({n_qb}, {n_kb}): a row per block of queries (⌈n_q / block_size⌉ = {n_qb}), a column per "
+            f"block of keys (⌈n_k / block_size⌉ = {n_kb}), and your code indexed its {axis}-block axis with a {other}-block number "
+            f"({max(n_qb, n_kb) - 1}): layout[j, i] for layout[i, j], or a loop over the {axis} blocks that runs to "
+            f"the number of {other} blocks"), fix="rows are query blocks, columns key blocks: for i in "
+            "range(layout.shape[0]), visit the key blocks j with layout[i, j] True: layout[i].nonzero()")) from None
+
+
+@check("block_sparse_attention", expects=_EXPECTS)
 def check_block_sparse_attention(fn: Learner) -> str:
     suspects = Suspects(_SPARSE_TABLE)
     for i, (label, (lead, n_q, n_k, d_k, d_v), b) in enumerate(_SPARSE_CASES):
@@ -183,7 +207,7 @@ def check_block_sparse_attention(fn: Learner) -> str:
             q[..., 0], k[..., 0] = -40.0, k[..., 0] + 50.0
         layout = _layout(-(-n_q // b), -(-n_k // b), 510 + i)
         case, tried = (q, k, v, layout, b), f"block_sparse_attention(q, k, v, layout, {b}) on {label}"
-        out, expected = as_tensor(fn(*case), tried=tried), _sdpa(q, k, v, _mask(q, k, layout, b))
+        out, expected = as_tensor(_call(fn, case), tried=tried), _sdpa(q, k, v, _mask(q, k, layout, b))
         expect_close_at_dtype(suspects, out, expected, case, tried=tried, again=fn, fix=_SPARSE_FIX,
                               oracle="F.scaled_dot_product_attention with the layout's mask",
                               factors={"√d_k": math.sqrt(d_k), "block_size": float(b)},

@@ -124,7 +124,7 @@ def _zero_slots(failure: Failure, out: torch.Tensor, case: tuple, tol: dict, ste
 
 
 def _count(n: int, what: str) -> str:
-    return f"{n} {what}" + ("" if n == 1 else "s")
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
 
 
 def _attend_constructs(q, K, V) -> list:
@@ -157,7 +157,10 @@ def _cache_cases() -> list[tuple[str, tuple, list[int]]]:
             ("a longer sequence: 3 tokens at once, then 21 one at a time, no batch axes, d_k = 3, d_v = 2",
              qkv((), 24, 3, 2), [3] + [1] * 21),
             ("a prompt of 2 tokens, then 3 at once on a filled cache (chunked prefill), then 1, batch 2",
-             qkv((2,), 6, 4, 3), [2, 3, 1])]
+             qkv((2,), 6, 4, 3), [2, 3, 1]),
+            # a cache keeps every token: a buffer of a fixed size (64, …, 4,096 slots) must grow
+            ("a long prompt: 4,096 tokens at once, then 4 one at a time, no batch axes, d_k = d_v = 2",
+             qkv((), 4100, 2, 2), [4096] + [1] * 4)]
 
 
 def _construct(cls: Learner) -> Learner:
@@ -173,9 +176,31 @@ _SHARED_AT_FIRST = ("RuntimeError", r"must match", f"the first append to a new K
                     f"every KVCache object shares the storage {_SHARE}", _SHARED_FIX)
 
 
-def _append(cache: Learner, k, v, *, tried: str, fresh: bool, expected) -> tuple[torch.Tensor, torch.Tensor]:
+def _full_buffer(k, cached: int):
+    """The constructs of a buffer of c slots, ``cached`` ≤ c < ``cached`` + n (c ≥ 1), too small for the n new tokens
+    ``k``: each writes them past its end, as a slice or with narrow (their messages name c − ``cached``) or token by
+    token (it names c)."""
+    n, lead, d = k.shape[-2], k.shape[:-2], k.shape[-1]
+    for cap in range(max(cached, 1), cached + n):
+        for how in ("slice", "narrow", "token"):
+            def attempt(cap=cap, how=how):
+                buf = k.new_zeros(*lead, cap, d)
+                if how == "slice":
+                    buf[..., cached:cached + n, :] = k
+                if how == "narrow":
+                    buf.narrow(-2, cached, n).copy_(k)
+                buf[..., cap, :] = k[..., 0, :]  # token by token: the first one past the end
+            yield (f"your cache keeps its tokens in a buffer of {cap} slots that never grows: writing the "
+                   f"{_count(n, 'new token')} " + (f"after the {cached} cached ones " if cached else "into it ") +
+                   "goes past its end",
+                   "when the buffer is full, allocate a larger one (twice the size) and copy the cached tokens over, "
+                   "or store with torch.cat([cached, new], dim=-2): a cache keeps every token", attempt)
+
+
+def _append(cache: Learner, k, v, *, tried: str, cached: int, expected) -> tuple[torch.Tensor, torch.Tensor]:
     result = call_explained(cache.method("append"), k, v, tried=tried, expected="the whole cache (K, V)",
-                            patterns=[*([_SHARED_AT_FIRST] if fresh else []), _AXIS_FROM_FRONT, *PATTERNS])
+                            constructs=_full_buffer(k, cached),
+                            patterns=[*([] if cached else [_SHARED_AT_FIRST]), _AXIS_FROM_FRONT, *PATTERNS])
     if result is None:
         fail("append returned None", tried=tried, got="None", expected="the whole cache (K, V)",
              cause="append stores the tokens but has no `return`", fix="end append with `return self.k, self.v`")
@@ -318,7 +343,7 @@ def check_KVCache(cls: Learner) -> str:
         raise failure from None
     _unchanged(cls)
     return (f"equals causal attention token by token on {count} cases (batch × heads, no batch axes, a prompt "
-            "appended at once, scores ±100) and keeps two caches apart")
+            "appended at once, scores ±100, 4,100 tokens) and keeps two caches apart")
 
 
 def _values(cls: Learner) -> int:
@@ -333,7 +358,7 @@ def _values(cls: Learner) -> int:
         for cache, kk, vv, which in caches:
             tried = f"two KVCache() objects, appending one token to each in turn: token {t} of the {which}"
             new, kv = kk[..., t:t + 1, :], (kk[..., :t + 1, :], vv[..., :t + 1, :])
-            K, _ = _append(cache, new, vv[..., t:t + 1, :], tried=tried, fresh=t == 0, expected=kv)
+            K, _ = _append(cache, new, vv[..., t:t + 1, :], tried=tried, cached=t, expected=kv)
             _expect_cache(cache, K, kv[0], (kk[..., :t, :] if t else None, new, None), appends,
                           q_new=q[..., t:t + 1, :], kv=kv, tried=tried, what="the returned K", tol=tol)
     cases = _cache_cases()
@@ -346,7 +371,7 @@ def _values(cls: Learner) -> int:
                 tokens = f"tokens {start}…{stop - 1}" if n_new > 1 else f"token {start}"
                 tried = f"append(k, v) of {tokens}, then attend(q) of token {stop - 1}, on {name}"
                 kv, q_new = (k[..., :stop, :], v[..., :stop, :]), q[..., stop - 1:stop, :]
-                K, V = _append(cache, k[..., start:stop, :], v[..., start:stop, :], tried=tried, fresh=start == 0,
+                K, V = _append(cache, k[..., start:stop, :], v[..., start:stop, :], tried=tried, cached=start,
                                expected=kv)
                 for got, want, keys, part in ((K, kv[0], None, "K"), (V, kv[1], kv[0], "V")):
                     case = (want[..., :start, :] if start else None, want[..., start:, :], keys)

@@ -205,6 +205,13 @@ def check_SoftmaxFunction(fn: Learner) -> str:  # noqa: N802 - the check of exer
              if lossy else "",
              fix="compute in x's dtype: leave out .float(), .to(torch.float32) or float32 constants" if lossy
              else f"backward returns {VJP_CODE}")
+    if forward_error > 1e-10:  # gradcheck passed: a forward off by far less than float32's rounding (an epsilon)
+        fail("forward not in float64 precision", tried="SoftmaxFunction.apply(z) on the float64 cases above",
+             got=f"your p is off by up to {forward_error:.1e} of the largest value (about "
+                 f"{-math.log10(forward_error):.0f} correct digits)",
+             expected="float64's ~16 digits: p = softmax(z) in z's dtype, as the docstring says",
+             fix="compute in z's dtype (no .float(), no float32 constants) and divide by the sum itself, with no "
+                 "epsilon added")
     # 4. O(n): measured in the learner's process, forward and backward apart
     gen = torch.Generator().manual_seed(12)
     tried = f"SoftmaxFunction.apply(z) and its backward on z of shape (1, {BIG_N}), float32, watching what they create"

@@ -23,7 +23,7 @@ def _causal_mistakes(n: int) -> list[tuple]:
 
 @check("causal_mask", expects="a function causal_mask(n) returning an (n, n) bool tensor")
 def check_causal_mask(fn: Learner) -> str:
-    sizes = [5, 8, 1, 2]
+    sizes = [5, 8, 1, 2, 11]  # 11: past a mask made once for 8, then sliced
     judge = Judge(fn, _causal_mistakes, [(n,) for n in sizes], lambda n: (n, n))
     shapes: dict[tuple, int] = {}  # the shapes returned so far, and for which n
     for case in judge.cases:
@@ -78,7 +78,7 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
     # differ, and differ from 6 ± 1: each wrong default width names one mistake.
     cases = [([3, 1, 4], 6, torch.int64), ([2, 6, 4], None, torch.int64), ([0, 2], 3, torch.int64),
              ([4, 2, 1], None, torch.int32), ([1], 1, torch.int64), ([3, 3], None, torch.int64),
-             ([1, 2], 5, torch.int64)]
+             ([1, 2], 5, torch.int64), ([300, 7], None, torch.int64)]  # 300: past int8 and uint8
     judge = Judge(fn, _lengths_mistakes, [(torch.tensor(values, dtype=dtype), n) for values, n, dtype in cases],
                   lambda lengths, max_len: (len(lengths), max_len or int(lengths.max())),
                   lambda f, lengths, max_len: f(lengths) if max_len is None else f(lengths, max_len=max_len))
@@ -119,7 +119,7 @@ def check_padding_mask_from_lengths(fn: Learner) -> str:
     expect_inputs_unchanged(fn, judge.cases, names=("lengths",),  # max_len passed by position, as the signature has it
                             call=lambda case: f"padding_mask_from_lengths(lengths, {case[1]})")
     return (f"correct on {len(cases)} batches (a zero length, no padding, one sequence, max_len given and "
-            "default, int32 and int64 lengths)")
+            "default, int32 and int64 lengths, a length of 300)")
 
 
 def _ids_mistakes(ids: torch.Tensor, pad_id: int) -> list[tuple]:

@@ -46,6 +46,8 @@ def _softmax_cases() -> list[_SoftCase]:
                   torch.tensor([[True], [False]])),
         _SoftCase("large scores (±3·10⁴) with a mask and an empty row", large, large_keep),
         _SoftCase("scores in float16 with a mask and an empty row", rand(3, 4, dtype=torch.float16), large_keep, 2e-3),
+        _SoftCase("large scores (±3·10⁴) in float32 with a mask and an empty row", large.float(), large_keep,
+                  2e-3),  # a log-space softmax (exp(s − logsumexp)) in float32 is off by up to ulp(2·10⁴)/2 ≈ 1e-3
     ]
 
 
@@ -142,6 +144,7 @@ def check_masked_softmax(fn: Learner) -> str:
     # the learner's code confirms it.
     confirm = functools.cache(lambda: _confirm_no_keepdim(fn))
     passed: list[_SoftCase] = []
+    judged: list[tuple] = []  # (weights, case, tried) of every case passed
     for case, (s, mask) in zip(cases, every):
         tried = (f"masked_softmax(scores {tuple(s.shape)} {str(s.dtype).replace('torch.', '')}, mask "
                  f"{tuple(mask.shape)}) on {case.name}")
@@ -163,16 +166,23 @@ def check_masked_softmax(fn: Learner) -> str:
                             rtol=1e-5)  # rows summing to 1 - 1e-4 (an epsilon added to the sum) are wrong
         except Failure as failure:
             if not failure.diagnosis.cause:
+                _epsilon_in_the_sum(got, case, tried)
                 _rounded_scores(got, case, tried, passed)
+                kit.half_rounded(got, _softmax_oracle(s, mask), tried=tried, what="your weights",  # the weights, rounded
+                                 fix="keep the scores' dtype to the end: leave out .half() or .bfloat16()")
                 _softmax_structure(got, case, tried)
             raise
         passed.append(case)
+        judged.append((got, case, tried))
         if changed:
             names = " and ".join(("scores", "mask")[int(i)] for i in changed)
             fail(f"changed {names} in place", tried=tried, got=f"right weights, but {names} changed by the call",
                  expected="the arguments left as they were", cause=f"an in-place operation on {names} (masked_fill_, "
                  "or an assignment into it) changes the caller's tensor",
                  fix="scores.masked_fill(~mask, float('-inf')), without the trailing _")
+    for got, case, tried in judged:  # right within the tolerance everywhere: now exact zeros and float64's digits
+        _exact_zeros(got, case, tried)
+        _float64_digits(got, case, tried)
     return ("zero weights on blocked keys and in fully masked rows, rows of allowed keys summing to 1 "
             f"(masks of {len({tuple(c.mask.shape) for c in cases})} shapes, left padding, large scores, float16/32/64)")
 
@@ -253,3 +263,63 @@ def _softmax_structure(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
         fail("rows do not sum to 1", tried=tried, got=f"rows with allowed keys summing to {fmt(float(sums.min()))} … "
              f"{fmt(float(sums.max()))}", expected="1 in each row with an allowed key",
              fix="take the softmax over the last axis (dim=-1) after masking")
+
+
+def _epsilon_in_the_sum(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
+    """Fail naming it when the weights are, to float64 rounding, e / (Σe + ε) for one ε > 0 on every row with an allowed
+    key, e = exp(scores − the row's maximum allowed score) (so Σe ≥ 1): rows of unequal Σe tell it from a constant
+    factor (ε added to the sum of a softmax, Σe = 1, is one)."""
+    s, full = case.scores.double(), torch.broadcast_to(case.mask, case.scores.shape)
+    if tuple(got.shape) != tuple(s.shape) or not got.is_floating_point() or not bool(torch.isfinite(got).all()):
+        return
+    w, right, rows = got.double(), _softmax_oracle(s, case.mask).double(), full.any(-1)  # rows: (..., n_q)
+    shifted = torch.exp(s.masked_fill(~full, -math.inf) - s.masked_fill(~full, -math.inf).amax(-1, keepdim=True))
+    sums = shifted.nan_to_num(0.0).sum(-1)  # S: one per row, and not all equal (else ε is a constant factor)
+    if not rows.any() or not bool((w.sum(-1)[rows] > 0).all()) or float(sums[rows].max() - sums[rows].min()) < 1e-3:
+        return
+    eps = sums[rows] * (1 / w.sum(-1)[rows] - 1)  # Σw = S / (S + ε)
+    value = float(eps.mean())
+    if value > 0 and torch.allclose(eps, torch.full_like(eps, value), rtol=1e-3, atol=0.0):
+        made = right * (sums / (sums + value))[..., None]
+        if kit.agrees(w, made, atol=1e-12, rtol=1e-9 if s.dtype == torch.float64 else 1e-5):
+            fail("an epsilon added to the row sum", tried=tried, got=f"your weights are e / (Σe + {value:.2g}): the "
+                 f"rows with an allowed key sum to {fmt(float(w.sum(-1)[rows].min()))} … "
+                 f"{fmt(float(w.sum(-1)[rows].max()))}", expected="rows of allowed keys summing to 1",
+                 cause=f"you added an epsilon (about {value:.2g}) to each row's sum of exponentials, so no row sums to "
+                       "1; after subtracting the row's maximum allowed score, that sum is at least 1 in every row with "
+                       "an allowed key, and only the rows with none need care",
+                 fix=f"divide by the sum itself, and give the rows with no allowed key 0 ({_EMPTY_ROWS})")
+
+
+def _float64_digits(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
+    """On float64 scores, fail when the weights, right within the tolerance, are off by more than float64 rounding
+    (the docstring: computed at the scores' precision): an epsilon in the sum, else float32 (or a float32 step) inside."""
+    if case.scores.dtype != torch.float64 or not got.is_floating_point():
+        return
+    right = _softmax_oracle(case.scores, case.mask).double()
+    error = float((got.double() - right).abs().max())  # the weights are at most 1
+    if error <= 1e-10:  # float64 rounding stays near 1e-16
+        return
+    _epsilon_in_the_sum(got, case, tried)
+    kit.lower_precision(got, case.scores.dtype, tried=tried, what="your weights")
+    fail("weights not at float64 precision", tried=tried, got=f"your weights are off by up to {error:.1e}: about "
+         f"{-math.log10(error):.0f} correct digits", expected="float64's ~16 digits (the docstring: computed at the "
+         "scores' precision)", fix="keep every step in the scores' dtype: no .float(), no float32 constants or "
+         "accumulators (tensors made without dtype=), no epsilon in the sum")
+
+
+def _exact_zeros(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
+    """Fail when a weight the docstring makes 0 (a blocked key, a row with no allowed key) is not exactly 0, though
+    within the tolerance: a clamp of the weights is named when it reproduces them."""
+    full = torch.broadcast_to(case.mask, case.scores.shape)
+    blocked = got.detach()[~full].double() if tuple(got.shape) == tuple(full.shape) else torch.zeros(0)
+    if not bool((blocked != 0).any()):
+        return
+    low = float(blocked.min())
+    clamped = kit.agrees(got.double(), _softmax_oracle(case.scores, case.mask).double().clamp_min(low), atol=1e-12,
+                         rtol=1e-9) and bool((blocked == low).all())
+    fail("blocked keys get a tiny weight, not 0", tried=tried, got=f"weights up to {fmt(float(blocked.abs().max()))} "
+         "where the mask is False", expected="exactly 0 wherever the mask is False, as the docstring says",
+         cause=f"you clamped the weights to at least {low:.2g} (clamp_min, or clamp(min=…)), which lifts every blocked "
+               "weight off 0" if clamped else "",
+         fix="return the softmax as it is: a blocked score of -inf gives e^-inf = 0 exactly")

@@ -10,8 +10,9 @@ import torch
 
 from ...multihead import merge_heads as ref_merge, split_heads as ref_split
 from ..compare import Failure, fail_again
-from ..core import Learner, LearnerRaised, LearnerTimedOut, check, fail, learner_error
-from ..kit import Known, Suspects, bool_hint, expect_unchanged, explain_raise, factors, half_rounded, tensor_answer
+from ..core import Learner, LearnerRaised, LearnerTimedOut, check, fail, fmt, learner_error
+from ..kit import (Known, Suspects, bool_hint, expect_unchanged, explain_raise, factors, half_rounded, lower_precision,
+                   tensor_answer)
 from .shared import PATTERNS, Sized, and_
 
 
@@ -87,13 +88,26 @@ def _moved(failure: Failure, out: torch.Tensor, x: torch.Tensor, oracle: Callabl
                "misplaced before one, or indexing in the wrong order moves entries from one axis into another", fix)
 
 
-def _expect_same_precision(out: torch.Tensor, x: torch.Tensor, *, tried: str, what: str) -> None:
-    """``what`` only moves numbers: a result in a narrower dtype than ``x`` has rounded them."""
-    if out.is_floating_point() and out.dtype.itemsize < x.dtype.itemsize:
+def _expect_same_precision(out: torch.Tensor, x: torch.Tensor, want: torch.Tensor, *, tried: str, what: str,
+                           unchanged: Callable[[], None]) -> None:
+    """``what`` only moves numbers, so its result holds x's values exactly: one in a narrower dtype has rounded them,
+    one whose values all lie on a narrower dtype's grid went through it (float32), and any other difference within the
+    tolerance comes from arithmetic on the values."""
+    if not out.is_floating_point():
+        return
+    if out.dtype.itemsize < x.dtype.itemsize:
         got, had = str(out.dtype)[6:], str(x.dtype)[6:]
         fail(f"result rounded to {got}", tried=tried, got=f"the right numbers, but as {got}: x's {had} values rounded",
              expected=f"x's own values, exactly: {what} only moves numbers", cause=f"you converted to {got} (.float(), "
              f".half() or dtype={got})", fix="drop the conversion: reshape, transpose and cat keep x's dtype")
+    if not torch.equal(out.to(want.dtype), want):
+        lower_precision(out, x.dtype, tried=tried, what=f"your {what} result")
+        unchanged()  # values computed on an x changed in place: that names it better
+        off = fmt(float((out.double() - want.double()).abs().max()))
+        fail("values changed", tried=tried, got=f"the right values to within {off}, but not x's own values",
+             expected=f"x's own values, exactly: {what} only moves numbers",
+             cause="some step of yours computes with the values (adds, multiplies, divides) instead of only moving "
+                   "them", fix="only reshape, transpose, split or cat: no arithmetic on x's values")
 
 
 _KEEP_DTYPE = "leave out .half() and .bfloat16(): reshape and transpose keep x's dtype and values"
@@ -185,7 +199,9 @@ def check_split_heads(fn: Learner) -> str:
         except Failure as failure:
             _moved(failure, out, x, lambda t, a=a: ref_split(t, a), "B, n, A·d_head", _MIXED)
             raise
-        _expect_same_precision(out, x, tried=tried, what="split_heads")
+        shown = f"x of shape {tuple(x.shape)} ({str(dtype)[6:]})"
+        _expect_same_precision(out, x, ref_split(x, a), tried=tried, what="split_heads", unchanged=lambda: (
+            expect_unchanged(fn, (x, a), call=f"split_heads(x, {a})", name="x", shown=shown)))
         previous = (a, d)
     x = torch.randn(2, 5, 12, generator=gen)
     expect_unchanged(fn, (x, 3), call="split_heads(x, 3)", name="x", shown="x of shape (2, 5, 12) (float32)")
@@ -259,7 +275,9 @@ def check_merge_heads(fn: Learner) -> str:
         except Failure as failure:
             _moved(failure, out, x, ref_merge, "B, A, n, d_head", _UNMIXED)
             raise
-        _expect_same_precision(out, x, tried=tried, what="merge_heads")
+        shown = f"x of shape {tuple(x.shape)} ({str(dtype)[6:]})"
+        _expect_same_precision(out, x, ref_merge(x), tried=tried, what="merge_heads", unchanged=lambda: (
+            expect_unchanged(fn, (x,), call="merge_heads(x)", name="x", shown=shown)))
     x = torch.randn(2, 3, 5, 4, generator=gen)
     expect_unchanged(fn, (x,), call="merge_heads(x)", name="x", shown="x of shape (2, 3, 5, 4) (float32)")
     return (f"matches the reference on {len(_MERGE_CASES)} cases (1 to 6 heads, one position, float32 and "

@@ -256,7 +256,7 @@ def check_MultiHeadAttention(cls: Learner) -> str:
                 _explain_mismatch(failure.diagnosis, module, args, result, got, ctx, tried, layers)
             raise
         if case is cases[0]:
-            _expect_gradient(module, P, x_q, a, d_head, tried, gen)
+            _expect_gradient(module, P, x_q, a, d_head, tried, gen, got["out"])
     return (f"matches nn.MultiheadAttention on {with_torch} cases (weights copied) and the float64 reference on "
             f"{len(cases) - with_torch} (A·d_head ≠ d_model, a fully masked row): self-, causal and cross-attention, "
             "masks of four shapes")
@@ -369,21 +369,31 @@ def _masked_rows_only(d: Diagnosis, ctx: Case, out: torch.Tensor, weights: torch
 
 
 def _expect_gradient(module: Learner, P: dict, x_q: torch.Tensor, a: int, d_head: int, tried: str,
-                     gen: torch.Generator) -> None:
-    """out must be differentiable: gradients reach x_q (and so the projections), as autograd gives them."""
+                     gen: torch.Generator, first: torch.Tensor) -> None:
+    """out must be differentiable: gradients reach x_q (and so the projections), as autograd gives them; this second
+    call on the same x_q must give the same out as the first (``first``)."""
     upstream = torch.randn(*x_q.shape[:-1], P["o"][0].shape[0], generator=gen)
     x = x_q.to(torch.float64).requires_grad_(True)
-    (want,) = torch.autograd.grad((multihead(P, x, None, None, a, d_head)[0] * upstream).sum(), x)
+    with torch.enable_grad():  # the oracle's gradient, whatever grad mode the learner's forward left behind
+        (want,) = torch.autograd.grad((multihead(P, x, None, None, a, d_head)[0] * upstream).sum(), x)
     tried = f"{tried}, then out.backward(g): the gradient with respect to x_q"
     try:
-        _, grads = module.vjp((x_q,), upstream, wrt=(0,), index=0)
+        again, grads = module.vjp((x_q,), upstream, wrt=(0,), index=0)
     except (LearnerRaised, LearnerTimedOut) as exc:
         raise Failure(learner_error(exc, tried=tried, expected="a gradient for x_q")) from None
+    out = again[0] if isinstance(again, (tuple, list)) and again else None
+    if isinstance(out, torch.Tensor) and out.shape == first.shape and not same(out, first, atol=1e-5, rtol=1e-5):
+        fail("different results for the same input", tried=tried, got="the second call of forward on the same x_q, "
+             f"in eval() mode, gave out off by up to {fmt(float((out.double() - first.double()).abs().max()))} from "
+             "the first", expected="the same out", cause="something in forward changes from one call to the next: "
+             "state kept on self between calls (a cache of keys and values, a counter) or random numbers drawn "
+             "(dropout that ignores self.training)", fix="compute out from the inputs alone: store nothing on self "
+             "in forward, and let eval() turn any dropout off (nn.Dropout, or F.dropout(w, p, training=self.training))")
     got = grads[0] if isinstance(grads, tuple) and grads else None
     if not isinstance(got, torch.Tensor):
         fail("no gradient flows back through out", tried=tried, got="out does not depend on x_q through autograd",
              expected=f"a gradient of shape {tuple(x_q.shape)}",
-             cause="forward cut the autograd graph (.detach(), torch.no_grad(), .item()/.tolist() or a NumPy round "
-                   "trip), so W^Q, W^K, W^V, W^O could never be trained",
+             cause="forward cut the autograd graph (.detach(), torch.no_grad() or torch.set_grad_enabled(False), "
+                   ".item()/.tolist() or a NumPy round trip), so W^Q, W^K, W^V, W^O could never be trained",
              fix="compute out with torch operations only, without detaching it")
     expect_close(got, want, tried=tried, what="the gradient", atol=1e-4, rtol=1e-3)

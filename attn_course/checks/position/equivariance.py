@@ -24,12 +24,24 @@ MORE_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
 #: function, in places that do not move with the tokens (any reordering of x gives the very same output). A test that
 #: compares sorted rows, means or norms over the tokens calls it equivariant; comparing row by row, it is not.
 REORDERED = "plain attention, rows in an order of their own"
+#: Learned positions at the scale real embeddings start from (0.01): a position-aware attention whose outputs move by
+#: 1e-3 to 5e-2 under a reordering, far above rounding (the docstring's atol=1e-5), far below a loose tolerance.
+SMALL = "learned positions at 1/100 scale"
 
 
 def _variant(name: str) -> Callable[[Any], Any]:
-    if name != REORDERED:
+    if name not in (REORDERED, SMALL):
         return ref.attention_variant(name)
     plain = ref.attention_variant("plain attention")
+    if name == SMALL:
+        def small(x):
+            if isinstance(x, np.ndarray) and x.dtype.kind == "f":  # NumPy in, NumPy out
+                return small(torch.from_numpy(x)).numpy()
+            n, d = (x.shape[-2:] if isinstance(x, torch.Tensor) and x.dim() >= 2 else (1, 1))
+            g = torch.Generator().manual_seed(7 * d + n)
+            return plain(x + 0.01 * torch.randn(n, d, generator=g, dtype=torch.float64).to(x.dtype))
+
+        return small
 
     def reordered(x):
         out = plain(x)
@@ -233,14 +245,38 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
              cause="your comparison does not depend on the order of the rows (sorted rows, a mean, a sum or a norm "
                    "over the tokens): an output whose rows are right but in the wrong places passes it",
              fix="compare row by row: torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)")
+    tried = f"is_permutation_equivariant(attn) with attn = {SMALL} (x + 0.01·p_t, p_t a random vector per position)"
+    result, verdict = _verdict(fn, tried, SMALL)
+    if verdict:
+        small = _evidence([[c for c in result.get("calls", []) if isinstance(c, dict)]])
+        gap = ref.permutation_gap(_variant(SMALL), small["x"], small["perm"]) if "perm" in small else None
+        fail("the test misses small positional effects", tried=tried, got="equivariant" + (
+             "" if gap is None else f", though on your x and permutation the outputs differ by up to {fmt(gap)}"),
+             expected="not equivariant: learned positions change the output, if only a little",
+             cause="your test runs attn on x and on x reordered, but the comparison lets a difference far above "
+                   "rounding through: a tolerance far too loose (the docstring's atol=1e-5 only forgives rounding), or "
+                   "a comparison of part of the outputs" if gap is not None and gap > 1e-4 else "", fix=_TEST_FIX)
     for seed in MORE_SEEDS:
         tried = f"is_permutation_equivariant(attn) with attn = symmetric distance bias, random draws seeded with {seed}"
-        if _verdict(fn, tried, "symmetric distance bias", seed)[1]:
-            fail("the test misses symmetric distance bias on other random draws", tried=tried, got="equivariant",
-                 expected=f"not equivariant, whatever the seed (it was with seed {SEED})",
-                 cause="your permutation is sometimes one that keeps every distance |i − j|: torch.randperm can "
-                       "give the identity or the reversal (for 3 tokens, 2 draws in 6), and your test does not draw "
-                       "again then", fix="perm = torch.randperm(n) with n ≥ 3, drawn again while it is the identity "
-                       "or the reversal")
+        result, verdict = _verdict(fn, tried, "symmetric distance bias", seed)
+        if not verdict:
+            continue
+        calls = [c for c in result.get("calls", []) if isinstance(c, dict)]
+        seen, cause = _evidence([calls]), ""
+        perm = seen.get("perm")  # None: no reordering of one x seen (the identity among them)
+        if perm is not None and not torch.equal(perm, torch.arange(len(perm)).flip(0)):  # it moves some |i − j|
+            gap = ref.permutation_gap(ref.attention_variant("symmetric distance bias"), seen["x"], perm)
+            size = max(c.get("absmax", 0.0) for c in calls)
+            cause = (f"on this draw your permutation moves distances |i − j|, yet the outputs differ by only {fmt(gap)}"
+                     + (f": your inputs, up to {fmt(size)} in size (torch.randn's rarely pass 4), make the scores so "
+                        "large that a bias of |i − j| hardly moves the weights" if size > 5 else "") if gap <= 1e-4
+                     else f"on this draw your permutation moves distances |i − j| and the outputs differ by "
+                          f"{fmt(gap)}, but your comparison lets that through")
+        fail("the test misses symmetric distance bias on other random draws", tried=tried, got="equivariant",
+             expected=f"not equivariant, whatever the seed (it was with seed {SEED})", cause=cause or (
+                 "your permutation is sometimes one that keeps every distance |i − j|: torch.randperm can give the "
+                 "identity or the reversal (for 3 tokens, 2 draws in 6), and your test does not draw again then"),
+             fix=_TEST_FIX if cause else "perm = torch.randperm(n) with n ≥ 3, drawn again while it is the identity "
+             "or the reversal")
     return (f"tells {len(ref.EQUIVARIANT)} permutation-equivariant functions from {len(ref.POSITION_AWARE)} attentions "
             "that see positions")

@@ -207,7 +207,7 @@ def _alibi_measured(failure: Failure, out: torch.Tensor, n: int, heads: int) -> 
          cause="the form −slope·|i − j| is right; the slopes are not", fix="slope = 2 ** (-8 * (a + 1) / A)")
 
 
-_ALIBI_CASES = [(5, 8), (7, 4), (1, 4), (6, 1), (6, 16), (12, 2), (3, 32)]
+_ALIBI_CASES = [(5, 8), (7, 4), (1, 4), (6, 1), (24, 16), (12, 2), (3, 32)]  # (24, 16): biases down to −16.3
 
 
 @check("alibi_bias", expects="a function alibi_bias(n, n_heads) returning an (n_heads, n, n) tensor")
@@ -217,6 +217,8 @@ def check_alibi_bias(fn: Learner) -> str:
         tried = f"alibi_bias{case}"
         out = call(fn, case, tried, f"an ({case[1]}, {case[0]}, {case[0]}) tensor")
         floating(out, tried, "the slopes are fractions: compute in floating point")
+        kit.half_rounded(out, _alibi(*case), tried=tried, what="your bias", fix="compute the slopes and the bias in "
+                         "float32 or float64: leave out .half() and .bfloat16()")
         judge(suspects, fn, out, _alibi(*case), case, tried, lambda f: _alibi_measured(f, out, *case),
               what="your bias", axes=_HEAD_AXES, distinguish=_ALIBI_CASES,
               fix="bias[a, i, j] = −slope_a·|i − j| with slope_a = 2^(−8(a+1)/A)")

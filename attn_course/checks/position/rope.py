@@ -104,6 +104,13 @@ def _rope_measured(fn: Learner, failure: Failure, out: torch.Tensor, x, given, b
         _pair_lengths(failure, ask, turned, x, out, given, base, positions[:, None] * theta)
         return  # nothing proven: the generic measurement speaks
     angles = torch.atan2(second, first)  # (n, d/2)
+    sin = torch.sin(positions[:, None] * theta)  # the right sines: where negative, |sin| turns the other way
+    if torch.allclose(first, torch.cos(positions[:, None] * theta), atol=1e-4) and bool((sin < -1e-3).any()) and \
+            torch.allclose(second, sin.abs(), atol=1e-4):
+        fail_again(failure, "sin's sign lost", "given pairs (1, 0), your function returns (cos t·θ_r, |sin t·θ_r|): "
+                   "your sine is never negative, as sqrt(1 − cos²) or .abs() make it, so pairs whose angle t·θ_r lies "
+                   "between π and 2π (mod 2π) turn the wrong way", "use torch.sin(angles): sqrt(1 − cos²) loses the "
+                   "sign of the sine")
     turns = lambda t, a: torch.allclose(t[:, 0::2], torch.cos(a), atol=1e-4) and \
         torch.allclose(t[:, 1::2], torch.sin(a), atol=1e-4)  # noqa: E731
     if given is not None and not turns(turned, positions[:, None] * theta):
@@ -254,7 +261,7 @@ def check_apply_rope(fn: Learner) -> str:
              ("x (2, 6, 8) at positions 10 … 15", (x(2, 6, 8), torch.arange(10, 16))),
              ("x (5, 8), base 500", (x(5, 8), torch.arange(5), 500.0)),
              ("x (2, 7, 12) float32, default positions", (x(2, 7, 12, dtype=torch.float32),)),
-             ("x (3, 8) at positions [1000, 2500, 4096]", (x(3, 8), torch.tensor([1000, 2500, 4096])))]
+             ("x (3, 8) at positions [1000, 2501, 4097]", (x(3, 8), torch.tensor([1000, 2501, 4097])))]
     suspects = Suspects(_ROPE_TABLE, atol=1e-4, rtol=1e-4)
     signature = [("TypeError", "argument", "your function does not take positions and base",
                   "keep the signature apply_rope(x, positions=None, base=10000.0)")]
@@ -268,7 +275,7 @@ def check_apply_rope(fn: Learner) -> str:
             fail(f"dtype changed from {str(case[0].dtype)[6:]} to {str(out.dtype)[6:]}", tried=tried,
                  got=str(out.dtype), expected=str(case[0].dtype), cause="your cos and sin are in another dtype, "
                  "which promoted the product", fix="convert cos and sin to x.dtype before multiplying")
-        atol = 3e-3 if "4096" in name else 1e-5 if case[0].dtype == torch.float64 else 1e-4
+        atol = 3e-3 if "4097" in name else 1e-5 if case[0].dtype == torch.float64 else 1e-4
         judge(suspects, fn, out, _rope(*case), case, tried, lambda f: _rope_measured(fn, f, out, *case),
               what="your rotated x", atol=atol, rtol=1e-4, fix=_ROPE_FIX)
     # The relative property, on the learner's own rotations: q·k depends only on the distance.
@@ -361,6 +368,12 @@ def check_rope_decode_step(fn: Learner) -> str:
                 fn(*c)[i], tried=tried), distinguish=[c for _, c in cases], **tol)
         for got, what in ((q_out, "the rotated queries"), (k_out, "the extended cache")):
             kit.lower_precision(got, case[0].dtype, tried=tried, what=what, grid=False)
+        kept = k_out[..., :case[2].shape[-2], :]  # within the tolerance: now the cached keys, exactly as given
+        if not torch.equal(kept.to(case[2].dtype), case[2]):
+            fail("cached keys not kept exactly", tried=tried, got="the first n_cache keys of your extended cache are "
+                 f"off from k_cache by up to {fmt(float((kept.double() - case[2].double()).abs().max()))}",
+                 expected="k_cache's own values, exactly", cause="you recomputed or converted the cached keys (a trip "
+                 "through another dtype, a rotation undone and redone) instead of leaving them as they are", fix=_ONLY_NEW)
     kit.expect_unchanged(fn, (r(2, 8), r(2, 8), cached(r(3, 8))), call="rope_decode_step(q_new, k_new, k_cache)",
                          name="q_new", others=("k_new", "k_cache"), shown="2 new tokens after 3 cached ones, d = 8, "
                          "float64")

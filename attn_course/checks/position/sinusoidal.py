@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import kit
 from ..compare import Failure, as_tensor, call_or_skip, fail, fail_again, same
 from ..core import Learner, check
 from ..kit import Suspects, variants
@@ -121,6 +122,8 @@ def check_sinusoidal_encoding(fn: Learner) -> str:
             if d % 2 else []
         out = call(fn, args, tried, f"an ({n}, {d}) tensor", patterns=odd)
         floating(out, tried, "compute in floating point (torch.arange(n, dtype=torch.float32))")
+        kit.half_rounded(out, _sinusoid(*case), tried=tried, what="your encoding", fix="compute the angles, sines and "
+                         "cosines in float32 or float64: leave out .half() and .bfloat16()")
         judge(suspects, fn, out, _sinusoid(*case), case, tried, lambda f: _sinusoid_measured(fn, f, out, *case),
               what="your encoding", fix=_SIN_FIX, distinguish=every)
     return f"matches Vaswani et al.'s interleaved sin/cos on {len(cases)} cases (odd d, d = 1, other bases)"
