@@ -195,13 +195,16 @@ def changed_settings(exc: LearnerChangedSettings) -> Diagnosis:
     """The diagnosis for code that left PyTorch's default dtype or gradient mode changed (now put back)."""
     dtype = any(c.startswith("torch.get_default_dtype") for c in exc.changes)
     grad = any(c.startswith("torch.is_grad_enabled") for c in exc.changes)
-    calls = ["torch.set_default_dtype(…)"] * dtype + ["torch.set_grad_enabled(…)"] * grad
+    calls = ["the default dtype (torch.set_default_dtype)"] * dtype + [
+        "the gradient mode (torch.set_grad_enabled, or a torch.no_grad() entered and never left)"] * grad
+    block = "torch.no_grad" if any(c.startswith("torch.is_grad_enabled() is False") for c in exc.changes) else \
+        "torch.enable_grad"
     fixes = ["ask for a dtype where you make a tensor (dtype=torch.float64, x.double())"] * dtype + [
-        "switch gradients off only inside a `with torch.no_grad():` block, which puts the mode back when it ends"] * grad
+        f"switch the mode only inside a `with {block}():` block, which puts it back when it ends"] * grad
     return Diagnosis("changed PyTorch's global settings", tried=exc.call, got="after the call, " + "; ".join(exc.changes),
                      expected="PyTorch's settings as they were: the function only computes its result",
-                     cause=f"your code calls {' and '.join(calls)} and leaves it so: every later cell of your notebook "
-                           "would run with that setting (the check has put it back)",
+                     cause=f"your code changes {' and '.join(calls)} and leaves it so: every later cell of your "
+                           "notebook would run with that setting (the check has put it back)",
                      fix="; ".join(fixes))
 
 

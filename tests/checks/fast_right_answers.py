@@ -934,4 +934,76 @@ RIGHT = [
         out[..., qs:qe, :] = acc / l
     return out
 '''),
+    # round 4: near the rules for kept results, global settings and an epsilon in the sum
+    ('online_softmax', 'os memoised by the full values (a dict keyed on x.numpy().tobytes())', '''_memo = {}
+def online_softmax(x, block_size=1):
+    key = (tuple(x.shape), str(x.dtype), x.numpy().tobytes(), block_size)
+    if key not in _memo:
+        m = torch.full(x.shape[:-1] + (1,), -math.inf, dtype=x.dtype)
+        l = torch.zeros_like(m)
+        for s in range(0, x.shape[-1], block_size):
+            b = x[..., s:s + block_size]
+            m_new = torch.maximum(m, b.amax(-1, keepdim=True))
+            l = l * torch.exp(m - m_new) + torch.exp(b - m_new).sum(-1, keepdim=True)
+            m = m_new
+        _memo[key] = torch.exp(x - m) / l
+    return _memo[key]
+'''),
+    ('online_softmax', 'os default dtype set to x.dtype, put back in finally; divides by l.clamp_min(1e-300)',
+     '''def online_softmax(x, block_size=1):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(x.dtype)
+    try:
+        m = torch.full(x.shape[:-1] + (1,), -math.inf)
+        l = torch.zeros(x.shape[:-1] + (1,))
+        for s in range(0, x.shape[-1], block_size):
+            b = x[..., s:s + block_size]
+            m_new = torch.maximum(m, b.amax(-1, keepdim=True))
+            l = l * torch.exp(m - m_new) + torch.exp(b - m_new).sum(-1, keepdim=True)
+            m = m_new
+        return torch.exp(x - m) / l.clamp_min(1e-300)
+    finally:
+        torch.set_default_dtype(old)
+'''),
+    ('tiled_attention', 'ta grad mode off and back by hand, m from the first tile', '''def tiled_attention(q, k, v, block_size=64):
+    was = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+    scale, outs = 1 / math.sqrt(q.shape[-1]), []
+    for qs in range(0, q.shape[-2], block_size):
+        qb = q[..., qs:qs + block_size, :]
+        s = qb @ k[..., :block_size, :].mT * scale
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        l, acc = p.sum(-1, keepdim=True), p @ v[..., :block_size, :]
+        for ks in range(block_size, k.shape[-2], block_size):
+            s = qb @ k[..., ks:ks + block_size, :].mT * scale
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - m_new), torch.exp(s - m_new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ks + block_size, :], m_new
+        outs.append(acc / l)
+    torch.set_grad_enabled(was)
+    return torch.cat(outs, -2)
+'''),
+    ('causal_tiled_attention', 'ca memoised by the full values of q, k, v', '''_seen = {}
+def causal_tiled_attention(q, k, v, block_size=64):
+    key = tuple(t.numpy().tobytes() for t in (q, k, v)) + (tuple(q.shape), tuple(v.shape), str(q.dtype), block_size)
+    if key in _seen:
+        return _seen[key].clone()
+    n, scale = q.shape[-2], 1 / math.sqrt(q.shape[-1])
+    out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    for qs in range(0, n, block_size):
+        qe = min(qs + block_size, n)
+        m = torch.full(q.shape[:-2] + (qe - qs, 1), -math.inf, dtype=q.dtype)
+        l, acc = torch.zeros_like(m), torch.zeros(q.shape[:-2] + (qe - qs, v.shape[-1]), dtype=q.dtype)
+        for ks in range(0, qe, block_size):
+            ke = min(ks + block_size, n)
+            s = q[..., qs:qe, :] @ k[..., ks:ke, :].mT * scale
+            s = s.masked_fill(torch.arange(ks, ke)[None, :] > torch.arange(qs, qe)[:, None], -math.inf)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            c, p = torch.exp(m - m_new), torch.exp(s - m_new)
+            l, acc, m = l * c + p.sum(-1, keepdim=True), acc * c + p @ v[..., ks:ke, :], m_new
+        out[..., qs:qe, :] = acc / l
+    _seen[key] = out
+    return out.clone()
+'''),
 ]

@@ -1061,3 +1061,19 @@ def attn_inference_mode(Q, K, V, mask=None):
                          ids=lambda v: getattr(v, "__name__", type(v).__name__))
 def test_check_attention_accepts_slow_one_pass_and_log_space_answers(fn, accepts):
     accepts(check_attention, fn)
+
+
+# ============================================================================ round 4: a clamp is named only when proven
+def attn_blocked_set_to_tiny(Q, K, V, mask=None):  # "no log 0": the blocked weights set to 1e-20, not a clamp
+    weights = _masked_softmax_of(Q @ K.transpose(-2, -1) / math.sqrt(Q.shape[-1]), mask)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 1e-20)
+    return weights @ V, weights
+
+
+def test_check_attention_names_a_fill_of_the_blocked_weights_as_either_a_clamp_or_a_fill(rejects):
+    # every allowed weight of the first float64 masked case is above 1e-20: a clamp and a fill give the same numbers,
+    # so the cause names both, not the clamp alone
+    result = rejects(check_attention, attn_blocked_set_to_tiny, "blocked keys get a tiny weight, not 0",
+                     "every blocked weight is exactly 1e-20", "or set the blocked ones to 1e-20 (masked_fill")
+    assert not result.diagnosis.cause.startswith("you clamped"), result.text()

@@ -1180,3 +1180,35 @@ def tiled_backward_own_lse(q, k, v, o, lse, dout, block_size=64, causal=False):
 def test_tiled_backward_that_ignores_lse_is_named(rejects):
     d = rejects(check_tiled_attention_backward, tiled_backward_own_lse, "lse not used").diagnosis
     assert "does not depend on lse" in d.got and "lse + 1" in d.tried, d.tried
+
+
+# ============================================================================ round 4: a cache that leaves one input out
+def _cached_without(name):
+    cache = {}
+
+    def tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False):
+        given = dict(q=q, k=k, v=v, o=o, lse=lse, dout=dout)
+        key = (tuple(t.numpy().tobytes() for n, t in given.items() if n != name), block_size, causal)
+        if key not in cache:  # "same inputs, same gradients" — but the key leaves one input out
+            cache[key] = ref.tiled_attention_backward(q, k, v, o, lse, dout, block_size, causal=causal)
+        return cache[key]
+    return tiled_attention_backward
+
+
+@pytest.mark.parametrize("name", ["lse", "o"])
+def test_a_cache_keyed_without_lse_or_o_is_not_called_a_recomputation(name, rejects):
+    """Memoised by the values of every input but one: it does use lse and o; only its cache ignores one. Named as a kept
+    result, not as "lse not used: the logsumexp found again" or "D not computed from o"."""
+    d = rejects(check_tiled_attention_backward, _cached_without(name), "an earlier result returned again").diagnosis
+    assert f"not by {name}" in d.cause and "dout doubled" in d.tried, d
+
+
+def test_a_cache_keyed_on_every_value_is_accepted(accepts):
+    cache = {}
+
+    def tiled_attention_backward(q, k, v, o, lse, dout, block_size=64, causal=False):
+        key = (tuple(t.numpy().tobytes() for t in (q, k, v, o, lse, dout)), tuple(q.shape), q.dtype, block_size, causal)
+        if key not in cache:
+            cache[key] = ref.tiled_attention_backward(q, k, v, o, lse, dout, block_size, causal=causal)
+        return cache[key]
+    accepts(check_tiled_attention_backward, tiled_attention_backward)

@@ -1250,7 +1250,7 @@ def _audited(source, name):
 
 @pytest.mark.parametrize("exercise, source", [pytest.param(e, s, id=f"{e}: {what}") for e, what, s in AUDITED])
 def test_the_audited_right_answers_are_accepted(exercise, source, accepts):
-    """52 right answers written by an independent audit (chunk, unfold, while loops, in-place state, sums as
+    """56 right answers written by independent audits (chunk, unfold, while loops, in-place state, sums as
     products with ones, split copies…): each passes."""
     check = {"online_softmax": check_online_softmax, "tiled_attention": check_tiled_attention,
              "causal_tiled_attention": check_causal_tiled_attention}[exercise]
@@ -1480,3 +1480,43 @@ def tiled_attention_recursive(q, k, v, block_size=64):
 def test_tiles_held_by_a_recursion_are_named_as_such(rejects):
     d = rejects(check_tiled_attention, tiled_attention_recursive, "keeps a query block's score tiles alive at once").diagnosis
     assert "held by a call of your function on itself" in d.cause, d.cause
+
+
+# ============================================================================ round 4: an epsilon in l is no float32
+def _with_epsilon(name, eps):
+    """The right algorithm with ``eps`` added to the running sum where it divides: float64 all through."""
+    def online_softmax(x, block_size=1):
+        return _online(x, block_size) * _sums(x) / (_sums(x) + eps)
+
+    def tiled_attention(q, k, v, block_size=64):
+        causal = name == "causal_tiled_attention"
+        s = q @ k.mT / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+        return _tiles(q, k, v, block_size, causal=causal) * _sums(s) / (_sums(s) + eps)
+    return online_softmax if name == "online_softmax" else tiled_attention
+
+
+def _sums(s):
+    return torch.exp(s - s.amax(dim=-1, keepdim=True)).sum(dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("check, name", [(check_online_softmax, "online_softmax"),
+                                         (check_tiled_attention, "tiled_attention"),
+                                         (check_causal_tiled_attention, "causal_tiled_attention")])
+@pytest.mark.parametrize("eps", [1e-6, 1e-2])
+def test_an_epsilon_in_the_running_sum_is_named_not_called_float32(check, name, eps, rejects):
+    """A tiny ε leaves the values within tolerance but off by more than float64 rounding: named as the ε it is,
+    not as "part of your computation runs in float32"; a large one is named the same way."""
+    d = rejects(check, _with_epsilon(name, eps), "an epsilon added to the sum").diagnosis
+    assert "float32" not in d.cause and f"{eps:.2g}" in d.got, d
+
+
+def tiled_attention_float32_accumulator(q, k, v, block_size=64):
+    out = _tiles(q, k, v, block_size)
+    return out.float().double() if out.dtype == torch.float64 else out
+
+
+def test_float32_rounding_is_not_called_an_epsilon(rejects):
+    d = rejects(check_tiled_attention, tiled_attention_float32_accumulator, "float64 input, float32 precision").diagnosis
+    assert "epsilon" not in d.summary, d

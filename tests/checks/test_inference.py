@@ -1255,3 +1255,26 @@ def test_sliding_window_mask_names_a_mask_kept_by_shape(rejects):
     for answer in (window_mask_capped, window_mask_capped_at_8):  # wrong on new shapes too: not a mask kept by shape
         d = rejects(check_sliding_window_mask, answer, "wrong entries in the mask").diagnosis
         assert "kept by shape" not in d.cause, d
+
+
+# ============================================================================ round 4: a buffer that grows, too little
+class CacheDoubledOnce(CachePreallocated):
+    """64 slots, doubled once when full (`if`, not `while`): too small for a 4,096-token prompt, yet it grows."""
+
+    def append(self, k, v):
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:-2], 64, k.shape[-1])
+            self.v = v.new_zeros(*v.shape[:-2], 64, v.shape[-1])
+        n = k.shape[-2]
+        if self.t + n > self.k.shape[-2]:
+            self.k, self.v = (torch.cat([x, torch.zeros_like(x)], -2) for x in (self.k, self.v))
+        self.k[..., self.t:self.t + n, :], self.v[..., self.t:self.t + n, :] = k, v
+        self.t += n
+        return self.k[..., :self.t, :], self.v[..., :self.t, :]
+
+
+def test_kv_cache_does_not_call_a_buffer_that_grows_too_little_one_that_never_grows(rejects):
+    d = rejects(check_KVCache, CacheDoubledOnce, "a buffer of 128 slots", "did not grow enough", "4,096 new tokens",
+                "max(2 × its size").diagnosis
+    assert "never grows" not in d.cause, d
+    assert_voice(rejects(check_KVCache, CacheDoubledOnce))

@@ -797,7 +797,7 @@ _BLOCK = torch.ones(8, 8, dtype=torch.bool).tril()  # "registered once, like a G
 
 
 @pytest.mark.parametrize("check,fn,phrase", [
-    (check_causal_mask, lambda n: _BLOCK[:n, :n], "n is ignored"),
+    (check_causal_mask, lambda n: _BLOCK[:n, :n], "n used only up to 8"),  # not "n is ignored": n cuts the block
     (check_padding_mask_from_lengths,
      lambda lengths, max_len=None: torch.arange(int(lengths.max()) if max_len is None else max_len,
                                                 dtype=torch.uint8) < lengths.to(torch.uint8)[:, None],
@@ -805,3 +805,20 @@ _BLOCK = torch.ones(8, 8, dtype=torch.bool).tril()  # "registered once, like a G
 ])
 def test_masks_past_small_sizes_are_checked(check, fn, phrase, rejects):
     rejects(check, fn, phrase)
+
+
+# ============================================================================ round 4: misnamings past the cases
+def softmax_blocked_set_to_tiny(scores, mask):  # the blocked weights set to 1e-30, not a clamp of the weights
+    return reference_masked_softmax(scores, mask).masked_fill(~mask, 1e-30)
+
+
+def test_masked_softmax_names_a_fill_of_the_blocked_weights_as_either_a_clamp_or_a_fill(rejects):
+    result = rejects(check_masked_softmax, softmax_blocked_set_to_tiny, "blocked keys get a tiny weight, not 0",
+                     "every blocked weight is exactly 1e-30", "or set the blocked ones to 1e-30 (masked_fill")
+    assert not result.diagnosis.cause.startswith("you clamped"), result.text()
+
+
+def test_causal_mask_cut_from_a_fixed_block_is_not_called_ignoring_n(rejects):
+    result = rejects(check_causal_mask, lambda n: _BLOCK[:n, :n], "n used only up to 8", "fixed size 8 × 8",
+                     "build the mask from the argument n")
+    assert "n is ignored" not in result.text(), result.text()

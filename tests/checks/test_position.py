@@ -1345,3 +1345,19 @@ def test_position_checks_accept_slow_and_decorated_answers(check, fn, accepts):
 def test_position_tables_name_a_trip_through_float16(check, fn, rejects):
     text = rejects(check, fn, "float16 precision").text()
     assert "slopes not geometric" not in text and "look at the formula" not in text, text
+
+
+def perm_test_large_inputs(attn):  # right permutation (neither identity nor reversal), but x 30 times randn's size
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 8, generator=g) * 30
+    perm = torch.tensor([2, 0, 1, 3, 5, 4])
+    return torch.allclose(attn(x[perm]), attn(x)[perm], atol=1e-5)
+
+
+def test_check_equivariance_test_names_large_inputs_not_a_distance_keeping_permutation(rejects):
+    """A permutation that moves distances |i − j| is not called one that keeps them: the outputs barely differ
+    because the inputs are so large that the scores swamp the bias."""
+    text = rejects(check_is_permutation_equivariant, perm_test_large_inputs, "misses symmetric distance bias",
+                   "your permutation moves distances |i − j|, yet the outputs differ by only",
+                   "make the scores so large").text()
+    assert "keeps every distance" not in text and "a reversal does" not in text, text

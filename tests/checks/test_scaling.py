@@ -736,3 +736,55 @@ def test_mc_estimate_cached_by_arguments_is_not_called_a_reseed(rejects):  # was
     text = rejects(check_mc_score_variance, r3_mc_cached_by_arguments, "an earlier result returned again",
                    "keeps its result between calls").text()
     assert "re-seed" not in text, text
+
+
+# =============================================================================== audit round 4 A: what a re-seed or a replay may claim
+def r4_mc_global_state_for_few_samples(d_k, sigma=1.0, n_samples=20_000, generator=None):  # "few samples: no generator"
+    g = generator if n_samples > 100 else None
+    q = sigma * torch.randn(n_samples, d_k, generator=g)
+    k = sigma * torch.randn(n_samples, d_k, generator=g)
+    return float((q * k).sum(-1).var())
+
+
+class R4FirstGeneratorKept:  # keeps the first generator it is given, and draws from it ever after
+    def __init__(self):
+        self.generator = None
+
+    def __call__(self, d_k, sigma=1.0, n_samples=20_000, generator=None):
+        self.generator = self.generator or generator
+        q = sigma * torch.randn(n_samples, d_k, generator=self.generator)
+        k = sigma * torch.randn(n_samples, d_k, generator=self.generator)
+        return float((q * k).sum(-1).var())
+
+
+def test_no_draw_with_few_samples_is_not_called_a_reseed(rejects):  # was "you re-seed the generator"
+    text = rejects(check_mc_score_variance, r4_mc_global_state_for_few_samples, "the seed makes no difference",
+                   "with n_samples = 2 your function draws nothing from `generator`").text()
+    assert "re-seed" not in text, text
+
+
+def test_a_kept_generator_is_not_called_a_draw_without_it(rejects):  # was "a draw without generator=generator"
+    text = rejects(check_mc_score_variance, R4FirstGeneratorKept(), "some draws ignore the generator",
+                   "only the first call drew from the generator it was given").text()
+    assert "a draw without generator=generator" not in text, text
+
+
+def r4_mc_k_is_q_flipped(d_k, sigma=1.0, n_samples=20_000, generator=None):  # k made from q: with 2 samples, 2 equal products
+    q = sigma * torch.randn(n_samples, d_k, generator=generator)
+    k = q.flip(0)
+    return float((q * k).sum(-1).var())
+
+
+def test_equal_estimates_from_real_draws_are_not_called_a_reseed(rejects):  # was "you re-seed the generator"
+    text = rejects(check_mc_score_variance, r4_mc_k_is_q_flipped, "the seed makes no difference",
+                   "it does not depend on the draws", "exactly 0").text()
+    assert "re-seed" not in text, text
+
+
+def test_a_reseed_is_named_by_the_generators_end_state(rejects):
+    def reseeds(d_k, sigma=1.0, n_samples=20_000, generator=None):
+        generator.manual_seed(0)
+        q = sigma * torch.randn(n_samples, d_k, generator=generator)
+        return float((q * sigma * torch.randn(n_samples, d_k, generator=generator)).sum(-1).var())
+    rejects(check_mc_score_variance, reseeds, "the seed makes no difference", "you re-seed the generator",
+            "every generator ends in the same state")

@@ -1163,3 +1163,44 @@ def test_an_epsilon_in_the_denominator_is_named_with_a_temperature(rejects):
 def test_a_constant_factor_is_not_called_an_epsilon(fn, rejects):
     text = rejects(check_stable_softmax, fn).text()
     assert "epsilon in the denominator" not in text, text
+
+
+# =============================================================================== audit round 4 A: what an epsilon's cause may claim
+def r4_sm_extra_zero_score(x, dim=-1):  # the "+1 softmax" (an extra score 0 in every slice), written stably
+    m = x.amax(dim, keepdim=True).clamp_min(0)
+    e = torch.exp(x - m)
+    return e / (e.sum(dim, keepdim=True) + torch.exp(-m))
+
+
+def r4_t_extra_zero_score(x, temperature):
+    z = x / temperature
+    m = z.amax(-1, keepdim=True).clamp_min(0)
+    e = torch.exp(z - m)
+    return e / (e.sum(-1, keepdim=True) + torch.exp(-m))
+
+
+@pytest.mark.parametrize("check,fn,scores", [(check_stable_softmax, r4_sm_extra_zero_score, "e^x"),
+                                             (check_softmax_temperature, r4_t_extra_zero_score, "e^(x / T)")])
+def test_a_stable_extra_term_is_not_said_to_overflow(check, fn, scores, rejects):  # was "no maximum subtracted"
+    result = rejects(check, fn, "epsilon in the denominator", "sum plus 1")
+    text, cause = result.text(), result.diagnosis.cause
+    assert f"the sum being of {scores}:" in cause and "(what an extra score 0 in every slice gives)" in cause, text
+    assert "overflows" not in text and "no maximum subtracted" not in text, text
+
+
+def test_a_temperature_epsilon_names_the_scaled_scores(rejects):
+    result = rejects(check_softmax_temperature, r3_t_eps_shifted, "epsilon in the denominator")
+    assert result.diagnosis.got.endswith("S being the slice's sum of e^(x / T − max)"), result.text()
+
+
+def r4_sm_eps_refuses_large_scores(x, dim=-1):  # e^x and an epsilon; an error instead of inf: no overflow shown
+    e = torch.exp(x)
+    if not torch.isfinite(e).all():
+        raise OverflowError("scores too large for e^x")
+    return e / (e.sum(dim, keepdim=True) + 1e-6)
+
+
+def test_an_epsilon_is_said_to_overflow_only_where_the_answer_does(rejects):
+    result = rejects(check_stable_softmax, r4_sm_eps_refuses_large_scores, "epsilon in the denominator",
+                     "sum plus 1e-06")
+    assert "the sum being of e^x:" in result.diagnosis.cause and "overflows" not in result.text(), result.text()

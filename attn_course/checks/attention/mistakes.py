@@ -8,7 +8,8 @@ import math
 import torch
 
 from ..core import fail, fmt
-from ..kit import Known, narrowing_calls
+from ..kit import Known, clamp_cause, narrowing_calls
+from ..kit import epsilon_in_the_sum as epsilon_in_the_sum_of
 from ..kit.measure import DIGITS, lower_precision
 from .cases import Case, oracle, scaled_scores
 
@@ -331,25 +332,19 @@ _BITS = {torch.float64: 53, torch.float32: 24, torch.float16: 11, torch.bfloat16
 
 def epsilon_in_the_sum(w: torch.Tensor, case: Case, tried: str) -> None:
     """Fail naming it when the weights are, to float64 rounding, e / (Σe + ε) for one ε > 0 on every row,
-    e = exp(scaled scores − the row's maximum allowed one) (Σe ≥ 1): rows of unequal Σe tell it from a constant factor
-    (ε added to the sum of a softmax, Σe = 1, is one)."""
-    right = oracle(case)[1].double()
-    if tuple(w.shape) != tuple(right.shape) or not w.is_floating_point() or not bool(torch.isfinite(w).all()):
+    e = exp(scaled scores − the row's maximum allowed one) (Σe ≥ 1; :func:`~..kit.epsilon_in_the_sum`)."""
+    right, s = oracle(case)[1].double(), _fill(case.scaled.double(), case.mask)
+    if tuple(w.shape) != tuple(right.shape) or not w.is_floating_point():
         return
-    w, s = w.double(), _fill(case.scaled.double(), case.mask)
-    if not bool((w.sum(-1) > 0).all()):
-        return
-    sums = torch.exp(s - s.amax(-1, keepdim=True)).sum(-1)  # S: not all equal (else ε is a constant factor)
-    if float(sums.max() - sums.min()) >= 1e-3:
-        eps = sums * (1 / w.sum(-1) - 1)  # Σw = S / (S + ε)
-        value = float(eps.mean())
-        if value > 0 and torch.allclose(eps, torch.full_like(eps, value), rtol=1e-3, atol=0.0) and \
-                torch.allclose(w, right * (sums / (sums + value))[..., None], atol=1e-12, rtol=1e-9):
-            fail("an epsilon added to the softmax's sum", tried=tried, got=f"the weights are e / (Σe + {value:.2g}): "
-                 f"rows summing to {fmt(float(w.sum(-1).min()))} … {fmt(float(w.sum(-1).max()))}",
-                 expected="every row summing to 1", cause=f"you added an epsilon (about {value:.2g}) to each row's sum "
-                 "of exponentials; after subtracting the row's maximum that sum is at least 1, never 0 (every query "
-                 "may attend to a key)", fix="divide by the sum itself, or use torch.softmax")
+    sums = torch.broadcast_to(torch.exp(s - s.amax(-1, keepdim=True)).sum(-1), right.shape[:-1])
+    value = epsilon_in_the_sum_of(w, right, sums, atol=1e-12, rtol=1e-9)
+    if value is not None:
+        w = w.double()
+        fail("an epsilon added to the softmax's sum", tried=tried, got=f"the weights are e / (Σe + {value:.2g}): "
+             f"rows summing to {fmt(float(w.sum(-1).min()))} … {fmt(float(w.sum(-1).max()))}",
+             expected="every row summing to 1", cause=f"you added an epsilon (about {value:.2g}) to each row's sum "
+             "of exponentials; after subtracting the row's maximum that sum is at least 1, never 0 (every query "
+             "may attend to a key)", fix="divide by the sum itself, or use torch.softmax")
 
 
 def float64_digits(w: torch.Tensor, out: torch.Tensor, case: Case, tried: str) -> None:
@@ -361,12 +356,9 @@ def float64_digits(w: torch.Tensor, out: torch.Tensor, case: Case, tried: str) -
     blocked = w.detach().double()[~case.allowed]
     if bool((blocked != 0).any()):
         low = float(blocked.min())
-        clamped = bool((blocked == low).all()) and torch.allclose(w.double(), exp_w.clamp_min(low), atol=1e-12,
-                                                                   rtol=1e-9)
         fail("blocked keys get a tiny weight, not 0", tried=tried, got=f"weights up to {fmt(float(blocked.max()))} on "
              "blocked keys", expected="weight exactly 0 on every blocked key, as the docstring says",
-             cause=f"you clamped the weights to at least {low:.2g} (clamp_min, or clamp(min=…)), which lifts every "
-                   "blocked weight off 0" if clamped else "", fix=f"{MASK_FIX}: e^-inf is 0 exactly")
+             cause=clamp_cause(w, exp_w, case.allowed, low), fix=f"{MASK_FIX}: e^-inf is 0 exactly")
     for what, got, right in (("the weights", w, exp_w), ("the output", out, exp_out)):
         error = float((got.double() - right).abs().max() / right.abs().max().clamp_min(1e-300))
         if error > 1e-10:  # float64 rounding stays near 1e-16

@@ -8,7 +8,7 @@ import torch
 from ...backward import tiled_attention_forward
 from ..compare import fail, same
 from ..core import Learner, LearnerRaised, check
-from ..kit import Suspects, call_explained
+from ..kit import KEPT_CAUSE, KEPT_FIX, Suspects, call_explained
 from .judge import DTYPE, expect_fresh, fail_raised, judge, oracle, rand, tolerance, unpack_grads
 from .mistakes import CAUSAL, DELTA, TILED, table, tiled
 from .probes import forbid, watch_and_forbid
@@ -132,7 +132,8 @@ def _check_delta_from_o(fn: Learner, case: dict) -> None:
     tol = tolerance(expected, case["dtype"])
     if all(same(a, b, **tol) for a, b in zip(got, expected)):
         return
-    if all(same(a, b, **tol) for a, b in zip(got, case["expected"])):
+    if all(same(a, b, **tol) for a, b in zip(got, case["expected"])) and \
+            not _kept(fn, dict(case, o=other_o), tried, "o"):
         fail("D not computed from o", tried=tried,
              got="the same gradients as with the forward's o: your result does not depend on o",
              expected="gradients that follow the o passed in, through D = rowsum(dout ⊙ o)",
@@ -155,13 +156,31 @@ def _check_lse_used(fn: Learner, case: dict) -> None:
     tol = tolerance(expected, case["dtype"])
     if all(same(a, b, **tol) for a, b in zip(got, expected)):
         return
-    if all(same(a, b, **tol) for a, b in zip(got, case["expected"])):
+    if all(same(a, b, **tol) for a, b in zip(got, case["expected"])) and \
+            not _kept(fn, shifted, tried, "lse"):
         fail("lse not used: the logsumexp found again", tried=tried,
              got="the same gradients as with the forward's lse: your result does not depend on lse",
              expected="every gradient divided by e, since each tile of P is exp(S − L) with the L passed in",
              cause="your code finds each row's maximum or logsumexp itself (a first pass over the keys) instead of "
                    "taking L from lse: right numbers, a second pass the FlashAttention-2 backward avoids",
              fix="each tile of P is torch.exp(s - lse[..., q_start:q_end, None]): no max, no logsumexp of your own")
+
+
+def _kept(fn: Learner, changed: dict, tried: str, name: str) -> bool:
+    """The gradients came back as with the forward's ``name``: asked again with dout doubled (every gradient doubles,
+    D included), do they follow the changed ``name``? Then the first answer was a result kept from the call with the
+    same other inputs (a cache keyed on them, not on ``name``), and the check fails saying so; False otherwise."""
+    doubled = dict(changed, dout=2 * changed["dout"])
+    again = tried.replace(" on ", " and dout doubled, on ", 1)
+    got = unpack_grads(_call_tiled(fn, doubled, again), again)
+    expected = tiled(*(doubled[x] for x in ("q", "k", "v", "o", "lse", "dout", "block", "causal")))
+    if not all(same(a, b, **tolerance(expected, changed["dtype"])) for a, b in zip(got, expected)):
+        return False
+    fail("an earlier result returned again", tried=f"{tried}, then with dout doubled too",
+         got=f"with only {name} changed, the gradients of the forward's {name}; with dout doubled as well, "
+             f"the right gradients for the {name} passed in",
+         expected=f"gradients that follow the {name} passed in on every call", cause=KEPT_CAUSE.replace(
+             "a cache keyed by the shapes", f"a cache keyed by the other inputs, not by {name}"), fix=KEPT_FIX)
 
 
 def _watch_big(fn: Learner) -> dict:

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from ..compare import Failure, call_or_skip, same
 from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
-from ..kit import (Known, Suspects, expect_float64_precision, expect_not_kept, expect_unchanged, explain_raise,
-                   narrowing_calls)
+from ..kit import (Known, Suspects, epsilon_in_the_sum, expect_float64_precision, expect_not_kept, expect_unchanged,
+                   explain_raise, narrowing_calls)
 from .cases import Case
 from .mistakes import CAUSAL_FIX, FINAL_FIX, PATTERNS, Q_WIDTH
 from .steps import Tensor, blocks
@@ -63,6 +63,7 @@ def run(fn: Learner, exercise: str, cases: Sequence[Case], table: Sequence[Known
                  cause=f"your computation converted to {got} (.double(), or a tensor created with dtype={out.dtype}) "
                        "and the result was not converted back",
                  fix=f"computing in a wider dtype is fine; convert the result back at the end: .to({first}.dtype)")
+        _epsilon(out, case, tried, softmax)
         expect_float64_precision(out, case.expected, tried=tried, what="your result", first=first)
     for case in (cases[1], cases[0], *cases[2:]):  # right values on every case: the inputs must come back as given
         expect_unchanged(fn, case.args, call=f"{exercise}({args}, {case.block})", name=first, shown=case.name,
@@ -176,6 +177,7 @@ def _measure(fn: Learner, out: Tensor, case: Case, tried: str, softmax: bool) ->
                    "exp(m_new − m_old), which is exp(+inf) = inf on the first block while the sum is 0, and "
                    "0 × inf = NaN; or a running max that starts at +inf)",
              fix="start m at −inf and l, acc at 0; rescale by exp(m_old − m_new); print m and l after the first block")
+    _epsilon(out, case, tried, softmax)
     if torch.isfinite(a).all() and a.numel():
         c = (a * e).sum(-1, keepdim=True) / (e * e).sum(-1, keepdim=True).clamp_min(1e-300)  # a ≈ c · e, row by row?
         if torch.allclose(a, c * e, atol=1e-7, rtol=1e-6) and not torch.allclose(c, torch.ones_like(c), rtol=1e-5, atol=0):
@@ -210,6 +212,32 @@ def _measure(fn: Learner, out: Tensor, case: Case, tried: str, softmax: bool) ->
              fix="multiply q kᵀ by 1/√d_k, d_k = q.shape[-1], once, and use torch.exp for the exponentials")
     if case.causal:
         _leak(fn, case, tried)
+
+
+def _epsilon(out: Tensor, case: Case, tried: str, softmax: bool) -> None:
+    """Fail naming it when a float64 result is, to float64 rounding, the right one times S / (S + ε) on every row for
+    one ε > 0, S = Σ exp(s − the row's maximum) ≥ 1: an epsilon added to the running sum l (rows of unequal S tell it
+    from a constant factor; float32 rounding is no factor of a row)."""
+    e = case.expected
+    if out.dtype != torch.float64 or tuple(out.shape) != tuple(e.shape) or not bool(torch.isfinite(out).all()):
+        return
+    if softmax:
+        s = case.args[0].double()
+    else:
+        q, k = (t.double() for t in case.args[:2])
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if case.causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    sums = torch.exp(s - s.amax(-1, keepdim=True)).sum(-1)
+    value = epsilon_in_the_sum(out, e, torch.broadcast_to(sums, e.shape[:-1]), atol=1e-13 * float(e.abs().max()),
+                               rtol=1e-10) if e.shape[-1] >= 2 else None
+    if value is not None:
+        fail("an epsilon added to the sum", tried=tried,
+             got=("your result" if softmax else "your output") + f" is the right one times l / (l + {value:.2g}) on "
+                 "every row, l = Σ exp(s − m)", expected="exp(x − m) / l" if softmax else "acc / l",
+             cause=f"you added an epsilon (about {value:.2g}) to the running sum l, or where you divide by it; with "
+                   "the maximum subtracted, l is at least 1 (the maximum's own term is exp(0) = 1), never 0",
+             fix="divide by l itself: no epsilon is needed")
 
 
 def _list(rows: list[int]) -> str:

@@ -4,13 +4,15 @@ token equals causal attention over the cache. Its cases, the known mistakes of a
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
 
 import torch
 
 from ..compare import Failure, fail_again, same
 from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, check, fail, learner_error
 from ..kit import (Known, Suspects, call_explained, expect_dtype, expect_float64_precision, expect_unchanged,
-                   lower_precision, unpack)
+                   explain_raise, lower_precision, unpack)
 from .oracle import LOOSE, PATTERNS, attn, rows, sdpa, tolerance
 
 _AXIS_FROM_FRONT = ("IndexError", r"Dimension out of range", "your code numbers an axis from the front (transpose(2, "
@@ -197,10 +199,40 @@ def _full_buffer(k, cached: int):
                    "or store with torch.cat([cached, new], dim=-2): a cache keeps every token", attempt)
 
 
-def _append(cache: Learner, k, v, *, tried: str, cached: int, expected) -> tuple[torch.Tensor, torch.Tensor]:
-    result = call_explained(cache.method("append"), k, v, tried=tried, expected="the whole cache (K, V)",
-                            constructs=_full_buffer(k, cached),
-                            patterns=[*([] if cached else [_SHARED_AT_FIRST]), _AXIS_FROM_FRONT, *PATTERNS])
+def _never_grows(cls: Learner, k, v, cap: int) -> bool:
+    """Whether a new cache, given ``cap`` − 1 tokens at once and then two more, fails writing them past a buffer of
+    ``cap`` slots: a buffer that never grows (one that grows, if too little for a long prompt at once, holds them)."""
+    kk, vv = (x[..., :1, :].expand(*x.shape[:-2], cap + 1, x.shape[-1]).clone() for x in (k, v))
+    try:
+        cache = _construct(cls)
+        if cap > 1:
+            cache.method("append")(kk[..., :cap - 1, :], vv[..., :cap - 1, :])
+        cache.method("append")(kk[..., cap - 1:, :], vv[..., cap - 1:, :])
+    except LearnerRaised as exc:
+        return explain_raise(exc, list(_full_buffer(kk[..., cap - 1:, :], cap - 1))).get("cause", "").startswith(
+            f"your cache keeps its tokens in a buffer of {cap} slots")
+    except (Failure, LearnerTimedOut):
+        pass
+    return False
+
+
+def _append(cache: Learner, k, v, *, tried: str, cached: int, expected, cls: Learner) -> tuple[torch.Tensor,
+                                                                                                torch.Tensor]:
+    try:
+        result = call_explained(cache.method("append"), k, v, tried=tried, expected="the whole cache (K, V)",
+                                constructs=_full_buffer(k, cached),
+                                patterns=[*([] if cached else [_SHARED_AT_FIRST]), _AXIS_FROM_FRONT, *PATTERNS])
+    except Failure as failure:  # a full buffer: "never grows" only when a new cache shows it (else it grew too little)
+        d, n = failure.diagnosis, k.shape[-2]
+        cap = re.match(r"your cache keeps its tokens in a buffer of (\d+) slots that never grows", d.cause or "")
+        if cap and not _never_grows(cls, k, v, int(cap[1])):
+            raise Failure(replace(d, cause=f"your cache writes the {_count(n, 'new token')} " + (
+                f"after the {cached} cached ones " if cached else "") + f"into a buffer of {int(cap[1]):,} slots, past "
+                "its end: it did not grow enough to hold them (growing once, to twice the size or by a fixed step, "
+                "is too little for a long prompt appended at once)", fix="before writing, grow the buffer until the "
+                "new tokens fit, to max(2 × its size, t + n_new) slots, copying the cached tokens over (or store "
+                "with torch.cat([cached, new], dim=-2)): a cache keeps every token")) from None
+        raise
     if result is None:
         fail("append returned None", tried=tried, got="None", expected="the whole cache (K, V)",
              cause="append stores the tokens but has no `return`", fix="end append with `return self.k, self.v`")
@@ -358,7 +390,7 @@ def _values(cls: Learner) -> int:
         for cache, kk, vv, which in caches:
             tried = f"two KVCache() objects, appending one token to each in turn: token {t} of the {which}"
             new, kv = kk[..., t:t + 1, :], (kk[..., :t + 1, :], vv[..., :t + 1, :])
-            K, _ = _append(cache, new, vv[..., t:t + 1, :], tried=tried, cached=t, expected=kv)
+            K, _ = _append(cache, new, vv[..., t:t + 1, :], tried=tried, cached=t, expected=kv, cls=cls)
             _expect_cache(cache, K, kv[0], (kk[..., :t, :] if t else None, new, None), appends,
                           q_new=q[..., t:t + 1, :], kv=kv, tried=tried, what="the returned K", tol=tol)
     cases = _cache_cases()
@@ -372,7 +404,7 @@ def _values(cls: Learner) -> int:
                 tried = f"append(k, v) of {tokens}, then attend(q) of token {stop - 1}, on {name}"
                 kv, q_new = (k[..., :stop, :], v[..., :stop, :]), q[..., stop - 1:stop, :]
                 K, V = _append(cache, k[..., start:stop, :], v[..., start:stop, :], tried=tried, cached=start,
-                               expected=kv)
+                               expected=kv, cls=cls)
                 for got, want, keys, part in ((K, kv[0], None, "K"), (V, kv[1], kv[0], "V")):
                     case = (want[..., :start, :] if start else None, want[..., start:, :], keys)
                     _expect_cache(cache, got, want, case, appends, q_new=q_new, kv=kv, tried=tried,

@@ -16,7 +16,8 @@ share lives here, under a public name, in the module that has its job:
   :func:`reduction_hint`);
 * :mod:`.answers` — what came back, as tensors: :func:`tensor_answer`, :func:`unpack` (a tuple), :func:`preview`,
   :func:`expect_not_kept` (a result an earlier call returned);
-* :mod:`.measure` — what is off when no known mistake fits: :func:`what_is_off`, :func:`batch_entries`,
+* :mod:`.measure` — what is off when no known mistake fits: :func:`epsilon_in_the_sum`, :func:`clamp_cause`,
+  :func:`what_is_off`, :func:`batch_entries`,
   :func:`lower_precision`, :func:`half_rounded`, :func:`explain_nonfinite`, :func:`works_elsewhere`;
 * :mod:`.calls` — the learner-side probes :func:`call` / :func:`call_with` (which inputs a call changed in place),
   :func:`expect_unchanged`, :class:`TensorOrArray` (tensors or NumPy arrays), :func:`expect_signature`;
@@ -37,7 +38,7 @@ from .calls import CALL, CALL_WITH, TensorOrArray, arrays, call, call_with, expe
 from .cases import TensorCase, fresh_values, judge_cases
 from .families import (PRODUCT_MISTAKES, SHIFT_FIX, SOFTMAX_MISTAKES, WEIGHTS_FIX, along_last_axis, exp_shifted,
                        normalised, other_axis, product_rows)
-from .measure import (agrees, batch_entries, exp_limits, expect_dtype, expect_float64_precision, explain_nonfinite,
+from .measure import (agrees, batch_entries, clamp_cause, epsilon_in_the_sum, exp_limits, expect_dtype, expect_float64_precision, explain_nonfinite,
                       half_rounded, lower_precision, nan_or_inf, narrowing_calls, what_is_off, works_elsewhere)
 from .mistakes import AlongDim, Case, Known, Suspects, factors, fits, known_rows, variants
 from .raises import (BOOL_HINT, Construct, Pattern, bool_hint, call_explained, explain_raise, reduction_hint,
@@ -48,7 +49,7 @@ __all__ = ["Known", "AlongDim", "Suspects", "Case", "fits", "known_rows", "varia
            "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
            "signature_hint", "reduction_hint",
            "tensor_answer", "unpack", "preview", "expect_not_kept", "KEPT_CAUSE", "KEPT_FIX",
-           "what_is_off", "batch_entries", "half_rounded", "lower_precision", "narrowing_calls", "expect_dtype",
+           "epsilon_in_the_sum", "clamp_cause", "what_is_off", "batch_entries", "half_rounded", "lower_precision", "narrowing_calls", "expect_dtype",
            "expect_float64_precision", "agrees", "works_elsewhere", "exp_limits", "nan_or_inf",
            "explain_nonfinite",
            "CALL", "call", "CALL_WITH", "call_with", "expect_unchanged", "TensorOrArray", "arrays", "expect_signature",

@@ -13,7 +13,7 @@ from ..boundary import LearnerRaised, LearnerTimedOut
 from ..compare import Failure, as_tensor, describe_mismatch, fail, fmt, same
 from .families import SHIFT_FIX
 
-__all__ = ["agrees", "works_elsewhere", "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype",
+__all__ = ["agrees", "epsilon_in_the_sum", "clamp_cause", "works_elsewhere", "what_is_off", "batch_entries", "lower_precision", "narrowing_calls", "expect_dtype",
            "expect_float64_precision",
            "exp_limits", "nan_or_inf", "explain_nonfinite"]
 
@@ -25,6 +25,45 @@ def agrees(out: Any, expected: torch.Tensor, *, atol: float, rtol: float) -> boo
     except Failure:
         return False
     return tuple(t.shape) == tuple(expected.shape) and same(t, expected, atol=atol, rtol=rtol)
+
+
+def epsilon_in_the_sum(got: torch.Tensor, right: torch.Tensor, sums: torch.Tensor, *, atol: float,
+                       rtol: float) -> float | None:
+    """The ε > 0 for which ``got`` is, within ``atol``/``rtol``, ``right`` · S / (S + ε) on every row: an epsilon added
+    to a softmax's sum S (``sums``: each row's S, shape ``got.shape[:-1]``; rows with S = 0, which hold no softmax, are
+    left out). None when no one ε fits, or when the rows' S lie within 1e-3 of each other (one ε is then a constant
+    factor, which it cannot be told from)."""
+    a, e, s = got.detach().double(), right.detach().double(), sums.detach().double()
+    if tuple(a.shape) != tuple(e.shape) or tuple(a.shape[:-1]) != tuple(s.shape) or not bool(torch.isfinite(a).all()):
+        return None
+    rows = s > 0
+    if not bool(rows.any()) or float(s[rows].max() - s[rows].min()) < 1e-3:
+        return None
+    factor = ((a * e).sum(-1) / (e * e).sum(-1).clamp_min(1e-300))[rows]  # S / (S + ε) on each row
+    if not bool((factor > 0).all()):
+        return None
+    eps = s[rows] * (1 / factor - 1)
+    value = float(eps.mean())
+    if not (value > 0 and torch.allclose(eps, torch.full_like(eps, value), rtol=1e-3, atol=0.0)):
+        return None
+    made = torch.where(rows[..., None], e * (s / (s + value))[..., None], e)
+    return value if bool(torch.allclose(a, made, atol=atol, rtol=rtol)) else None
+
+
+def clamp_cause(w: torch.Tensor, right: torch.Tensor, allowed: torch.Tensor, low: float) -> str:
+    """The cause when every blocked weight (``allowed`` False) is exactly ``low`` and the rest are the ``right`` weights
+    with those below ``low`` lifted to it: a clamp, proven only when an allowed weight below ``low`` was lifted too (else
+    a fill of the blocked weights with ``low`` gives the same numbers, and both are named); "" when it is neither."""
+    w, right = w.detach().double(), right.double()
+    if not (bool((w[~allowed] == low).all()) and agrees(w, right.clamp_min(low), atol=1e-12, rtol=1e-9)):
+        return ""
+    lifted = allowed & (right < low)
+    if bool(lifted.any()) and bool((w[lifted] == low).all()):
+        return f"you clamped the weights to at least {low:.2g} (clamp_min, or clamp(min=…)), which lifts every " \
+               "blocked weight off 0"
+    return f"every blocked weight is exactly {low:.2g}: you clamped the weights to at least {low:.2g} (clamp_min, or " \
+           f"clamp(min=…)) or set the blocked ones to {low:.2g} (masked_fill, torch.where), either of which lifts " \
+           "every blocked weight off 0"
 
 
 def works_elsewhere(failed: Sequence[int], others: Iterable[tuple[Sequence[int], Callable[[], bool]]], *,

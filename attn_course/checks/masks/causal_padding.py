@@ -33,6 +33,14 @@ def check_causal_mask(fn: Learner) -> str:
         if shape[-2:] != (n, n) and shape not in shapes:  # one more call tells a fixed size from a wrong formula
             again = call(fn, (7,), "causal_mask(7)", "a (7, 7) bool tensor")  # 7: a size the cases do not use
             shapes[tuple(as_tensor(again, tried="causal_mask(7)", what="your function").shape)] = 7
+        m = shape[0] if len(shape) == 2 and shape[0] == shape[1] else None
+        if shape in shapes and shape[-2:] != (n, n) and m is not None and m < n and shapes[shape] == m and \
+                any(k < m and s == (k, k) for s, k in shapes.items()):  # right up to m, so n is read: a fixed m × m
+            fail(f"n used only up to {m}", tried=tried, got=f"a mask of shape {shape}, as for n = {m}, where "
+                 f"smaller n gave n × n masks", expected=f"shape ({n}, {n})", cause=f"your mask is cut from one of "
+                 f"fixed size {m} × {m} (made once, or an outer variable, then sliced [:n, :n]): past n = {m} "
+                 "there is nothing more to cut", fix="build the mask from the argument n on every call: "
+                 "torch.ones(n, n, dtype=torch.bool).tril()")
         if shape in shapes and shape[-2:] != (n, n):
             fail("n is ignored", tried=tried, got=f"a mask of shape {shape}, as for n = {shapes[shape]}",
                  expected=f"shape ({n}, {n})", cause="your size is written into the code, or an outer variable",

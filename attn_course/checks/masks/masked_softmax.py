@@ -267,28 +267,23 @@ def _softmax_structure(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
 
 def _epsilon_in_the_sum(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
     """Fail naming it when the weights are, to float64 rounding, e / (Σe + ε) for one ε > 0 on every row with an allowed
-    key, e = exp(scores − the row's maximum allowed score) (so Σe ≥ 1): rows of unequal Σe tell it from a constant
-    factor (ε added to the sum of a softmax, Σe = 1, is one)."""
+    key, e = exp(scores − the row's maximum allowed score) (Σe ≥ 1; :func:`~..kit.epsilon_in_the_sum`)."""
     s, full = case.scores.double(), torch.broadcast_to(case.mask, case.scores.shape)
-    if tuple(got.shape) != tuple(s.shape) or not got.is_floating_point() or not bool(torch.isfinite(got).all()):
+    if tuple(got.shape) != tuple(s.shape) or not got.is_floating_point():
         return
-    w, right, rows = got.double(), _softmax_oracle(s, case.mask).double(), full.any(-1)  # rows: (..., n_q)
     shifted = torch.exp(s.masked_fill(~full, -math.inf) - s.masked_fill(~full, -math.inf).amax(-1, keepdim=True))
-    sums = shifted.nan_to_num(0.0).sum(-1)  # S: one per row, and not all equal (else ε is a constant factor)
-    if not rows.any() or not bool((w.sum(-1)[rows] > 0).all()) or float(sums[rows].max() - sums[rows].min()) < 1e-3:
-        return
-    eps = sums[rows] * (1 / w.sum(-1)[rows] - 1)  # Σw = S / (S + ε)
-    value = float(eps.mean())
-    if value > 0 and torch.allclose(eps, torch.full_like(eps, value), rtol=1e-3, atol=0.0):
-        made = right * (sums / (sums + value))[..., None]
-        if kit.agrees(w, made, atol=1e-12, rtol=1e-9 if s.dtype == torch.float64 else 1e-5):
-            fail("an epsilon added to the row sum", tried=tried, got=f"your weights are e / (Σe + {value:.2g}): the "
-                 f"rows with an allowed key sum to {fmt(float(w.sum(-1)[rows].min()))} … "
-                 f"{fmt(float(w.sum(-1)[rows].max()))}", expected="rows of allowed keys summing to 1",
-                 cause=f"you added an epsilon (about {value:.2g}) to each row's sum of exponentials, so no row sums to "
-                       "1; after subtracting the row's maximum allowed score, that sum is at least 1 in every row with "
-                       "an allowed key, and only the rows with none need care",
-                 fix=f"divide by the sum itself, and give the rows with no allowed key 0 ({_EMPTY_ROWS})")
+    sums, rows = shifted.nan_to_num(0.0).sum(-1), full.any(-1)  # S: one per row (0 where no key is allowed)
+    value = kit.epsilon_in_the_sum(got, _softmax_oracle(s, case.mask).double(), sums, atol=1e-12,
+                                   rtol=1e-9 if s.dtype == torch.float64 else 1e-5)
+    if value is not None:
+        w = got.double()
+        fail("an epsilon added to the row sum", tried=tried, got=f"your weights are e / (Σe + {value:.2g}): the "
+             f"rows with an allowed key sum to {fmt(float(w.sum(-1)[rows].min()))} … "
+             f"{fmt(float(w.sum(-1)[rows].max()))}", expected="rows of allowed keys summing to 1",
+             cause=f"you added an epsilon (about {value:.2g}) to each row's sum of exponentials, so no row sums to "
+                   "1; after subtracting the row's maximum allowed score, that sum is at least 1 in every row with "
+                   "an allowed key, and only the rows with none need care",
+             fix=f"divide by the sum itself, and give the rows with no allowed key 0 ({_EMPTY_ROWS})")
 
 
 def _float64_digits(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
@@ -316,10 +311,7 @@ def _exact_zeros(got: torch.Tensor, case: _SoftCase, tried: str) -> None:
     if not bool((blocked != 0).any()):
         return
     low = float(blocked.min())
-    clamped = kit.agrees(got.double(), _softmax_oracle(case.scores, case.mask).double().clamp_min(low), atol=1e-12,
-                         rtol=1e-9) and bool((blocked == low).all())
     fail("blocked keys get a tiny weight, not 0", tried=tried, got=f"weights up to {fmt(float(blocked.abs().max()))} "
          "where the mask is False", expected="exactly 0 wherever the mask is False, as the docstring says",
-         cause=f"you clamped the weights to at least {low:.2g} (clamp_min, or clamp(min=…)), which lifts every blocked "
-               "weight off 0" if clamped else "",
+         cause=kit.clamp_cause(got, _softmax_oracle(case.scores, case.mask), full, low),
          fix="return the softmax as it is: a blocked score of -inf gives e^-inf = 0 exactly")

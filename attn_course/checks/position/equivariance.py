@@ -174,6 +174,23 @@ def _blind_cause(results: dict, sizes: list[int], evidence: dict, seen_x: bool) 
             "numbers)")
 
 
+def _moved_distances(calls: list[dict], when: str = "") -> str:
+    """Why a test missed the symmetric distance bias although its permutation (seen in ``calls``) moves some distance
+    |i − j| (neither the identity nor the reversal); "" when no such permutation was seen."""
+    seen = _evidence([calls])
+    perm = seen.get("perm")  # None: no reordering of one x seen (the identity among them)
+    if perm is None or torch.equal(perm, torch.arange(len(perm)).flip(0)):
+        return ""
+    gap = ref.permutation_gap(ref.attention_variant("symmetric distance bias"), seen["x"], perm)
+    size = max(c.get("absmax", 0.0) for c in calls)
+    if gap > 1e-4:
+        return f"{when}your permutation moves distances |i − j| and the outputs differ by {fmt(gap)}, but your " \
+               "comparison lets that through"
+    return f"{when}your permutation moves distances |i − j|, yet the outputs differ by only {fmt(gap)}" + (
+        f": your inputs, up to {fmt(size)} in size (torch.randn's rarely pass 4), make the scores so large that a bias "
+        "of |i − j| hardly moves the weights" if size > 5 else "")
+
+
 @check("is_permutation_equivariant", expects="a function is_permutation_equivariant(attn) returning True or False")
 def check_is_permutation_equivariant(fn: Learner) -> str:
     results: dict[str, dict] = {}
@@ -220,9 +237,11 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
         if evidence["identical"]:
             cause, fix = _SAME_ROWS, "draw x = torch.randn(n, d): different tokens"
         elif missed == ["symmetric distance bias"]:
-            cause = ("your permutation keeps every distance |i − j| (a reversal does, or a swap in a sequence of 2), "
-                     "so a bias of |i − j| goes unnoticed")
-            fix = "perm = torch.randperm(n) with n ≥ 3, drawn again while it is the identity or the reversal"
+            cause = _moved_distances(runs[list(results).index("symmetric distance bias")])
+            cause, fix = (cause, fix) if cause else (
+                "your permutation keeps every distance |i − j| (a reversal does, or a swap in a sequence of 2), so a "
+                "bias of |i − j| goes unnoticed", "perm = torch.randperm(n) with n ≥ 3, drawn again while it is the "
+                "identity or the reversal")
         elif max(c.get("absmax", 1.0) for c in calls) < 0.1:
             cause = "your inputs are tiny (|x| < 0.1): the scores barely differ and positional effects vanish"
             fix = "use inputs of a typical size: x = torch.randn(n, d)"
@@ -261,17 +280,7 @@ def check_is_permutation_equivariant(fn: Learner) -> str:
         result, verdict = _verdict(fn, tried, "symmetric distance bias", seed)
         if not verdict:
             continue
-        calls = [c for c in result.get("calls", []) if isinstance(c, dict)]
-        seen, cause = _evidence([calls]), ""
-        perm = seen.get("perm")  # None: no reordering of one x seen (the identity among them)
-        if perm is not None and not torch.equal(perm, torch.arange(len(perm)).flip(0)):  # it moves some |i − j|
-            gap = ref.permutation_gap(ref.attention_variant("symmetric distance bias"), seen["x"], perm)
-            size = max(c.get("absmax", 0.0) for c in calls)
-            cause = (f"on this draw your permutation moves distances |i − j|, yet the outputs differ by only {fmt(gap)}"
-                     + (f": your inputs, up to {fmt(size)} in size (torch.randn's rarely pass 4), make the scores so "
-                        "large that a bias of |i − j| hardly moves the weights" if size > 5 else "") if gap <= 1e-4
-                     else f"on this draw your permutation moves distances |i − j| and the outputs differ by "
-                          f"{fmt(gap)}, but your comparison lets that through")
+        cause = _moved_distances([c for c in result.get("calls", []) if isinstance(c, dict)], "on this draw ")
         fail("the test misses symmetric distance bias on other random draws", tried=tried, got="equivariant",
              expected=f"not equivariant, whatever the seed (it was with seed {SEED})", cause=cause or (
                  "your permutation is sometimes one that keeps every distance |i − j|: torch.randperm can give the "

@@ -5,6 +5,7 @@ replayed on a few samples, then judged statistically in five settings, a wrong o
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import warnings
 from typing import Any, Callable, Sequence
@@ -38,12 +39,13 @@ MC_PROBE = "attn_course.checks.scaling.mc"
 
 @probe(MC_PROBE)
 def _call_with_generator(fn: Callable, d_k: int, seed: int | None = None, disturb: bool = False, watched: bool = False,
-                         seeds: Sequence[int] = (), **kwargs: Any) -> tuple[Any, bool | None] | list:
+                         seeds: Sequence[int] = (), end: bool = False, **kwargs: Any) -> tuple | list:
     """``fn(d_k, generator=torch.Generator().manual_seed(seed), **kwargs)`` in the learner's process (no generator when
     ``seed`` is None): the result and whether the generator was drawn from. ``disturb`` moves the global random state
-    first (restored after); ``watched`` returns what the kit's watcher saw; ``seeds``: one call per seed, one trip."""
+    first (restored after); ``watched`` returns what the kit's watcher saw; ``seeds``: one call per seed, one trip,
+    each with a digest of the generator's state after the call (``end``)."""
     if seeds:
-        return [_call_with_generator(fn, d_k, s, **kwargs) for s in seeds]
+        return [_call_with_generator(fn, d_k, s, end=True, **kwargs) for s in seeds]
     state = torch.random.get_rng_state()
     try:
         if disturb:
@@ -57,6 +59,8 @@ def _call_with_generator(fn: Callable, d_k: int, seed: int | None = None, distur
                 warnings.simplefilter("ignore")
                 return watch(fn, d_k, generator=g, **kwargs), None
         result = fn(d_k, generator=g, **kwargs)
+        if end:
+            return result, not torch.equal(before, g.get_state()), hashlib.sha256(g.get_state().numpy()).hexdigest()
         return result, not torch.equal(before, g.get_state())
     finally:
         torch.random.set_rng_state(state)
@@ -304,9 +308,10 @@ def _describe_call(d: int, s: float | None, n: int | None, seed: int | None) -> 
 
 
 def _estimate(fn: Learner, d: int, s: float | None, n: int | None, seed: int | None, *, disturb: bool = False,
-              expected: str = "one number", seeds: Sequence[int] = (), tried: str = "", drawn: list | None = None) -> Any:
+              expected: str = "one number", seeds: Sequence[int] = (), tried: str = "", drawn: list | None = None,
+              ends: list | None = None) -> Any:
     """(estimate, whether the generator was drawn from); with ``seeds``, the estimate for each seed (and in ``drawn``,
-    whether each call drew from its generator)."""
+    whether each call drew from its generator; in ``ends``, a digest of each generator's state after the call)."""
     kwargs = {k: v for k, v in (("sigma", s), ("n_samples", n)) if v is not None}
     try:
         result = fn.observe(MC_PROBE, d, seed=seed, disturb=disturb, seeds=seeds, **kwargs)
@@ -314,8 +319,10 @@ def _estimate(fn: Learner, d: int, s: float | None, n: int | None, seed: int | N
         raise Failure(learner_error(exc, tried=tried or _describe_call(d, s, n, seed), expected=expected)) from None
     if seeds:
         if drawn is not None:
-            drawn.extend(used for _, used in result)
-        return [_number(value, _describe_call(d, s, n, g)) for (value, _), g in zip(result, seeds)]
+            drawn.extend(used for _, used, _ in result)
+        if ends is not None:
+            ends.extend(end for _, _, end in result)
+        return [_number(value, _describe_call(d, s, n, g)) for (value, _, _), g in zip(result, seeds)]
     return _number(result[0], _describe_call(d, s, n, seed)), result[1]
 
 
@@ -344,15 +351,19 @@ def _mc_body(fn: Learner, seed: int = 0) -> str:
         fail("the generator was not used" if never_drawn else "some draws ignore the generator",
              tried=f"{_describe_call(d, s, n, seeds[3])} twice, the global random state moved in between",
              got=f"{fmt(estimates[3])}, then {fmt(again)}", expected="the same estimate twice: the seed fixes it",
-             cause=not_drawn if never_drawn else "part of your sampling does not follow the generator (a draw without "
-                   "generator=generator, NumPy's random state, or a re-seed with generator.seed())",
+             cause=not_drawn if never_drawn else "only the first call drew from the generator it was given: the later "
+                   "ones drew from something else (a generator or samples kept from that first call, or the global "
+                   "random state)" if used[0] is True and not any(used[1:]) else "part of your sampling does not "
+                   "follow the generator (a draw without generator=generator, NumPy's random state, or a re-seed with "
+                   "generator.seed())",
              fix="pass generator=generator to every random draw")
 
     # Different seeds: estimates with n_samples = 2 must scatter (and must differ at all).
     tried_spread = f"mc_score_variance({SPREAD_DK}, n_samples=2, generator=…) with {SPREAD_SEEDS} different seeds"
     drawn: list = []
+    ends: list = []
     spread = _estimate(fn, SPREAD_DK, None, 2, None, seeds=[seed * 1000 + 100 + i for i in range(SPREAD_SEEDS)],
-                       tried=tried_spread, drawn=drawn)
+                       tried=tried_spread, drawn=drawn, ends=ends)
     if not all(math.isfinite(e) for e in spread):
         bad = next(e for e in spread if not math.isfinite(e))
         fail(f"{fmt(bad)} with n_samples = 2", tried=tried_spread, got=", ".join(fmt(e) for e in spread),
@@ -368,8 +379,14 @@ def _mc_body(fn: Learner, seed: int = 0) -> str:
     if len(set(spread)) == 1:
         fail("the generator was not used" if never_drawn else "the seed makes no difference", tried=tried_spread,
              got=f"{fmt(spread[0])} every time", expected="a different estimate for each seed",
-             cause=not_drawn if never_drawn else "you re-seed the generator inside your function "
-                   "(generator.manual_seed(…)), so every seed gives the same draws",
+             cause=not_drawn if never_drawn else "with n_samples = 2 your function draws nothing from `generator` (a "
+                   "branch for few samples that uses the global random state, a generator of its own, or no draw at "
+                   "all), so every seed gives the same estimate" if not any(drawn) else "you re-seed the generator "
+                   "inside your function (generator.manual_seed(…)), so every seed gives the same draws: every "
+                   "generator ends in the same state" if all(drawn) and len(set(ends)) == 1 else "every call drew from "
+                   "its generator, and the generators end in different states, yet the estimate is the same: it does "
+                   "not depend on the draws" + (" (it is exactly 0: your 2 dot products are always equal, k made from "
+                                                "q or one draw used twice)" if spread[0] == 0 else ""),
              fix="pass generator=generator, as it is passed in, to every torch.randn call")
 
     close = sum(abs(e - SPREAD_DK) <= 0.1 * SPREAD_DK for e in spread)

@@ -10,7 +10,7 @@ import torch
 
 from .. import kit
 from ..compare import Failure, same
-from ..core import Learner, LearnerRaised, as_tensor, fail, fmt, learner_error
+from ..core import Learner, LearnerRaised, LearnerTimedOut, as_tensor, fail, fmt, learner_error
 
 INF = float("inf")
 _HALF = (torch.float16, torch.bfloat16)
@@ -157,10 +157,13 @@ def default(key: str, text: str, op: Callable) -> list[kit.Known]:
 
 
 # ============================================================================ what is measurably wrong with weights
-def _epsilon(o: torch.Tensor, xs: torch.Tensor, d: int, *, tried: str, what: str) -> None:
+def _epsilon(o: torch.Tensor, xs: torch.Tensor, d: int, *, tried: str, what: str, scores: str = "x",
+             overflows: Callable[[], bool] | None = None) -> None:
     """Fail when ``o`` is e / (S + ε) for one ε > 0 in every slice, e being e^(x − max) (or e^x) and S its sum along
     ``d``: an epsilon added to the denominator. Proven only where that fits ``o`` far better than a constant factor
-    (one slice, or slices with equal sums, cannot tell the two apart)."""
+    (one slice, or slices with equal sums, cannot tell the two apart). ``scores``: what x is, in words; ``overflows()``
+    whether the answer is not finite for scores near 1000, the proof that e^x itself is computed (e^(x − max)
+    with e^(−max)·ε added to its sum gives the same weights, and is stable)."""
     expected = torch.softmax(xs, d)
     if not (torch.isfinite(o).all() and torch.isfinite(xs).all()) or bool((expected <= 0).any()):
         return
@@ -177,20 +180,40 @@ def _epsilon(o: torch.Tensor, xs: torch.Tensor, d: int, *, tried: str, what: str
             continue
         off = float((o - e / (sums + eps)).abs().max())
         if off <= 0.05 * gap and (off <= 0.05 * factor or shifted and c.numel() > 1 and factor > 0.2 * gap):
+            ex = f"e^({scores})" if " " in scores else f"e^{scores}"
+            if shifted:
+                how = ": with the maximum subtracted the sum is at least 1, so no epsilon is needed"
+            elif overflows is not None and overflows():
+                how = (f", and the sum is of {ex} with no maximum subtracted: {ex} overflows to inf for scores near "
+                       "1000, where an epsilon does not help")
+            else:  # the weights alone do not tell which was written
+                how = (f", the sum being of {ex}: an epsilon added to that sum, or e^(−max)·{eps:.2g} added to the sum "
+                       f"of e^({scores} − max) (what an extra score 0 in every slice gives)")
             fail("epsilon in the denominator", tried=tried, expected="e / S exactly",
                  got=f"{what}: every slice is the softmax times S / (S + {eps:.2g}), S being the slice's sum of "
-                     f"{'e^(x − max)' if shifted else 'e^x'}",
+                     f"{f'e^({scores} − max)' if shifted else ex}",
                  fix="divide by the sum itself: e / e.sum(dim, keepdim=True)" + ("" if shifted else
                      ", with e = exp(x - x.amax(dim, keepdim=True))"),
-                 cause=f"you divided by the sum plus {eps:.2g}" + (
-                     ": with the maximum subtracted the sum is at least 1, so no epsilon is needed" if shifted else
-                     ", and the sum is of e^x with no maximum subtracted: e^x overflows to inf for scores near 1000, "
-                     "where an epsilon does not help"))
+                 cause=f"you divided by the sum plus {eps:.2g}" + how)
 
 
-def early_epsilon(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str, temperature: float = 1.0) -> None:
-    """:func:`_epsilon` on a wrong result, before the generic measures name it a factor or a shift."""
-    _epsilon(out.detach().double(), x.detach().double() / temperature, dim % x.ndim, tried=tried, what="your weights")
+def early_epsilon(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str, temperature: float | None = None,
+                  overflows: Callable[[], bool] | None = None) -> None:
+    """:func:`_epsilon` on a wrong result, before the generic measures name it a factor or a shift (``temperature``:
+    the weights are of x / T; ``overflows``: see :func:`_epsilon`)."""
+    _epsilon(out.detach().double(), x.detach().double() / (temperature or 1.0), dim % x.ndim, tried=tried,
+             what="your weights", scores="x" if temperature is None else "x / T", overflows=overflows)
+
+
+def overflows_near_1000(run: Callable[..., object], *extra: object) -> Callable[[], bool]:
+    """Whether ``run(x, *extra)`` is not finite for scores near 1000 (an exception proves nothing)."""
+    def probe() -> bool:
+        try:
+            out = as_tensor(run(torch.tensor([[1000.0, 1001.0, 1002.0], [2.0, 1.0, 0.0]]), *extra), tried="")
+        except (LearnerRaised, LearnerTimedOut, Failure):
+            return False
+        return out.is_floating_point() and not bool(torch.isfinite(out).all())
+    return probe
 
 
 def _temperature_of(w: torch.Tensor, x: torch.Tensor, d: int) -> float | None:
@@ -235,7 +258,7 @@ def explain_weights(out: torch.Tensor, x: torch.Tensor, dim: int, *, tried: str,
                  f"(up to {fmt(float(o[masked].abs().max()))})",
              cause="your code changes -inf scores into finite numbers before the exponential",
              fix="leave -inf scores as they are: exp(-inf - max) is 0, which is the weight they need")
-    _epsilon(o, xs, d, tried=tried, what=what)
+    _epsilon(o, xs, d, tried=tried, what=what, scores="x" if temperature == 1.0 else "x / T")
     sums = o.sum(d)
     if (zero := sums.abs() < 1e-12).any():
         # What made a slice all 0 shows in its scores: beyond e^z's range (an overflow whose NaN was turned into 0),

@@ -7,7 +7,7 @@ import torch
 
 from .. import kit
 from ..core import Learner, check, fail, fmt
-from .body import case_dim, default, early_epsilon, explain_weights, judge_cases, score_cases
+from .body import case_dim, default, early_epsilon, explain_weights, judge_cases, overflows_near_1000, score_cases
 
 
 def masked_weights_zero(out: torch.Tensor, case: tuple, tried: str) -> None:
@@ -24,13 +24,14 @@ def masked_weights_zero(out: torch.Tensor, case: tuple, tried: str) -> None:
 
 @check("stable_softmax", expects="a function stable_softmax(x, dim=-1) returning weights shaped like x")
 def check_stable_softmax(fn: Learner) -> str:
-    cases = score_cases(3)
+    cases, overflows = score_cases(3), overflows_near_1000(kit.TensorOrArray(fn), -1)
     run = judge_cases(fn, cases, signature="stable_softmax(x, dim=-1)", what="your weights",
                       oracle=lambda x, dim=-1: torch.softmax(x.double(), dim), expected="weights shaped like x",
                       table=default("sm", "normalised", torch.softmax) + kit.SOFTMAX_MISTAKES,
                       explain=lambda o, case, passed, tried: explain_weights(o, case[0], case_dim(case), tried=tried),
                       shape_fix="the weights have the shape of x: keep the reduced axis with keepdim=True before "
                                 "dividing", exact=masked_weights_zero,
-                      early=lambda o, case, tried: early_epsilon(o, case[0], case_dim(case), tried=tried))
+                      early=lambda o, case, tried: early_epsilon(o, case[0], case_dim(case), tried=tried,
+                                                                 overflows=overflows))
     return (f"matches torch.softmax on {len(cases)} cases ({run.kind}): any axis, 1-D to 4-D, float16/32/64, "
             "stable at ±1000, -inf entries")

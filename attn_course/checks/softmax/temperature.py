@@ -9,7 +9,7 @@ import torch
 
 from ..core import Learner, check
 from .. import kit
-from .body import INF, K, early_epsilon, explain_weights, judge_cases
+from .body import INF, K, early_epsilon, explain_weights, judge_cases, overflows_near_1000
 
 
 def _temperature_cases() -> list[tuple[torch.Tensor, float]]:
@@ -80,7 +80,8 @@ def check_softmax_temperature(fn: Learner) -> str:
                       oracle=lambda x, t: torch.softmax(x.double() / t, -1), expected="weights shaped like x",
                       table=TEMPERATURE, explain=_explain_temperature, shape_fix="the weights have the shape of x",
                       call=lambda c: f"softmax_temperature(x, {c[1]:g})", dim=lambda c: c[0].ndim - 1,
-                      early=lambda o, case, tried: early_epsilon(o, case[0], -1, tried=tried, temperature=case[1]))
+                      early=lambda o, case, tried: early_epsilon(o, case[0], -1, tried=tried, temperature=case[1],
+                                                                 overflows=overflows_near_1000(kit.TensorOrArray(fn), 1.0)))
     temps = sorted({t for _, t in cases})
     return (f"matches torch.softmax(x / T) on {len(cases)} cases, T from {temps[0]:g} to {temps[-1]:g} "
             f"({run.kind}), stable at ±1000")
