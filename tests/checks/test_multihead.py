@@ -1091,7 +1091,7 @@ class CountsItsCalls(mh.MultiHeadAttention):
 
 def test_mha_grad_mode_turned_off_is_the_learners_fault_not_the_checks(rejects):
     try:
-        result = rejects(check_MultiHeadAttention, GradModeOff, "torch.set_grad_enabled(")
+        result = rejects(check_MultiHeadAttention, GradModeOff, "changed PyTorch's global settings", "torch.set_grad_enabled")
     finally:
         torch.set_grad_enabled(True)
     assert "not your fault" not in result.text()
