@@ -414,6 +414,24 @@ def test_positive_random_features_rejects(rejects, answer, phrases):
     assert_voice(rejects(check_positive_random_features, answer, *phrases))
 
 
+def rf_exponent_clamped(x, omega):  # "to keep exp from overflowing"
+    z = x @ omega.T - (x * x).sum(-1, keepdim=True) / 2
+    return torch.exp(torch.clamp(z, max=20.0)) / math.sqrt(omega.shape[0])
+
+
+def rf_exponent_clamped_in_float64_then_back(x, omega):  # a wider dtype inside, the same clamp
+    z = x.double() @ omega.double().T - (x.double() ** 2).sum(-1, keepdim=True) / 2
+    return (torch.minimum(z, torch.tensor(25.0, dtype=torch.float64)).exp() / omega.shape[0] ** 0.5).to(x.dtype)
+
+
+@pytest.mark.parametrize("answer, level", [(rf_exponent_clamped, "20"), (rf_exponent_clamped_in_float64_then_back, "25")])
+def test_positive_random_features_names_a_clamped_exponent(rejects, answer, level):
+    """The check's last case has exponents up to ≈ 38 (features ~1e16): a clamp of the exponent shows, at its level."""
+    d = rejects(check_positive_random_features, answer, f"exponent clamped at about {level}", f"max={level}").diagnosis
+    assert "x (3, 4) of norm 5" in d.tried, d.tried
+    assert_voice(rejects(check_positive_random_features, answer))
+
+
 # ============================================================================ block-sparse attention
 def bs_ref(q, k, v, layout, block_size, mistake=""):
     scale = {"sqrt_mul": math.sqrt(q.shape[-1]), "sqrt_n": 1 / math.sqrt(q.shape[-2])}.get(mistake, 1 / math.sqrt(q.shape[-1]))

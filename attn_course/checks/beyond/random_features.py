@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..compare import as_tensor, fail, same
+from ..compare import Failure, as_tensor, fail, fail_again, same
 from ..core import Learner, check
 from ..kit import Suspects, expect_unchanged, variants
 from .judge import dtype_of, expect_close_at_dtype, tolerance
@@ -82,7 +82,32 @@ def _rf_cases() -> list[tuple[str, Tensor, Tensor]]:
     x = 14 * x / x.norm(dim=-1, keepdim=True)  # |x| = 14
     omega = torch.randn(8, 6, generator=g, dtype=torch.float64)
     omega[:3] = 6.6 * x / 14 + 0.05 * omega[:3]  # ω·x ≈ 92 for row i = x_i
-    return cases + [("float32 x (3, 6) with |x|²/2 ≈ 98 and ω·x up to ≈ 92, Ω (8, 6)", x.float(), omega.float())]
+    cases.append(("float32 x (3, 6) with |x|²/2 ≈ 98 and ω·x up to ≈ 92, Ω (8, 6)", x.float(), omega.float()))
+    g = torch.Generator().manual_seed(408)  # then float64 features far above 1: the combined exponent up to ≈ 38
+    x = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    x = 5 * x / x.norm(dim=-1, keepdim=True)  # |x|²/2 = 12.5
+    omega = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    omega[:3] = 2 * x + 0.05 * omega[:3]  # ω·x ≈ 50 for row i = x_i
+    return cases + [("x (3, 4) of norm 5, Ω (6, 4) with rows near 2x: exponents ω·x − |x|²/2 up to ≈ 38", x, omega)]
+
+
+def _clamped(failure: Failure, out: Tensor, expected: Tensor, omega: Tensor) -> None:
+    """Name a clamped exponent: the features right wherever they are below one value, and that value wherever the
+    right ones are above it (the cap, exp(c)/√n_f, taken from the answer itself)."""
+    if tuple(out.shape) != tuple(expected.shape) or not bool(torch.isfinite(out).all()):
+        return
+    a, e = out.double(), expected.double()
+    cap = float(a.max())
+    close = torch.isclose(a, e, rtol=1e-5, atol=0.0)
+    if cap <= 0 or bool(close.all()) or not bool((close | (torch.isclose(a, torch.full_like(a, cap), rtol=1e-5)
+                                                          & (e > cap))).all()):
+        return
+    c = math.log(cap * math.sqrt(omega.shape[0]))
+    fail_again(failure, f"exponent clamped at about {c:.3g}", f"your features are right wherever the exponent ω·x − "
+               f"|x|²/2 is below about {c:.3g} and stop at exp({c:.3g})/√n_f above it: a clamp (torch.clamp(…, "
+               f"max={c:.3g}), or a min with a constant) cuts the large features the docstring asks for",
+               "take exp of the combined exponent as it is: it is small where it matters, and float64 holds exp up to "
+               "709 (no clamp needed)")
 
 
 @check("positive_random_features",
@@ -102,6 +127,7 @@ def check_positive_random_features(fn: Learner) -> str:
                        "multiplied: inf times that is inf, or NaN",
                  fix="subtract inside one exp: torch.exp(x @ omega.T − |x|²/2)")
         expect_close_at_dtype(suspects, out, expected, (x, omega), tried=tried, again=fn, fix=_RF_FIX,
+                              measured=lambda failure: _clamped(failure, out, expected, omega),
                               oracle="exp(x Ωᵀ − |x|²/2) / √n_f in float64",
                               factors={"√n_f": math.sqrt(omega.shape[0]), "n_f": float(omega.shape[0])})
     g = torch.Generator().manual_seed(407)
@@ -109,4 +135,4 @@ def check_positive_random_features(fn: Learner) -> str:
     expect_unchanged(fn, (x, omega), call="positive_random_features(x, omega)", name="x", others=("omega",),
                      shown="x (5, 4), Ω (6, 4), float64")
     return (f"matches exp(ω·x − |x|²/2)/√n_f on {len(cases)} cases (batch × heads, n_f = d, one feature, float32, "
-            "exponents that overflow when split)")
+            "exponents that overflow when split, exponents up to 38)")
