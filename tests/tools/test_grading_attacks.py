@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import time
 from pathlib import Path
 
@@ -375,3 +376,58 @@ def test_a_learners_copies_are_read_within_a_budget_and_a_notebook_of_endless_ce
     chosen, _, warnings = collect.collect("bob", found, course())
     assert len(read) == 3 and [s.rel for s in chosen] == [f"bob/{NOTEBOOK_05}.ipynb"], [s.rel for s in chosen]
     assert any("28 notebooks not read" in w for w in warnings), warnings
+
+
+# ---------------------------------------------------------------------------------------- red team, round 5
+#: Leaves its folder nested 3,000 deep (past Python's recursion limit; shutil.rmtree and os.walk recurse per
+#: level): removing it raised RecursionError, which lost the notebook's verdicts and left the grader's private
+#: folder behind, whose clean-up then stopped every later grading run on the machine.
+_NEST = "import os\nhere = os.getcwd()\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nos.chdir(here)\n"
+
+
+@pytest.mark.slow  # runs a learner process (forked from the grader's fork server)
+def test_folders_nested_past_the_recursion_limit_lose_no_verdict_and_are_removed(tmp_path):
+    from attn_course.tools.grading import watch
+
+    rows = grade_notebook(learner_notebook(answers=RIGHT, added=[("attention", _NEST)]), tmp_path)
+    assert [r.status for r in rows.values()] == ["passed", "passed"], rows_text(rows)
+    rows = grade_notebook(learner_notebook(answers=WRONG, added=[("attention", _NEST)]), tmp_path / "b")
+    assert rows["attention"].status == "failed", rows_text(rows)
+    # What a grader killed mid-notebook leaves for the next run's clean-up (and its disk-use measure):
+    left = tmp_path / "left-behind"
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        os.mkdir("left-behind", dir_fd=fd)
+        current = os.open("left-behind", os.O_RDONLY, dir_fd=fd)
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=current)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=current)
+            os.close(current)
+            current = nxt
+        with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=current), "wb") as fh:
+            fh.write(b"x" * 10)
+        os.close(current)
+    finally:
+        os.close(fd)
+    try:
+        assert watch._size(left) >= 10  # past the longest path: counted as larger than any limit
+    finally:
+        watch._rmtree(left)  # (pytest's own clean-up of old temporary folders recurses too)
+    assert not left.exists()
+
+
+@pytest.mark.slow
+def test_two_learner_folders_shown_under_one_name_are_both_graded(tmp_path):
+    """``mal<0xff>`` (a name that is not UTF-8) is shown as ``mal\\xff``, the name of a classmate's folder: the
+    second folder replaced the first learner, whose grades were lost without a word. Both are graded."""
+    root, out = tmp_path / "class", tmp_path / "grades"
+    write(correct(), root / "mal\\xff" / f"{NOTEBOOK_05}.ipynb")
+    write(learner_notebook(answers=WRONG), root / os.fsdecode(b"mal\xff") / f"{NOTEBOOK_05}.ipynb")
+    log = io.StringIO()
+    assert grade_class(root, out=out, solutions=str(course_dir() / "solutions"), limits=TEST_LIMITS, jobs=1,
+                       stdout=log, runner=grader().runner) == 0, log.getvalue()
+    grades = _grades(out)
+    statuses = sorted(r["status"] for (learner, ex), r in grades.items() if ex == "attention")
+    assert statuses == ["failed", "passed"], grades
+    assert len({learner for learner, _ in grades}) == 2, grades
+    assert "shown with the same name" in (out / "summary.md").read_text(encoding="utf-8")

@@ -227,6 +227,7 @@ def scan_class(folder: Path) -> Scan:
     except OSError as exc:
         scan.warnings.append(f"{root}: cannot be listed ({exc.strerror or exc})")
         return scan
+    owners: dict[str, str] = {}  # learner's name -> the entry name (without .ipynb) it was made from
     for entry in entries:
         path, name = Path(entry.path), text(entry.name)  # the learner's name, and how warnings show the entry
         try:
@@ -237,12 +238,13 @@ def scan_class(folder: Path) -> Scan:
                     scan.warnings.append(f"{name}/: Jupyter's checkpoint copies of the notebooks beside it; "
                                          "not graded (each learner's own notebook is)")
                     continue
+                name = _learner_name(name, entry.name, owners, scan)
                 notebooks = _walk(path, name, root, scan)
                 scan.learners[name] = notebooks
                 if not notebooks:
                     scan.warnings.append(f"{name}: no notebook in this folder; every exercise is 'not submitted'")
             elif entry.is_file(follow_symlinks=False) and name.lower().endswith(".ipynb"):
-                learner = name[: -len(".ipynb")]
+                learner = _learner_name(name[: -len(".ipynb")], entry.name[: -len(".ipynb")], owners, scan)
                 scan.learners.setdefault(learner, []).append(Found(learner, path, name))
             elif entry.is_file(follow_symlinks=False) and name.lower().endswith(ARCHIVES):
                 scan.warnings.append(f"{name}: an archive; unpack it into a folder per learner to have it graded")
@@ -253,6 +255,22 @@ def scan_class(folder: Path) -> Scan:
         except OSError as exc:
             scan.warnings.append(f"{name}: cannot be examined ({exc.strerror or exc})")
     return scan
+
+
+def _learner_name(name: str, raw: str, owners: dict[str, str], scan: Scan) -> str:
+    """``name``, unless another entry of the class folder already gave a learner that name (two names that
+    differ only in bytes that are not UTF-8, shown escaped: ``ada\\xff`` and ``ada<0xff>``): then a name of
+    its own, and a warning. A folder ``ada/`` and a notebook ``ada.ipynb`` beside it stay one learner."""
+    if owners.setdefault(name, raw) == raw:
+        return name
+    k = 2
+    while f"{name} ({k})" in owners:
+        k += 1
+    unique = f"{name} ({k})"
+    owners[unique] = raw
+    scan.warnings.append(f"{unique}: another entry of the class folder is shown with the same name, {name}; "
+                         f"graded as {unique}")
+    return unique
 
 
 def scan_paths(paths: list[Path], learner: str = "you") -> Scan:
