@@ -8,7 +8,7 @@ import torch
 from ...backward import tiled_attention_forward
 from ..compare import fail, same
 from ..core import Learner, LearnerRaised, check
-from ..kit import KEPT_CAUSE, KEPT_FIX, Suspects, call_explained
+from ..kit import KEPT_FIX, Suspects, call_explained, kept_cause
 from .judge import DTYPE, expect_fresh, fail_raised, judge, oracle, rand, tolerance, unpack_grads
 from .mistakes import CAUSAL, DELTA, TILED, table, tiled
 from .probes import forbid, watch_and_forbid
@@ -179,8 +179,8 @@ def _kept(fn: Learner, changed: dict, tried: str, name: str) -> bool:
     fail("an earlier result returned again", tried=f"{tried}, then with dout doubled too",
          got=f"with only {name} changed, the gradients of the forward's {name}; with dout doubled as well, "
              f"the right gradients for the {name} passed in",
-         expected=f"gradients that follow the {name} passed in on every call", cause=KEPT_CAUSE.replace(
-             "a cache keyed by the shapes", f"a cache keyed by the other inputs, not by {name}"), fix=KEPT_FIX)
+         expected=f"gradients that follow the {name} passed in on every call", cause=kept_cause(
+             f"the other inputs, not by {name}"), fix=KEPT_FIX)
 
 
 def _watch_big(fn: Learner) -> dict:

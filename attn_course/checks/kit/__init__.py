@@ -33,7 +33,7 @@ Topics write ``from . import kit`` and ``kit.Known``, ``kit.unpack``…: every p
 
 from __future__ import annotations
 
-from .answers import KEPT_CAUSE, KEPT_FIX, expect_not_kept, preview, tensor_answer, unpack
+from .answers import KEPT_FIX, expect_not_kept, kept_cause, preview, tensor_answer, unpack
 from .calls import CALL, CALL_WITH, TensorOrArray, arrays, call, call_with, expect_signature, expect_unchanged
 from .cases import TensorCase, fresh_values, judge_cases
 from .families import (PRODUCT_MISTAKES, SHIFT_FIX, SOFTMAX_MISTAKES, WEIGHTS_FIX, along_last_axis, exp_shifted,
@@ -48,7 +48,7 @@ from .watch import Watch, einsum_flops, watch
 __all__ = ["Known", "AlongDim", "Suspects", "Case", "fits", "known_rows", "variants", "factors",
            "explain_raise", "call_explained", "reproduce", "Construct", "Pattern", "BOOL_HINT", "bool_hint",
            "signature_hint", "reduction_hint",
-           "tensor_answer", "unpack", "preview", "expect_not_kept", "KEPT_CAUSE", "KEPT_FIX",
+           "tensor_answer", "unpack", "preview", "expect_not_kept", "kept_cause", "KEPT_FIX",
            "epsilon_in_the_sum", "clamp_cause", "what_is_off", "batch_entries", "half_rounded", "lower_precision", "narrowing_calls", "expect_dtype",
            "expect_float64_precision", "agrees", "works_elsewhere", "exp_limits", "nan_or_inf",
            "explain_nonfinite",

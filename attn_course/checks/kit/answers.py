@@ -11,7 +11,7 @@ import torch
 
 from ..compare import as_tensor, fail, fmt
 
-__all__ = ["tensor_answer", "unpack", "preview", "expect_not_kept", "KEPT_CAUSE", "KEPT_FIX"]
+__all__ = ["tensor_answer", "unpack", "preview", "expect_not_kept", "kept_cause", "KEPT_FIX"]
 
 
 def tensor_answer(value: Any, *, tried: str, what: str = "your function") -> torch.Tensor:
@@ -65,8 +65,10 @@ def preview(t: torch.Tensor, n: int = 6) -> str:
     return f"shape {tuple(t.shape)}: {shown}" if flat.numel() else f"shape {tuple(t.shape)} (empty)"
 
 
-KEPT_CAUSE = ("your function returns a result kept from an earlier call (a cache keyed by the shapes, or a value stored "
-              "in a global or a default argument) instead of computing it from the values it is given")
+def kept_cause(keyed_by: str = "the shapes") -> str:
+    """The cause for a result kept between calls, whose cache is keyed by ``keyed_by`` (what it was found to ignore)."""
+    return (f"your function returns a result kept from an earlier call (a cache keyed by {keyed_by}, or a value stored "
+            "in a global or a default argument) instead of computing it from the values it is given")
 KEPT_FIX = "compute the result from the arguments on every call, and keep nothing from one call to the next"
 
 
@@ -82,4 +84,4 @@ def expect_not_kept(got: Any, expected: Any, earlier: Sequence[tuple[str, Any, A
                 torch.equal(a.double(), b.double()) for a, b in zip(items(got), items(old))) and not close(right, expected):
             fail("an earlier result returned again", tried=tried,
                  got=f"{what}: exactly what your function returned on {name}, inputs of the same shapes with other "
-                     "values", expected="a result computed from these inputs' values", cause=KEPT_CAUSE, fix=KEPT_FIX)
+                     "values", expected="a result computed from these inputs' values", cause=kept_cause(), fix=KEPT_FIX)

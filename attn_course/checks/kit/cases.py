@@ -12,7 +12,7 @@ import torch
 from ..boundary import LearnerRaised
 from ..compare import Failure, as_tensor, describe_mismatch, expect_shape, fail, fmt
 from ..core import learner_error
-from .answers import KEPT_CAUSE, KEPT_FIX, preview
+from .answers import KEPT_FIX, kept_cause, preview
 from .calls import CALL_WITH
 from .measure import DIGITS, made_of_half
 from .mistakes import Known, Suspects, fits
@@ -235,5 +235,5 @@ def fresh_values(fn: Any, case: TensorCase, oracle: Callable[..., torch.Tensor],
     fail("an earlier result returned again" if stale else "wrong on new values of the same shapes",
          tried=f"{call} with {case.label} (right), then with new values of the same shapes and dtypes",
          got=preview(got), expected=preview(new.expected),
-         cause=KEPT_CAUSE if stale else "your function was right on these shapes before and is wrong now: its result "
+         cause=kept_cause() if stale else "your function was right on these shapes before and is wrong now: its result "
          "depends on something besides its arguments (a value kept between calls, a call counter)", fix=KEPT_FIX)
